@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds pipeswap and runs its test suite; prints `N passed, N failed` last.
+#
+#   bash scripts/test.sh                  # build/ with CUDA if the toolkit is present
+#   BUILD_DIR=build-asan bash scripts/test.sh -Db_sanitize=address,undefined -Dbuildtype=debug
+#
+# Extra arguments go to `meson setup`. The script installs missing Debian packages first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/deps.sh
+build=${BUILD_DIR:-build}
+if [ ! -f "$build/build.ninja" ]; then
+  meson setup "$build" "$@" >/dev/null
+elif [ $# -gt 0 ]; then
+  meson configure "$build" "$@" >/dev/null
+fi
+rm -f "$build/meson-logs/testlog.json"
+export BOOST_TEST_COLOR_OUTPUT=no
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
+status=0
+ninja -C "$build" || status=$?
+if [ $status -eq 0 ]; then
+  meson test -C "$build" --print-errorlogs --num-processes "${TEST_JOBS:-$(nproc)}" || status=$?
+fi
+python3 scripts/count_results.py "$build/meson-logs/testlog.json" || status=1
+exit $status

@@ -1,0 +1,3 @@
+int odr_a();
+int odr_b();
+int main() { return odr_a() == odr_b() ? 0 : 1; }
