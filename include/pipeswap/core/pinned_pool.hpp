@@ -1,0 +1,281 @@
+// pipeswap — the pinned host memory pool shared by the optimizer runtime and the activation manager.
+//
+// Pinned allocations are expensive (a cudaHostAlloc costs milliseconds and may synchronize the device)
+// and a training step needs thousands of host mirrors, so the pool carves small blocks out of large
+// pinned chunks and gives large requests a dedicated allocation of exactly the requested size (no
+// power-of-two rounding: on a 70B model that rounding would waste hundreds of gigabytes).
+//
+// Blocks come back with the event after which their last copy is complete. The next owner of the
+// bytes inherits those events: a device-side user makes its stream wait them (allocate), a host-side
+// user synchronizes them (allocate_for_host). Returning a block therefore never blocks the host, and
+// reusing it is always ordered behind the copy that used it before.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <pipeswap/backend/concepts.hpp>
+#include <pipeswap/core/event_handle.hpp>
+#include <pipeswap/error.hpp>
+
+namespace pipeswap {
+
+/// A range of pinned host bytes owned by whoever holds it.
+struct pinned_block {
+  std::byte* ptr = nullptr;
+  std::size_t bytes = 0;
+  [[nodiscard]] explicit operator bool() const noexcept { return ptr != nullptr; }
+};
+
+struct pinned_pool_options {
+  /// Size of the pinned chunks small blocks are carved from.
+  std::size_t chunk_bytes = std::size_t{64} << 20;
+  /// Requests of at least this size get a dedicated, exact-size allocation.
+  std::size_t dedicated_threshold = std::size_t{4} << 20;
+  /// Alignment (and granularity) of blocks carved from chunks; a power of two.
+  std::size_t alignment = 512;
+};
+
+/// Statistics of a pinned_pool.
+struct pinned_pool_stats {
+  std::size_t reserved_bytes = 0; ///< pinned bytes obtained from the backend
+  std::size_t used_bytes = 0;     ///< bytes in blocks handed out
+  std::size_t peak_used_bytes = 0;
+  std::size_t chunks = 0;
+  std::size_t dedicated = 0;
+};
+
+template <backend B>
+class pinned_pool {
+public:
+  explicit pinned_pool(B& b, pinned_pool_options opts = {}) : b_(b), opts_(opts) {
+    if (opts_.alignment == 0 || (opts_.alignment & (opts_.alignment - 1)) != 0) {
+      throw invalid_argument("pinned_pool: alignment " + std::to_string(opts_.alignment) +
+                             " is not a power of two");
+    }
+    if (opts_.chunk_bytes < opts_.dedicated_threshold) {
+      throw invalid_argument("pinned_pool: chunk_bytes must be at least dedicated_threshold");
+    }
+  }
+  pinned_pool(pinned_pool const&) = delete;
+  pinned_pool& operator=(pinned_pool const&) = delete;
+
+  /// Returns everything to the backend after synchronizing pending release events.
+  ~pinned_pool() {
+    try {
+      for (auto& [base, d] : dedicated_) {
+        sync(d.pending);
+        b_.deallocate_host(base, d.bytes);
+      }
+      for (auto& c : chunks_) {
+        for (auto& [off, r] : c->free) sync(r.pending);
+        b_.deallocate_host(c->base, c->bytes);
+      }
+    } catch (...) { // destructors never throw; the backend reports its own failures
+    }
+  }
+
+  /// A block of at least `n` bytes whose device-side first user is `first_user`: the stream is made
+  /// to wait for the block's previous copies. n == 0 gives an empty block.
+  pinned_block allocate(std::size_t n, stream_t<B> first_user) {
+    std::vector<event_handle<B>> pending;
+    auto blk = take(n, pending);
+    for (auto const& e : pending) b_.wait_event(first_user, *e);
+    return blk;
+  }
+
+  /// A block the host will write first: synchronizes the block's previous copies.
+  pinned_block allocate_for_host(std::size_t n) {
+    std::vector<event_handle<B>> pending;
+    auto blk = take(n, pending);
+    try {
+      sync(pending);
+    } catch (...) {
+      give_back(blk, std::move(pending));
+      throw;
+    }
+    return blk;
+  }
+
+  /// Returns a block. `last_use` is an event after which no copy touches the bytes any more (null
+  /// when nothing enqueued uses them).
+  void deallocate(pinned_block blk, event_handle<B> last_use = {}) {
+    if (!blk) return;
+    std::vector<event_handle<B>> pending;
+    if (last_use) pending.push_back(std::move(last_use));
+    give_back(blk, std::move(pending));
+  }
+
+  /// Gives fully free chunks and parked dedicated blocks back to the backend (synchronizing their
+  /// pending events).
+  void trim() {
+    for (auto it = dedicated_.begin(); it != dedicated_.end();) {
+      if (it->second.in_use) {
+        ++it;
+        continue;
+      }
+      sync(it->second.pending);
+      b_.deallocate_host(it->first, it->second.bytes);
+      stats_.reserved_bytes -= it->second.bytes;
+      --stats_.dedicated;
+      it = dedicated_.erase(it);
+    }
+    for (auto it = chunks_.begin(); it != chunks_.end();) {
+      auto& c = **it;
+      if (c.free.size() == 1 && c.free.begin()->second.bytes == c.bytes) {
+        sync(c.free.begin()->second.pending);
+        b_.deallocate_host(c.base, c.bytes);
+        stats_.reserved_bytes -= c.bytes;
+        --stats_.chunks;
+        it = chunks_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  [[nodiscard]] pinned_pool_stats stats() const noexcept { return stats_; }
+  [[nodiscard]] B& backend_ref() const noexcept { return b_; }
+
+private:
+  struct free_range {
+    std::size_t bytes = 0;
+    std::vector<event_handle<B>> pending;
+  };
+  struct chunk {
+    std::byte* base = nullptr;
+    std::size_t bytes = 0;
+    std::map<std::size_t, free_range> free; // offset → range
+  };
+  struct dedicated_block {
+    std::size_t bytes = 0;
+    std::vector<event_handle<B>> pending; // kept only while the block is parked for reuse
+    bool in_use = true;
+  };
+
+  [[nodiscard]] std::size_t round(std::size_t n) const {
+    return (n + opts_.alignment - 1) & ~(opts_.alignment - 1);
+  }
+
+  void sync(std::vector<event_handle<B>>& pending) {
+    for (auto const& e : pending) b_.synchronize(*e);
+    pending.clear();
+  }
+
+  pinned_block take(std::size_t n, std::vector<event_handle<B>>& pending) {
+    if (n == 0) return {};
+    pinned_block blk;
+    if (n >= opts_.dedicated_threshold) {
+      // Reuse a parked dedicated block of exactly this size, else allocate one.
+      for (auto& [base, d] : dedicated_) {
+        if (!d.in_use && d.bytes == n) {
+          d.in_use = true;
+          pending = std::move(d.pending);
+          d.pending.clear();
+          blk = {base, n};
+          break;
+        }
+      }
+      if (!blk) {
+        auto* p = b_.allocate_host(n);
+        dedicated_.emplace(p, dedicated_block{n, {}, true});
+        stats_.reserved_bytes += n;
+        ++stats_.dedicated;
+        blk = {p, n};
+      }
+    } else {
+      auto const need = round(n);
+      blk = carve(need, pending);
+      if (!blk) {
+        auto c = std::make_unique<chunk>();
+        c->bytes = opts_.chunk_bytes;
+        c->base = b_.allocate_host(c->bytes);
+        c->free.emplace(0, free_range{c->bytes, {}});
+        stats_.reserved_bytes += c->bytes;
+        ++stats_.chunks;
+        chunks_.push_back(std::move(c));
+        blk = carve(need, pending);
+      }
+      blk.bytes = n;
+    }
+    stats_.used_bytes += blk.bytes;
+    stats_.peak_used_bytes = std::max(stats_.peak_used_bytes, stats_.used_bytes);
+    return blk;
+  }
+
+  /// Best fit over all chunks; splits the chosen range.
+  pinned_block carve(std::size_t need, std::vector<event_handle<B>>& pending) {
+    chunk* best = nullptr;
+    std::size_t best_off = 0, best_size = 0;
+    for (auto& c : chunks_) {
+      for (auto const& [off, r] : c->free) {
+        if (r.bytes >= need && (best == nullptr || r.bytes < best_size)) {
+          best = c.get();
+          best_off = off;
+          best_size = r.bytes;
+        }
+      }
+    }
+    if (best == nullptr) return {};
+    auto node = best->free.extract(best_off);
+    pending = node.mapped().pending;
+    if (best_size > need) {
+      best->free.emplace(best_off + need, free_range{best_size - need, std::move(node.mapped().pending)});
+    }
+    return {best->base + best_off, need};
+  }
+
+  void give_back(pinned_block blk, std::vector<event_handle<B>> pending) {
+    if (!blk) return;
+    if (auto it = dedicated_.find(blk.ptr); it != dedicated_.end()) {
+      if (!it->second.in_use || it->second.bytes != blk.bytes) {
+        throw invalid_argument("pinned_pool::deallocate: the dedicated block is not in use with " +
+                               std::to_string(blk.bytes) + " bytes");
+      }
+      stats_.used_bytes -= blk.bytes;
+      it->second.in_use = false;
+      it->second.pending = std::move(pending);
+      return;
+    }
+    for (auto& c : chunks_) {
+      if (blk.ptr < c->base || blk.ptr >= c->base + c->bytes) continue;
+      auto off = static_cast<std::size_t>(blk.ptr - c->base);
+      auto size = round(blk.bytes);
+      stats_.used_bytes -= blk.bytes;
+      // Coalesce with the free neighbours; the merged range inherits every pending event.
+      auto next = c->free.lower_bound(off);
+      if (next != c->free.end() && next->first == off + size) {
+        size += next->second.bytes;
+        for (auto& e : next->second.pending) detail::add_unique<B>(pending, e);
+        next = c->free.erase(next);
+      }
+      if (next != c->free.begin()) {
+        auto prev = std::prev(next);
+        if (prev->first + prev->second.bytes == off) {
+          off = prev->first;
+          size += prev->second.bytes;
+          for (auto& e : prev->second.pending) detail::add_unique<B>(pending, e);
+          c->free.erase(prev);
+        }
+      }
+      c->free.emplace(off, free_range{size, std::move(pending)});
+      return;
+    }
+    throw invalid_argument("pinned_pool::deallocate: the block was not allocated by this pool");
+  }
+
+  B& b_;
+  pinned_pool_options opts_;
+  std::vector<std::unique_ptr<chunk>> chunks_;
+  std::map<std::byte*, dedicated_block> dedicated_;
+  pinned_pool_stats stats_;
+};
+
+} // namespace pipeswap
