@@ -8,3 +8,10 @@
 #include <pipeswap/config.hpp>
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/error.hpp>
+#include <pipeswap/core/event_handle.hpp>
+#include <pipeswap/core/pinned_pool.hpp>
+#include <pipeswap/core/transfer.hpp>
+#include <pipeswap/optim/concepts.hpp>
+#include <pipeswap/swap/optimizer_swap.hpp>
+#include <pipeswap/swap/partition.hpp>
+#include <pipeswap/swap/slot.hpp>
