@@ -1,0 +1,193 @@
+// A small user-written optimizer that models pipeswap::swap_optimizer, and a kernel runner that
+// executes its host-math kernels on the mock backend (declared regions, simulated time) or directly
+// on the synchronous host backend. It shows what an optimizer must provide and lets the runtime be
+// tested independently of Adam.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <pipeswap/backend/mock.hpp>
+#include <pipeswap/optim/concepts.hpp>
+#include <pipeswap/swap/slot.hpp>
+
+#include "support/backends.hpp"
+
+namespace pipeswap::test {
+
+/// Runs a host-math kernel body on a backend. The body gets an object with read<T>(ptr, n) and
+/// write<T>(ptr, n) returning spans, like mock::kernel_context.
+template <class B>
+struct host_kernel;
+
+template <>
+struct host_kernel<mock::backend> {
+  template <class F>
+  static void run(mock::backend& b, std::string name, std::vector<mock::region> reads,
+                  std::vector<mock::region> writes, F body) {
+    b.launch(b.current_stream(), {std::move(name), std::move(reads), std::move(writes), std::nullopt},
+             [body = std::move(body)](mock::kernel_context const& k) { body(k); });
+  }
+};
+
+/// Device memory of the synchronous host backend is host memory: the body runs at once.
+struct direct_view {
+  template <class T>
+  std::span<T const> read(device_ptr p, std::size_t n) const { return {p.get<T const>(), n}; }
+  template <class T>
+  std::span<T> write(device_ptr p, std::size_t n) const { return {p.get<T>(), n}; }
+};
+
+template <>
+struct host_kernel<sync_host_backend> {
+  template <class F>
+  static void run(sync_host_backend&, std::string, std::vector<mock::region>, std::vector<mock::region>,
+                  F body) {
+    body(direct_view{});
+  }
+};
+
+/// param -= lr · m / (1 + v) with m = m/2 + g, v = v + g·g; fp32 everything; optional "master"
+/// slot initialised from the parameter (exercises slot_init::from_param) that is updated in place of
+/// the parameter and copied back into it.
+template <class B>
+class toy_optimizer {
+public:
+  using backend_type = B;
+  struct step_context {
+    float lr;
+  };
+  static constexpr bool splittable = true;
+
+  toy_optimizer(B& b, float lr = 0.125f) : b_(b), lr_(lr) {}
+
+  /// Registers a parameter (device fp32 params and grads of numel elements).
+  std::size_t add_param(device_ptr param, device_ptr grad, std::size_t numel, bool master = false) {
+    auto const i = params_.size();
+    params_.push_back({param, grad, numel, true});
+    auto make = [&](state_key k, slot_init init) {
+      auto& s = storage_.emplace_back();
+      s.param = i;
+      s.key = k;
+      s.type = dtype::f32;
+      s.numel = numel;
+      s.init = init;
+      return &s;
+    };
+    auto& u = units_all_.emplace_back();
+    u.param = i;
+    u.numel = numel;
+    u.slots.push_back(make(state_key::exp_avg, slot_init::zeros));
+    u.slots.push_back(make(state_key::exp_avg_sq, slot_init::zeros));
+    if (master) u.slots.push_back(make(state_key::master_param, slot_init::from_param));
+    slot_ptrs_.clear();
+    for (auto& s : storage_) slot_ptrs_.push_back(&s);
+    return i;
+  }
+  void set_has_grad(std::size_t i, bool g) { params_.at(i).has_grad = g; }
+
+  void validate() {
+    if (!(lr_ > 0)) throw invalid_argument("toy_optimizer: lr must be positive");
+  }
+  std::span<swap_slot<B>* const> slots() { return slot_ptrs_; }
+
+  void initialize(swap_slot<B>& s) {
+    auto const& p = params_.at(s.param);
+    auto dst = s.device_at(0);
+    host_kernel<B>::run(b_, "init master", {{p.param, p.numel * 4}}, {{dst, p.numel * 4}},
+                        [=](auto const& k) {
+                          auto src = k.template read<float>(p.param, p.numel);
+                          auto out = k.template write<float>(dst, p.numel);
+                          std::copy(src.begin(), src.end(), out.begin());
+                        });
+  }
+
+  step_context prepare_step() {
+    ++steps_;
+    units_.clear();
+    for (auto const& u : units_all_) {
+      if (params_[u.param].has_grad) units_.push_back(u);
+    }
+    return {lr_};
+  }
+  std::span<update_unit<B> const> update_units(step_context&) { return units_; }
+
+  void update(std::span<unit_range const> batch, step_context& ctx) {
+    std::vector<mock::region> reads, writes;
+    struct job {
+      device_ptr p, g, m, v, master;
+      std::size_t n;
+    };
+    std::vector<job> jobs;
+    for (auto const& r : batch) {
+      auto const& u = units_[r.unit];
+      auto const& prm = params_[u.param];
+      auto const off = r.begin * 4;
+      auto const n = r.end - r.begin;
+      job j{prm.param + off, prm.grad + off, u.slots[0]->device_at(r.begin),
+            u.slots[1]->device_at(r.begin), u.slots.size() > 2 ? u.slots[2]->device_at(r.begin) : device_ptr{},
+            n};
+      reads.push_back({j.g, n * 4});
+      writes.push_back({j.p, n * 4});
+      writes.push_back({j.m, n * 4});
+      writes.push_back({j.v, n * 4});
+      if (j.master) writes.push_back({j.master, n * 4});
+      jobs.push_back(j);
+    }
+    float const lr = ctx.lr;
+    host_kernel<B>::run(b_, "toy update", std::move(reads), std::move(writes), [jobs, lr](auto const& k) {
+      for (auto const& j : jobs) {
+        auto p = k.template write<float>(j.p, j.n);
+        auto g = k.template read<float>(j.g, j.n);
+        auto m = k.template write<float>(j.m, j.n);
+        auto v = k.template write<float>(j.v, j.n);
+        auto w = j.master ? k.template write<float>(j.master, j.n) : p;
+        for (std::size_t i = 0; i < j.n; ++i) {
+          m[i] = m[i] * 0.5f + g[i];
+          v[i] = v[i] + g[i] * g[i];
+          w[i] = w[i] - lr * m[i] / (1.0f + v[i]);
+          p[i] = w[i];
+        }
+      }
+    });
+  }
+
+  void finish_step(step_context&) {}
+
+  std::map<std::string, std::string> metadata() const {
+    return {{"lr", std::to_string(lr_)}, {"steps", std::to_string(steps_)}};
+  }
+  void load_metadata(std::map<std::string, std::string> const& m) {
+    auto it = m.find("steps");
+    if (it == m.end()) throw invalid_argument("toy_optimizer: metadata lacks 'steps'");
+    steps_ = std::stoul(it->second);
+  }
+
+  [[nodiscard]] std::size_t steps() const noexcept { return steps_; }
+
+private:
+  struct param_info {
+    device_ptr param, grad;
+    std::size_t numel;
+    bool has_grad;
+  };
+  B& b_;
+  float lr_;
+  std::size_t steps_ = 0;
+  std::vector<param_info> params_;
+  std::deque<swap_slot<B>> storage_;
+  std::vector<swap_slot<B>*> slot_ptrs_;
+  std::vector<update_unit<B>> units_all_;
+  std::vector<update_unit<B>> units_;
+};
+
+static_assert(swap_optimizer<toy_optimizer<mock::backend>>);
+static_assert(swap_optimizer<toy_optimizer<sync_host_backend>>);
+
+} // namespace pipeswap::test

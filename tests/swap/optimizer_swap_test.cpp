@@ -1,0 +1,308 @@
+// The optimizer-state swap runtime on the mock backend (hazard checker raising) with a user-written
+// optimizer: bit-exact against no swap, the reference call traces, the memory bound, resumable
+// failure at every copy and allocation, and the synchronous user backend as a second oracle.
+#define BOOST_TEST_MODULE optimizer_swap
+#include <boost/test/unit_test.hpp>
+
+#include <string>
+#include <vector>
+
+#include <pipeswap/swap/optimizer_swap.hpp>
+
+#include "support/toy_optimizer.hpp"
+#include "support/world.hpp"
+
+namespace ps = pipeswap;
+namespace mock = pipeswap::mock;
+using ps::test::toy_optimizer;
+
+namespace {
+
+using mock_model = ps::test::model<mock::backend, toy_optimizer<mock::backend>>;
+
+/// Small pinned chunks keep the many tiny worlds of these tests cheap.
+ps::pinned_pool_options small_pool() { return {1 << 20, 1 << 18, 512}; }
+
+ps::swap_config no_swap() {
+  ps::swap_config c;
+  c.state_keys = std::vector<std::string>{};
+  c.packed = false;
+  return c;
+}
+
+ps::swap_config swap(std::size_t times, bool packed, std::size_t min_numel = 0) {
+  ps::swap_config c;
+  c.swap_times = times;
+  c.packed = packed;
+  c.min_numel = min_numel;
+  return c;
+}
+
+/// Runs `steps` steps and returns every parameter and state byte.
+template <class P = ps::balanced_partition>
+std::vector<std::vector<std::byte>> train(std::vector<std::size_t> const& sizes, ps::swap_config cfg,
+                                          int steps, bool masters, P policy = {}) {
+  mock::backend b{mock::options{mock::timing_model::unit()}};
+  ps::transfer_engine<mock::backend> x(b, small_pool());
+  mock_model m(b, sizes, 7, masters);
+  ps::optimizer_swap<toy_optimizer<mock::backend>, P> rt(x, m.opt, cfg, policy);
+  for (int s = 0; s < steps; ++s) {
+    m.set_grads(static_cast<std::uint64_t>(s));
+    rt.step();
+  }
+  BOOST_TEST(b.hazards().empty());
+  return m.snapshot(rt);
+}
+
+std::vector<std::size_t> const mixed_sizes{5000, 1, 0, 3, 2048, 1024, 777, 4096, 64, 1500, 2, 9000};
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(bit_exact_against_no_swap_for_both_pipelines) {
+  for (bool masters : {false, true}) {
+    auto const ref = train(mixed_sizes, no_swap(), 3, masters);
+    for (bool packed : {false, true}) {
+      for (std::size_t k : {1u, 2u, 3u, 7u, 16u, 100u}) {
+        for (std::size_t min_numel : {0u, 1024u}) {
+          BOOST_TEST_CONTEXT("packed " << packed << " swap_times " << k << " min_numel " << min_numel
+                                       << " masters " << masters) {
+            auto const got = train(mixed_sizes, swap(k, packed, min_numel), 3, masters);
+            BOOST_TEST_REQUIRE(got.size() == ref.size());
+            for (std::size_t i = 0; i < ref.size(); ++i) BOOST_TEST((got[i] == ref[i]), "tensor " << i);
+          }
+        }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(bit_exact_with_element_splitting) {
+  auto const ref = train(mixed_sizes, no_swap(), 3, true);
+  for (bool packed : {false, true}) {
+    for (std::size_t k : {1u, 2u, 3u, 7u, 16u, 100u}) {
+      BOOST_TEST_CONTEXT("packed " << packed << " swap_times " << k) {
+        auto const got = train(mixed_sizes, swap(k, packed), 3, true, ps::split_partition{});
+        BOOST_TEST_REQUIRE(got.size() == ref.size());
+        for (std::size_t i = 0; i < ref.size(); ++i) BOOST_TEST((got[i] == ref[i]), "tensor " << i);
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(user_backend_gives_the_same_bits_as_the_mock) {
+  auto const ref = train(mixed_sizes, swap(3, true), 2, true);
+  ps::test::sync_host_backend b;
+  ps::transfer_engine<ps::test::sync_host_backend> x(b, small_pool());
+  ps::test::model<ps::test::sync_host_backend, toy_optimizer<ps::test::sync_host_backend>> m(
+      b, mixed_sizes, 7, true);
+  {
+    ps::optimizer_swap<toy_optimizer<ps::test::sync_host_backend>> rt(x, m.opt, swap(3, false));
+    for (int s = 0; s < 2; ++s) {
+      m.set_grads(static_cast<std::uint64_t>(s));
+      rt.step();
+    }
+    auto const got = m.snapshot(rt);
+    for (std::size_t i = 0; i < ref.size(); ++i) BOOST_TEST((got[i] == ref[i]), "tensor " << i);
+  }
+  x.pool().trim();
+}
+
+BOOST_AUTO_TEST_CASE(reference_call_traces) {
+  // One single-slot unit per batch, as in the reference tests.
+  std::vector<std::string> const per_tensor3{
+      "prefetch:0",      "wait_prefetch:0", "prefetch:1",   "update:0",     "offload:0",
+      "wait_prefetch:1", "wait_offload:0",  "prefetch:2",   "update:1",     "offload:1",
+      "wait_prefetch:2", "wait_offload:1",  "update:2",     "offload:2",    "wait_offload:2"};
+  std::vector<std::string> const packed3{
+      "begin:3",          "prefetch:0:0",    "prefetch:1:1",      "wait_prefetch:0:0", "activate:0:0",
+      "update:0",         "chain:0:2:0",     "wait_prefetch:1:1", "activate:1:1",
+      "update:1",         "chain:1:None:1",  "wait_prefetch:2:0", "wait_offload:0",    "finish_offload:0",
+      "activate:2:0",     "update:2",        "chain:2:None:0",    "wait_offload:1",    "finish_offload:1",
+      "wait_offload:2",   "finish_offload:2", "end"};
+  std::vector<std::string> const per_tensor1{"prefetch:0", "wait_prefetch:0", "update:0", "offload:0",
+                                             "wait_offload:0"};
+  std::vector<std::string> const packed1{"begin:1",  "prefetch:0:0",   "wait_prefetch:0:0", "activate:0:0",
+                                         "update:0", "chain:0:None:0", "wait_offload:0",
+                                         "finish_offload:0", "end"};
+  for (bool packed : {false, true}) {
+    for (std::size_t n : {0u, 1u, 2u, 3u}) {
+      mock::backend b;
+      ps::transfer_engine<mock::backend> x(b, small_pool());
+      mock_model m(b, std::vector<std::size_t>(n, 16), 1, false);
+      ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, swap(n ? n : 1, packed));
+      std::vector<std::string> trace;
+      rt.set_listener([&](std::string_view s) { trace.emplace_back(s); });
+      m.set_grads(0);
+      rt.step();
+      BOOST_TEST_CONTEXT("packed " << packed << " batches " << n) {
+        if (n == 0) BOOST_TEST(trace.empty());
+        if (n == 1) BOOST_TEST((trace == (packed ? packed1 : per_tensor1)));
+        if (n == 3) BOOST_TEST((trace == (packed ? packed3 : per_tensor3)));
+        if (n == 2 && !packed) {
+          std::vector<std::string> const two{"prefetch:0",      "wait_prefetch:0", "prefetch:1", "update:0",
+                                             "offload:0",       "wait_prefetch:1", "wait_offload:0",
+                                             "update:1",        "offload:1",       "wait_offload:1"};
+          BOOST_TEST((trace == two));
+        }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(device_memory_stays_within_resident_plus_two_batches) {
+  std::size_t params_bytes = 0;
+  for (auto n : mixed_sizes) params_bytes += 8 * n; // parameters and gradients
+  for (bool packed : {false, true}) {
+    for (std::size_t k : {2u, 3u, 5u, 12u}) {
+      mock::backend b{mock::options{mock::timing_model::unit()}};
+      ps::transfer_engine<mock::backend> x(b, small_pool());
+      mock_model m(b, mixed_sizes, 3, true);
+      ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, swap(k, packed, 100));
+      for (int s = 0; s < 2; ++s) {
+        m.set_grads(static_cast<std::uint64_t>(s));
+        rt.step();
+      }
+      auto const window = packed ? 2 * rt.arena_bytes() : 2 * rt.max_batch_bytes();
+      BOOST_TEST_CONTEXT("packed " << packed << " swap_times " << k) {
+        BOOST_TEST(rt.swappable_bytes() > 0u);
+        BOOST_TEST(rt.resident_bytes() > 0u); // small slots stay (min_numel 100)
+        BOOST_TEST(b.peak_device_bytes() <= params_bytes + rt.resident_bytes() + window);
+        // With three batches or more, swapping saves memory: the window is smaller than the state.
+        if (k >= 3) BOOST_TEST(window < rt.swappable_bytes());
+        BOOST_TEST(b.device_bytes_in_use() == params_bytes + rt.resident_bytes());
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(fault_at_every_copy_and_allocation_is_resumable_and_exact) {
+  std::vector<std::size_t> const sizes{3000, 64, 5000, 2048, 1};
+  // The uninterrupted run: 3 steps.
+  auto const ref = train(sizes, no_swap(), 3, true);
+  for (bool packed : {false, true}) {
+    for (auto site : {mock::fault_site::copy, mock::fault_site::allocation}) {
+      // Count the operations of this class in step 2 of a clean run.
+      std::size_t count = 0;
+      {
+        mock::backend b;
+        ps::transfer_engine<mock::backend> x(b, small_pool());
+        mock_model m(b, sizes, 7, true);
+        ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, swap(3, packed));
+        m.set_grads(0);
+        rt.step();
+        m.set_grads(1);
+        auto const before = b.attempts(site);
+        rt.step();
+        count = b.attempts(site) - before;
+      }
+      BOOST_TEST(count > 0u);
+      for (std::size_t i = 0; i < count; ++i) {
+        BOOST_TEST_CONTEXT("packed " << packed << " site " << static_cast<int>(site) << " index " << i) {
+          mock::backend b;
+          ps::transfer_engine<mock::backend> x(b, small_pool());
+          mock_model m(b, sizes, 7, true);
+          ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, swap(3, packed));
+          m.set_grads(0);
+          rt.step();
+          m.set_grads(1);
+          b.fail_after(site, i);
+          BOOST_CHECK_THROW(rt.step(), mock::mock_error);
+          BOOST_TEST(rt.has_interrupted_step());
+          // Nothing is in flight and nothing was lost: every piece is at rest.
+          for (auto* s : m.opt.slots()) {
+            for (auto const& p : s->pieces) {
+              BOOST_TEST((p.state == ps::residency::host || p.state == ps::residency::device));
+            }
+          }
+          rt.step(); // resumes the interrupted step
+          BOOST_TEST(!rt.has_interrupted_step());
+          BOOST_TEST(m.opt.steps() == 2u);
+          m.set_grads(2);
+          rt.step();
+          auto const got = m.snapshot(rt);
+          BOOST_TEST(b.hazards().empty());
+          for (std::size_t t = 0; t < ref.size(); ++t) BOOST_TEST((got[t] == ref[t]), "tensor " << t);
+        }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_failing_copy_back_strands_the_arena_and_the_next_step_recovers) {
+  // Packed: the chain's D2H fails, and so does the first copy of the recovery: the pieces stay in
+  // their arena, which is kept until the next step brings them home.
+  std::vector<std::size_t> const sizes{3000, 5000, 2048};
+  auto const ref = train(sizes, no_swap(), 2, false);
+  mock::backend b;
+  ps::transfer_engine<mock::backend> x(b, small_pool());
+  mock_model m(b, sizes, 7, false);
+  ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, swap(3, true));
+  m.set_grads(0);
+  bool armed = false;
+  rt.set_listener([&](std::string_view op) {
+    if (op == "chain:0:2:0") b.fail_after(mock::fault_site::copy, 0);
+    if (op == "end" && !armed) {
+      armed = true;
+      b.fail_after(mock::fault_site::copy, 0); // the copy-back fails too
+    }
+  });
+  BOOST_CHECK_THROW(rt.step(), mock::mock_error);
+  BOOST_TEST(armed);
+  std::size_t const params_bytes = 8 * (3000 + 5000 + 2048);
+  BOOST_TEST(b.device_bytes_in_use() == params_bytes + 2 * rt.arena_bytes()); // both arenas kept
+  rt.set_listener({});
+  rt.step();
+  BOOST_TEST(b.device_bytes_in_use() == params_bytes);
+  m.set_grads(1);
+  rt.step();
+  auto const got = m.snapshot(rt);
+  BOOST_TEST(b.hazards().empty());
+  for (std::size_t t = 0; t < ref.size(); ++t) BOOST_TEST((got[t] == ref[t]), "tensor " << t);
+}
+
+BOOST_AUTO_TEST_CASE(bad_configuration_is_rejected_with_the_reference_messages) {
+  mock::backend b;
+  ps::transfer_engine<mock::backend> x(b, small_pool());
+  mock_model m(b, {16, 16}, 1, false);
+  auto cfg = swap(0, true);
+  BOOST_CHECK_EXCEPTION((ps::optimizer_swap<toy_optimizer<mock::backend>>(x, m.opt, cfg)),
+                        ps::invalid_argument, [](auto const& e) {
+                          return std::string(e.what()) == "SwapOptimizerConfig.swap_times must be positive.";
+                        });
+  cfg = swap(2, true);
+  cfg.state_keys = std::vector<std::string>{"exp_avg", "momentum", "bogus", "momentum"};
+  BOOST_CHECK_EXCEPTION((ps::optimizer_swap<toy_optimizer<mock::backend>>(x, m.opt, cfg)),
+                        ps::invalid_argument, [](auto const& e) {
+                          return std::string(e.what()) ==
+                                 "SwapOptimizerConfig.state_keys only supports Adam/AdamW logical slots "
+                                 "('exp_avg', 'exp_avg_sq', 'max_exp_avg_sq', 'master_param'), but got "
+                                 "['bogus', 'momentum'].";
+                        });
+  // Nothing was lost: a valid runtime still builds and steps over the same optimizer.
+  cfg.state_keys = std::vector<std::string>{"exp_avg"};
+  ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, cfg);
+  m.set_grads(0);
+  rt.step();
+  std::size_t swapped = 0;
+  for (auto* s : m.opt.slots()) swapped += s->swappable;
+  BOOST_TEST(swapped == 2u); // exp_avg of both parameters only
+}
+
+BOOST_AUTO_TEST_CASE(parameters_without_gradients_are_skipped_and_slots_stay_home) {
+  for (bool packed : {false, true}) {
+    mock::backend b;
+    ps::transfer_engine<mock::backend> x(b, small_pool());
+    mock_model m(b, {100, 200, 300, 400}, 5, false);
+    ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, swap(2, packed));
+    m.opt.set_has_grad(1, false);
+    m.set_grads(0);
+    auto const before = b.read_device(m.params[1], 800);
+    rt.step();
+    BOOST_TEST((b.read_device(m.params[1], 800) == before));
+    for (auto const& batch : rt.last_plan()) {
+      for (auto const& r : batch) BOOST_TEST(r.end - r.begin != 200u);
+    }
+    for (auto* s : m.opt.slots()) BOOST_TEST(s->all(ps::residency::host));
+    BOOST_TEST(b.hazards().empty());
+  }
+}
