@@ -15,3 +15,4 @@
 #include <pipeswap/swap/optimizer_swap.hpp>
 #include <pipeswap/swap/partition.hpp>
 #include <pipeswap/swap/slot.hpp>
+#include <pipeswap/activation/activation_swap.hpp>

@@ -5,6 +5,7 @@
 #define BOOST_TEST_MODULE mutation
 #include <boost/test/unit_test.hpp>
 
+#include <pipeswap/activation/activation_swap.hpp>
 #include <pipeswap/core/detail/mutation.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
 
@@ -95,5 +96,32 @@ BOOST_AUTO_TEST_CASE(the_memory_gate_bounds_the_window) {
       BOOST_TEST(r.hazards == 0u);
       BOOST_TEST(r.peak > r.bound);
     }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(activation_loads_rely_on_the_mirror_wait) {
+  // offload → wait_offload (compute waits) → launch_load: the h2d stream is ordered behind the D2H
+  // only by the mirror wait.
+  for (bool mutated : {false, true}) {
+    ps::detail::mutated_sites = mutated ? 1u << static_cast<unsigned>(wait_site::load_after_mirror) : 0u;
+    mock::options o;
+    o.hazards = mock::hazard_policy::record;
+    mock::backend b{o};
+    ps::transfer_engine<mock::backend> x(b, {1 << 20, 1 << 18, 512});
+    ps::activation_swap<mock::backend> m(x);
+    m.begin_run();
+    ps::chunk_id const c{0, 0};
+    {
+      auto scope = m.forward(c);
+      (void)m.save(b.allocate_device(4096, b.current_stream()), 4096);
+    }
+    m.launch_offload(c);
+    m.wait_offload(c);
+    m.launch_load(c);
+    BOOST_TEST(b.hazards().size() == (mutated ? 1u : 0u));
+    b.set_hazard_policy(mock::hazard_policy::ignore);
+    m.wait_load(c);
+    m.release(c);
+    ps::detail::mutated_sites = 0;
   }
 }
