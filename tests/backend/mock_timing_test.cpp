@@ -269,3 +269,19 @@ BOOST_AUTO_TEST_CASE(timing_only_runs_hold_no_bytes) {
   b.deallocate_host(h, huge);
   BOOST_TEST(b.peak_device_bytes() == huge);
 }
+
+BOOST_FIXTURE_TEST_CASE(wait_until_models_input_from_another_device, fixture) {
+  auto d = b.allocate_device(16, cs);
+  b.wait_until(cs, 2500, "recv from rank 0");
+  b.launch(cs, {"after recv", {}, {{d, 16}}, 100});
+  BOOST_TEST(done(cs) == 2600);
+  b.wait_until(cs, 10); // the past changes nothing
+  b.launch(cs, {"next", {}, {{d, 16}}, 100});
+  BOOST_TEST(done(cs) == 2700);
+  BOOST_TEST(b.holds_bytes());
+  mock::options o;
+  o.materialize = false;
+  BOOST_TEST(!mock::backend{o}.holds_bytes());
+  b.synchronize_device();
+  b.deallocate_device(d, 16, cs);
+}

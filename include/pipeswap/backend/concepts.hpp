@@ -162,6 +162,9 @@ template <backend B> using backend_error_t = typename B::error_type;
 //   b.note_host_read(const std::byte*, n)   the host is about to read pinned bytes (hazard checking)
 //   b.note_host_write(const std::byte*, n)  the host is about to write pinned bytes
 //   b.synchronize_device()                  blocks until all work on all streams is complete
+//   b.holds_bytes() -> bool                 false for a simulator that models time without data:
+//                                           host mirrors are then addresses only and must not be
+//                                           touched by the host
 
 template <class B>
 concept labelled_backend = requires(B& b, char const* s) { b.set_label(s); };
@@ -172,7 +175,19 @@ concept host_access_checked = requires(B& b, std::byte const* p, std::size_t n) 
   b.note_host_write(p, n);
 };
 
+template <class B>
+concept bytes_optional = requires(B const& b) {
+  { b.holds_bytes() } -> std::convertible_to<bool>;
+};
+
 namespace detail {
+
+/// Whether the host may read and write pinned memory of `b` (true for every real backend).
+template <class B>
+bool holds_bytes(B const& b) {
+  if constexpr (bytes_optional<B>) return b.holds_bytes();
+  else return true;
+}
 
 template <class B>
 void annotate(B& b, char const* label) {

@@ -169,7 +169,15 @@ public:
   }
   backend(backend const&) = delete;
   backend& operator=(backend const&) = delete;
-  ~backend() { drain(std::numeric_limits<sim_time>::max()); }
+  ~backend() {
+    for (;;) { // a throwing kernel body must not escape a destructor: skip it and go on
+      try {
+        drain(std::numeric_limits<sim_time>::max());
+        return;
+      } catch (...) {
+      }
+    }
+  }
 
   // ----- Backend concept ---------------------------------------------------------------------------
 
@@ -376,7 +384,19 @@ public:
     host_wait(t, c, "synchronize device");
   }
 
+  /// False in timing-only runs: pinned allocations are then addresses with no bytes behind them.
+  [[nodiscard]] bool holds_bytes() const noexcept { return opts_.materialize; }
+
   // ----- Mock-specific -----------------------------------------------------------------------------
+
+  /// Work enqueued on `s` after this call starts no earlier than simulated time `t`: data arriving
+  /// from outside this device (a receive from another pipeline rank) at `t`.
+  void wait_until(stream s, sim_time t, std::string_view what = "wait for input") {
+    auto& st = state_of(s, "wait_until");
+    st.ready = std::max(st.ready, t);
+    log_op(op_kind::wait, agent_of(s), st.seq, std::max(st.ready, host_now_), std::max(st.ready, host_now_),
+           0, engine::none, std::string(what));
+  }
 
   /// A new stream with a name for traces and reports.
   stream new_stream(std::string name) {
@@ -900,6 +920,7 @@ static_assert(pipeswap::backend<backend>);
 // ----- out-of-line members -------------------------------------------------------------------------
 
 inline std::byte* kernel_context::bytes(device_ptr p, std::size_t n, bool writable) const {
+  if (n == 0) return nullptr;
   for (auto const& r : regions_) {
     if (p.address() >= r.ptr.address() && p.address() + n <= r.ptr.address() + r.bytes) {
       if (writable && !r.writable) {

@@ -220,8 +220,7 @@ private:
         resident_bytes_ += s->bytes();
       }
       if (s->init == slot_init::zeros && s->swappable) {
-        detail::note_host_write(b_, s->mirror.ptr, s->mirror.bytes);
-        if (s->mirror.bytes) std::memset(s->mirror.ptr, 0, s->mirror.bytes);
+        fill_zero(s->mirror);
         p.state = residency::host;
       } else if (s->init == slot_init::zeros) {
         zero_on_device(p);
@@ -242,6 +241,12 @@ private:
     x_.wait_offload(pieces, x_.compute());
   }
 
+  void fill_zero(pinned_block blk) {
+    if (blk.bytes == 0 || !detail::holds_bytes(b_)) return;
+    detail::note_host_write(b_, blk.ptr, blk.bytes);
+    std::memset(blk.ptr, 0, blk.bytes);
+  }
+
   /// A non-swappable zero state: device storage filled from a zeroed pinned block.
   void zero_on_device(buffer& p) {
     if (p.bytes == 0) {
@@ -249,8 +254,7 @@ private:
       return;
     }
     auto blk = x_.pool().allocate_for_host(p.bytes);
-    detail::note_host_write(b_, blk.ptr, blk.bytes);
-    std::memset(blk.ptr, 0, blk.bytes);
+    fill_zero(blk);
     buffer tmp{p.bytes, {}, blk.ptr, true, residency::host, {}};
     buffer* one[] = {&tmp};
     try {
