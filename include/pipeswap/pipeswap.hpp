@@ -8,3 +8,9 @@
 #include <pipeswap/config.hpp>
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/error.hpp>
+#include <pipeswap/io/atomic_file.hpp>
+#include <pipeswap/io/error.hpp>
+#include <pipeswap/io/safetensors.hpp>
+#include <pipeswap/io/safetensors_format.hpp>
+#include <pipeswap/io/safetensors_reader.hpp>
+#include <pipeswap/io/safetensors_writer.hpp>
