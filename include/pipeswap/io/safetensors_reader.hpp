@@ -149,6 +149,11 @@ inline std::string json_kind(nlohmann::json const& v) {
   return "an object";
 }
 
+/// "data_offsets [b, e]" for messages.
+inline std::string offsets_text(tensor_view const& t) {
+  return "data_offsets " + format_list(std::vector{t.begin, t.end});
+}
+
 /// Parses the header text: JSON with no duplicate key in any object and no container nested deeper
 /// than a safetensors header needs (root object → tensor object → shape array).
 inline nlohmann::json parse_header_json(std::string_view text, format_reporter const& report) {
@@ -260,8 +265,7 @@ inline tensor_view parse_tensor_entry(std::string const& name, nlohmann::json co
   }
   t.begin = header_uint(off[0], name, "data_offsets[0]", report);
   t.end = header_uint(off[1], name, "data_offsets[1]", report);
-  std::string const range = "data_offsets " + format_list(std::vector{t.begin, t.end});
-  if (t.end < t.begin) report.tensor(name, range + " end before they begin");
+  if (t.end < t.begin) report.tensor(name, offsets_text(t) + " end before they begin");
 
   std::uint64_t numel = 0;
   std::uint64_t nbytes = 0;
@@ -272,11 +276,11 @@ inline tensor_view parse_tensor_entry(std::string const& name, nlohmann::json co
     report.tensor(name, describe(t.type, t.shape) + " needs more than 2^64 - 1 bytes");
   }
   if (t.end - t.begin != nbytes) {
-    report.tensor(name, range + " hold " + std::to_string(t.end - t.begin) + " bytes but " +
+    report.tensor(name, offsets_text(t) + " hold " + std::to_string(t.end - t.begin) + " bytes but " +
                             describe(t.type, t.shape) + " needs " + std::to_string(nbytes));
   }
   if (t.end > data_size) {
-    report.tensor(name, range + " end past the data section, which holds " +
+    report.tensor(name, offsets_text(t) + " end past the data section, which holds " +
                             std::to_string(data_size) + " bytes");
   }
   return t;
@@ -335,7 +339,7 @@ inline safetensors_view::safetensors_view(std::span<std::byte const> file,
   nlohmann::json const root = detail::parse_header_json(text, report);
   if (!root.is_object()) report.header("JSON is " + detail::json_kind(root) + ", not an object");
 
-  std::uint64_t const data_size = after_length - n;
+  std::uint64_t const data_bytes = after_length - n;
   tensors_.reserve(root.size());
   for (auto const& [name, v] : root.items()) {
     if (name == metadata_key) {
@@ -343,10 +347,10 @@ inline safetensors_view::safetensors_view(std::span<std::byte const> file,
       continue;
     }
     if (name.empty()) report.header("a tensor has an empty name");
-    tensors_.push_back(detail::parse_tensor_entry(name, v, data_size, report));
+    tensors_.push_back(detail::parse_tensor_entry(name, v, data_bytes, report));
   }
 
-  // The byte ranges must tile [0, data_size): sorted by offset, each begins where the last ended.
+  // The byte ranges must tile [0, data_bytes): sorted by offset, each begins where the last ended.
   std::sort(tensors_.begin(), tensors_.end(), [](tensor_view const& a, tensor_view const& b) {
     if (a.begin != b.begin) return a.begin < b.begin;
     if (a.end != b.end) return a.end < b.end;
@@ -355,13 +359,12 @@ inline safetensors_view::safetensors_view(std::span<std::byte const> file,
   std::uint64_t pos = 0;
   tensor_view const* prev = nullptr;
   for (auto const& t : tensors_) {
-    std::string const range = "data_offsets " + detail::format_list(std::vector{t.begin, t.end});
     if (t.begin < pos) {
-      report.tensor(t.name, range + " overlap tensor " + detail::quote(prev->name) + " at " +
+      report.tensor(t.name, detail::offsets_text(t) + " overlap tensor " + detail::quote(prev->name) + " at " +
                                 detail::format_list(std::vector{prev->begin, prev->end}));
     }
     if (t.begin > pos) {
-      report.tensor(t.name, range + " leave bytes [" + std::to_string(pos) + ", " +
+      report.tensor(t.name, detail::offsets_text(t) + " leave bytes [" + std::to_string(pos) + ", " +
                                 std::to_string(t.begin) + ") unused " +
                                 (prev ? "after tensor " + detail::quote(prev->name)
                                       : std::string("at the start of the data section")) +
@@ -370,9 +373,9 @@ inline safetensors_view::safetensors_view(std::span<std::byte const> file,
     pos = t.end;
     prev = &t;
   }
-  if (pos != data_size) {
+  if (pos != data_bytes) {
     report.header("the tensors cover " + std::to_string(pos) + " bytes but the data section holds " +
-                  std::to_string(data_size) + " (" + std::to_string(data_size - pos) +
+                  std::to_string(data_bytes) + " (" + std::to_string(data_bytes - pos) +
                   " trailing bytes)");
   }
 
