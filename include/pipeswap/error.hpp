@@ -5,9 +5,12 @@
 // lost (see docs/guarantees.md).
 #pragma once
 
-#include <source_location>
 #include <stdexcept>
 #include <string>
+#include <version>
+#if defined(__cpp_lib_source_location)
+#  include <source_location>
+#endif
 
 namespace pipeswap {
 
@@ -29,10 +32,14 @@ public:
   using error::error;
 };
 
+// clang 14 with libstdc++ 12 has no std::source_location (it lacks __builtin_source_location);
+// the rest of this header still compiles there, which the clang-built fuzz targets rely on.
+#if defined(__cpp_lib_source_location)
 namespace detail {
 inline std::string where(std::source_location const& loc) {
   return std::string(loc.file_name()) + ":" + std::to_string(loc.line());
 }
 } // namespace detail
+#endif
 
 } // namespace pipeswap
