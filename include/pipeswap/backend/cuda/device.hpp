@@ -1,0 +1,54 @@
+// pipeswap — CUDA devices: how many there are, and a scoped current device.
+//
+//   device_count()       devices visible to the process; 0 when there is no driver or no device.
+//   device_guard         makes a device current for the calling thread for its lifetime, then
+//                        restores the previous one. Costs one cudaGetDevice (a thread-local read)
+//                        and, only when the device differs, two cudaSetDevice calls.
+//
+// The CUDA backend uses a guard only where the runtime reads the current device: creating streams
+// and events, pinned allocation, device-wide synchronization, and enqueueing on a stream handle
+// that means "the default stream of the current device" (cudaStreamLegacy, cudaStreamPerThread,
+// null). Calls on explicit streams need no guard: the stream carries its device.
+#pragma once
+
+#include <pipeswap/backend/cuda/detail/runtime.hpp>
+#include <pipeswap/backend/cuda/error.hpp>
+
+namespace pipeswap::cuda {
+
+/// Number of CUDA devices visible to the process; 0 (never an exception) when the driver is missing
+/// or too old or no device is present. The runtime leaves the count untouched on failure, hence the
+/// explicit 0.
+[[nodiscard]] inline int device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+/// Makes `device` the calling thread's current device until the guard is destroyed. Not copyable or
+/// movable. The constructor throws cuda_error (naming cudaSetDevice) for an invalid ordinal; the
+/// destructor never throws.
+class device_guard {
+public:
+  explicit device_guard(int device) {
+    PIPESWAP_CUDA_TRY(cudaGetDevice(&previous_));
+    if (previous_ == device) {
+      previous_ = -1;
+      return;
+    }
+    PIPESWAP_CUDA_TRY(cudaSetDevice(device));
+  }
+  device_guard(device_guard const&) = delete;
+  device_guard& operator=(device_guard const&) = delete;
+  ~device_guard() {
+    if (previous_ >= 0) PIPESWAP_CUDA_LOG(cudaSetDevice(previous_));
+  }
+
+private:
+  int previous_ = -1; ///< the device to restore; -1 when nothing was changed
+};
+
+} // namespace pipeswap::cuda
