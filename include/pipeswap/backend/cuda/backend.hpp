@@ -95,11 +95,14 @@ public:
   using device_pointer = pipeswap::device_ptr;
 
   explicit backend(int device = 0, backend_options const& options = {})
-      : device_(open(device)),
+      : device_(device),
+        setup_(device, "pipeswap::cuda::backend(device " + std::to_string(device) + ")"),
         device_pool_(options.device_pool != nullptr
                          ? memory_pool::borrow(options.device_pool)
                          : memory_pool::create_device(device_, options.release_threshold)),
-        host_(device_, options.host_memory), events_(device_), priority_(options.stream_priority) {}
+        host_(device_, options.host_memory), events_(device_), priority_(options.stream_priority) {
+    setup_.restore();
+  }
 
   backend(backend const&) = delete;
   backend& operator=(backend const&) = delete;
@@ -229,18 +232,6 @@ private:
     std::optional<device_guard> g_;
   };
 
-  static int open(int device) {
-    auto const what = [device] {
-      return "pipeswap::cuda::backend(device " + std::to_string(device) + ")";
-    };
-    int previous = 0;
-    PIPESWAP_CUDA_TRY_WHAT(cudaGetDevice(&previous), what());
-    // Validates the ordinal and initializes the device's primary context.
-    PIPESWAP_CUDA_TRY_WHAT(cudaSetDevice(device), what());
-    if (previous != device) PIPESWAP_CUDA_TRY_WHAT(cudaSetDevice(previous), what());
-    return device;
-  }
-
   [[nodiscard]] std::string describe(char const* op) const {
     std::string m = "pipeswap::cuda::backend(device " + std::to_string(device_) + ")::" + op;
     if (!label_.text().empty()) m.append(" during '").append(label_.text()).append("'");
@@ -257,6 +248,9 @@ private:
   }
 
   int device_;
+  /// Validates the ordinal and keeps the device current while the members below are built (pool
+  /// and stream creation read it); restored at the end of the constructor, or by unwinding.
+  device_guard setup_;
   memory_pool device_pool_;
   pinned_allocator host_;
   event_pool events_;

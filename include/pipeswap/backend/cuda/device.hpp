@@ -11,6 +11,9 @@
 // null). Calls on explicit streams need no guard: the stream carries its device.
 #pragma once
 
+#include <string_view>
+#include <utility>
+
 #include <pipeswap/backend/cuda/detail/runtime.hpp>
 #include <pipeswap/backend/cuda/error.hpp>
 
@@ -28,23 +31,28 @@ namespace pipeswap::cuda {
   return n;
 }
 
-/// Makes `device` the calling thread's current device until the guard is destroyed. Not copyable or
-/// movable. The constructor throws cuda_error (naming cudaSetDevice) for an invalid ordinal; the
-/// destructor never throws.
+/// Makes `device` the calling thread's current device until the guard is destroyed or restore() is
+/// called. Not copyable or movable. The constructor throws cuda_error (naming cudaSetDevice, with
+/// `what` naming the caller) for an invalid ordinal; restore() and the destructor never throw.
 class device_guard {
 public:
-  explicit device_guard(int device) {
-    PIPESWAP_CUDA_TRY(cudaGetDevice(&previous_));
+  explicit device_guard(int device, std::string_view what = "pipeswap::cuda::device_guard") {
+    PIPESWAP_CUDA_TRY_WHAT(cudaGetDevice(&previous_), what);
     if (previous_ == device) {
       previous_ = -1;
       return;
     }
-    PIPESWAP_CUDA_TRY(cudaSetDevice(device));
+    int const previous = std::exchange(previous_, -1); // nothing to restore if the switch fails
+    PIPESWAP_CUDA_TRY_WHAT(cudaSetDevice(device), what);
+    previous_ = previous;
   }
   device_guard(device_guard const&) = delete;
   device_guard& operator=(device_guard const&) = delete;
-  ~device_guard() {
-    if (previous_ >= 0) PIPESWAP_CUDA_LOG(cudaSetDevice(previous_));
+  ~device_guard() { restore(); }
+
+  /// Makes the previous device current again now; later calls and the destructor do nothing.
+  void restore() noexcept {
+    if (previous_ >= 0) PIPESWAP_CUDA_LOG(cudaSetDevice(std::exchange(previous_, -1)));
   }
 
 private:

@@ -221,6 +221,7 @@ public:
       numa_->order.sync(); // the pool unpins at synchronization (threshold 0): make it happen now
       return;
     }
+    device_guard const g(device_); // so no other device's context is created on the way
     PIPESWAP_CUDA_TRY_WHAT(cudaFreeHost(p), "pipeswap::cuda::pinned_allocator::deallocate");
   }
 
