@@ -56,7 +56,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -124,7 +123,7 @@ public:
   /// Work enqueued on `s` after this call starts after `e` completes.
   void wait_event(stream_ref s, event const& e) {
     cudaEvent_t const native = checked(e, "cudaStreamWaitEvent", "wait_event");
-    implicit_guard const g(s, device_);
+    device_guard_if const g(s.is_implicit(), device_);
     PIPESWAP_CUDA_TRY_WHAT(cudaStreamWaitEvent(s.get(), native, 0), describe("wait_event"));
   }
 
@@ -137,7 +136,7 @@ public:
   /// Stream-ordered allocation of `n` bytes of device memory; null for 0.
   [[nodiscard]] device_ptr allocate_device(std::size_t n, stream_ref s) {
     if (n == 0) return {};
-    implicit_guard const g(s, device_);
+    device_guard_if const g(s.is_implicit(), device_);
     void* p = nullptr;
     PIPESWAP_CUDA_TRY_WHAT(cudaMallocFromPoolAsync(&p, n, device_pool_.get(), s.get()),
                            describe("allocate_device", n));
@@ -147,7 +146,7 @@ public:
   /// Stream-ordered release: the memory is reused only after the work enqueued on `s` before this.
   void deallocate_device(device_ptr d, std::size_t n, stream_ref s) {
     if (!d) return;
-    implicit_guard const g(s, device_);
+    device_guard_if const g(s.is_implicit(), device_);
     PIPESWAP_CUDA_TRY_WHAT(cudaFreeAsync(d.get(), s.get()), describe("deallocate_device", n));
   }
 
@@ -161,7 +160,7 @@ public:
   /// Enqueues a copy of `n` bytes from pinned host memory to device memory on `s`.
   void copy_h2d(device_ptr d, std::byte const* h, std::size_t n, stream_ref s) {
     if (n == 0) return;
-    implicit_guard const g(s, device_);
+    device_guard_if const g(s.is_implicit(), device_);
     PIPESWAP_CUDA_TRY_WHAT(cudaMemcpyAsync(d.get(), h, n, cudaMemcpyHostToDevice, s.get()),
                            describe("copy_h2d", n));
   }
@@ -169,7 +168,7 @@ public:
   /// Enqueues a copy of `n` bytes from device memory to pinned host memory on `s`.
   void copy_d2h(std::byte* h, device_ptr d, std::size_t n, stream_ref s) {
     if (n == 0) return;
-    implicit_guard const g(s, device_);
+    device_guard_if const g(s.is_implicit(), device_);
     PIPESWAP_CUDA_TRY_WHAT(cudaMemcpyAsync(h, d.get(), n, cudaMemcpyDeviceToHost, s.get()),
                            describe("copy_d2h", n));
   }
@@ -221,17 +220,6 @@ public:
   [[nodiscard]] std::string const& label() const noexcept { return label_.text(); }
 
 private:
-  /// Makes the backend's device current while the call enqueues on an implicit stream handle.
-  class implicit_guard {
-  public:
-    implicit_guard(stream_ref s, int device) {
-      if (s.is_implicit()) g_.emplace(device);
-    }
-
-  private:
-    std::optional<device_guard> g_;
-  };
-
   [[nodiscard]] std::string describe(char const* op) const {
     std::string m = "pipeswap::cuda::backend(device " + std::to_string(device_) + ")::" + op;
     if (!label_.text().empty()) m.append(" during '").append(label_.text()).append("'");

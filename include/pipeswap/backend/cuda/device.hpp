@@ -4,6 +4,7 @@
 //   device_guard         makes a device current for the calling thread for its lifetime, then
 //                        restores the previous one. Costs one cudaGetDevice (a thread-local read)
 //                        and, only when the device differs, two cudaSetDevice calls.
+//   device_guard_if      the same, only when a condition holds.
 //
 // The CUDA backend uses a guard only where the runtime reads the current device: creating streams
 // and events, pinned allocation, device-wide synchronization, and enqueueing on a stream handle
@@ -11,6 +12,7 @@
 // null). Calls on explicit streams need no guard: the stream carries its device.
 #pragma once
 
+#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -57,6 +59,18 @@ public:
 
 private:
   int previous_ = -1; ///< the device to restore; -1 when nothing was changed
+};
+
+/// A device_guard when `needed`, nothing otherwise: for calls that read the current device only in
+/// some cases (enqueueing on an implicit default-stream handle).
+class device_guard_if {
+public:
+  device_guard_if(bool needed, int device) {
+    if (needed) g_.emplace(device);
+  }
+
+private:
+  std::optional<device_guard> g_;
 };
 
 } // namespace pipeswap::cuda

@@ -161,12 +161,8 @@ public:
       throw;
     }
     // From here the point owns the native event; an exception below returns it to the cache.
-    if (s.is_implicit()) {
-      device_guard const g(cache_->device);
-      PIPESWAP_CUDA_TRY_WHAT(cudaEventRecord(e, s.get()), "pipeswap::cuda::event_pool::record");
-    } else {
-      PIPESWAP_CUDA_TRY_WHAT(cudaEventRecord(e, s.get()), "pipeswap::cuda::event_pool::record");
-    }
+    device_guard_if const g(s.is_implicit(), cache_->device);
+    PIPESWAP_CUDA_TRY_WHAT(cudaEventRecord(e, s.get()), "pipeswap::cuda::event_pool::record");
     return event(std::move(point));
   }
 
