@@ -50,14 +50,7 @@ public:
   /// Creates a pool of device memory on `device` that keeps up to `release_threshold` freed bytes
   /// reserved across synchronizations (UINT64_MAX: all of them, until trim_to()).
   [[nodiscard]] static memory_pool create_device(int device, std::uint64_t release_threshold) {
-    cudaMemPoolProps props{};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.handleTypes = cudaMemHandleTypeNone;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = device;
-    cudaMemPool_t p = nullptr;
-    PIPESWAP_CUDA_TRY_WHAT(cudaMemPoolCreate(&p, &props), describe("create_device", device));
-    memory_pool pool(p, true);
+    memory_pool pool = create(cudaMemLocationTypeDevice, device, "create_device");
     pool.set_release_threshold(release_threshold);
     return pool;
   }
@@ -65,19 +58,12 @@ public:
   /// Creates a pool of pinned host memory on host NUMA node `numa_node`, readable and writable by
   /// `device`, with release threshold 0 (freed memory is unpinned at the next synchronization).
   [[nodiscard]] static memory_pool create_host_numa(int numa_node, int device) {
-    cudaMemPoolProps props{};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.handleTypes = cudaMemHandleTypeNone;
-    props.location.type = cudaMemLocationTypeHostNuma;
-    props.location.id = numa_node;
-    cudaMemPool_t p = nullptr;
-    PIPESWAP_CUDA_TRY_WHAT(cudaMemPoolCreate(&p, &props), describe("create_host_numa", numa_node));
-    memory_pool pool(p, true);
+    memory_pool pool = create(cudaMemLocationTypeHostNuma, numa_node, "create_host_numa");
     cudaMemAccessDesc access{};
     access.location.type = cudaMemLocationTypeDevice;
     access.location.id = device;
     access.flags = cudaMemAccessFlagsProtReadWrite;
-    PIPESWAP_CUDA_TRY_WHAT(cudaMemPoolSetAccess(p, &access, 1),
+    PIPESWAP_CUDA_TRY_WHAT(cudaMemPoolSetAccess(pool.get(), &access, 1),
                            describe("create_host_numa", numa_node));
     return pool;
   }
@@ -152,6 +138,18 @@ public:
 
 private:
   memory_pool(cudaMemPool_t p, bool owning) noexcept : pool_(p), owning_(owning) {}
+
+  /// A new, owned pool of pinned memory at `location`, not shareable with other processes.
+  static memory_pool create(cudaMemLocationType type, int location, char const* op) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = type;
+    props.location.id = location;
+    cudaMemPool_t p = nullptr;
+    PIPESWAP_CUDA_TRY_WHAT(cudaMemPoolCreate(&p, &props), describe(op, location));
+    return memory_pool(p, true);
+  }
 
   static std::string describe(char const* op, int where) {
     return std::string("pipeswap::cuda::memory_pool::") + op + "(" + std::to_string(where) + ")";
