@@ -277,12 +277,13 @@ BOOST_AUTO_TEST_CASE(pinned_memory_is_exact_and_page_locked) {
 
 BOOST_AUTO_TEST_CASE(registered_host_ranges_are_page_locked) {
   cuda::backend b(device());
-  std::size_t const n = (std::size_t{1} << 20) + 3;
+  std::size_t const n = (std::size_t{1} << 20) + 3; // copied; the registration covers whole pages
   std::size_t const page = 4096;
-  void* raw = std::aligned_alloc(page, (n + page - 1) / page * page);
+  std::size_t const pages = (n + page - 1) / page * page;
+  void* raw = std::aligned_alloc(page, pages);
   BOOST_REQUIRE(raw != nullptr);
   auto* h = static_cast<std::byte*>(raw);
-  b.register_host(raw, n);
+  b.register_host(raw, pages);
   cudaPointerAttributes a{};
   PIPESWAP_CUDA_TRY(cudaPointerGetAttributes(&a, raw));
   BOOST_TEST(a.type == cudaMemoryTypeHost);
@@ -298,7 +299,7 @@ BOOST_AUTO_TEST_CASE(registered_host_ranges_are_page_locked) {
   b.synchronize(b.record_event(s));
   BOOST_TEST(first_mismatch(h, n, 31) == n);
 
-  BOOST_CHECK_THROW(b.register_host(raw, n), cuda::cuda_error); // already registered
+  BOOST_CHECK_THROW(b.register_host(raw, pages), cuda::cuda_error); // already registered
   BOOST_TEST(cudaGetLastError() == cudaSuccess);
   b.unregister_host(raw);
   BOOST_CHECK_THROW(b.unregister_host(raw), cuda::cuda_error); // no longer registered
