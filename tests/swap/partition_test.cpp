@@ -32,21 +32,23 @@ std::vector<std::uint64_t> batch_costs(std::vector<std::uint64_t> const& costs,
   return out;
 }
 
+__extension__ using i128 = __int128; // signed and wide enough for Σw · swap_times
+
 /// The reference loop, written out as plainly as the Python (signed arithmetic, big enough).
 std::vector<std::size_t> oracle(std::vector<std::uint64_t> const& costs, std::size_t swap_times) {
   std::size_t const n = costs.size();
   if (n == 0) return {};
   std::size_t const k = std::max<std::size_t>(1, std::min(swap_times, n));
-  std::vector<__int128> w(n);
-  __int128 left = 0;
+  std::vector<i128> w(n);
+  i128 left = 0;
   for (std::size_t i = 0; i < n; ++i) left += w[i] = std::max<std::uint64_t>(1, costs[i]);
   std::vector<std::size_t> sizes;
   std::size_t start = 0;
   for (std::size_t b = 0; b + 1 < k; ++b) {
-    __int128 const r = static_cast<__int128>(k - b);
+    i128 const r = static_cast<i128>(k - b);
     std::size_t const limit = n - static_cast<std::size_t>(r) + 1;
     std::size_t end = start;
-    __int128 acc = 0;
+    i128 acc = 0;
     while (end < limit) {
       auto here = left - acc * r;
       auto there = left - (acc + w[end]) * r;

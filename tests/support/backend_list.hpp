@@ -1,0 +1,37 @@
+// The backends a template test source runs on, chosen when the executable is built:
+//
+//   default                std::tuple<mock::backend, sync_host_backend>   (always runs)
+//   -DPIPESWAP_TEST_CUDA   std::tuple<cuda::backend>                      (skips without a GPU)
+//
+// A test source written over backends_under_test is compiled once per list (tests/meson.build and
+// tests/cuda/meson.build), so the same bodies run on the oracle, on a user-written backend and on
+// the hardware, and the CUDA executable can skip as a whole. Usage:
+//
+//   #define BOOST_TEST_MODULE my_runtime
+//   #include <boost/test/unit_test.hpp>
+//   #include "support/backend_list.hpp"
+//   using gate = pipeswap::test::skip_unless_available<pipeswap::test::backends_under_test>;
+//   BOOST_TEST_GLOBAL_FIXTURE(gate);
+//   BOOST_AUTO_TEST_CASE_TEMPLATE(my_case, B, pipeswap::test::backends_under_test) {
+//     pipeswap::test::backend_fixture<B> f;  // f.b is the backend
+//   }
+#pragma once
+
+#include <tuple>
+
+#include "support/backend_fixture.hpp"
+#include "support/backends.hpp"
+
+#if defined(PIPESWAP_TEST_CUDA)
+#  include "support/cuda_backend.hpp"
+#endif
+
+namespace pipeswap::test {
+
+#if defined(PIPESWAP_TEST_CUDA)
+using backends_under_test = std::tuple<cuda::backend>;
+#else
+using backends_under_test = std::tuple<mock::backend, sync_host_backend>;
+#endif
+
+} // namespace pipeswap::test
