@@ -9,6 +9,7 @@
 #include <pipeswap/config.hpp>
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/core/event_handle.hpp>
+#include <pipeswap/core/half.hpp>
 #include <pipeswap/core/pinned_pool.hpp>
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/error.hpp>
