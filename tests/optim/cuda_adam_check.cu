@@ -51,13 +51,10 @@ __global__ void convert_kernel(std::uint32_t first, std::size_t n, std::uint16_t
 }
 
 // The element operations one by one, float and double (the double forms back make_step_scalars).
-__global__ void ops_kernel(float const* a, float const* b, float* out, std::size_t n) {
-  std::size_t const i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
+// One definition, called by the kernel and by the host loop it is compared with.
+__host__ __device__ void all_ops(float x, float y, float* o) {
   using namespace ps::ieee;
-  float const x = a[i], y = b[i];
   double const dx = x, dy = y;
-  float* o = out + 8 * i;
   o[0] = add_rn(x, y);
   o[1] = sub_rn(x, y);
   o[2] = mul_rn(x, y);
@@ -66,6 +63,11 @@ __global__ void ops_kernel(float const* a, float const* b, float* out, std::size
   o[5] = max_nan(x, y);
   o[6] = neg(x);
   o[7] = static_cast<float>(sqrt_rn(add_rn(mul_rn(dx, dy), div_rn(sub_rn(dx, dy), dy))));
+}
+
+__global__ void ops_kernel(float const* a, float const* b, float* out, std::size_t n) {
+  std::size_t const i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) all_ops(a[i], b[i], out + 8 * i);
 }
 
 #define CHECK(call)                                                                                \
@@ -179,20 +181,7 @@ void check_ops() {
   auto const a = inputs(n, 5, -140, 120); // subnormals to near overflow
   auto const b = inputs(n, 6, -140, 120);
   std::vector<float> host(8 * n);
-  for (std::size_t i = 0; i < n; ++i) {
-    using namespace ps::ieee;
-    float const x = a[i], y = b[i];
-    double const dx = x, dy = y;
-    float* o = host.data() + 8 * i;
-    o[0] = add_rn(x, y);
-    o[1] = sub_rn(x, y);
-    o[2] = mul_rn(x, y);
-    o[3] = div_rn(x, y);
-    o[4] = sqrt_rn(x);
-    o[5] = max_nan(x, y);
-    o[6] = neg(x);
-    o[7] = static_cast<float>(sqrt_rn(add_rn(mul_rn(dx, dy), div_rn(sub_rn(dx, dy), dy))));
-  }
+  for (std::size_t i = 0; i < n; ++i) all_ops(a[i], b[i], host.data() + 8 * i);
   float *da = to_device(a), *db = to_device(b), *dout = nullptr;
   CHECK(cudaMalloc(&dout, host.size() * sizeof(float)));
   ops_kernel<<<(n + 255) / 256, 256>>>(da, db, dout, n);
