@@ -9,6 +9,8 @@
 #include <pipeswap/config.hpp>
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/core/event_handle.hpp>
+#include <pipeswap/core/half.hpp>
+#include <pipeswap/core/ieee_ops.hpp>
 #include <pipeswap/core/pinned_pool.hpp>
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/error.hpp>
@@ -18,6 +20,7 @@
 #include <pipeswap/io/safetensors_format.hpp>
 #include <pipeswap/io/safetensors_reader.hpp>
 #include <pipeswap/io/safetensors_writer.hpp>
+#include <pipeswap/optim/adam_math.hpp>
 #include <pipeswap/optim/concepts.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
 #include <pipeswap/swap/partition.hpp>
