@@ -20,6 +20,7 @@
 #include <pipeswap/io/safetensors_format.hpp>
 #include <pipeswap/io/safetensors_reader.hpp>
 #include <pipeswap/io/safetensors_writer.hpp>
+#include <pipeswap/optim/adam.hpp>
 #include <pipeswap/optim/adam_math.hpp>
 #include <pipeswap/optim/concepts.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
