@@ -1,5 +1,6 @@
 // pipeswap — umbrella header: every host-side component. The CUDA backend
-// (<pipeswap/backend/cuda.hpp>) and kernels (*.cuh) are included separately.
+// (<pipeswap/backend/cuda.hpp>), kernels (*.cuh) and the JSON I/O of schedules
+// (<pipeswap/schedule/json.hpp>, which needs nlohmann-json) are included separately.
 #pragma once
 
 #include <pipeswap/backend/concepts.hpp>
@@ -8,3 +9,5 @@
 #include <pipeswap/config.hpp>
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/error.hpp>
+#include <pipeswap/schedule/step.hpp>
+#include <pipeswap/schedule/text.hpp>
