@@ -9,5 +9,8 @@
 #include <pipeswap/config.hpp>
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/error.hpp>
+#include <pipeswap/schedule/generate.hpp>
+#include <pipeswap/schedule/inject.hpp>
+#include <pipeswap/schedule/layout.hpp>
 #include <pipeswap/schedule/step.hpp>
 #include <pipeswap/schedule/text.hpp>
