@@ -11,6 +11,8 @@
 #include <pipeswap/error.hpp>
 #include <pipeswap/schedule/generate.hpp>
 #include <pipeswap/schedule/inject.hpp>
+#include <pipeswap/schedule/labels.hpp>
 #include <pipeswap/schedule/layout.hpp>
 #include <pipeswap/schedule/step.hpp>
 #include <pipeswap/schedule/text.hpp>
+#include <pipeswap/schedule/validate.hpp>
