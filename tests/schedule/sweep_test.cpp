@@ -42,6 +42,7 @@ struct totals {
 std::string independent_check(ps::order const& original, ps::order const& injected, int stages, int micros,
                               std::size_t& swapped) {
   ps::order kept;
+  kept.reserve(original.size());
   // Per chunk: positions of SG, F, LO, WO, LL, WL, B; swap-step counts; compute slots of F and B.
   struct life {
     std::array<long, 7> at{-1, -1, -1, -1, -1, -1, -1};
