@@ -26,6 +26,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <pipeswap/error.hpp>
 #include <pipeswap/schedule/detail/shape.hpp>
