@@ -23,6 +23,7 @@
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/optim/adam_math.hpp>
 #include <pipeswap/optim/concepts.hpp>
+#include <pipeswap/swap/checkpoint.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
 #include <pipeswap/swap/partition.hpp>
 #include <pipeswap/swap/slot.hpp>
