@@ -168,6 +168,25 @@ BOOST_AUTO_TEST_CASE(overlapping_saves_write_their_own_snapshots) {
   BOOST_TEST(second != third);
 }
 
+BOOST_AUTO_TEST_CASE(a_relative_path_is_resolved_when_the_save_starts) {
+  io_test::scratch_dir dir;
+  auto const cwd = std::filesystem::current_path();
+  std::filesystem::create_directories(dir / "later");
+  adam_world w;
+  rt_t rt(w.x, w.opt, checkpoint_swap(true));
+  w.train(rt, 0, 1);
+  std::filesystem::current_path(dir.path());
+  gate g;
+  auto save = ps::save_checkpoint_async(rt, "optimizer.safetensors", g.options());
+  std::filesystem::current_path(dir / "later");
+  g.release();
+  save.get();
+  std::filesystem::current_path(cwd);
+  BOOST_TEST(save.path() == dir / "optimizer.safetensors");
+  BOOST_TEST(std::filesystem::exists(dir / "optimizer.safetensors"));
+  BOOST_TEST(!std::filesystem::exists(dir / "later" / "optimizer.safetensors"));
+}
+
 BOOST_AUTO_TEST_CASE(an_empty_handle_says_so) {
   ps::checkpoint_save h;
   BOOST_TEST(!h.valid());

@@ -414,11 +414,14 @@ void save_checkpoint(optimizer_swap<O, P>& rt, std::filesystem::path const& path
 /// On the calling thread: the same quiesce and device copies as save_checkpoint, then the whole
 /// file is serialized into one heap buffer (snapshot_bytes(): header plus every state byte). Steps
 /// may run as soon as this returns; they do not change the file. A background thread writes the
-/// buffer through io::atomic_file and frees it; it never calls the backend. Errors before the return
-/// are thrown here (nothing is written); errors of the write come from checkpoint_save::get().
+/// buffer through io::atomic_file and frees it; it never calls the backend. A relative `path` is
+/// made absolute here, so a later change of the working directory does not move the file. Errors
+/// before the return are thrown here (nothing is written); errors of the write come from
+/// checkpoint_save::get().
 template <swap_optimizer O, partition_policy P>
 [[nodiscard]] checkpoint_save save_checkpoint_async(optimizer_swap<O, P>& rt, std::filesystem::path path,
                                                     checkpoint_save_options options = {}) {
+  path = std::filesystem::absolute(path);
   std::unique_ptr<std::byte[]> buffer;
   std::size_t size = 0;
   {
