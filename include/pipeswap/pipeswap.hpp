@@ -31,6 +31,9 @@
 #include <pipeswap/schedule/step.hpp>
 #include <pipeswap/schedule/text.hpp>
 #include <pipeswap/schedule/validate.hpp>
+#include <pipeswap/sim/model.hpp>
+#include <pipeswap/sim/pipeline.hpp>
+#include <pipeswap/swap/checkpoint.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
 #include <pipeswap/swap/partition.hpp>
 #include <pipeswap/swap/slot.hpp>
