@@ -24,6 +24,14 @@
 #include <pipeswap/optim/adam_math.hpp>
 #include <pipeswap/optim/adam_tensor.hpp>
 #include <pipeswap/optim/concepts.hpp>
+#include <pipeswap/schedule/generate.hpp>
+#include <pipeswap/schedule/inject.hpp>
+#include <pipeswap/schedule/json.hpp>
+#include <pipeswap/schedule/labels.hpp>
+#include <pipeswap/schedule/layout.hpp>
+#include <pipeswap/schedule/step.hpp>
+#include <pipeswap/schedule/text.hpp>
+#include <pipeswap/schedule/validate.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
 #include <pipeswap/swap/partition.hpp>
 #include <pipeswap/swap/slot.hpp>

@@ -2,6 +2,7 @@
 #pragma once
 #include <pipeswap/pipeswap.hpp>
 #include <pipeswap/backend/mock.hpp>
+#include <pipeswap/schedule/json.hpp>
 
 inline int odr_probe() {
   pipeswap::mock::backend b;

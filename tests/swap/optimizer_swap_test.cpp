@@ -306,3 +306,26 @@ BOOST_AUTO_TEST_CASE(parameters_without_gradients_are_skipped_and_slots_stay_hom
     BOOST_TEST(b.hazards().empty());
   }
 }
+
+BOOST_AUTO_TEST_CASE(plans_follow_the_parameters_that_have_gradients) {
+  // Equal sizes, so only the identity of the units distinguishes the steps' plans.
+  auto run = [](ps::swap_config cfg) {
+    mock::backend b;
+    ps::transfer_engine<mock::backend> x(b, small_pool());
+    mock_model m(b, {500, 500, 500, 500}, 9, false); // no masters: every unit looks the same
+    ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, cfg);
+    std::vector<std::vector<bool>> const grads{{1, 1, 1, 1}, {0, 1, 1, 1}, {1, 0, 1, 1}, {1, 1, 1, 1}, {1, 1, 0, 0}};
+    for (std::size_t s = 0; s < grads.size(); ++s) {
+      for (std::size_t i = 0; i < 4; ++i) m.opt.set_has_grad(i, grads[s][i]);
+      m.set_grads(s);
+      rt.step();
+    }
+    BOOST_TEST(b.hazards().empty());
+    return m.snapshot(rt);
+  };
+  auto const ref = run(no_swap());
+  for (bool packed : {false, true}) {
+    auto const got = run(swap(2, packed));
+    for (std::size_t t = 0; t < ref.size(); ++t) BOOST_TEST((got[t] == ref[t]), "packed " << packed << " tensor " << t);
+  }
+}

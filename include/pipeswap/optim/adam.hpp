@@ -208,16 +208,27 @@ public:
 
   step_context prepare_step() {
     step_context ctx;
-    units_.clear();
-    std::map<std::int64_t, std::uint32_t> index;
+    // The units change only when the set of parameters with a gradient does.
+    std::size_t n = 0;
+    bool same = true;
     for (auto const& u : all_units_) {
-      auto& p = params_[u.param];
-      if (!p.desc.grad) continue;
-      ++p.step;
-      auto [it, fresh] = index.try_emplace(p.step, static_cast<std::uint32_t>(ctx.scalars.size()));
-      if (fresh) ctx.scalars.push_back(make_step_scalars(cfg_, p.step));
-      ctx.unit_scalars.push_back(it->second);
-      units_.push_back(u);
+      if (!params_[u.param].desc.grad) continue;
+      same = same && n < units_.size() && units_[n].param == u.param;
+      ++n;
+    }
+    if (!same || n != units_.size()) {
+      units_.clear();
+      for (auto const& u : all_units_) {
+        if (params_[u.param].desc.grad) units_.push_back(u);
+      }
+    }
+    ctx.unit_scalars.reserve(units_.size());
+    for (auto const& u : units_) {
+      auto const step = ++params_[u.param].step;
+      std::uint32_t i = 0; // parameters usually share one step count: a short linear search
+      while (i < ctx.scalars.size() && ctx.scalars[i].step != step) ++i;
+      if (i == ctx.scalars.size()) ctx.scalars.push_back(make_step_scalars(cfg_, step));
+      ctx.unit_scalars.push_back(i);
     }
     return ctx;
   }

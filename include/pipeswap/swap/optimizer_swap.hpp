@@ -33,10 +33,12 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -111,9 +113,9 @@ public:
   /// Runs one optimizer step (or completes an interrupted one). See the header comment.
   void step() {
     evacuate_stranded();
-    if (!pending_) pending_.emplace(step_state{opt_.prepare_step(), {}, {}, 0, false});
+    if (!pending_) pending_.emplace(step_state{opt_.prepare_step(), nullptr, 0});
     auto& st = *pending_;
-    if (!st.planned) plan_step(st);
+    if (!st.d) plan_step(st);
     if (cfg_.packed) {
       run_packed(st);
     } else {
@@ -168,12 +170,31 @@ public:
   }
 
 private:
-  struct step_state {
-    typename O::step_context ctx;
+  struct run {
+    dtype type;
+    std::size_t host_lo, host_hi; ///< byte range in the host arena of `type`
+    std::size_t arena_off;        ///< byte offset in the staging arena
+  };
+  /// Where each piece of a batch sits in the staging arena (packed pipeline).
+  struct packed_layout {
+    std::vector<run> runs;
+    std::vector<std::size_t> piece_run; ///< for bufs[n][i], its run
+    std::vector<std::size_t> piece_lo;  ///< for bufs[n][i], its byte offset in its host arena
+  };
+  /// A step's partition and the pieces it moves. Immutable once built; shared by every step whose
+  /// units and slot layout are the same, so a steady training loop plans once.
+  struct plan_data {
     batch_plan plan;
     std::vector<std::vector<buffer*>> bufs; // unique swappable pieces per batch
-    std::size_t next = 0;                   // first batch not yet updated
-    bool planned = false;                   // plan and bufs are valid
+    std::vector<std::vector<dtype>> types;  // the dtype of each of them
+    std::vector<packed_layout> packed;      // per batch (packed pipeline only)
+    std::size_t arena_size = 0;
+    std::size_t max_batch_bytes = 0;
+  };
+  struct step_state {
+    typename O::step_context ctx;
+    std::shared_ptr<plan_data const> d; // null until planned
+    std::size_t next = 0;               // first batch not yet updated
   };
 
   // ----- construction and teardown -----------------------------------------------------------------
@@ -311,37 +332,60 @@ private:
   }
 
   /// Partitions the step and cuts the slots to match. The step context is created first and kept, so
-  /// a failure here retries the same step instead of advancing step counts twice.
+  /// a failure here retries the same step instead of advancing step counts twice. The plan is reused
+  /// while the units, their sizes and the slots' piece layout are unchanged.
   void plan_step(step_state& st) {
     auto units = opt_.update_units(st.ctx);
     std::vector<partition_item> items(units.size());
+    std::vector<std::size_t> params(units.size());
+    std::uint64_t layout = 0;
     for (std::size_t u = 0; u < units.size(); ++u) {
       std::uint64_t bpe = 0;
       for (auto* s : units[u].slots) {
         if (s->swappable) bpe += s->element_bytes();
+        layout += s->layout;
       }
       items[u] = {units[u].numel, bpe};
+      params[u] = units[u].param;
     }
-    st.plan = policy_(items, cfg_.swap_times);
-    segment(units, st.plan);
-    st.bufs.assign(st.plan.size(), {});
-    max_batch_bytes_ = 0;
-    for (std::size_t n = 0; n < st.plan.size(); ++n) {
+    if (cached_ && layout == cached_layout_ && params == cached_params_ && items == cached_items_) {
+      st.d = cached_;
+      return;
+    }
+    auto d = std::make_shared<plan_data>();
+    d->plan = policy_(items, cfg_.swap_times);
+    segment(units, d->plan);
+    d->bufs.assign(d->plan.size(), {});
+    d->types.assign(d->plan.size(), {});
+    std::unordered_set<buffer const*> seen; // dedup by piece identity, never by address values
+    for (std::size_t n = 0; n < d->plan.size(); ++n) {
       std::size_t bytes = 0;
-      for (auto const& r : st.plan[n]) {
+      seen.clear();
+      for (auto const& r : d->plan[n]) {
         for (auto* s : units[r.unit].slots) {
           if (!s->swappable) continue;
           auto* p = &s->pieces[s->piece_of(r.begin)];
-          if (std::find(st.bufs[n].begin(), st.bufs[n].end(), p) == st.bufs[n].end()) {
-            st.bufs[n].push_back(p);
+          if (seen.insert(p).second) {
+            d->bufs[n].push_back(p);
+            d->types[n].push_back(s->type);
             bytes += p->bytes;
           }
         }
       }
-      max_batch_bytes_ = std::max(max_batch_bytes_, bytes);
+      d->max_batch_bytes = std::max(d->max_batch_bytes, bytes);
     }
-    last_plan_ = st.plan;
-    st.planned = true;
+    if (cfg_.packed) layout_packed(*d);
+    layout = 0; // segment() may have re-cut slots
+    for (auto const& u : units) {
+      for (auto* s : u.slots) layout += s->layout;
+    }
+    cached_ = d;
+    cached_items_ = std::move(items);
+    cached_params_ = std::move(params);
+    cached_layout_ = layout;
+    st.d = std::move(d);
+    max_batch_bytes_ = st.d->max_batch_bytes;
+    last_plan_ = st.d->plan;
   }
 
   /// Makes every swappable slot's pieces match the cuts of this step's plan. Re-cutting happens only
@@ -383,13 +427,14 @@ private:
     }
     s.pieces = std::move(pieces);
     s.piece_begin = cuts;
+    ++s.layout;
   }
 
   void run_per_tensor(step_state& st) {
-    auto const N = st.plan.size();
+    auto const N = st.d->plan.size();
     auto const k = st.next;
     if (k >= N) return;
-    auto bufs = [&](std::size_t n) { return std::span<buffer* const>(st.bufs[n]); };
+    auto bufs = [&](std::size_t n) { return std::span<buffer* const>(st.d->bufs[n]); };
     gate_step();
     emit("prefetch", k);
     x_.launch_load(bufs(k), label("prefetch", k).c_str());
@@ -407,7 +452,7 @@ private:
       emit("update", n);
       {
         detail::scoped_label<B> l(b_, label("update", n).c_str());
-        opt_.update(st.plan[n], st.ctx);
+        opt_.update(st.d->plan[n], st.ctx);
       }
       st.next = n + 1;
       emit("offload", n);
@@ -425,57 +470,40 @@ private:
 
   // ----- packed pipeline ---------------------------------------------------------------------------
 
-  struct run {
-    dtype type;
-    std::size_t host_lo, host_hi; ///< byte range in the host arena of `type`
-    std::size_t arena_off;        ///< byte offset in the staging arena
-  };
   struct packed_batch {
-    std::vector<run> runs;
-    std::vector<std::size_t> piece_run; ///< for bufs[n][i], its run
     event_handle<B> ready, offloaded;
   };
   struct packed_state {
+    plan_data const* d = nullptr;
     std::vector<packed_batch> batches;
     device_pointer_t<B> arena[2]{};
-    std::size_t arena_size = 0;
     std::size_t first = 0; ///< first batch of this run (later batches reuse its arenas)
   };
 
-  std::size_t piece_host_lo(buffer const* p) const {
-    return static_cast<std::size_t>(p->mirror - host_arenas_.at(slot_of(p)->type).ptr);
-  }
-
-  slot_type const* slot_of(buffer const* p) const {
-    auto it = piece_owner_.find(p);
-    return it->second;
-  }
-
   static constexpr std::size_t align512(std::size_t n) { return (n + 511) / 512 * 512; }
 
-  void layout(step_state& st, packed_state& ps) {
-    piece_owner_.clear();
-    for (auto* s : opt_.slots()) {
-      for (auto& p : s->pieces) piece_owner_[&p] = s;
-    }
-    ps.batches.assign(st.plan.size(), {});
-    for (std::size_t n = 0; n < st.plan.size(); ++n) {
-      auto& pb = ps.batches[n];
+  void layout_packed(plan_data& d) {
+    d.packed.assign(d.plan.size(), {});
+    for (std::size_t n = 0; n < d.plan.size(); ++n) {
+      auto& pb = d.packed[n];
+      auto const count = d.bufs[n].size();
+      pb.piece_lo.resize(count);
+      for (std::size_t i = 0; i < count; ++i) {
+        pb.piece_lo[i] = static_cast<std::size_t>(d.bufs[n][i]->mirror - host_arenas_.at(d.types[n][i]).ptr);
+      }
       // Pieces sorted by (dtype, host offset) → contiguous runs per dtype.
-      std::vector<std::size_t> order(st.bufs[n].size());
-      for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-      auto key = [&](std::size_t i) {
-        auto const* p = st.bufs[n][i];
-        return std::pair{slot_of(p)->type, piece_host_lo(p)};
-      };
-      std::sort(order.begin(), order.end(), [&](auto a, auto c) { return key(a) < key(c); });
-      pb.piece_run.assign(order.size(), 0);
+      std::vector<std::size_t> order(count);
+      for (std::size_t i = 0; i < count; ++i) order[i] = i;
+      std::sort(order.begin(), order.end(), [&](auto a, auto c) {
+        return std::pair{d.types[n][a], pb.piece_lo[a]} < std::pair{d.types[n][c], pb.piece_lo[c]};
+      });
+      pb.piece_run.assign(count, 0);
       std::size_t off = 0;
       std::optional<dtype> cur;
       for (auto i : order) {
-        auto const* p = st.bufs[n][i];
-        auto const t = slot_of(p)->type;
-        auto const lo = piece_host_lo(p);
+        auto const* p = d.bufs[n][i];
+        auto const t = d.types[n][i];
+        auto const lo = pb.piece_lo[i];
         if (cur != t) {
           off = align512(off); // every dtype region starts 512-byte aligned
           cur = t;
@@ -488,14 +516,15 @@ private:
         off += p->bytes;
         pb.piece_run[i] = pb.runs.size() - 1;
       }
-      ps.arena_size = std::max(ps.arena_size, align512(off));
+      d.arena_size = std::max(d.arena_size, align512(off));
     }
   }
 
   device_pointer_t<B> piece_view(packed_state const& ps, std::size_t n, std::size_t i,
-                                 device_pointer_t<B> arena, step_state const& st) const {
-    auto const& r = ps.batches[n].runs[ps.batches[n].piece_run[i]];
-    return arena + (r.arena_off + (piece_host_lo(st.bufs[n][i]) - r.host_lo));
+                                 device_pointer_t<B> arena) const {
+    auto const& pb = ps.d->packed[n];
+    auto const& r = pb.runs[pb.piece_run[i]];
+    return arena + (r.arena_off + (pb.piece_lo[i] - r.host_lo));
   }
 
   /// H2D of batch n into arena a. `announce` is false inside a chain (the reference traces the chain
@@ -505,22 +534,23 @@ private:
     if (announce) emit("prefetch", n, a);
     detail::scoped_label<B> l(b_, label("prefetch", n).c_str());
     auto& pb = ps.batches[n];
+    auto const& lay = ps.d->packed[n];
     std::vector<event_handle<B>> events;
-    for (auto* p : st.bufs[n]) detail::add_unique<B>(events, p->event);
+    for (auto* p : st.d->bufs[n]) detail::add_unique<B>(events, p->event);
     for (auto const& e : events) detail::wait_at(detail::wait_site::load_after_mirror, b_, x_.h2d(), *e);
     if (n >= ps.first + 2) { // arena a last held batch n-2: load behind its D2H
       detail::wait_at(detail::wait_site::arena_reuse, b_, x_.h2d(), *ps.batches[n - 2].offloaded);
     }
-    for (auto const& r : pb.runs) {
+    for (auto const& r : lay.runs) {
       b_.copy_h2d(ps.arena[a] + r.arena_off, host_arenas_.at(r.type).ptr + r.host_lo,
                   r.host_hi - r.host_lo, x_.h2d());
     }
     pb.ready = record(b_, x_.h2d());
-    for (std::size_t i = 0; i < st.bufs[n].size(); ++i) {
-      auto* p = st.bufs[n][i];
+    for (std::size_t i = 0; i < st.d->bufs[n].size(); ++i) {
+      auto* p = st.d->bufs[n][i];
       p->state = residency::h2d;
       p->event = pb.ready;
-      p->device = piece_view(ps, n, i, ps.arena[a], st);
+      p->device = piece_view(ps, n, i, ps.arena[a]);
     }
   }
 
@@ -532,12 +562,12 @@ private:
       auto& pb = ps.batches[n];
       detail::wait_at(detail::wait_site::offload_after_compute, b_, x_.d2h(),
                       b_.record_event(x_.compute()));
-      for (auto const& r : pb.runs) {
+      for (auto const& r : ps.d->packed[n].runs) {
         b_.copy_d2h(host_arenas_.at(r.type).ptr + r.host_lo, ps.arena[a] + r.arena_off,
                     r.host_hi - r.host_lo, x_.d2h());
       }
       pb.offloaded = record(b_, x_.d2h());
-      for (auto* p : st.bufs[n]) {
+      for (auto* p : st.d->bufs[n]) {
         p->state = residency::d2h;
         p->event = pb.offloaded;
         p->device = {};
@@ -547,19 +577,20 @@ private:
   }
 
   void run_packed(step_state& st) {
-    auto const N = st.plan.size();
+    auto const N = st.d->plan.size();
     auto const k = st.next;
     if (k >= N) return;
     packed_state ps;
     ps.first = k;
-    layout(st, ps);
-    arena_bytes_ = ps.arena_size;
+    ps.d = st.d.get();
+    ps.batches.assign(N, {});
+    arena_bytes_ = ps.d->arena_size;
     emit("begin", N - k);
     gate_step();
     try {
       auto const arenas = std::min<std::size_t>(2, N - k);
       for (std::size_t a = 0; a < arenas; ++a) {
-        ps.arena[(k + a) % 2] = b_.allocate_device(ps.arena_size, x_.h2d());
+        ps.arena[(k + a) % 2] = b_.allocate_device(ps.d->arena_size, x_.h2d());
       }
       packed_prefetch(st, ps, k, k % 2);
       if (k + 1 < N) packed_prefetch(st, ps, k + 1, (k + 1) % 2);
@@ -569,14 +600,14 @@ private:
         detail::wait_at(detail::wait_site::use_after_load, b_, x_.compute(), *ps.batches[n].ready);
         if (n >= k + 2) finish_packed_offload(st, ps, n - 2);
         emit("activate", n, a);
-        for (auto* p : st.bufs[n]) {
+        for (auto* p : st.d->bufs[n]) {
           p->state = residency::device;
           p->event = nullptr;
         }
         emit("update", n);
         {
           detail::scoped_label<B> l(b_, label("update", n).c_str());
-          opt_.update(st.plan[n], st.ctx);
+          opt_.update(st.d->plan[n], st.ctx);
         }
         st.next = n + 1;
         packed_chain(st, ps, n, n + 2 < N ? std::optional<std::size_t>(n + 2) : std::nullopt, a);
@@ -594,7 +625,7 @@ private:
     emit("wait_offload", n);
     b_.wait_event(x_.compute(), *ps.batches[n].offloaded);
     emit("finish_offload", n);
-    for (auto* p : st.bufs[n]) {
+    for (auto* p : st.d->bufs[n]) {
       if (p->state == residency::d2h) p->state = residency::host;
     }
   }
@@ -605,7 +636,7 @@ private:
     b_.wait_event(x_.d2h(), b_.record_event(x_.compute()));
     b_.wait_event(x_.d2h(), b_.record_event(x_.h2d()));
     for (auto& a : ps.arena) {
-      if (a) b_.deallocate_device(a, ps.arena_size, x_.d2h());
+      if (a) b_.deallocate_device(a, ps.d->arena_size, x_.d2h());
       a = {};
     }
     b_.wait_event(x_.compute(), b_.record_event(x_.d2h()));
@@ -618,19 +649,19 @@ private:
   void abort_packed(step_state& st, packed_state& ps) noexcept {
     emit("end");
     try {
-      for (std::size_t n = 0; n < st.plan.size(); ++n) {
+      for (std::size_t n = 0; n < st.d->plan.size(); ++n) {
         bool active = false;
-        for (auto* p : st.bufs[n]) active = active || p->state == residency::device;
+        for (auto* p : st.d->bufs[n]) active = active || p->state == residency::device;
         if (active) packed_chain(st, ps, n, std::nullopt, n % 2);
       }
     } catch (...) {
       for (auto& a : ps.arena) {
-        if (a) stranded_.push_back({a, ps.arena_size});
+        if (a) stranded_.push_back({a, ps.d->arena_size});
         a = {};
       }
     }
-    for (std::size_t n = 0; n < st.plan.size(); ++n) {
-      for (auto* p : st.bufs[n]) {
+    for (std::size_t n = 0; n < st.d->plan.size(); ++n) {
+      for (auto* p : st.d->bufs[n]) {
         if (p->state == residency::h2d) { // loaded but never used: the mirror is still current
           p->state = residency::host;
           p->device = {};
@@ -643,7 +674,7 @@ private:
       release_arenas(ps);
     } catch (...) {
       for (auto& a : ps.arena) {
-        if (a) stranded_.push_back({a, ps.arena_size});
+        if (a) stranded_.push_back({a, ps.d->arena_size});
         a = {};
       }
     }
@@ -653,7 +684,7 @@ private:
 
   void recover_per_tensor(step_state& st) noexcept {
     std::vector<buffer*> all;
-    for (auto& v : st.bufs) all.insert(all.end(), v.begin(), v.end());
+    for (auto& v : st.d->bufs) all.insert(all.end(), v.begin(), v.end());
     try {
       x_.settle(all);
       try { // best effort: offload what is on the device; if that fails it stays there, intact
@@ -718,9 +749,12 @@ private:
   std::map<dtype, pinned_block> host_arenas_;
   std::optional<step_state> pending_;
   batch_plan last_plan_;
+  std::shared_ptr<plan_data const> cached_;
+  std::vector<partition_item> cached_items_;
+  std::vector<std::size_t> cached_params_;
+  std::uint64_t cached_layout_ = 0;
   listener listener_;
   std::size_t resident_bytes_ = 0, swappable_bytes_ = 0, arena_bytes_ = 0, max_batch_bytes_ = 0;
-  std::map<buffer const*, slot_type const*> piece_owner_;
   struct stranded_arena {
     device_pointer_t<B> ptr;
     std::size_t bytes;

@@ -82,6 +82,7 @@ struct partition_item {
   std::uint64_t numel = 0;
   std::uint64_t bytes_per_element = 0;
   [[nodiscard]] std::uint64_t bytes() const noexcept { return numel * bytes_per_element; }
+  friend constexpr bool operator==(partition_item, partition_item) = default;
 };
 
 using batch_plan = std::vector<std::vector<unit_range>>;

@@ -94,6 +94,9 @@ struct swap_slot {
 
   std::vector<swap_buffer<B>> pieces;
   std::vector<std::size_t> piece_begin; ///< first element of each piece, ascending, starts at 0
+  /// Bumped whenever `pieces` is rebuilt (their addresses change): plans that point at pieces are
+  /// rebuilt then.
+  std::uint32_t layout = 0;
 
   [[nodiscard]] std::size_t bytes() const noexcept { return numel * size_of(type); }
   [[nodiscard]] std::size_t element_bytes() const noexcept { return size_of(type); }

@@ -1,0 +1,56 @@
+// pipeswap — which rank runs which pipeline stage.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <pipeswap/error.hpp>
+#include <pipeswap/schedule/step.hpp>
+
+namespace pipeswap::schedule {
+
+/// How stages map to ranks (reference §2.3, generate_stage_to_rank_mapping).
+enum class placement : std::uint8_t {
+  /// Stage s runs on rank s % R: rank r owns r, r+R, r+2R, ...
+  loop,
+  /// Zig-zag: stages go 0..R-1 across the ranks, then back R-1..0, then forward again. With two chunks
+  /// rank r owns r and 2R-1-r (the DualPipe-V shape).
+  v,
+};
+
+/// `ranks` ranks running `ranks * chunks` stages, placed by `style`.
+///
+/// The reference's older generate_operations mapped a 'v' stage s >= R to `stages - 1 - s`, which is
+/// the zig-zag for two chunks and out of range beyond; this class uses the zig-zag for any chunk count.
+class stage_layout {
+public:
+  /// Throws invalid_argument unless ranks >= 1, chunks >= 1 and ranks * chunks fits in index_type.
+  stage_layout(index_type ranks, index_type chunks = 1, placement style = placement::loop)
+      : ranks_(ranks), chunks_(chunks), style_(style) {
+    if (ranks < 1) throw invalid_argument("stage layout: ranks must be >= 1, got " + std::to_string(ranks));
+    if (chunks < 1) throw invalid_argument("stage layout: chunks must be >= 1, got " + std::to_string(chunks));
+    if (std::int64_t(ranks) * chunks > INT32_MAX)
+      throw invalid_argument("stage layout: ranks * chunks (" + std::to_string(std::int64_t(ranks) * chunks) +
+                             ") exceeds the stage index range");
+  }
+
+  index_type ranks() const noexcept { return ranks_; }
+  index_type chunks() const noexcept { return chunks_; }
+  index_type stages() const noexcept { return ranks_ * chunks_; }
+  placement style() const noexcept { return style_; }
+  bool has_stage(index_type stage) const noexcept { return stage >= 0 && stage < stages(); }
+
+  /// The rank that runs `stage`; requires has_stage(stage).
+  index_type rank_of(index_type stage) const noexcept {
+    index_type const within = stage % ranks_;
+    if (style_ == placement::loop || (stage / ranks_) % 2 == 0) return within;
+    return ranks_ - 1 - within;
+  }
+
+private:
+  index_type ranks_;
+  index_type chunks_;
+  placement style_;
+};
+
+} // namespace pipeswap::schedule
