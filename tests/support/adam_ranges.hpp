@@ -112,6 +112,18 @@ struct host_range {
 
 inline constexpr char const* array_names[] = {"param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master"};
 
+/// Applies the host loop to `twin` (with its scalars from `sc`) and names the arrays in which `got`
+/// differs from it: "" when every byte matches.
+inline std::string differs_from_reference(host_range& got, host_range& twin, std::span<adam_step_scalars const> sc) {
+  twin.reference(sc[twin.scalars]);
+  auto const a = got.state(), b = twin.state();
+  std::string out;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) out += std::string(out.empty() ? "" : ", ") + array_names[i];
+  }
+  return out;
+}
+
 /// Scalars of steps 1, 2 and 7 of an Adam (or AdamW) configuration with weight decay.
 inline std::vector<adam_step_scalars> batch_scalars(bool amsgrad, bool adamw) {
   adam_config c;
@@ -127,6 +139,40 @@ inline constexpr dtype adam_types[] = {dtype::f32, dtype::bf16, dtype::f16};
 /// Offsets that take the vector path with each peel (equal offsets) and the element path.
 inline constexpr range_offsets batch_offsets[] = {
     {0, 0, 0, 0, 0, 0}, {1, 1, 1, 1, 1, 1}, {2, 2, 2, 2, 2, 2}, {3, 3, 3, 3, 3, 3}, {0, 1, 0, 2, 3, 0}};
+
+/// The kernel sweep: calls f(ranges, twins, scalars, what) for each batch — amsgrad on and off
+/// (Adam and AdamW), every parameter/gradient type, with and without master, every offset pattern
+/// of batch_offsets. A batch holds `copies` ranges of each size, using the scalars of steps 1, 2, 7
+/// in turn; `twins` are identical ranges for the host reference; `what` describes the batch.
+template <class F>
+void for_each_sweep_batch(std::span<std::size_t const> sizes, std::size_t copies, F&& f) {
+  std::uint64_t seed = 1;
+  for (bool amsgrad : {false, true}) {
+    auto const sc = batch_scalars(amsgrad, !amsgrad);
+    for (auto p : adam_types) {
+      for (auto g : adam_types) {
+        for (bool master : {false, true}) {
+          if (master && p == dtype::f32) continue;
+          for (auto const& off : batch_offsets) {
+            std::vector<host_range> rs, twins;
+            for (std::size_t c = 0; c < copies; ++c) {
+              for (std::size_t k = 0; k < sizes.size(); ++k) {
+                auto const i = static_cast<std::uint32_t>(k % sc.size());
+                rs.emplace_back(p, g, master, amsgrad, sizes[k], i, off, seed);
+                twins.emplace_back(p, g, master, amsgrad, sizes[k], i, off, seed);
+                seed += 10;
+              }
+            }
+            f(rs, twins, sc,
+              std::string(name_of(p)) + "/" + std::string(name_of(g)) + (master ? " master" : "") +
+                  (amsgrad ? " amsgrad" : "") + " offsets " + std::to_string(off[0]) + std::to_string(off[1]) +
+                  std::to_string(off[3]));
+          }
+        }
+      }
+    }
+  }
+}
 
 } // namespace pipeswap::test
 
