@@ -22,6 +22,7 @@
 #include <pipeswap/io/safetensors_writer.hpp>
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/optim/adam_math.hpp>
+#include <pipeswap/optim/adam_tensor.hpp>
 #include <pipeswap/optim/concepts.hpp>
 #include <pipeswap/schedule/generate.hpp>
 #include <pipeswap/schedule/inject.hpp>
