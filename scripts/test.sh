@@ -12,7 +12,8 @@ build=${BUILD_DIR:-build}
 if [ ! -f "$build/build.ninja" ]; then
   meson setup "$build" "$@" >/dev/null
 elif [ $# -gt 0 ]; then
-  meson configure "$build" "$@" >/dev/null
+  # --reconfigure also knows options added since the directory was set up.
+  meson setup --reconfigure "$build" "$@" >/dev/null
 fi
 rm -f "$build/meson-logs/testlog.json"
 export BOOST_TEST_COLOR_OUTPUT=no
