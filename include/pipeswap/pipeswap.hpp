@@ -22,6 +22,7 @@
 #include <pipeswap/io/safetensors_writer.hpp>
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/optim/adam_math.hpp>
+#include <pipeswap/optim/adam_tensor.hpp>
 #include <pipeswap/optim/concepts.hpp>
 #include <pipeswap/schedule/generate.hpp>
 #include <pipeswap/schedule/inject.hpp>
@@ -31,6 +32,9 @@
 #include <pipeswap/schedule/step.hpp>
 #include <pipeswap/schedule/text.hpp>
 #include <pipeswap/schedule/validate.hpp>
+#include <pipeswap/sim/model.hpp>
+#include <pipeswap/sim/pipeline.hpp>
+#include <pipeswap/swap/checkpoint.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
 #include <pipeswap/swap/partition.hpp>
 #include <pipeswap/swap/slot.hpp>

@@ -32,6 +32,11 @@ seeds = {
     "valid-unsorted-unaligned": file(b' {"z":{"data_offsets":[0,3],"shape":[3],"dtype":"U8"},'
                                      b'"\\u00e9":{"dtype":"F32","shape":[1],"data_offsets":[3,7]}} \n',
                                      b"abcdefg", pad=False),
+    # An optimizer checkpoint matching the slots of the fuzz target's check_checkpoint.
+    "valid-checkpoint": file({"__metadata__": {"pipeswap.format": "optimizer_state", "pipeswap.format_version": "1",
+                                               "steps": "3"},
+                              "state.0.exp_avg": t("F32", [2], 0, 8), "state.0.exp_avg_sq": t("F32", [2], 8, 16),
+                              "state.1.exp_avg": t("BF16", [1], 16, 18)}, f32 + b"\x80\x3f"),
     "invalid-short": b"\x08\x00\x00",
     "invalid-length-past-end": struct.pack("<Q", 64) + b"{}",
     "invalid-length-huge": struct.pack("<Q", 2**63) + b"{}",

@@ -1,31 +1,69 @@
-// Adam/AdamW under optimizer_swap on the mock backend (hazard checker raising): the device update
-// equals the host reference math step for step, and swapping never changes a bit — both pipelines,
-// many swap_times, whole and split partitions, amsgrad on and off, fp32 and bf16-with-master
-// parameters, tiny and empty tensors.
+// Adam/AdamW under optimizer_swap, the same bodies on every backend of support/backend_list.hpp:
+// the mock (hazard checker raising) and the user-written synchronous backend here, the CUDA
+// backend's fused kernels in tests/cuda (cuda_adam_swap, skipped without a GPU). The device update
+// equals the host reference math step for step; swapping never changes a bit — both pipelines, many
+// swap_times, whole and split partitions, amsgrad on and off, fp32, bf16-with-master and mixed
+// f32/bf16/f16 parameters and gradients, tiny and empty tensors; and each backend gives the bytes
+// another one gives (CUDA against the mock, the mock against the synchronous backend).
 #define BOOST_TEST_MODULE adam_swap
 #include <boost/test/unit_test.hpp>
 
 #include <cstring>
+#include <string>
+#include <type_traits>
 #include <vector>
+
+#include "support/backend_list.hpp"
 
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
+#if defined(PIPESWAP_TEST_CUDA)
+#  include <pipeswap/optim/cuda/adam_kernels.hpp>
+#endif
 
+#include "support/adam_ranges.hpp"
 #include "support/world.hpp"
 
 namespace ps = pipeswap;
 namespace mock = pipeswap::mock;
+using ps::test::backends_under_test;
+
+using gate = ps::test::skip_unless_available<backends_under_test>;
+BOOST_TEST_GLOBAL_FIXTURE(gate);
 
 namespace {
 
-using opt_t = ps::adam<mock::backend>;
+/// Parameter and gradient storage of the parameters of a spec.
+enum class mix {
+  f32,     ///< every parameter and gradient fp32
+  masters, ///< even-indexed parameters bf16 with bf16 gradients and an fp32 master
+  all,     ///< cycles through f32/f32, bf16/bf16+master, f16/f32+master, bf16/bf16, f16/f16, f32/bf16
+};
 
 struct spec {
   std::vector<std::size_t> sizes;
   bool amsgrad = false;
-  bool masters = false; ///< even-indexed parameters are bf16 with an fp32 master
+  mix types = mix::f32;
   bool adamw = true;
 };
+
+struct param_types {
+  ps::dtype param, grad;
+  bool master;
+};
+
+param_types types_of(spec const& s, std::size_t i) {
+  using ps::dtype;
+  switch (s.types) {
+  case mix::f32: return {dtype::f32, dtype::f32, false};
+  case mix::masters: return i % 2 == 0 ? param_types{dtype::bf16, dtype::bf16, true} : param_types{dtype::f32, dtype::f32, false};
+  case mix::all: break;
+  }
+  param_types const cycle[] = {{dtype::f32, dtype::f32, false},  {dtype::bf16, dtype::bf16, true},
+                               {dtype::f16, dtype::f32, true},   {dtype::bf16, dtype::bf16, false},
+                               {dtype::f16, dtype::f16, false},  {dtype::f32, dtype::bf16, false}};
+  return cycle[i % 6];
+}
 
 /// Host-side copy of the initial parameters and the gradients of each step, as floats.
 std::vector<float> init_values(std::size_t n, std::size_t i) { return ps::test::random_floats(n, 11 + i); }
@@ -35,28 +73,26 @@ std::vector<float> grad_values(std::size_t n, std::size_t i, int step) {
   return v;
 }
 
+template <class B>
 struct world {
-  explicit world(spec const& s)
-      : sp(s), b{mock::options{mock::timing_model::unit()}}, x(b, {1 << 20, 1 << 18, 512}),
-        opt(b, config(s)) {
+  explicit world(spec const& s) : sp(s), x(f.b, {1 << 20, 1 << 18, 512}), opt(f.b, config(s)) {
     auto cs = b.current_stream();
     for (std::size_t i = 0; i < sp.sizes.size(); ++i) {
       auto const n = sp.sizes[i];
-      bool const half = is_half(i);
-      auto const es = half ? 2u : 4u;
-      params.push_back(b.allocate_device(n * es, cs));
-      grads.push_back(b.allocate_device(n * es, cs));
-      upload(params[i], init_values(n, i), half);
-      opt.add_param({params[i], grads[i], n, half ? ps::dtype::bf16 : ps::dtype::f32,
-                     half ? ps::dtype::bf16 : ps::dtype::f32, half});
+      auto const t = types_of(sp, i);
+      params.push_back(b.allocate_device(n * ps::size_of(t.param), cs));
+      grads.push_back(b.allocate_device(n * ps::size_of(t.grad), cs));
+      upload(params[i], init_values(n, i), t.param);
+      opt.add_param({params[i], grads[i], n, t.param, t.grad, t.master});
     }
   }
+  world(world const&) = delete;
   ~world() {
     auto cs = b.current_stream();
     for (std::size_t i = 0; i < sp.sizes.size(); ++i) {
-      auto const es = is_half(i) ? 2u : 4u;
-      b.deallocate_device(params[i], sp.sizes[i] * es, cs);
-      b.deallocate_device(grads[i], sp.sizes[i] * es, cs);
+      auto const t = types_of(sp, i);
+      b.deallocate_device(params[i], sp.sizes[i] * ps::size_of(t.param), cs);
+      b.deallocate_device(grads[i], sp.sizes[i] * ps::size_of(t.grad), cs);
     }
   }
   static ps::adam_config config(spec const& s) {
@@ -67,24 +103,22 @@ struct world {
     c.decoupled_weight_decay = s.adamw;
     return c;
   }
-  bool is_half(std::size_t i) const { return sp.masters && i % 2 == 0; }
-  void upload(ps::device_ptr d, std::vector<float> const& v, bool half) {
-    if (half) {
-      std::vector<ps::bf16> h(v.size());
-      for (std::size_t k = 0; k < v.size(); ++k) h[k] = ps::to_bf16(v[k]);
-      ps::test::upload(b, d, h.data(), h.size() * 2);
-    } else {
-      ps::test::upload(b, d, v.data(), v.size() * 4);
-    }
+  void upload(ps::device_ptr d, std::vector<float> const& v, ps::dtype t) {
+    ps::test::host_array h(v.size(), ps::size_of(t), 0);
+    h.put(t, v);
+    ps::test::upload(b, d, h.data(), v.size() * ps::size_of(t));
   }
   void set_grads(int step) {
-    for (std::size_t i = 0; i < sp.sizes.size(); ++i) upload(grads[i], grad_values(sp.sizes[i], i, step), is_half(i));
+    for (std::size_t i = 0; i < sp.sizes.size(); ++i) {
+      upload(grads[i], grad_values(sp.sizes[i], i, step), types_of(sp, i).grad);
+    }
   }
 
   spec sp;
-  mock::backend b;
-  ps::transfer_engine<mock::backend> x;
-  opt_t opt;
+  ps::test::backend_fixture<B> f;
+  B& b = f.b;
+  ps::transfer_engine<B> x;
+  ps::adam<B> opt;
   std::vector<ps::device_ptr> params, grads;
 };
 
@@ -97,11 +131,11 @@ ps::swap_config config(std::size_t k, bool packed, bool swap = true) {
   return c;
 }
 
-/// Every parameter's and every state's bytes after `steps` steps.
-template <class P = ps::balanced_partition>
+/// Every parameter's and every state's bytes after `steps` steps on backend B.
+template <class B, class P = ps::balanced_partition>
 std::vector<std::vector<std::byte>> run(spec const& s, ps::swap_config cfg, int steps, P policy = {}) {
-  world w(s);
-  ps::optimizer_swap<opt_t, P> rt(w.x, w.opt, cfg, policy);
+  world<B> w(s);
+  ps::optimizer_swap<ps::adam<B>, P> rt(w.x, w.opt, cfg, policy);
   for (int k = 0; k < steps; ++k) {
     w.set_grads(k);
     rt.step();
@@ -109,34 +143,39 @@ std::vector<std::vector<std::byte>> run(spec const& s, ps::swap_config cfg, int 
   rt.synchronize_cpu_mirrors();
   std::vector<std::vector<std::byte>> out;
   for (std::size_t i = 0; i < s.sizes.size(); ++i) {
-    out.push_back(w.b.read_device(w.params[i], s.sizes[i] * (w.is_half(i) ? 2 : 4)));
+    out.push_back(ps::test::download(w.b, w.params[i], s.sizes[i] * ps::size_of(types_of(s, i).param)));
   }
   for (auto* slot : w.opt.slots()) {
     if (slot->swappable) {
-      w.b.note_host_read(slot->mirror.ptr, slot->mirror.bytes);
+      ps::detail::note_host_read(w.b, slot->mirror.ptr, slot->mirror.bytes);
       out.emplace_back(slot->mirror.ptr, slot->mirror.ptr + slot->mirror.bytes);
     } else {
-      out.push_back(w.b.read_device(slot->device_at(0), slot->bytes()));
+      out.push_back(ps::test::download(w.b, slot->device_at(0), slot->bytes()));
     }
   }
-  BOOST_TEST(w.b.hazards().empty());
+  if constexpr (std::is_same_v<B, mock::backend>) BOOST_TEST(w.b.hazards().empty());
   return out;
 }
 
 std::vector<std::size_t> const sizes{3000, 1, 0, 65, 2048, 7, 4096, 100, 5000, 63, 1024};
 
+/// The backend another backend's bytes are compared with: the mock for CUDA, the user-written
+/// synchronous backend for the mock, the mock for that one.
+template <class B>
+using other_backend = std::conditional_t<std::is_same_v<B, mock::backend>, ps::test::sync_host_backend, mock::backend>;
+
 } // namespace
 
-BOOST_AUTO_TEST_CASE(device_update_equals_the_host_reference_math) {
+BOOST_AUTO_TEST_CASE_TEMPLATE(device_update_equals_the_host_reference_math, B, backends_under_test) {
   // Three steps of the no-swap runtime against adam_update applied on host arrays.
   for (bool masters : {false, true}) {
     for (bool amsgrad : {false, true}) {
-      spec const s{{300, 17, 1000}, amsgrad, masters, true};
-      auto const got = run(s, config(1, false, false), 3);
-      auto const cfg = world::config(s);
+      spec const s{{300, 17, 1000}, amsgrad, masters ? mix::masters : mix::f32, true};
+      auto const got = run<B>(s, config(1, false, false), 3);
+      auto const cfg = world<B>::config(s);
       for (std::size_t i = 0; i < s.sizes.size(); ++i) {
         auto const n = s.sizes[i];
-        bool const half = masters && i % 2 == 0;
+        bool const half = types_of(s, i).master;
         auto master = init_values(n, i);
         if (half) {
           for (auto& v : master) v = ps::to_float(ps::to_bf16(v)); // the master starts from the bf16 param
@@ -169,17 +208,17 @@ BOOST_AUTO_TEST_CASE(device_update_equals_the_host_reference_math) {
   }
 }
 
-BOOST_AUTO_TEST_CASE(swap_never_changes_a_bit) {
-  for (bool masters : {false, true}) {
+BOOST_AUTO_TEST_CASE_TEMPLATE(swap_never_changes_a_bit, B, backends_under_test) {
+  for (mix types : {mix::f32, mix::masters, mix::all}) {
     for (bool amsgrad : {false, true}) {
-      spec const s{sizes, amsgrad, masters, true};
-      auto const ref = run(s, config(1, false, false), 3);
+      spec const s{sizes, amsgrad, types, true};
+      auto const ref = run<B>(s, config(1, false, false), 3);
       for (bool packed : {false, true}) {
         for (std::size_t k : {1u, 2u, 3u, 7u, 16u, 50u}) {
-          BOOST_TEST_CONTEXT("masters " << masters << " amsgrad " << amsgrad << " packed " << packed
-                                        << " swap_times " << k) {
-            auto const whole = run(s, config(k, packed), 3);
-            auto const split = run(s, config(k, packed), 3, ps::split_partition{});
+          BOOST_TEST_CONTEXT("types " << static_cast<int>(types) << " amsgrad " << amsgrad << " packed "
+                                      << packed << " swap_times " << k) {
+            auto const whole = run<B>(s, config(k, packed), 3);
+            auto const split = run<B>(s, config(k, packed), 3, ps::split_partition{});
             BOOST_TEST_REQUIRE(whole.size() == ref.size());
             for (std::size_t t = 0; t < ref.size(); ++t) {
               BOOST_TEST((whole[t] == ref[t]), "tensor " << t);
@@ -192,16 +231,37 @@ BOOST_AUTO_TEST_CASE(swap_never_changes_a_bit) {
   }
 }
 
-BOOST_AUTO_TEST_CASE(adam_with_coupled_decay_swaps_exactly_too) {
-  spec const s{{5000, 3, 2000, 700}, false, true, false};
-  auto const ref = run(s, config(1, false, false), 2);
-  auto const got = run(s, config(3, true), 2);
+BOOST_AUTO_TEST_CASE_TEMPLATE(adam_with_coupled_decay_swaps_exactly_too, B, backends_under_test) {
+  spec const s{{5000, 3, 2000, 700}, false, mix::masters, false};
+  auto const ref = run<B>(s, config(1, false, false), 2);
+  auto const got = run<B>(s, config(3, true), 2);
   for (std::size_t t = 0; t < ref.size(); ++t) BOOST_TEST((got[t] == ref[t]), "tensor " << t);
 }
 
+BOOST_AUTO_TEST_CASE_TEMPLATE(same_bytes_as_another_backend, B, backends_under_test) {
+  using O = other_backend<B>;
+  // Mixed types; and 600 small parameters, so that one batch carries hundreds of ranges (the CUDA
+  // kernel's table then lives in device memory).
+  std::vector<std::size_t> small(600);
+  for (std::size_t i = 0; i < small.size(); ++i) small[i] = 64 + i % 37;
+  for (spec const& s : {spec{sizes, true, mix::all, true}, spec{sizes, false, mix::all, false},
+                        spec{small, true, mix::all, true}}) {
+    for (bool packed : {false, true}) {
+      BOOST_TEST_CONTEXT(s.sizes.size() << " parameters, amsgrad " << s.amsgrad << " packed " << packed) {
+        auto const mine = run<B>(s, config(2, packed), 3, ps::split_partition{});
+        auto const theirs = run<O>(s, config(2, packed), 3, ps::split_partition{});
+        BOOST_TEST_REQUIRE(mine.size() == theirs.size());
+        for (std::size_t t = 0; t < mine.size(); ++t) BOOST_TEST((mine[t] == theirs[t]), "tensor " << t);
+      }
+    }
+  }
+}
+
+#if !defined(PIPESWAP_TEST_CUDA) // backend-independent bookkeeping: the mock build checks it once
+
 BOOST_AUTO_TEST_CASE(step_counts_follow_gradients_and_round_trip_through_metadata) {
-  world w(spec{{100, 200, 300}, true, false, true});
-  ps::optimizer_swap<opt_t> rt(w.x, w.opt, config(2, true));
+  world<mock::backend> w(spec{{100, 200, 300}, true, mix::f32, true});
+  ps::optimizer_swap<ps::adam<mock::backend>> rt(w.x, w.opt, config(2, true));
   w.set_grads(0);
   rt.step();
   w.opt.set_grad(1, {});
@@ -213,7 +273,7 @@ BOOST_AUTO_TEST_CASE(step_counts_follow_gradients_and_round_trip_through_metadat
   BOOST_TEST(meta.at("optimizer") == "AdamW");
   BOOST_TEST(meta.at("amsgrad") == "true");
 
-  world other(spec{{100, 200, 300}, true, false, true});
+  world<mock::backend> other(spec{{100, 200, 300}, true, mix::f32, true});
   other.opt.load_metadata(meta);
   BOOST_TEST(other.opt.step_count(1) == 1);
   auto bad = meta;
@@ -233,9 +293,9 @@ BOOST_AUTO_TEST_CASE(bad_parameters_and_configs_are_rejected) {
   mock::backend b;
   ps::adam_config c;
   c.lr = -1;
-  BOOST_CHECK_EXCEPTION(opt_t(b, c), ps::invalid_argument,
+  BOOST_CHECK_EXCEPTION(ps::adam<mock::backend>(b, c), ps::invalid_argument,
                         [](auto const& e) { return std::string(e.what()) == "Invalid learning rate: -1"; });
-  opt_t opt(b);
+  ps::adam<mock::backend> opt(b);
   auto d = b.allocate_device(64, b.current_stream());
   BOOST_CHECK_EXCEPTION(opt.add_param({d, d, 16, ps::dtype::f32, ps::dtype::f32, true}), ps::invalid_argument,
                         [](auto const& e) {
@@ -246,3 +306,5 @@ BOOST_AUTO_TEST_CASE(bad_parameters_and_configs_are_rejected) {
   BOOST_TEST(opt.size() == 0u);
   b.deallocate_device(d, 64, b.current_stream());
 }
+
+#endif

@@ -1,11 +1,15 @@
 // Test support for the CUDA backend: its backend_traits (made on device 0, or PIPESWAP_TEST_DEVICE;
-// unavailable without a driver or a device) and the reason string a skipped executable prints.
-// Only for executables that link libcudart (tests/cuda/).
+// unavailable without a driver or a device), the reason string a skipped executable prints, and
+// upload/download (blocking, after the whole device is idle — like the mock's write_device and
+// read_device) for the runtime test bodies of support/world.hpp. Only for executables that link
+// libcudart (tests/cuda/).
 #pragma once
 
+#include <cstddef>
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <pipeswap/backend/cuda.hpp>
 
@@ -42,5 +46,23 @@ struct backend_traits<cuda::backend> {
   static cuda::backend make() { return cuda::backend(cuda_test_device()); }
   static std::optional<std::string> unavailable() { return cuda_unavailable(); }
 };
+
+/// Copies `n` bytes from host memory to `d` once every stream of the device is idle.
+inline void upload(cuda::backend& b, device_ptr d, void const* src, std::size_t n) {
+  if (n == 0) return;
+  b.synchronize_device();
+  cuda::device_guard const g(b.device());
+  PIPESWAP_CUDA_TRY(cudaMemcpy(d.get(), src, n, cudaMemcpyHostToDevice));
+}
+
+/// `n` bytes at `d`, read once every stream of the device is idle.
+inline std::vector<std::byte> download(cuda::backend& b, device_ptr d, std::size_t n) {
+  std::vector<std::byte> out(n);
+  if (n == 0) return out;
+  b.synchronize_device();
+  cuda::device_guard const g(b.device());
+  PIPESWAP_CUDA_TRY(cudaMemcpy(out.data(), d.get(), n, cudaMemcpyDeviceToHost));
+  return out;
+}
 
 } // namespace pipeswap::test

@@ -508,6 +508,9 @@ public:
 
   /// The host thread's simulated clock.
   [[nodiscard]] sim_time now() const noexcept { return host_now_; }
+  /// When everything enqueued on `s` so far is complete (the start of its next operation, unless
+  /// the host is later).
+  [[nodiscard]] sim_time ready_time(stream s) const { return state_of(s, "ready_time").ready; }
   /// When everything enqueued so far is complete.
   [[nodiscard]] sim_time makespan() const noexcept {
     sim_time t = host_now_;
@@ -550,6 +553,10 @@ public:
   /// stream, one per copy engine and the compute engine, a host lane, and a device-memory counter.
   /// Output depends only on the sequence of calls, never on host addresses or wall time.
   void write_chrome_trace(std::ostream& os) const;
+
+  /// Writes this device's trace events (no enclosing object) as process `pid` named `name`, so that
+  /// several simulated devices can share one trace. `first` is true until an event was written.
+  void write_trace_events(std::ostream& os, bool& first, int pid, std::string_view name) const;
 
   /// The op trace that ends at operation `op` (at most `count` entries), one line per operation.
   [[nodiscard]] std::string format_trace(std::uint64_t op, std::size_t count) const {
@@ -659,6 +666,9 @@ private:
                        std::to_string(s.id));
     }
     return streams_[s.id];
+  }
+  stream_state const& state_of(stream s, char const* call) const {
+    return const_cast<backend*>(this)->state_of(s, call);
   }
 
   void take_fault(fault_site site, std::string const& what, std::size_t n) {
@@ -960,25 +970,36 @@ inline void json_us(std::ostream& os, sim_time ns) {
 } // namespace detail
 
 inline void backend::write_chrome_trace(std::ostream& os) const {
+  bool first = true;
+  os << R"({"displayTimeUnit":"ns","traceEvents":[)";
+  write_trace_events(os, first, 1, "pipeswap mock device");
+  os << "\n]}\n";
+}
+
+inline void backend::write_trace_events(std::ostream& os, bool& first, int pid,
+                                        std::string_view process) const {
   constexpr int engine_tid_base = 1'000'000;
   constexpr char const* engine_names[] = {"", "H2D copy engine", "D2H copy engine", "compute engine"};
-  bool first = true;
   auto sep = [&] {
     os << (first ? "\n" : ",\n");
     first = false;
   };
   auto lane = [&](int tid, std::string_view name, int order) {
     sep();
-    os << R"({"name":"thread_name","ph":"M","pid":1,"tid":)" << tid << R"(,"args":{"name":)";
+    os << R"({"name":"thread_name","ph":"M","pid":)" << pid << R"(,"tid":)" << tid << R"(,"args":{"name":)";
     detail::json_string(os, name);
     os << "}}";
     sep();
-    os << R"({"name":"thread_sort_index","ph":"M","pid":1,"tid":)" << tid
+    os << R"({"name":"thread_sort_index","ph":"M","pid":)" << pid << R"(,"tid":)" << tid
        << R"(,"args":{"sort_index":)" << order << "}}";
   };
-  os << R"({"displayTimeUnit":"ns","traceEvents":[)";
   sep();
-  os << R"({"name":"process_name","ph":"M","pid":1,"tid":0,"args":{"name":"pipeswap mock device"}})";
+  os << R"({"name":"process_name","ph":"M","pid":)" << pid << R"(,"tid":0,"args":{"name":)";
+  detail::json_string(os, process);
+  os << "}}";
+  sep();
+  os << R"({"name":"process_sort_index","ph":"M","pid":)" << pid << R"(,"tid":0,"args":{"sort_index":)" << pid
+     << "}}";
   lane(0, "host", 0);
   for (std::size_t i = 0; i < streams_.size(); ++i) lane(static_cast<int>(i + 1), streams_[i].name, static_cast<int>(i + 1));
   for (int e = 1; e <= 3; ++e) lane(engine_tid_base + e, engine_names[e], 1000 + e);
@@ -997,7 +1018,7 @@ inline void backend::write_chrome_trace(std::ostream& os) const {
       os << R"(,"ph":"i","s":"t","ts":)";
       detail::json_us(os, r.start);
     }
-    os << R"(,"pid":1,"tid":)" << tid << R"(,"args":{"op":)" << i << R"(,"bytes":)" << r.bytes
+    os << R"(,"pid":)" << pid << R"(,"tid":)" << tid << R"(,"args":{"op":)" << i << R"(,"bytes":)" << r.bytes
        << "}}";
   };
   for (std::uint64_t i = 0; i < log_.size(); ++i) {
@@ -1009,11 +1030,10 @@ inline void backend::write_chrome_trace(std::ostream& os) const {
   for (auto const& e : sorted_mem_events()) {
     live += e.delta;
     sep();
-    os << R"({"name":"device bytes","ph":"C","pid":1,"tid":0,"ts":)";
+    os << R"({"name":"device bytes","ph":"C","pid":)" << pid << R"(,"tid":0,"ts":)";
     detail::json_us(os, e.time);
     os << R"(,"args":{"bytes":)" << live << "}}";
   }
-  os << "\n]}\n";
 }
 
 } // namespace pipeswap::mock

@@ -9,9 +9,11 @@
 //   Kernels::update(B&, stream, std::span<adam_tensor<B> const>, std::span<adam_step_scalars const>)
 //   Kernels::init_master(B&, stream, param, master, numel, dtype)
 //
-// adam_kernels<B> is the default policy: specialised for the mock backend here (host math in mock
-// kernels) and for the CUDA backend in <pipeswap/optim/cuda/adam_kernels.hpp> (fused kernels, nvcc).
-// A user backend passes its own policy.
+// adam_tensor<B> and the policy's contract are in <pipeswap/optim/adam_tensor.hpp>. adam_kernels<B> is
+// the default policy: specialised for the mock backend here (host math in mock kernels) and for the
+// CUDA backend in <pipeswap/optim/cuda/adam_kernels.hpp> (fused kernels; include that header too, and
+// <pipeswap/optim/cuda/adam_kernels.cuh> in one .cu file — docs/cuda.md). A user backend passes its
+// own policy.
 #pragma once
 
 #include <algorithm>
@@ -29,31 +31,13 @@
 #include <pipeswap/core/half.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/optim/adam_math.hpp>
+#include <pipeswap/optim/adam_tensor.hpp>
 #include <pipeswap/optim/concepts.hpp>
 #include <pipeswap/swap/slot.hpp>
 
 namespace pipeswap {
 
-/// One element range of one parameter, as the kernels see it. Pointers address element `0` of the
-/// range. exp_avg_sq... are fp32; param is param_type; grad is grad_type; master is fp32 or null.
-template <backend B>
-struct adam_tensor {
-  device_pointer_t<B> param{}, grad{}, exp_avg{}, exp_avg_sq{}, max_exp_avg_sq{}, master{};
-  std::size_t numel = 0;
-  dtype param_type = dtype::f32;
-  dtype grad_type = dtype::f32;
-  std::uint32_t scalars = 0; ///< index into the step's scalars
-};
-
-/// The default kernel policy of adam<B>; specialised per backend.
-template <class B>
-struct adam_kernels;
-
 namespace detail {
-
-inline bool is_float_type(dtype t) noexcept {
-  return t == dtype::f32 || t == dtype::bf16 || t == dtype::f16;
-}
 
 /// Calls f(P{}) with P the storage type of `t` (float, bf16, f16).
 template <class F>
@@ -65,39 +49,52 @@ decltype(auto) with_storage_type(dtype t, F&& f) {
   }
 }
 
-/// The host loop of one range, used by host-executed kernels: master → update then cast back.
-template <class View>
-void adam_range_host(View const& k, adam_tensor<mock::backend> const& t, adam_step_scalars const& s) {
-  with_storage_type(t.grad_type, [&](auto g0) {
+/// One range in host-addressable memory, no checks: with a master, the update of the fp32 master then
+/// its rounding into the parameter; without, the update of the parameter in place. `vmax` may be
+/// null unless s.amsgrad. The host-executed kernels (mock, user backends) and the tests call it.
+inline void adam_range_unchecked(adam_step_scalars const& s, dtype param_type, dtype grad_type, void* param,
+                                 void const* grad, float* exp_avg, float* exp_avg_sq, float* vmax,
+                                 float* master, std::size_t n) {
+  with_storage_type(grad_type, [&](auto g0) {
     using G = decltype(g0);
-    auto grad = k.template read<G>(t.grad, t.numel);
-    auto m = k.template write<float>(t.exp_avg, t.numel);
-    auto v = k.template write<float>(t.exp_avg_sq, t.numel);
-    float* vmax = s.amsgrad ? k.template write<float>(t.max_exp_avg_sq, t.numel).data() : nullptr;
-    with_storage_type(t.param_type, [&](auto p0) {
+    auto const* g = static_cast<G const*>(grad);
+    with_storage_type(param_type, [&](auto p0) {
       using P = decltype(p0);
-      auto param = k.template write<P>(t.param, t.numel);
-      if (t.master) {
-        auto master = k.template write<float>(t.master, t.numel);
-        adam_update_unchecked<float, G>(s, master.data(), grad.data(), m.data(), v.data(), vmax, t.numel);
-        cast_master_to_param_unchecked<P>(master.data(), param.data(), t.numel);
+      if (master != nullptr) {
+        adam_update_unchecked<float, G>(s, master, g, exp_avg, exp_avg_sq, vmax, n);
+        cast_master_to_param_unchecked<P>(master, static_cast<P*>(param), n);
       } else {
-        adam_update_unchecked<P, G>(s, param.data(), grad.data(), m.data(), v.data(), vmax, t.numel);
+        adam_update_unchecked<P, G>(s, static_cast<P*>(param), g, exp_avg, exp_avg_sq, vmax, n);
       }
     });
   });
 }
 
+/// The range through a mock kernel's views (declared regions only).
+template <class View>
+void adam_range_host(View const& k, adam_tensor<mock::backend> const& t, adam_step_scalars const& s) {
+  auto const n = t.numel;
+  auto f32 = [&](device_ptr p) { return k.template write<float>(p, n).data(); };
+  adam_range_unchecked(s, t.param_type, t.grad_type,
+                       k.template write<std::byte>(t.param, n * size_of(t.param_type)).data(),
+                       k.template read<std::byte>(t.grad, n * size_of(t.grad_type)).data(), f32(t.exp_avg),
+                       f32(t.exp_avg_sq), s.amsgrad ? f32(t.max_exp_avg_sq) : nullptr,
+                       t.master ? f32(t.master) : nullptr, n);
+}
+
 } // namespace detail
 
 /// Mock backend: one mock kernel per batch, declaring every range it reads and writes, running the
-/// host math (so results equal the CUDA kernels' bit for bit — they share adam_element).
+/// host math (so results equal the CUDA kernels' bit for bit — they share adam_element). Checks the
+/// batch as the CUDA policy does (validate_adam_batch) before launching.
 template <>
 struct adam_kernels<mock::backend> {
   void update(mock::backend& b, mock::stream s, std::span<adam_tensor<mock::backend> const> ts,
               std::span<adam_step_scalars const> scalars) const {
+    validate_adam_batch(ts, scalars);
     std::vector<mock::region> reads, writes;
     for (auto const& t : ts) {
+      if (t.numel == 0) continue;
       reads.push_back({t.grad, t.numel * size_of(t.grad_type)});
       writes.push_back({t.param, t.numel * size_of(t.param_type)});
       writes.push_back({t.exp_avg, t.numel * 4});
@@ -108,7 +105,9 @@ struct adam_kernels<mock::backend> {
     b.launch(s, {"adam", std::move(reads), std::move(writes), std::nullopt},
              [ts = std::vector(ts.begin(), ts.end()),
               sc = std::vector(scalars.begin(), scalars.end())](mock::kernel_context const& k) {
-               for (auto const& t : ts) detail::adam_range_host(k, t, sc[t.scalars]);
+               for (auto const& t : ts) {
+                 if (t.numel != 0) detail::adam_range_host(k, t, sc[t.scalars]);
+               }
              });
   }
 
@@ -157,7 +156,7 @@ public:
   /// Registers a parameter and creates its state slots; returns its index. Register every parameter
   /// before constructing the optimizer_swap that manages them.
   std::size_t add_param(param_desc d) {
-    if (!detail::is_float_type(d.type) || !detail::is_float_type(d.grad_type)) {
+    if (!detail::is_adam_storage(d.type) || !detail::is_adam_storage(d.grad_type)) {
       throw invalid_argument("adam::add_param: parameter " + std::to_string(params_.size()) +
                              " has type " + std::string(name_of(d.type)) + "/" +
                              std::string(name_of(d.grad_type)) + "; F32, BF16 and F16 are supported");

@@ -1,0 +1,678 @@
+// pipeswap — the pipeline simulator: one training step of a scenario (sim/model.hpp) executed on one
+// mock device per pipeline rank, with the library's own schedule generators, swap-step injection,
+// activation swap manager, AdamW and optimizer-state swap runtime.
+//
+// What runs, per rank:
+//  * setup: the rank's weights and gradients (the parameter type), AdamW's state (fp32 moments and,
+//    for 16-bit weights, an fp32 master copy) on the device — or, with optimizer swap, in pinned
+//    host memory; then every rank's clock is aligned to a common start T0;
+//  * the rank's order of the generated schedule (with swap steps injected when activations swap):
+//    FWD is one kernel that reads the stage's weights and input and writes the saved activations
+//    (one buffer per layer plus the stage input) and the output; BWD reads them and the incoming
+//    gradient and writes the weight gradients and the outgoing gradient; sends and receives move
+//    the stage boundary over a link with the scenario's P2P bandwidth and latency; the host waits
+//    for every receive (as pipeline runtimes do) and issues each compute entry when the previous
+//    one has finished, so swap steps go out one compute entry ahead of their use;
+//  * the optimizer step after the rank's last backward, behind a host synchronization (the global
+//    gradient-norm reduction of mixed-precision training).
+// Reported per rank: the step's peak device memory (including the scenario's reserved bytes), its
+// time from T0, the bytes each way over the host link, and the memory over time.
+//
+// Every operation goes through the mock backend's hazard checker (raising), so a simulated step is
+// also a proof that the swap code orders its copies correctly for that schedule. With
+// sim_options::materialize the mock holds real bytes: the forward writes a pattern into each saved
+// activation and the backward checks it (rank_result::corrupt_buffers), which is how the tests show
+// that data survives the round trip through host memory. docs/simulator.md states the model.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <pipeswap/activation/activation_swap.hpp>
+#include <pipeswap/backend/mock.hpp>
+#include <pipeswap/core/transfer.hpp>
+#include <pipeswap/error.hpp>
+#include <pipeswap/optim/adam.hpp>
+#include <pipeswap/schedule/generate.hpp>
+#include <pipeswap/schedule/inject.hpp>
+#include <pipeswap/schedule/layout.hpp>
+#include <pipeswap/schedule/step.hpp>
+#include <pipeswap/schedule/text.hpp>
+#include <pipeswap/schedule/validate.hpp>
+#include <pipeswap/sim/model.hpp>
+#include <pipeswap/swap/optimizer_swap.hpp>
+
+namespace pipeswap::sim {
+
+/// What one simulation swaps and records.
+struct sim_options {
+  /// Inject swap steps into every rank's order and run them through activation_swap.
+  bool swap_activations = false;
+  /// Keep AdamW's state in pinned host memory and run the step through optimizer_swap.
+  bool swap_optimizer = false;
+  /// Which chunks swap when activations swap (all candidates when empty): rank, (stage, micro).
+  std::function<bool(std::uint32_t rank, schedule::chunk)> activation_filter;
+  std::uint32_t swap_times = 16; ///< optimizer batches per step
+  bool packed = true;            ///< packed optimizer pipeline (else per-tensor)
+  /// Fill sim_result::trace_json with a Chrome trace of every rank (one process per rank).
+  bool record_trace = false;
+  /// Called with the fraction of schedule entries executed so far, now and then.
+  std::function<void(double done_fraction)> progress;
+  /// Hold real bytes on the mock devices and check saved activations in every backward. Meant for
+  /// small scenarios (tests): every buffer is really allocated.
+  bool materialize = false;
+};
+
+struct rank_result {
+  std::uint32_t rank = 0;
+  mock::sim_time step_ns = 0;     ///< T0 → the end of the rank's optimizer step
+  mock::sim_time pipeline_ns = 0; ///< T0 → the end of the rank's last schedule entry
+  std::uint64_t peak_bytes = 0;   ///< peak device bytes during the step, reserved bytes included
+  bool fits = false;              ///< peak_bytes <= device.memory_bytes
+  std::uint64_t h2d_bytes = 0, d2h_bytes = 0; ///< moved during the step
+  std::uint32_t swapped_chunks = 0;           ///< activation groups swapped
+  std::uint64_t resident_param_bytes = 0;     ///< weights + gradients
+  std::uint64_t optimizer_state_bytes = 0;    ///< AdamW state (moments, master), wherever it lives
+  std::uint64_t peak_host_bytes = 0;          ///< pinned host memory at its peak
+  std::uint64_t corrupt_buffers = 0;          ///< materialize: saved activations that came back wrong
+  /// Device bytes (reserved included) over the step: (time since T0, bytes) after each change.
+  std::vector<std::pair<mock::sim_time, std::uint64_t>> memory;
+};
+
+struct sim_result {
+  std::vector<rank_result> ranks;
+  mock::sim_time step_ns = 0;   ///< the slowest rank's
+  std::uint64_t peak_bytes = 0; ///< the largest rank's
+  bool fits = false;            ///< every rank fits
+  std::string trace_json;       ///< when sim_options::record_trace
+};
+
+/// How the scenario's stages map to ranks.
+inline schedule::stage_layout layout_of(scenario const& s) {
+  return schedule::stage_layout(static_cast<schedule::index_type>(s.pipeline.ranks),
+                                static_cast<schedule::index_type>(s.pipeline.chunks), schedule::placement::loop);
+}
+
+/// The scenario's schedule with its send/receive steps, one order per rank (no swap steps).
+inline schedule::rank_orders schedule_of(scenario const& s) {
+  validate(s);
+  auto const R = static_cast<schedule::index_type>(s.pipeline.ranks);
+  auto const M = static_cast<schedule::index_type>(s.pipeline.micro_batches);
+  switch (s.pipeline.schedule) {
+  case schedule_kind::gpipe: return schedule::gpipe(R, M);
+  case schedule_kind::one_f_one_b: return schedule::one_f_one_b(R, M);
+  case schedule_kind::interleaved:
+    return schedule::interleaved_1f1b(
+        {R, static_cast<schedule::index_type>(s.pipeline.chunks), M, s.pipeline.overlap_b_f});
+  }
+  throw invalid_argument("scenario: unknown pipeline.schedule");
+}
+
+/// Injects swap steps into every rank's own order, for the chunks `filter` accepts (all when empty).
+inline schedule::rank_orders inject_all(schedule::rank_orders orders,
+                                        std::function<bool(std::uint32_t, schedule::chunk)> const& filter) {
+  for (std::size_t r = 0; r < orders.size(); ++r) {
+    auto const rank = static_cast<std::uint32_t>(r);
+    orders[r] = schedule::inject_swap_steps(orders[r], [&](schedule::chunk c) { return !filter || filter(rank, c); });
+  }
+  return orders;
+}
+
+namespace detail {
+
+using mock::sim_time;
+using schedule::index_type;
+using schedule::step;
+using schedule::step_kind;
+
+/// Data in flight between ranks: arrival times by (direction, receiving stage, micro-batch).
+struct mailbox {
+  std::map<std::tuple<int, index_type, index_type>, sim_time> arrivals;
+};
+
+/// A device buffer with the event after which it may be read.
+struct ready_buffer {
+  device_ptr ptr;
+  std::size_t bytes = 0;
+  std::optional<mock::event> ready;
+};
+
+inline std::byte pattern_of(index_type stage, index_type micro, std::size_t index) {
+  auto const h = (static_cast<std::uint64_t>(stage) * 1000003u + static_cast<std::uint64_t>(micro)) * 131u + index;
+  return static_cast<std::byte>(1 + h % 251);
+}
+
+/// One rank: its mock device, runtimes, parameters and the state of its order.
+class rank_sim {
+public:
+  using opt_type = adamw<mock::backend>;
+
+  rank_sim(scenario const& s, std::vector<stage_spec> const& stages, schedule::stage_layout const& layout,
+           std::uint32_t rank, schedule::order ord, sim_options const& o)
+      : s_(s), stages_(stages), layout_(layout), rank_(rank), order_(std::move(ord)),
+        b_(mock_options(s, o)), x_(b_, pool_options(o)),
+        acts_(x_), opt_(b_), send_(b_.new_stream("p2p send")), recv_(b_.new_stream("p2p recv")) {
+    auto const cs = b_.current_stream();
+    auto const es = size_of(s.model.param_dtype);
+    bool const master = s.model.fp32_master;
+    for (auto const& st : stages_) {
+      if (layout_.rank_of(static_cast<index_type>(st.stage)) != static_cast<index_type>(rank_)) continue;
+      auto& w = weights_[st.stage];
+      for (auto const& t : st.tensors) {
+        if (t.numel == 0) continue;
+        w.params.push_back({b_.allocate_device(t.numel * es, cs), t.numel * es});
+        w.grads.push_back({b_.allocate_device(t.numel * es, cs), t.numel * es});
+        opt_.add_param({w.params.back().ptr, w.grads.back().ptr, t.numel, s.model.param_dtype, s.model.param_dtype,
+                        master});
+        resident_param_bytes_ += 2 * t.numel * es;
+        optimizer_state_bytes_ += t.numel * (master ? 12 : 8);
+      }
+    }
+    swap_config cfg;
+    cfg.swap_times = o.swap_times;
+    cfg.packed = o.packed;
+    if (!o.swap_optimizer) cfg.state_keys = std::vector<std::string>{};
+    // The runtime materializes every slot (zeroed moments, master copies) at construction; with
+    // nothing swappable it keeps them all on the device.
+    osw_.emplace(x_, opt_, cfg);
+  }
+
+  rank_sim(rank_sim const&) = delete;
+  rank_sim& operator=(rank_sim const&) = delete;
+
+  ~rank_sim() {
+    try {
+      acts_.end_run();
+      osw_.reset();
+      auto const cs = b_.current_stream();
+      for (auto& [_, w] : weights_) {
+        for (auto& p : w.params) b_.deallocate_device(p.ptr, p.bytes, cs);
+        for (auto& g : w.grads) b_.deallocate_device(g.ptr, g.bytes, cs);
+      }
+    } catch (...) {
+    }
+  }
+
+  mock::backend& backend() noexcept { return b_; }
+  schedule::order const& order() const noexcept { return order_; }
+  std::size_t position() const noexcept { return pc_; }
+  bool done() const noexcept { return pc_ >= order_.size(); }
+
+  /// Settles setup work; returns the rank's clock after it.
+  sim_time finish_setup() {
+    b_.synchronize_device();
+    return b_.now();
+  }
+
+  /// Starts the measured step at `t0` (not before this rank's setup ended).
+  void start(sim_time t0) {
+    if (t0 > b_.now()) b_.host_compute(t0 - b_.now(), "wait for the other ranks");
+    t0_ = t0;
+    h2d0_ = b_.bytes_copied_h2d();
+    d2h0_ = b_.bytes_copied_d2h();
+    acts_.begin_run();
+  }
+
+  /// Runs entries until the order ends or a receive waits for data not sent yet. Returns the number
+  /// of entries run.
+  std::size_t advance(mailbox& mb) {
+    std::size_t n = 0;
+    while (pc_ < order_.size()) {
+      auto const& e = order_[pc_];
+      if (e && !run(*e, mb)) break;
+      ++pc_;
+      ++n;
+    }
+    return n;
+  }
+
+  /// After the order: the optimizer step, and the result.
+  rank_result finish() {
+    if (!inputs_.empty() || !grads_in_.empty() || !outbox_.empty() || !saved_.empty()) {
+      throw state_error("simulate: rank " + std::to_string(rank_) + " ended its order with " +
+                        std::to_string(inputs_.size() + grads_in_.size() + outbox_.size() + saved_.size()) +
+                        " buffers not consumed (an unmatched send, receive, forward or backward)");
+    }
+    rank_result r;
+    r.rank = rank_;
+    r.pipeline_ns = b_.makespan() - t0_;
+    auto const cs = b_.current_stream();
+    b_.synchronize(b_.record_event(cs)); // the gradient-norm reduction before the step
+    osw_->step();
+    b_.synchronize_device();
+    acts_.end_run();
+    r.step_ns = b_.makespan() - t0_;
+    r.h2d_bytes = b_.bytes_copied_h2d() - h2d0_;
+    r.d2h_bytes = b_.bytes_copied_d2h() - d2h0_;
+    r.swapped_chunks = swapped_chunks_;
+    r.resident_param_bytes = resident_param_bytes_;
+    r.optimizer_state_bytes = optimizer_state_bytes_;
+    r.peak_host_bytes = b_.peak_host_bytes();
+    r.corrupt_buffers = corrupt_;
+    auto const reserved = s_.device.reserved_bytes;
+    auto const timeline = b_.device_memory_timeline();
+    auto it = std::lower_bound(timeline.begin(), timeline.end(), t0_,
+                               [](auto const& p, sim_time t) { return p.first < t; });
+    std::uint64_t const at_t0 = it == timeline.begin() ? 0 : std::prev(it)->second;
+    std::uint64_t peak = at_t0;
+    r.memory.emplace_back(0, at_t0 + reserved);
+    for (; it != timeline.end(); ++it) {
+      r.memory.emplace_back(it->first - t0_, it->second + reserved);
+      peak = std::max<std::uint64_t>(peak, it->second);
+    }
+    r.memory.emplace_back(r.step_ns, r.memory.back().second);
+    r.peak_bytes = peak + reserved;
+    r.fits = r.peak_bytes <= s_.device.memory_bytes;
+    return r;
+  }
+
+  /// What this rank waits for, for deadlock reports.
+  std::string waiting_for() const {
+    if (done()) return "nothing";
+    return schedule::to_text(*order_[pc_]) + " at position " + std::to_string(pc_);
+  }
+
+private:
+  struct owned {
+    device_ptr ptr;
+    std::size_t bytes = 0;
+  };
+  struct stage_weights {
+    std::vector<owned> params, grads;
+  };
+  /// A forward's saved activations: the stage input (index 0) and one buffer per layer.
+  struct saved_chunk {
+    bool swapped = false;
+    std::vector<activation_handle> handles; // swapped
+    std::vector<owned> raw;                 // not swapped
+    std::vector<std::size_t> bytes;
+    bool wrote_input = false; ///< stage 0: the forward wrote its input (the embedding output)
+  };
+  using key = std::pair<index_type, index_type>; // stage, micro
+
+  static mock::options mock_options(scenario const& s, sim_options const& o) {
+    mock::options m;
+    m.timing = timing_of(s.device);
+    m.hazards = mock::hazard_policy::raise;
+    m.materialize = o.materialize;
+    return m;
+  }
+
+  /// Materialized runs are small: small pinned chunks keep them cheap on the real host.
+  static pinned_pool_options pool_options(sim_options const& o) {
+    if (o.materialize) return {std::size_t{1} << 20, std::size_t{256} << 10, 512};
+    return {};
+  }
+
+  sim_time link_time(std::size_t bytes) const {
+    auto const& d = s_.device;
+    return static_cast<sim_time>(d.p2p_latency_us * 1e3 + static_cast<double>(bytes) / (d.p2p_gbps * 1e9) * 1e9);
+  }
+
+  stage_spec const& stage(index_type st) const {
+    if (st < 0 || static_cast<std::size_t>(st) >= stages_.size()) {
+      throw invalid_argument("simulate: stage " + std::to_string(st) + " is not a stage of the scenario");
+    }
+    if (layout_.rank_of(st) != static_cast<index_type>(rank_)) {
+      throw invalid_argument("simulate: stage " + std::to_string(st) + " runs on rank " +
+                             std::to_string(layout_.rank_of(st)) + ", not on rank " + std::to_string(rank_));
+    }
+    return stages_[static_cast<std::size_t>(st)];
+  }
+
+  bool local(index_type st) const {
+    return st >= 0 && static_cast<std::size_t>(st) < stages_.size() &&
+           layout_.rank_of(st) == static_cast<index_type>(rank_);
+  }
+
+  std::string where(step const& e) const {
+    return "rank " + std::to_string(rank_) + ", position " + std::to_string(pc_) + " (" + schedule::to_text(e) + ")";
+  }
+
+  /// Runs one entry; false when it is a receive whose data was not sent yet.
+  bool run(step const& e, mailbox& mb) {
+    switch (e.kind) {
+    case step_kind::fwd:
+    case step_kind::bwd:
+    case step_kind::overlap_f_b:
+    case step_kind::overlap_b_f: compute(e); return true;
+    case step_kind::fwd_send: send(e, 0, e.stage + 1, mb); return true;
+    case step_kind::bwd_send: send(e, 1, e.stage - 1, mb); return true;
+    case step_kind::fwd_recv: return receive(e, 0, mb);
+    case step_kind::bwd_recv: return receive(e, 1, mb);
+    case step_kind::swap_set_group: group_ = chunk_id{e.stage, e.micro}; return true;
+    case step_kind::swap_launch_offload: acts_.launch_offload({e.stage, e.micro}); return true;
+    case step_kind::swap_wait_offload: acts_.wait_offload({e.stage, e.micro}); return true;
+    case step_kind::swap_launch_load: acts_.launch_load({e.stage, e.micro}); return true;
+    case step_kind::swap_wait_load: acts_.wait_load({e.stage, e.micro}); return true;
+    default:
+      throw invalid_argument("simulate: " + where(e) + ": the simulator does not execute " +
+                             std::string(schedule::step_kind_name(e.kind)) + " steps");
+    }
+  }
+
+  /// A compute entry. The host issues it when the previous compute entry has finished, so the host
+  /// runs one compute entry ahead of the device: the swap steps between two compute entries are
+  /// issued while the first one runs, as a training loop paced by its device does.
+  void compute(step const& e) {
+    if (last_compute_) b_.synchronize(*last_compute_);
+    if (e.kind == step_kind::fwd) {
+      forward(e);
+    } else if (e.kind == step_kind::bwd) {
+      backward(e);
+    } else {
+      for (auto const& l : e.sub) {
+        if (l.kind == step_kind::fwd) forward(l);
+        else if (l.kind == step_kind::bwd) backward(l);
+        else throw invalid_argument("simulate: " + where(e) + ": a composite may hold only FWD and BWD");
+      }
+    }
+    last_compute_ = b_.record_event(b_.current_stream());
+  }
+
+  std::string name_of(char const* what, index_type st, index_type m) const {
+    return std::string(what) + " s" + std::to_string(st) + " m" + std::to_string(m);
+  }
+
+  void wait_ready(ready_buffer const& r) {
+    if (r.ready) b_.wait_event(b_.current_stream(), *r.ready);
+  }
+
+  /// A forward after SWAP_SET_GROUP of its chunk runs in that group's forward scope.
+  void forward(step const& e) {
+    if (group_ && group_->stage == e.stage && group_->micro == e.micro) {
+      auto const scope = acts_.forward(*group_);
+      group_.reset();
+      ++swapped_chunks_;
+      forward_in_scope(e, true);
+    } else {
+      forward_in_scope(e, false);
+    }
+  }
+
+  void forward_in_scope(step const& e, bool swapped) {
+    auto const& st = stage(e.stage);
+    auto const cs = b_.current_stream();
+    key const k{e.stage, e.micro};
+    if (saved_.count(k)) throw invalid_argument("simulate: " + where(e) + ": this forward already ran");
+    // The stage input: received (or handed over by the previous stage on this rank), or for stage 0
+    // the embedding output this forward writes.
+    ready_buffer in;
+    bool const first = e.stage == 0;
+    if (first) {
+      in = {b_.allocate_device(st.boundary_bytes, cs), st.boundary_bytes, std::nullopt};
+    } else {
+      auto it = inputs_.find(k);
+      if (it == inputs_.end()) {
+        throw invalid_argument("simulate: " + where(e) + ": no input (the FWD_RECV or the previous stage's FWD "
+                                                         "did not come first)");
+      }
+      in = it->second;
+      inputs_.erase(it);
+      wait_ready(in);
+    }
+    saved_chunk sc;
+    sc.wrote_input = first;
+    sc.bytes.push_back(in.bytes);
+    auto const layer_total = st.activation_bytes - st.boundary_bytes;
+    auto const layers = std::max<std::uint32_t>(st.layers, 1);
+    std::vector<owned> acts;
+    for (std::uint32_t l = 0; l < layers; ++l) {
+      auto const n = layer_total / layers + (l + 1 == layers ? layer_total % layers : 0);
+      acts.push_back({n ? b_.allocate_device(n, cs) : device_ptr{}, n});
+      sc.bytes.push_back(n);
+    }
+    bool const last = static_cast<std::size_t>(e.stage) + 1 == stages_.size();
+    owned out{};
+    if (!last) out = {b_.allocate_device(st.p2p_bytes, cs), st.p2p_bytes};
+
+    mock::kernel_desc d{name_of("FWD", e.stage, e.micro), {}, {}, st.fwd_ns};
+    for (auto const& p : weights_.at(st.stage).params) d.reads.push_back({p.ptr, p.bytes});
+    (first ? d.writes : d.reads).push_back({in.ptr, in.bytes});
+    for (auto const& a : acts) d.writes.push_back({a.ptr, a.bytes});
+    if (!last) d.writes.push_back({out.ptr, out.bytes});
+    std::vector<owned> written = acts;
+    if (first) written.insert(written.begin(), owned{in.ptr, in.bytes});
+    b_.launch(cs, std::move(d), [written, st_ = e.stage, m = e.micro, first](mock::kernel_context const& ctx) {
+      for (std::size_t i = 0; i < written.size(); ++i) {
+        auto const idx = first ? i : i + 1;
+        auto span = ctx.write<std::byte>(written[i].ptr, written[i].bytes);
+        std::fill(span.begin(), span.end(), pattern_of(st_, m, idx));
+      }
+    });
+
+    if (swapped) {
+      sc.swapped = true;
+      sc.handles.push_back(acts_.save(in.ptr, in.bytes));
+      for (auto const& a : acts) sc.handles.push_back(acts_.save(a.ptr, a.bytes));
+      // The pipeline owns the stage input until the backward: it stays on the device.
+      acts_.protect({e.stage, e.micro}, in.ptr, in.bytes);
+    } else {
+      sc.raw.push_back({in.ptr, in.bytes});
+      for (auto const& a : acts) sc.raw.push_back(a);
+    }
+    saved_.emplace(k, std::move(sc));
+    if (!last) hand_over(0, e.stage, e.micro, out);
+  }
+
+  /// An output (direction 0: activations forward, 1: gradients backward) of stage `st`: kept for the
+  /// next stage when it runs on this rank, else held until its send.
+  void hand_over(int dir, index_type st, index_type m, owned out) {
+    auto const next = dir == 0 ? st + 1 : st - 1;
+    ready_buffer r{out.ptr, out.bytes, b_.record_event(b_.current_stream())};
+    if (local(next)) (dir == 0 ? inputs_ : grads_in_)[{next, m}] = r;
+    else outbox_[{dir, st, m}] = r;
+  }
+
+  void backward(step const& e) {
+    auto const& st = stage(e.stage);
+    auto const cs = b_.current_stream();
+    key const k{e.stage, e.micro};
+    auto it = saved_.find(k);
+    if (it == saved_.end()) throw invalid_argument("simulate: " + where(e) + ": its forward did not run");
+    saved_chunk sc = std::move(it->second);
+    saved_.erase(it);
+    bool const last = static_cast<std::size_t>(e.stage) + 1 == stages_.size();
+    std::optional<ready_buffer> gin;
+    if (!last) {
+      auto g = grads_in_.find(k);
+      if (g == grads_in_.end()) {
+        throw invalid_argument("simulate: " + where(e) + ": no incoming gradient (the BWD_RECV or the next "
+                                                         "stage's BWD did not come first)");
+      }
+      gin = g->second;
+      grads_in_.erase(g);
+      wait_ready(*gin);
+    }
+    std::vector<owned> bufs;
+    for (std::size_t i = 0; i < sc.bytes.size(); ++i) {
+      bufs.push_back({sc.swapped ? acts_.ptr(sc.handles[i]) : sc.raw[i].ptr, sc.bytes[i]});
+    }
+    owned gout{};
+    if (e.stage > 0) gout = {b_.allocate_device(st.boundary_bytes, cs), st.boundary_bytes};
+
+    mock::kernel_desc d{name_of("BWD", e.stage, e.micro), {}, {}, st.bwd_ns};
+    auto const& w = weights_.at(st.stage);
+    for (auto const& p : w.params) d.reads.push_back({p.ptr, p.bytes});
+    for (auto const& b : bufs) {
+      if (b.bytes) d.reads.push_back({b.ptr, b.bytes});
+    }
+    if (gin) d.reads.push_back({gin->ptr, gin->bytes});
+    for (auto const& g : w.grads) d.writes.push_back({g.ptr, g.bytes});
+    if (gout.bytes) d.writes.push_back({gout.ptr, gout.bytes});
+    // A received input's bytes are the sender's; what the forward wrote is checked.
+    bool const first = sc.wrote_input;
+    b_.launch(cs, std::move(d),
+              [bufs, first, st_ = e.stage, m = e.micro, bad = &corrupt_](mock::kernel_context const& ctx) {
+                for (std::size_t i = first ? 0 : 1; i < bufs.size(); ++i) {
+                  auto span = ctx.read<std::byte>(bufs[i].ptr, bufs[i].bytes);
+                  auto const want = pattern_of(st_, m, i);
+                  if (std::any_of(span.begin(), span.end(), [&](std::byte v) { return v != want; })) ++*bad;
+                }
+              });
+    if (sc.swapped) {
+      acts_.release({e.stage, e.micro});
+    } else {
+      for (auto const& b : sc.raw) {
+        if (b.bytes) b_.deallocate_device(b.ptr, b.bytes, cs);
+      }
+    }
+    if (gin) b_.deallocate_device(gin->ptr, gin->bytes, cs);
+    if (e.stage > 0) hand_over(1, e.stage, e.micro, gout);
+  }
+
+  void send(step const& e, int dir, index_type to, mailbox& mb) {
+    auto it = outbox_.find({dir, e.stage, e.micro});
+    if (it == outbox_.end()) {
+      throw invalid_argument("simulate: " + where(e) + ": nothing to send (its " + (dir ? "BWD" : "FWD") +
+                             " did not run on this rank first)");
+    }
+    auto const r = it->second;
+    outbox_.erase(it);
+    wait_ready_on(send_, r);
+    auto const start = std::max(b_.ready_time(send_), b_.now());
+    auto const arrival = start + link_time(r.bytes);
+    b_.wait_until(send_, arrival, schedule::to_text(e));
+    b_.deallocate_device(r.ptr, r.bytes, send_);
+    mb.arrivals[{dir, to, e.micro}] = arrival;
+  }
+
+  void wait_ready_on(mock::stream s, ready_buffer const& r) {
+    if (r.ready) b_.wait_event(s, *r.ready);
+  }
+
+  bool receive(step const& e, int dir, mailbox& mb) {
+    auto it = mb.arrivals.find({dir, e.stage, e.micro});
+    if (it == mb.arrivals.end()) return false;
+    auto const arrival = it->second;
+    mb.arrivals.erase(it);
+    auto const& st = stage(e.stage);
+    auto const bytes = dir == 0 ? st.boundary_bytes : st.p2p_bytes;
+    auto const buf = b_.allocate_device(bytes, recv_);
+    b_.wait_until(recv_, arrival, schedule::to_text(e));
+    auto const ev = b_.record_event(recv_);
+    b_.synchronize(ev); // the host waits for its receives
+    auto& into = dir == 0 ? inputs_ : grads_in_;
+    if (into.count({e.stage, e.micro})) {
+      b_.deallocate_device(buf, bytes, recv_);
+      throw invalid_argument("simulate: " + where(e) + ": received twice");
+    }
+    into[{e.stage, e.micro}] = ready_buffer{buf, bytes, ev};
+    return true;
+  }
+
+  scenario const& s_;
+  std::vector<stage_spec> const& stages_;
+  schedule::stage_layout layout_;
+  std::uint32_t rank_;
+  schedule::order order_;
+  mock::backend b_;
+  transfer_engine<mock::backend> x_;
+  activation_swap<mock::backend> acts_;
+  opt_type opt_;
+  std::optional<optimizer_swap<opt_type>> osw_;
+  mock::stream send_, recv_;
+  std::map<std::uint32_t, stage_weights> weights_;
+  std::map<key, ready_buffer> inputs_, grads_in_;
+  std::map<std::tuple<int, index_type, index_type>, ready_buffer> outbox_;
+  std::map<key, saved_chunk> saved_;
+  std::optional<chunk_id> group_;
+  std::optional<mock::event> last_compute_;
+  std::size_t pc_ = 0;
+  sim_time t0_ = 0;
+  std::size_t h2d0_ = 0, d2h0_ = 0;
+  std::uint32_t swapped_chunks_ = 0;
+  std::uint64_t resident_param_bytes_ = 0, optimizer_state_bytes_ = 0, corrupt_ = 0;
+};
+
+} // namespace detail
+
+/// Runs one training step of `s` with the given per-rank orders (send/receive steps included; swap
+/// steps only where activations should swap) and reports it. The orders are checked first
+/// (schedule::check_schedule): invalid_argument names the problems. A deadlock found while running
+/// throws state_error naming what every rank waits for.
+inline sim_result simulate_orders(scenario const& s, schedule::rank_orders const& orders, sim_options const& o) {
+  auto const stages = plan_stages(s);
+  auto const layout = layout_of(s);
+  if (orders.size() != s.pipeline.ranks) {
+    throw invalid_argument("simulate: " + std::to_string(orders.size()) + " orders for " +
+                           std::to_string(s.pipeline.ranks) + " ranks");
+  }
+  if (auto const report = schedule::check_schedule(orders, layout); !report.ok()) {
+    throw invalid_argument("simulate: the schedule is not valid: " + schedule::to_string(report));
+  }
+  std::vector<std::unique_ptr<detail::rank_sim>> ranks;
+  mock::sim_time t0 = 0;
+  for (std::uint32_t r = 0; r < s.pipeline.ranks; ++r) {
+    ranks.push_back(std::make_unique<detail::rank_sim>(s, stages, layout, r, orders[r], o));
+    t0 = std::max(t0, ranks.back()->finish_setup());
+  }
+  std::size_t total = 0, done = 0, reported = 0;
+  for (auto const& r : orders) total += r.size();
+  for (auto& r : ranks) r->start(t0);
+  detail::mailbox mb;
+  for (;;) {
+    std::size_t progressed = 0;
+    bool all_done = true;
+    for (auto& r : ranks) {
+      progressed += r->advance(mb);
+      all_done = all_done && r->done();
+    }
+    done += progressed;
+    if (o.progress && (done - reported) * 100 >= total) {
+      o.progress(total ? static_cast<double>(done) / static_cast<double>(total) : 1.0);
+      reported = done;
+    }
+    if (all_done) break;
+    if (progressed == 0) {
+      std::string what = "simulate: deadlock: ";
+      for (std::uint32_t r = 0; r < ranks.size(); ++r) {
+        if (ranks[r]->done()) continue;
+        what += "rank " + std::to_string(r) + " waits at " + ranks[r]->waiting_for() + "; ";
+      }
+      throw state_error(what.substr(0, what.size() - 2));
+    }
+  }
+  sim_result out;
+  out.fits = true;
+  for (auto& r : ranks) {
+    out.ranks.push_back(r->finish());
+    auto const& rr = out.ranks.back();
+    out.step_ns = std::max(out.step_ns, rr.step_ns);
+    out.peak_bytes = std::max(out.peak_bytes, rr.peak_bytes);
+    out.fits = out.fits && rr.fits;
+  }
+  if (o.record_trace) {
+    std::ostringstream os;
+    bool first = true;
+    os << R"({"displayTimeUnit":"ns","traceEvents":[)";
+    for (std::uint32_t r = 0; r < ranks.size(); ++r) {
+      ranks[r]->backend().write_trace_events(os, first, static_cast<int>(r + 1), "rank " + std::to_string(r));
+    }
+    os << "\n]}\n";
+    out.trace_json = std::move(os).str();
+  }
+  if (o.progress) o.progress(1.0);
+  return out;
+}
+
+/// Runs one training step of `s`: its schedule (schedule_of), with swap steps injected into every
+/// rank's order when o.swap_activations (for the chunks o.activation_filter accepts).
+inline sim_result simulate(scenario const& s, sim_options const& o) {
+  auto orders = schedule_of(s);
+  if (o.swap_activations) orders = inject_all(std::move(orders), o.activation_filter);
+  return simulate_orders(s, orders, o);
+}
+
+} // namespace pipeswap::sim
