@@ -159,6 +159,22 @@ BOOST_AUTO_TEST_CASE(the_document_is_well_formed_with_series_levels_axes_and_leg
   BOOST_TEST(legend[0]->all("line").size() == 3u);
 }
 
+BOOST_AUTO_TEST_CASE(the_legend_fits_in_the_picture) {
+  auto c = sample();
+  c.lines[0].name = "optimizer swap (packed, 16 batches) + activation groups with gap >= 9 (peak 133.3 GB)";
+  for (int width : {960, 300}) {
+    c.width = width;
+    auto const root = svg_test::parse(svg::render(c));
+    double const w = std::stod(root->attr("width"));
+    BOOST_TEST(w >= width);
+    auto const plot = with_class(*root, "axes").at(0)->child("rect");
+    BOOST_REQUIRE(plot != nullptr);
+    BOOST_TEST(std::stod(plot->attr("width")) >= 200.0); // the plot keeps a usable width
+    for (auto const* t : with_class(*root, "legend").at(0)->all("text")) // about 7 px a character
+      BOOST_TEST(std::stod(t->attr("x")) + 7.0 * static_cast<double>(t->text.size()) <= w, t->text);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(the_paths_read_back_through_the_axes_give_the_series) {
   auto const c = sample();
   auto const root = svg_test::parse(svg::render(c));

@@ -121,9 +121,13 @@ inline std::string tick_label(double v, double step) {
 inline std::string render(chart const& c) {
   using detail::num;
   using detail::xml_escape;
-  double const left = 80, right = 230, top = 50, bottom = 60;
+  // The legend, right of the plot, is as wide as its longest name (about 7 px a character at 12 px).
+  std::size_t longest = 0;
+  for (auto const& s : c.lines) longest = std::max(longest, s.name.size());
+  for (auto const& l : c.levels) longest = std::max(longest, l.name.size());
+  double const left = 80, right = 70 + 7.0 * static_cast<double>(longest), top = 50, bottom = 60;
   // Never smaller than the margins plus a usable plot.
-  double const w = std::max(420, c.width), h = std::max(200, c.height);
+  double const w = std::max(static_cast<double>(c.width), left + right + 200), h = std::max(200, c.height);
   double const px0 = left, px1 = w - right, py0 = h - bottom, py1 = top;
 
   double xmin = std::numeric_limits<double>::infinity(), xmax = -xmin, ymax = 0;
