@@ -20,6 +20,7 @@
 #include <pipeswap/sim/model.hpp>
 #include <pipeswap/sim/pipeline.hpp>
 #include <pipeswap/sim/plan.hpp>
+#include <pipeswap/sim/report.hpp>
 
 namespace sim = pipeswap::sim;
 namespace ps = pipeswap::schedule;
@@ -135,6 +136,7 @@ sim::scenario small_scenario() {
   s.pipeline.micro_batches = 8;
   s.device.memory_bytes = 4'000'000'000;
   s.device.reserved_bytes = 100'000'000;
+  s.swap.swap_times = 4; // the batches of the optimizer step when it is not swapped
   return s;
 }
 
@@ -278,10 +280,14 @@ BOOST_AUTO_TEST_CASE(plan_picks_the_fastest_fitting_option_of_a_small_scenario) 
   auto eval = [&](sim::swap_choice const& c) {
     auto const key = sim::describe(c);
     auto it = cache.find(key);
-    if (it == cache.end()) it = cache.emplace(key, sim::outcome_of(sim::simulate(s, sim::options_for(c, gaps)))).first;
+    if (it == cache.end()) it = cache.emplace(key, sim::outcome_of(sim::simulate(s, sim::options_for(c, gaps, s.swap)))).first;
     return it->second;
   };
   auto const none = eval(sim::swap_choice{});
+  // "No swap" is the same simulation as the report's.
+  auto const report = sim::run_report(s, {}, std::nullopt);
+  BOOST_TEST(none.step_ns == report[sim::swapping::none].step_ns);
+  BOOST_TEST(none.peak_bytes == report[sim::swapping::none].peak_bytes);
   std::uint64_t lowest = std::numeric_limits<std::uint64_t>::max();
   for (auto const& c : all_choices(space)) lowest = std::min(lowest, eval(c).peak_bytes);
   BOOST_REQUIRE(lowest < none.peak_bytes); // swapping frees memory on this scenario
@@ -325,7 +331,7 @@ BOOST_AUTO_TEST_CASE(plan_says_nothing_fits_when_the_budget_is_too_small) {
   space.gaps = sim::gap_levels(*gaps);
   std::uint64_t lowest = std::numeric_limits<std::uint64_t>::max();
   for (auto const& c : all_choices(space))
-    lowest = std::min(lowest, sim::outcome_of(sim::simulate(s, sim::options_for(c, gaps))).peak_bytes);
+    lowest = std::min(lowest, sim::outcome_of(sim::simulate(s, sim::options_for(c, gaps, s.swap))).peak_bytes);
   for (std::uint64_t budget : {lowest - 1, std::uint64_t{1}}) {
     auto const r = sim::plan(s, budget, {}, space);
     BOOST_TEST(!r.chosen.has_value());

@@ -326,8 +326,11 @@ inline std::vector<std::size_t> gap_levels(activation_gaps const& g, std::size_t
   return out;
 }
 
-/// The simulator options of a candidate.
-inline sim_options options_for(swap_choice const& c, std::shared_ptr<activation_gaps const> gaps) {
+/// The simulator options of a candidate. Without optimizer swap the simulator still runs the
+/// optimizer step in batches (kept on the device); they follow `unswapped`, the scenario's swap
+/// settings, so that "no swap" here is the "no swap" of run_report().
+inline sim_options options_for(swap_choice const& c, std::shared_ptr<activation_gaps const> gaps,
+                               swap_spec const& unswapped = {}) {
   sim_options o;
   o.swap_activations = c.activation_min_gap > 0;
   if (c.activation_min_gap > schedule::min_swap_gap) {
@@ -336,8 +339,8 @@ inline sim_options options_for(swap_choice const& c, std::shared_ptr<activation_
     };
   }
   o.swap_optimizer = c.optimizer;
-  o.swap_times = c.swap_times;
-  o.packed = c.packed;
+  o.swap_times = c.optimizer ? c.swap_times : unswapped.swap_times;
+  o.packed = c.optimizer ? c.packed : unswapped.packed;
   return o;
 }
 
@@ -364,7 +367,7 @@ inline plan_result plan(scenario const& s, std::uint64_t budget, std::function<v
   space.gaps = gap_levels(*gaps);
   double done = 0, bound = 1;
   auto evaluate = [&](swap_choice const& c) {
-    auto o = options_for(c, gaps);
+    auto o = options_for(c, gaps, s.swap);
     if (progress) o.progress = [&](double f) { progress(std::min(1.0, (done + f) / bound)); };
     return outcome_of(simulate(s, o));
   };
