@@ -12,47 +12,20 @@ usage: python_check.py TOOL WORKDIR
    checkpoints; pipeswap loads them into a fresh optimizer (TOOL reload) and saves what it loaded:
    the values are the edited ones. Files with a missing tensor or a wrong dtype are rejected.
 
-Installs safetensors and numpy with pip when they are missing; exits 77 (skip) with the reason
-when that is impossible (no pip, no network).
+Installs safetensors and numpy with pip when they are missing, and exits 77 (skip) with the reason
+when that is impossible (tests/support/pycheck.py).
 """
-import importlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 
-SKIP = 77
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from pycheck import check, failures, require_packages, tool, use_tool  # noqa: E402
 
-def ensure_packages():
-    try:
-        import numpy  # noqa: F401
-        import safetensors.numpy  # noqa: F401
-        return
-    except ImportError as e:
-        missing = str(e)
-    print(f"checkpoint check: {missing}; installing safetensors and numpy with pip", flush=True)
-    try:
-        r = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "safetensors", "numpy"],
-                           capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        print(f"SKIP: cannot run pip for {sys.executable}: {e}")
-        sys.exit(SKIP)
-    if r.returncode != 0:
-        print(f"SKIP: pip could not install safetensors/numpy (no pip or no network?):\n"
-              f"{r.stdout}{r.stderr}")
-        sys.exit(SKIP)
-    importlib.invalidate_caches()
-    try:
-        import numpy  # noqa: F401,F811
-        import safetensors.numpy  # noqa: F401,F811
-    except ImportError as e:
-        print(f"SKIP: safetensors/numpy still not importable after pip install: {e}")
-        sys.exit(SKIP)
-
-
-ensure_packages()
+require_packages("checkpoint check")
 
 import numpy as np  # noqa: E402
 import safetensors  # noqa: E402
@@ -60,17 +33,7 @@ import safetensors.numpy as stn  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
 TOOL, WORK = sys.argv[1], sys.argv[2]
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print(f"FAIL: {what}")
-
-
-def tool(*args):
-    return subprocess.run([TOOL, *args], capture_output=True, text=True)
+use_tool(TOOL)
 
 
 def bf16_to_f32(raw):

@@ -7,6 +7,8 @@
 #include <pipeswap/core/detail/mutation.hpp>
 #include <pipeswap/sim/pipeline.hpp>
 
+#include "sim/tiny_scenario.hpp"
+
 namespace ps = pipeswap;
 namespace sim = pipeswap::sim;
 using ps::detail::wait_site;
@@ -14,18 +16,10 @@ using ps::detail::wait_site;
 namespace {
 
 sim::scenario small() {
-  sim::scenario s;
+  auto s = ps::test::tiny(2, 8);
   s.model.layers = 4;
-  s.model.hidden = 64;
-  s.model.ffn_hidden = 128;
-  s.model.heads = 4;
-  s.model.kv_heads = 4;
-  s.model.vocab = 128;
-  s.model.seq_len = 32;
   s.model.activation_bytes_per_layer = 8192;
-  s.device.bf16_tflops = 1e-3;
-  s.pipeline.ranks = 2;
-  s.pipeline.micro_batches = 8;
+  s.pipeline.schedule = sim::schedule_kind::one_f_one_b;
   return s;
 }
 

@@ -13,40 +13,20 @@
 #include <pipeswap/schedule/text.hpp>
 #include <pipeswap/sim/pipeline.hpp>
 
+#include "sim/tiny_scenario.hpp"
+
 namespace ps = pipeswap;
 namespace sim = pipeswap::sim;
 namespace sched = pipeswap::schedule;
 
 namespace {
 
-/// One layer, hidden 64, 32 tokens: P = 128·64 (embedding) + 2·64 + 4·64² + 3·64·128 (the layer:
-/// two norms, q/k/v/o with kv = heads, gate/up/down) + 64 (final norm) + 128·64 (head) = 57 536
-/// parameters, of which 3·64 are norms (fewer than swap_config::min_numel elements: never swapped).
-/// Saved activations: A = 1 MB per layer (override) plus the stage input D = 32·64·2 = 4096 bytes.
-/// The device computes 1 GFLOP/s, so a forward takes f = 2·P·32 + 4·32²·64 = 3 944 448 ns and a
-/// backward 2f, while a copy of A over the 55 GB/s link takes about 20 µs: copies hide entirely.
-constexpr std::uint64_t P = 57'536, norms = 3 * 64, A = 1'000'000, D = 4'096;
-constexpr ps::mock::sim_time f = 3'944'448;
-
-sim::scenario tiny(std::uint32_t ranks = 1, std::uint32_t micro = 8) {
-  sim::scenario s;
-  s.model.layers = 1;
-  s.model.hidden = 64;
-  s.model.ffn_hidden = 128;
-  s.model.heads = 4;
-  s.model.kv_heads = 4;
-  s.model.vocab = 128;
-  s.model.seq_len = 32;
-  s.model.activation_bytes_per_layer = A;
-  s.device.memory_bytes = 64'000'000;
-  s.device.reserved_bytes = 1'000'000;
-  s.device.bf16_tflops = 1e-3;
-  s.device.mfu = 1;
-  s.pipeline.schedule = sim::schedule_kind::gpipe;
-  s.pipeline.ranks = ranks;
-  s.pipeline.micro_batches = micro;
-  return s;
-}
+using ps::test::A;
+using ps::test::D;
+using ps::test::f;
+using ps::test::norms;
+using ps::test::P;
+using ps::test::tiny;
 
 sim::sim_options opts(bool acts, bool optimizer) {
   sim::sim_options o;

@@ -1,0 +1,40 @@
+// The small scenario the simulator tests share (tests/sim).
+#pragma once
+
+#include <cstdint>
+
+#include <pipeswap/backend/mock/timing.hpp>
+#include <pipeswap/sim/model.hpp>
+
+namespace pipeswap::test {
+
+/// One layer, hidden 64, 32 tokens: P = 128·64 (embedding) + 2·64 + 4·64² + 3·64·128 (the layer:
+/// two norms, q/k/v/o with kv = heads, gate/up/down) + 64 (final norm) + 128·64 (head) = 57 536
+/// parameters, of which 3·64 are norms (fewer than swap_config::min_numel elements: never swapped).
+/// Saved activations: A = 1 MB per layer (override) plus the stage input D = 32·64·2 = 4096 bytes.
+/// The device computes 1 GFLOP/s, so a forward takes f = 2·P·32 + 4·32²·64 = 3 944 448 ns and a
+/// backward 2f, while a copy of A over the 55 GB/s link takes about 20 µs: copies hide entirely.
+constexpr std::uint64_t P = 57'536, norms = 3 * 64, A = 1'000'000, D = 4'096;
+constexpr pipeswap::mock::sim_time f = 3'944'448;
+
+inline pipeswap::sim::scenario tiny(std::uint32_t ranks = 1, std::uint32_t micro = 8) {
+  pipeswap::sim::scenario s;
+  s.model.layers = 1;
+  s.model.hidden = 64;
+  s.model.ffn_hidden = 128;
+  s.model.heads = 4;
+  s.model.kv_heads = 4;
+  s.model.vocab = 128;
+  s.model.seq_len = 32;
+  s.model.activation_bytes_per_layer = A;
+  s.device.memory_bytes = 64'000'000;
+  s.device.reserved_bytes = 1'000'000;
+  s.device.bf16_tflops = 1e-3;
+  s.device.mfu = 1;
+  s.pipeline.schedule = pipeswap::sim::schedule_kind::gpipe;
+  s.pipeline.ranks = ranks;
+  s.pipeline.micro_batches = micro;
+  return s;
+}
+
+} // namespace pipeswap::test
