@@ -34,6 +34,10 @@
 #include <pipeswap/schedule/validate.hpp>
 #include <pipeswap/sim/model.hpp>
 #include <pipeswap/sim/pipeline.hpp>
+#include <pipeswap/sim/plan.hpp>
+#include <pipeswap/sim/report.hpp>
+#include <pipeswap/sim/scenario_json.hpp>
+#include <pipeswap/sim/svg.hpp>
 #include <pipeswap/swap/checkpoint.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
 #include <pipeswap/swap/partition.hpp>

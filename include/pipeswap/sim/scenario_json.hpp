@@ -1,0 +1,381 @@
+// pipeswap — scenario files: the simulator's scenario as JSON, read strictly and written in full.
+//
+// A scenario file is one object with up to four sections; every field is optional and defaults to
+// the built-in scenario (sim::scenario{}), so `{}` is the default scenario:
+//
+//   {"model":    {"name": "...", "layers": 80, "hidden": 8192, "ffn_hidden": 28672, "heads": 64,
+//                 "kv_heads": 8, "vocab": 32000, "seq_len": 4096, "micro_batch_size": 1,
+//                 "param_dtype": "BF16", "fp32_master": true, "flash_attention": true,
+//                 "activation_bytes_per_layer": null},
+//    "device":   {"name": "H200", "memory_bytes": 141000000000, "reserved_bytes": 6000000000,
+//                 "h2d_gbps": 55, "d2h_gbps": 55, "copy_latency_us": 2, "bf16_tflops": 989,
+//                 "mfu": 0.45, "hbm_tbps": 4.8, "p2p_gbps": 100, "p2p_latency_us": 10},
+//    "pipeline": {"schedule": "1f1b", "ranks": 8, "micro_batches": 32, "chunks": 1,
+//                 "overlap_b_f": false},
+//    "swap":     {"swap_times": 16, "packed": true}}
+//
+// docs/cli.md describes every field. Reading rejects, naming the field by its path
+// ("model.layers"): malformed JSON (with the byte offset), unknown keys (with a close known name when
+// there is one), wrong types, negative or fractional counts and sizes, values beyond the field's
+// range, then every rule of sim::validate(), the limits below and scenarios that cannot fit their
+// device whatever is swapped. Integer fields accept integral numbers written as floats (141e9).
+// Errors are pipeswap::invalid_argument starting with "scenario: ".
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <initializer_list>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <pipeswap/core/dtype.hpp>
+#include <pipeswap/error.hpp>
+#include <pipeswap/sim/model.hpp>
+
+namespace pipeswap::sim {
+
+/// The JSON spelling of a schedule kind: "gpipe", "1f1b", "interleaved".
+constexpr std::string_view schedule_kind_name(schedule_kind k) noexcept {
+  switch (k) {
+  case schedule_kind::gpipe: return "gpipe";
+  case schedule_kind::one_f_one_b: return "1f1b";
+  case schedule_kind::interleaved: return "interleaved";
+  }
+  return "?";
+}
+
+/// Inverse of schedule_kind_name; nullopt for any other name.
+constexpr std::optional<schedule_kind> schedule_kind_from_name(std::string_view s) noexcept {
+  for (auto k : {schedule_kind::gpipe, schedule_kind::one_f_one_b, schedule_kind::interleaved}) {
+    if (schedule_kind_name(k) == s) return k;
+  }
+  return std::nullopt;
+}
+
+/// Limits the command puts on a scenario besides sim::validate(), so that sizes cannot overflow
+/// 64-bit byte counts and a simulation stays a matter of seconds.
+struct scenario_limits {
+  std::uint32_t max_ranks = 1024;
+  std::uint32_t max_micro_batches = 65536;
+  std::uint32_t max_chunks = 64;
+  /// Stage parameters times 16 bytes, and activation bytes times micro-batches, must stay below this.
+  double max_bytes = 0x1p62;
+};
+
+namespace detail {
+
+[[noreturn]] inline void scenario_fail(std::string const& path, std::string const& what) {
+  throw invalid_argument("scenario: " + path + ": " + what);
+}
+
+// Levenshtein distance, for "did you mean" on unknown keys (keys are short).
+inline std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      std::size_t const up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// One JSON object of the scenario, read field by field with its path for messages.
+template <class Json>
+class section_reader {
+public:
+  section_reader(Json const& j, std::string path, std::initializer_list<std::string_view> known)
+      : j_(j), path_(std::move(path)) {
+    if (!j.is_object()) scenario_fail(where(), std::string("expected an object, got ") + describe(j));
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      std::string_view const key = it.key();
+      bool found = false;
+      std::string_view best;
+      std::size_t best_d = 3; // suggest names at most two edits away
+      for (auto k : known) {
+        if (k == key) found = true;
+        if (auto const d = edit_distance(key, k); d < best_d) best_d = d, best = k;
+      }
+      if (!found) {
+        std::string msg = "unknown key '" + std::string(key) + "'";
+        if (!best.empty()) msg += " (did you mean '" + std::string(best) + "'?)";
+        scenario_fail(where(), msg);
+      }
+    }
+  }
+
+  std::string field(std::string_view key) const {
+    return path_.empty() ? std::string(key) : path_ + "." + std::string(key);
+  }
+
+  Json const* find(char const* key) const {
+    auto const it = j_.find(key);
+    return it == j_.end() ? nullptr : &*it;
+  }
+
+  void u64(char const* key, std::uint64_t& out, std::uint64_t max = std::numeric_limits<std::uint64_t>::max()) const {
+    if (auto const* v = find(key)) out = integer(*v, field(key), max);
+  }
+  void u32(char const* key, std::uint32_t& out) const {
+    if (auto const* v = find(key)) out = static_cast<std::uint32_t>(integer(*v, field(key), UINT32_MAX));
+  }
+  void number(char const* key, double& out) const {
+    if (auto const* v = find(key)) {
+      if (!v->is_number()) scenario_fail(field(key), "expected a number, got " + describe(*v));
+      out = v->template get<double>();
+    }
+  }
+  void boolean(char const* key, bool& out) const {
+    if (auto const* v = find(key)) {
+      if (!v->is_boolean()) scenario_fail(field(key), "expected true or false, got " + describe(*v));
+      out = v->template get<bool>();
+    }
+  }
+  void string(char const* key, std::string& out) const {
+    if (auto const* v = find(key)) {
+      if (!v->is_string()) scenario_fail(field(key), "expected a string, got " + describe(*v));
+      out = v->template get<std::string>();
+    }
+  }
+
+  static std::string describe(Json const& v) {
+    auto text = v.dump();
+    if (text.size() > 40) text = text.substr(0, 37) + "...";
+    return std::string(v.type_name()) + " " + text;
+  }
+
+  static std::uint64_t integer(Json const& v, std::string const& path, std::uint64_t max) {
+    std::uint64_t out = 0;
+    if (v.is_number_unsigned()) {
+      out = v.template get<std::uint64_t>();
+    } else if (v.is_number_integer()) { // signed: built in code rather than parsed
+      auto const i = v.template get<std::int64_t>();
+      if (i < 0) scenario_fail(path, "must not be negative, got " + v.dump());
+      out = static_cast<std::uint64_t>(i);
+    } else if (v.is_number_float()) {
+      double const d = v.template get<double>();
+      if (d < 0) scenario_fail(path, "must not be negative, got " + v.dump());
+      if (d != std::floor(d)) scenario_fail(path, "must be an integer, got " + v.dump());
+      if (d >= 0x1p64) scenario_fail(path, "is out of range, got " + v.dump());
+      out = static_cast<std::uint64_t>(d);
+    } else {
+      scenario_fail(path, "expected a non-negative integer, got " + describe(v));
+    }
+    if (out > max) scenario_fail(path, "is out of range (at most " + std::to_string(max) + "), got " + v.dump());
+    return out;
+  }
+
+private:
+  std::string where() const { return path_.empty() ? "top level" : path_; }
+
+  Json const& j_;
+  std::string path_;
+};
+
+} // namespace detail
+
+/// Checks the limits of scenario_limits; throws invalid_argument naming the field. Call after
+/// sim::validate() (it relies on positive sizes).
+inline void check_limits(scenario const& s, scenario_limits const& lim = {}) {
+  auto need = [](bool ok, std::string const& what) {
+    if (!ok) throw invalid_argument("scenario: " + what);
+  };
+  auto const& p = s.pipeline;
+  need(p.ranks <= lim.max_ranks, "pipeline.ranks (" + std::to_string(p.ranks) + ") is above the limit of " +
+                                     std::to_string(lim.max_ranks));
+  need(p.micro_batches <= lim.max_micro_batches, "pipeline.micro_batches (" + std::to_string(p.micro_batches) +
+                                                     ") is above the limit of " +
+                                                     std::to_string(lim.max_micro_batches));
+  need(p.chunks <= lim.max_chunks, "pipeline.chunks (" + std::to_string(p.chunks) + ") is above the limit of " +
+                                       std::to_string(lim.max_chunks));
+  // Sizes in floating point first: plan_stages() multiplies them in 64-bit integers.
+  auto const& m = s.model;
+  double const h = double(m.hidden), f = double(m.ffn_hidden), layers = double(m.layers);
+  double const layer_params = 4 * h * h + 3 * h * f + 2 * h;
+  double const params = layers * layer_params + 2 * double(m.vocab) * h + h;
+  char count[32];
+  std::snprintf(count, sizeof count, "%.3g", params);
+  need(params * 16 < lim.max_bytes, std::string("the model's size overflows byte counts (about ") + count +
+                                        " parameters); check model.layers, model.hidden, model.ffn_hidden "
+                                        "and model.vocab");
+  double const tokens = double(m.seq_len) * double(m.micro_batch_size);
+  double const act = m.activation_bytes_per_layer ? double(*m.activation_bytes_per_layer)
+                                                  : tokens * h * (34 + 5 * double(m.heads) * double(m.seq_len) / h);
+  need(act * (layers + 1) * p.micro_batches < lim.max_bytes,
+       "activation bytes overflow (model.seq_len × model.micro_batch_size × model.hidden and "
+       "pipeline.micro_batches are too large)");
+}
+
+/// The device bytes a rank needs whatever is swapped: the reserved bytes plus the weights and the
+/// gradients of its stages (stage s runs on rank s % ranks), which stay on the device in every
+/// configuration the simulator runs.
+inline std::uint64_t unswappable_bytes(scenario const& s, std::uint32_t rank) {
+  std::uint64_t params = 0;
+  for (auto const& st : plan_stages(s))
+    if (st.stage % s.pipeline.ranks == rank) params += st.params;
+  return s.device.reserved_bytes + params * 2 * size_of(s.model.param_dtype);
+}
+
+/// Rejects a scenario that cannot fit its device whatever is swapped (unswappable_bytes() of some
+/// rank above device.memory_bytes); throws invalid_argument naming the field and the rank.
+inline void check_fits(scenario const& s) {
+  for (std::uint32_t r = 0; r < s.pipeline.ranks; ++r) {
+    auto const need = unswappable_bytes(s, r);
+    if (need > s.device.memory_bytes)
+      throw invalid_argument(
+          "scenario: device.memory_bytes (" + std::to_string(s.device.memory_bytes) + ") cannot fit rank " +
+          std::to_string(r) + " whatever is swapped: its weights and gradients plus device.reserved_bytes need " +
+          std::to_string(need) + " bytes (use more pipeline.ranks or a larger device)");
+  }
+}
+
+/// The scenario a JSON object describes (see the header comment); absent fields keep `base`'s values.
+/// Validates the result (sim::validate(), check_limits(), check_fits()). Throws invalid_argument.
+template <class Json>
+scenario scenario_from_json(Json const& j, scenario base = {}) {
+  using reader = detail::section_reader<Json>;
+  reader const top(j, "", {"model", "device", "pipeline", "swap"});
+  scenario s = std::move(base);
+  if (auto const* v = top.find("model")) {
+    reader const r(*v, "model",
+                   {"name", "layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "seq_len",
+                    "micro_batch_size", "param_dtype", "fp32_master", "flash_attention",
+                    "activation_bytes_per_layer"});
+    auto& m = s.model;
+    r.string("name", m.name);
+    r.u64("layers", m.layers);
+    r.u64("hidden", m.hidden);
+    r.u64("ffn_hidden", m.ffn_hidden);
+    r.u64("heads", m.heads);
+    r.u64("kv_heads", m.kv_heads);
+    r.u64("vocab", m.vocab);
+    r.u64("seq_len", m.seq_len);
+    r.u64("micro_batch_size", m.micro_batch_size);
+    if (auto const* d = r.find("param_dtype")) {
+      dtype t{};
+      if (!d->is_string() || !parse_dtype(d->template get<std::string>(), t) ||
+          !(t == dtype::bf16 || t == dtype::f16 || t == dtype::f32))
+        detail::scenario_fail("model.param_dtype", "expected \"BF16\", \"F16\" or \"F32\", got " + reader::describe(*d));
+      m.param_dtype = t;
+    }
+    r.boolean("fp32_master", m.fp32_master);
+    r.boolean("flash_attention", m.flash_attention);
+    if (auto const* a = r.find("activation_bytes_per_layer")) {
+      if (a->is_null()) m.activation_bytes_per_layer.reset();
+      else m.activation_bytes_per_layer = reader::integer(*a, "model.activation_bytes_per_layer",
+                                                          std::numeric_limits<std::uint64_t>::max());
+    }
+  }
+  if (auto const* v = top.find("device")) {
+    reader const r(*v, "device",
+                   {"name", "memory_bytes", "reserved_bytes", "h2d_gbps", "d2h_gbps", "copy_latency_us",
+                    "bf16_tflops", "mfu", "hbm_tbps", "p2p_gbps", "p2p_latency_us"});
+    auto& d = s.device;
+    r.string("name", d.name);
+    r.u64("memory_bytes", d.memory_bytes);
+    r.u64("reserved_bytes", d.reserved_bytes);
+    r.number("h2d_gbps", d.h2d_gbps);
+    r.number("d2h_gbps", d.d2h_gbps);
+    r.number("copy_latency_us", d.copy_latency_us);
+    r.number("bf16_tflops", d.bf16_tflops);
+    r.number("mfu", d.mfu);
+    r.number("hbm_tbps", d.hbm_tbps);
+    r.number("p2p_gbps", d.p2p_gbps);
+    r.number("p2p_latency_us", d.p2p_latency_us);
+  }
+  if (auto const* v = top.find("pipeline")) {
+    reader const r(*v, "pipeline", {"schedule", "ranks", "micro_batches", "chunks", "overlap_b_f"});
+    auto& p = s.pipeline;
+    if (auto const* k = r.find("schedule")) {
+      auto const kind = k->is_string() ? schedule_kind_from_name(k->template get<std::string>()) : std::nullopt;
+      if (!kind)
+        detail::scenario_fail("pipeline.schedule",
+                              "expected \"gpipe\", \"1f1b\" or \"interleaved\", got " + reader::describe(*k));
+      p.schedule = *kind;
+    }
+    r.u32("ranks", p.ranks);
+    r.u32("micro_batches", p.micro_batches);
+    r.u32("chunks", p.chunks);
+    r.boolean("overlap_b_f", p.overlap_b_f);
+  }
+  if (auto const* v = top.find("swap")) {
+    reader const r(*v, "swap", {"swap_times", "packed"});
+    r.u32("swap_times", s.swap.swap_times);
+    r.boolean("packed", s.swap.packed);
+  }
+  validate(s);
+  check_limits(s);
+  check_fits(s);
+  return s;
+}
+
+/// Parses JSON text into a scenario; malformed JSON throws invalid_argument with the byte offset.
+inline scenario scenario_from_json_text(std::string_view text, scenario base = {}) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text.begin(), text.end());
+  } catch (nlohmann::json::parse_error const& e) {
+    throw invalid_argument("scenario: malformed JSON at byte " + std::to_string(e.byte) + ": " + e.what());
+  }
+  return scenario_from_json(j, std::move(base));
+}
+
+/// Every field of `s`, in the layout of the header comment (reads back to the same scenario).
+template <class Json = nlohmann::ordered_json>
+Json to_json(scenario const& s) {
+  Json j = Json::object();
+  auto const& m = s.model;
+  Json& jm = j["model"] = Json::object();
+  jm["name"] = m.name;
+  jm["layers"] = m.layers;
+  jm["hidden"] = m.hidden;
+  jm["ffn_hidden"] = m.ffn_hidden;
+  jm["heads"] = m.heads;
+  jm["kv_heads"] = m.kv_heads;
+  jm["vocab"] = m.vocab;
+  jm["seq_len"] = m.seq_len;
+  jm["micro_batch_size"] = m.micro_batch_size;
+  jm["param_dtype"] = name_of(m.param_dtype);
+  jm["fp32_master"] = m.fp32_master;
+  jm["flash_attention"] = m.flash_attention;
+  jm["activation_bytes_per_layer"] = m.activation_bytes_per_layer ? Json(*m.activation_bytes_per_layer) : Json(nullptr);
+  auto const& d = s.device;
+  Json& jd = j["device"] = Json::object();
+  jd["name"] = d.name;
+  jd["memory_bytes"] = d.memory_bytes;
+  jd["reserved_bytes"] = d.reserved_bytes;
+  jd["h2d_gbps"] = d.h2d_gbps;
+  jd["d2h_gbps"] = d.d2h_gbps;
+  jd["copy_latency_us"] = d.copy_latency_us;
+  jd["bf16_tflops"] = d.bf16_tflops;
+  jd["mfu"] = d.mfu;
+  jd["hbm_tbps"] = d.hbm_tbps;
+  jd["p2p_gbps"] = d.p2p_gbps;
+  jd["p2p_latency_us"] = d.p2p_latency_us;
+  auto const& p = s.pipeline;
+  Json& jp = j["pipeline"] = Json::object();
+  jp["schedule"] = schedule_kind_name(p.schedule);
+  jp["ranks"] = p.ranks;
+  jp["micro_batches"] = p.micro_batches;
+  jp["chunks"] = p.chunks;
+  jp["overlap_b_f"] = p.overlap_b_f;
+  Json& js = j["swap"] = Json::object();
+  js["swap_times"] = s.swap.swap_times;
+  js["packed"] = s.swap.packed;
+  return j;
+}
+
+} // namespace pipeswap::sim

@@ -1,0 +1,699 @@
+#!/usr/bin/env python3
+"""End-to-end tests of the pipeswap command: every subcommand on small cases with outputs worked out
+by hand from the documented rules (docs/schedules.md, docs/cli.md), the error paths with their exit
+statuses and messages, `simulate` with its trace and SVG parsed back, and the built-in scenario's
+report checked against the formulas of docs/simulator.md worked out by hand.
+
+    python3 cli_test.py path/to/pipeswap [unittest arguments]
+"""
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+import xml.etree.ElementTree as ET
+
+PIPESWAP = None  # set from argv
+SVG_NS = "{http://www.w3.org/2000/svg}"
+
+# The step codes of the text form (docs/schedules.md).
+CODES = {
+    "FWD": "F", "BWD": "B", "FWD_RECV": "FR", "FWD_SEND": "FS", "BWD_RECV": "BR", "BWD_SEND": "BS",
+    "SWAP_SET_GROUP": "SG", "SWAP_LAUNCH_OFFLOAD": "LO", "SWAP_WAIT_OFFLOAD": "WO",
+    "SWAP_LAUNCH_LOAD": "LL", "SWAP_WAIT_LOAD": "WL", "BWD_INPUT": "BI", "BWD_WEIGHT": "BW",
+}
+KINDS = {v: k for k, v in CODES.items()}
+
+# A small scenario: 8 layers on 4 ranks, 8 micro-batches; the device is large enough for the
+# weights and gradients but not for everything without swap.
+TINY = {
+    "model": {"name": "tiny", "layers": 8, "hidden": 512, "ffn_hidden": 1024, "heads": 8, "kv_heads": 4,
+              "vocab": 1000, "seq_len": 512},
+    "device": {"name": "small", "memory_bytes": 120_000_000, "reserved_bytes": 10_000_000},
+    "pipeline": {"ranks": 4, "micro_batches": 8},
+    "swap": {"swap_times": 4},
+}
+
+
+def rank_params(model, ranks, rank):
+    """(parameters, parameters of tensors under 1024 elements) of `rank`, one chunk per rank, by the
+    formulas of docs/simulator.md: per layer q, o (h*h), k, v (h*h*kv/a), gate, up, down (h*f) and two
+    norms (h); the embedding (vocab*h) on the first stage, the final norm (h) and the head (vocab*h)
+    on the last; layers as even as possible, the first stages taking the remainder."""
+    h, f, a, kv = model["hidden"], model["ffn_hidden"], model["heads"], model["kv_heads"]
+    layers = model["layers"] // ranks + (1 if rank < model["layers"] % ranks else 0)
+    tensors = [h * h, h * h, h * h * kv // a, h * h * kv // a, h * f, h * f, h * f, h, h] * layers
+    if rank == 0:
+        tensors.append(model["vocab"] * h)
+    if rank == ranks - 1:
+        tensors += [h, model["vocab"] * h]
+    return sum(tensors), sum(t for t in tensors if t < 1024)
+
+
+def run(*args, stdin=None, check=None):
+    """Runs pipeswap; returns (exit status, stdout, stderr)."""
+    p = subprocess.run([PIPESWAP, *args], input=stdin, capture_output=True, text=True, timeout=600)
+    if check is not None and p.returncode != check:
+        raise AssertionError(f"pipeswap {' '.join(args)}: exit {p.returncode}, expected {check}\n"
+                             f"stdout: {p.stdout[:2000]}\nstderr: {p.stderr[:2000]}")
+    return p.returncode, p.stdout, p.stderr
+
+
+def step_text(s):
+    if s is None:
+        return "_"
+    if s.get("sub"):
+        return "[" + "|".join(step_text(x) for x in s["sub"]) + "]"
+    return f"{CODES[s['type']]}{s['stage']}.{s['micro']}"
+
+
+def order_text(order):
+    return " ".join(step_text(e) for e in order)
+
+
+def order_json(text):
+    """The JSON form of an order in the text form (leaves and bubbles only)."""
+    out = []
+    for tok in text.split():
+        if tok == "_":
+            out.append(None)
+            continue
+        m = re.fullmatch(r"([A-Z]+)(\d+)\.(\d+)", tok)
+        out.append({"type": KINDS[m.group(1)], "stage": int(m.group(2)), "micro": int(m.group(3))})
+    return out
+
+
+class Help(unittest.TestCase):
+    def test_every_subcommand_has_help(self):
+        status, out, _ = run("--help")
+        self.assertEqual(status, 0)
+        for sub in ("simulate", "plan", "scenario", "schedule", "inject", "validate", "partition"):
+            self.assertIn(sub, out)
+        expected = {
+            "simulate": ["--scenario", "--trace", "--svg", "--rank", "--json", "--progress"],
+            "plan": ["--scenario", "--budget", "--json", "--progress"],
+            "scenario": ["--scenario"],
+            "schedule": ["--kind", "--ranks", "--micro", "--chunks", "--overlap-b-f", "--indent"],
+            "inject": ["--min-gap", "--indent"],
+            "validate": ["--chunks", "--placement", "--indent"],
+            "partition": ["--policy", "--indent"],
+        }
+        for sub, options in expected.items():
+            status, out, err = run(sub, "--help")
+            self.assertEqual(status, 0, sub)
+            self.assertEqual(err, "", sub)
+            for o in options:
+                self.assertIn(o, out, f"{sub} --help")
+
+    def test_version(self):
+        status, out, _ = run("--version")
+        self.assertEqual(status, 0)
+        self.assertRegex(out, r"^pipeswap \d+\.\d+\.\d+")
+
+    def test_bad_arguments_exit_2(self):
+        for args, message in [(("bogus",), "bogus"),
+                              (("schedule", "--kind", "zb", "--ranks", "2", "--micro", "2"), "--kind"),
+                              (("schedule", "--ranks", "2", "--micro", "2"), "--kind is required"),
+                              (("simulate", "--progress", "sometimes"), "--progress"),
+                              (("partition", "--policy", "greedy"), "--policy"),
+                              (("plan", "--budget", "-3"), "--budget")]:
+            status, out, err = run(*args)
+            self.assertEqual(status, 2, args)
+            self.assertEqual(out, "", args)
+            self.assertIn(message, err, args)
+
+
+class Schedule(unittest.TestCase):
+    def schedule(self, *args):
+        _, out, err = run("schedule", *args, check=0)
+        self.assertEqual(err, "")
+        j = json.loads(out)
+        self.assertEqual(list(j), ["ranks"])
+        return [order_text(o) for o in j["ranks"]]
+
+    def test_1f1b_two_ranks_two_micro_batches(self):
+        # Rank 0: min(R-s, M) = 2 warm-up forwards, the even rank sending after each but the last; no
+        # steady state (M - 2 = 0); the cool-down's first receive is followed by the pending send.
+        # Rank 1 (last): one warm-up forward, one steady (B, BS, FR, F) group, then the cool-down.
+        self.assertEqual(self.schedule("--kind", "1f1b", "--ranks", "2", "--micro", "2"), [
+            "F0.0 FS0.0 F0.1 BR0.0 FS0.1 B0.0 BR0.1 B0.1",
+            "FR1.0 F1.0 B1.0 BS1.0 FR1.1 F1.1 B1.1 BS1.1",
+        ])
+
+    def test_gpipe_two_ranks_two_micro_batches(self):
+        # Every forward ([FR] F [FS]) of the micro-batches, then every backward ([BR] B [BS]).
+        self.assertEqual(self.schedule("--kind", "gpipe", "--ranks", "2", "--micro", "2"), [
+            "F0.0 FS0.0 F0.1 FS0.1 BR0.0 B0.0 BR0.1 B0.1",
+            "FR1.0 F1.0 FR1.1 F1.1 B1.0 BS1.0 B1.1 BS1.1",
+        ])
+
+    def test_interleaved_with_overlap_matches_the_documented_order(self):
+        ranks = self.schedule("--kind", "interleaved", "--ranks", "2", "--micro", "4", "--chunks", "2",
+                              "--overlap-b-f")
+        self.assertEqual(len(ranks), 2)
+        self.assertEqual(ranks[0], (
+            "F0.0 FS0.0 F0.1 FS0.1 FR2.0 F2.0 FS2.0 FR2.1 F2.1 FS2.1 _ BR2.0 F0.2 FS0.2 [B2.0|F0.3] BS2.0 "
+            "BR2.1 FS0.3 FR2.2 [B2.1|F2.2] BS2.1 BR0.0 FS2.2 FR2.3 [B0.0|F2.3] BR0.1 FS2.3 B0.1 BR2.2 _ B2.2 "
+            "BS2.2 BR2.3 _ B2.3 BS2.3 BR0.2 _ B0.2 BR0.3 _ B0.3"))
+
+    def test_indent_pretty_prints_the_same_json(self):
+        _, compact, _ = run("schedule", "--kind", "1f1b", "--ranks", "3", "--micro", "4", check=0)
+        _, pretty, _ = run("schedule", "--kind", "1f1b", "--ranks", "3", "--micro", "4", "--indent", "2", check=0)
+        self.assertEqual(json.loads(compact), json.loads(pretty))
+        self.assertEqual(compact.count("\n"), 1)
+        self.assertGreater(pretty.count("\n"), 10)
+
+    def test_generated_schedules_validate(self):
+        for kind, extra in [("gpipe", []), ("1f1b", []), ("interleaved", ["--chunks", "2"]),
+                            ("interleaved", ["--chunks", "3", "--overlap-b-f"])]:
+            _, out, _ = run("schedule", "--kind", kind, "--ranks", "4", "--micro", "8", *extra, check=0)
+            _, report, err = run("validate", stdin=out, check=0)
+            j = json.loads(report)
+            self.assertTrue(j["valid"], (kind, extra))
+            self.assertEqual(j["problems"], [])
+            self.assertEqual(j["deadlock"], [])
+
+    def test_bad_parameters(self):
+        for args, message in [
+                (("--kind", "1f1b", "--ranks", "0", "--micro", "2"), "--ranks must be between 1 and 2147483647, got 0"),
+                (("--kind", "gpipe", "--ranks", "2", "--micro", "-1"), "--micro must be between 1 and 2147483647, got -1"),
+                (("--kind", "1f1b", "--ranks", "2", "--micro", "2", "--chunks", "2"), "--chunks 2 needs --kind interleaved"),
+                (("--kind", "gpipe", "--ranks", "2", "--micro", "2", "--overlap-b-f"), "--overlap-b-f needs --kind interleaved")]:
+            status, out, err = run("schedule", *args)
+            self.assertEqual(status, 2, args)
+            self.assertEqual(out, "")
+            self.assertEqual(err, f"pipeswap schedule: {message}\n")
+
+
+# docs/schedules.md, "Worked example": GPipe rank 0, four micro-batches, every chunk's backward four
+# compute slots after its forward.
+WORKED_IN = ("F0.0 FS0.0 F0.1 FS0.1 F0.2 FS0.2 F0.3 FS0.3 BR0.0 B0.0 BS0.0 BR0.1 B0.1 BS0.1 BR0.2 B0.2 BS0.2 "
+             "BR0.3 B0.3 BS0.3")
+WORKED_OUT = ("SG0.0 F0.0 FS0.0 LO0.0 SG0.1 F0.1 FS0.1 LO0.1 WO0.0 SG0.2 F0.2 FS0.2 LO0.2 WO0.1 LL0.0 SG0.3 "
+              "F0.3 FS0.3 LO0.3 WO0.2 BR0.0 LL0.1 WL0.0 B0.0 BS0.0 WO0.3 BR0.1 LL0.2 WL0.1 B0.1 BS0.1 BR0.2 "
+              "LL0.3 WL0.2 B0.2 BS0.2 BR0.3 WL0.3 B0.3 BS0.3")
+
+
+class Inject(unittest.TestCase):
+    def test_worked_example(self):
+        _, out, err = run("inject", stdin=json.dumps(order_json(WORKED_IN)), check=0)
+        self.assertEqual(err, "")
+        self.assertEqual(order_text(json.loads(out)), WORKED_OUT)
+
+    def test_from_a_file_argument(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(order_json(WORKED_IN), f)
+        try:
+            _, out, _ = run("inject", f.name, check=0)
+            self.assertEqual(order_text(json.loads(out)), WORKED_OUT)
+        finally:
+            os.unlink(f.name)
+
+    def test_min_gap_keeps_short_lived_chunks_on_the_device(self):
+        # Every chunk of the worked example has a gap of exactly 4 slots.
+        _, out, _ = run("inject", "--min-gap", "5", stdin=json.dumps(order_json(WORKED_IN)), check=0)
+        self.assertEqual(order_text(json.loads(out)), WORKED_IN)
+        _, out, _ = run("inject", "--min-gap", "4", stdin=json.dumps(order_json(WORKED_IN)), check=0)
+        self.assertEqual(order_text(json.loads(out)), WORKED_OUT)
+
+    def test_injected_order_passes_the_order_check(self):
+        _, out, _ = run("inject", stdin=json.dumps(order_json(WORKED_IN)), check=0)
+        _, report, _ = run("validate", stdin=out, check=0)
+        self.assertTrue(json.loads(report)["valid"])
+
+    def test_bad_input(self):
+        for stdin, message in [
+                ('{"ranks": []}', "pipeswap inject: input: expected one order (a JSON array), got an object\n"),
+                ("[1", "pipeswap inject: input: malformed JSON at byte 3"),
+                ('[{"type": "FWD", "stage": 0, "micor": 1}]', "entry 0"),
+                ('[{"type": "JUMP", "stage": 0, "micro": 0}]', "JUMP"),
+                ("7", "pipeswap inject: input: expected an order (a JSON array), got number\n")]:
+            status, out, err = run("inject", stdin=stdin)
+            self.assertEqual(status, 2, stdin)
+            self.assertEqual(out, "", stdin)
+            self.assertIn(message, err, stdin)
+        status, _, err = run("inject", "/nonexistent/order.json")
+        self.assertEqual(status, 2)
+        self.assertEqual(err, "pipeswap inject: cannot open '/nonexistent/order.json': No such file or directory\n")
+
+
+class Validate(unittest.TestCase):
+    def test_deadlock_is_found_and_exits_1(self):
+        # docs/schedules.md: rank 0 waits for gradient 0 before sending activation 0; rank 1 waits for
+        # that activation before it can compute and send the gradient.
+        ranks = [order_json("F0.0 BR0.0 FS0.0 B0.0"), order_json("FR1.0 F1.0 B1.0 BS1.0")]
+        status, out, err = run("validate", stdin=json.dumps({"ranks": ranks}))
+        self.assertEqual(status, 1)
+        self.assertEqual(err, "pipeswap validate: 0 problems and a deadlock\n")
+        j = json.loads(out)
+        self.assertFalse(j["valid"])
+        self.assertEqual(j["problems"], [])
+        self.assertEqual(j["deadlock"], [
+            {"rank": 0, "position": 1, "step": "BR0.0", "peer_rank": 1, "peer_position": 3, "peer_step": "BS1.0"},
+            {"rank": 1, "position": 0, "step": "FR1.0", "peer_rank": 0, "peer_position": 2, "peer_step": "FS0.0"},
+        ])
+        self.assertEqual(j["chunks"], 1)
+        self.assertEqual(j["placement"], "loop")
+
+    def test_label_cycle_that_runs_with_posted_sends_is_valid(self):
+        ranks = [order_json("F0.0 FS0.0 F0.1 FS0.1 BR0.0 B0.0 BR0.1 B0.1"),
+                 order_json("FR1.0 F1.0 B1.0 BS1.0 FR1.1 F1.1 B1.1 BS1.1")]
+        _, out, err = run("validate", stdin=json.dumps({"ranks": ranks}), check=0)
+        self.assertEqual(err, "")
+        self.assertEqual(json.loads(out), {"chunks": 1, "placement": "loop", "valid": True, "problems": [],
+                                           "deadlock": []})
+
+    def test_one_order_with_problems(self):
+        status, out, err = run("validate", stdin=json.dumps(order_json("F0.0 F0.0 B0.1")))
+        self.assertEqual(status, 1)
+        self.assertEqual(err, "pipeswap validate: 2 problems\n")
+        j = json.loads(out)
+        self.assertEqual([(p["rule"], p["position"], p["step"]) for p in j["problems"]],
+                         [("duplicate", 1, "F0.0"), ("backward-before-forward", 2, "B0.1")])
+        self.assertTrue(all(p["rank"] is None and p["message"] for p in j["problems"]))
+        self.assertNotIn("chunks", j)
+
+    def test_unpaired_and_misplaced_steps(self):
+        ranks = [order_json("F0.0 FS0.0"), order_json("F0.0")]  # rank 1 runs a stage of rank 0
+        status, out, _ = run("validate", stdin=json.dumps({"ranks": ranks}))
+        self.assertEqual(status, 1)
+        rules = sorted({p["rule"] for p in json.loads(out)["problems"]})
+        self.assertEqual(rules, ["placement", "unpaired"])
+
+    def test_chunks_and_placement(self):
+        _, out, _ = run("schedule", "--kind", "interleaved", "--ranks", "2", "--micro", "4", "--chunks", "2", check=0)
+        _, report, _ = run("validate", stdin=out, check=0)
+        self.assertEqual(json.loads(report)["chunks"], 2)  # inferred from the highest stage
+        status, report, _ = run("validate", "--placement", "v", stdin=out)
+        self.assertEqual(status, 1)  # the loop schedule breaks the v placement
+        self.assertIn("placement", {p["rule"] for p in json.loads(report)["problems"]})
+
+    def test_bad_input(self):
+        for stdin, message in [('{"ranks": [], "x": 1}', "unknown key 'x'"),
+                               ("{}", "input: missing 'ranks'"),
+                               ('{"ranks": []}', "'ranks' holds no order"),
+                               ('"F0.0"', "got string"),
+                               ('[{"type": "FWD", "stage": -1, "micro": 0}]', "entry 0")]:
+            status, out, err = run("validate", stdin=stdin)
+            self.assertEqual(status, 2, stdin)
+            self.assertEqual(out, "")
+            self.assertIn(message, err, stdin)
+            self.assertTrue(err.startswith("pipeswap validate: "), err)
+
+
+class Partition(unittest.TestCase):
+    def partition(self, data, *args):
+        _, out, err = run("partition", *args, stdin=json.dumps(data), check=0)
+        self.assertEqual(err, "")
+        return json.loads(out)
+
+    def test_reference_rule(self):
+        # costs 5 3 8 1 4 in 2 batches: the average left is 21/2; 5 -> |21-10|=11, 5+3 -> |21-16|=5,
+        # 5+3+8 -> |21-32|=11 is farther, so the first batch stops at two units.
+        self.assertEqual(self.partition({"costs": [5, 3, 8, 1, 4], "swap_times": 2}),
+                         {"sizes": [2, 3], "batch_costs": [8, 13]})
+        # 10 1 1 1 1 10 in 3: the first batch takes 10 (|24-30| < |24-33|); the second grows while it
+        # nears 14/2, up to the one unit the last batch must keep; the last takes the 10.
+        self.assertEqual(self.partition({"costs": [10, 1, 1, 1, 1, 10], "swap_times": 3}),
+                         {"sizes": [1, 4, 1], "batch_costs": [10, 4, 10]})
+        # More batches than units: one unit each; zero costs count as 1 in the rule, 0 in the sums.
+        self.assertEqual(self.partition({"costs": [0, 0, 0], "swap_times": 5}),
+                         {"sizes": [1, 1, 1], "batch_costs": [0, 0, 0]})
+        self.assertEqual(self.partition({"costs": [], "swap_times": 3}), {"sizes": [], "batch_costs": []})
+
+    def test_split_policy(self):
+        # 21 bytes in 2 batches: the first holds bytes [0, 11), cutting unit 2 after 3 of its 8.
+        self.assertEqual(self.partition({"costs": [5, 3, 8, 1, 4], "swap_times": 2}, "--policy", "split"), {
+            "sizes": [3, 3], "batch_costs": [11, 10],
+            "batches": [[{"unit": 0, "begin": 0, "end": 5}, {"unit": 1, "begin": 0, "end": 3},
+                         {"unit": 2, "begin": 0, "end": 3}],
+                        [{"unit": 2, "begin": 3, "end": 8}, {"unit": 3, "begin": 0, "end": 1},
+                         {"unit": 4, "begin": 0, "end": 4}]]})
+        # Cuts on multiples of the granularity: the first batch ends at element 4 of unit 0.
+        j = self.partition({"costs": [10], "swap_times": 3, "granularity": 4}, "--policy", "split")
+        self.assertEqual(j["batches"], [[{"unit": 0, "begin": 0, "end": 4}], [{"unit": 0, "begin": 4, "end": 8}],
+                                        [{"unit": 0, "begin": 8, "end": 10}]])
+
+    def test_bad_input(self):
+        for stdin, args, message in [
+                ('{"costs": [1, 2], "swap_times": 0}', [], "swap_times must be positive (got 0)"),
+                ('{"costs": [1, -2], "swap_times": 2}', [], "input: 'costs' element 1 must be a non-negative integer, got -2"),
+                ('{"costs": [1, 2.5], "swap_times": 2}', [], "'costs' element 1 must be a non-negative integer, got 2.5"),
+                ('{"swap_times": 2}', [], "input: missing 'costs'"),
+                ('{"costs": [1]}', [], "input: missing 'swap_times'"),
+                ('{"costs": 3, "swap_times": 1}', [], "input: 'costs' must be an array, got number"),
+                ('{"costs": [1], "swap_times": 1, "k": 2}', [], "input: unknown key 'k'"),
+                ('{"costs": [1], "swap_times": 1, "granularity": 2}', [], "unknown key 'granularity' (only with --policy split)"),
+                ('{"costs": [1], "swap_times": 1, "granularity": 0}', ["--policy", "split"], "granularity must be positive"),
+                ("[1, 2]", [], "input: expected an object"),
+                ("", [], "malformed JSON")]:
+            status, out, err = run("partition", *args, stdin=stdin)
+            self.assertEqual(status, 2, stdin)
+            self.assertEqual(out, "", stdin)
+            self.assertIn(message, err, stdin)
+            self.assertTrue(err.startswith("pipeswap partition: "), err)
+
+
+class ScenarioFiles(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def write(self, name, data):
+        path = os.path.join(self.dir.name, name)
+        with open(path, "w") as f:
+            f.write(data if isinstance(data, str) else json.dumps(data))
+        return path
+
+    def test_scenario_prints_every_field_and_reads_back(self):
+        _, out, _ = run("scenario", check=0)
+        j = json.loads(out)
+        self.assertEqual(list(j), ["model", "device", "pipeline", "swap"])
+        self.assertEqual(j["model"]["layers"], 80)
+        self.assertEqual(j["device"]["memory_bytes"], 141_000_000_000)
+        self.assertEqual(j["device"]["h2d_gbps"], 55)
+        self.assertEqual(j["pipeline"], {"schedule": "1f1b", "ranks": 8, "micro_batches": 32, "chunks": 1,
+                                         "overlap_b_f": False})
+        path = self.write("full.json", out)
+        _, again, _ = run("scenario", "--scenario", path, check=0)
+        self.assertEqual(again, out)
+        _, partial, _ = run("scenario", "--scenario", self.write("tiny.json", TINY), check=0)
+        p = json.loads(partial)
+        self.assertEqual(p["model"]["hidden"], 512)
+        self.assertEqual(p["model"]["param_dtype"], "BF16")  # the default fills in
+        self.assertEqual(p["device"]["h2d_gbps"], 55)
+
+    def test_bad_scenarios_exit_2_naming_the_field(self):
+        big_model = json.loads(json.dumps(TINY))
+        big_model["device"]["memory_bytes"] = 20_000_000
+        cases = [
+            ({"model": {"layrs": 3}}, "scenario: model: unknown key 'layrs' (did you mean 'layers'?)"),
+            ({"device": {"memory_bytes": -5}}, "scenario: device.memory_bytes: must not be negative, got -5"),
+            ({"pipeline": {"ranks": 0}}, "scenario: pipeline.ranks must be at least 1"),
+            ({"swap": {"swap_times": 1.5}}, "scenario: swap.swap_times: must be an integer, got 1.5"),
+            (big_model, "scenario: device.memory_bytes (20000000) cannot fit rank 0 whatever is swapped"),
+            ('{"model": }', "scenario: malformed JSON at byte 11"),
+        ]
+        for data, message in cases:
+            path = self.write("bad.json", data)
+            for sub in ("simulate", "plan", "scenario"):
+                status, out, err = run(sub, "--scenario", path)
+                self.assertEqual(status, 2, (sub, data))
+                self.assertEqual(out, "", (sub, data))
+                self.assertTrue(err.startswith(f"pipeswap {sub}: {path}: {message}"), err)
+        status, _, err = run("simulate", "--scenario", os.path.join(self.dir.name, "missing.json"))
+        self.assertEqual(status, 2)
+        self.assertIn("cannot open", err)
+        status, _, err = run("simulate", "--scenario", "-", stdin='{"modle": {}}')
+        self.assertEqual(status, 2)
+        self.assertIn("pipeswap simulate: <stdin>: scenario: top level: unknown key 'modle'", err)
+
+
+def parse_svg(path):
+    root = ET.parse(path).getroot()  # raises on anything that is not well-formed XML
+    return root
+
+
+class Simulate(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        cls.scenario = os.path.join(cls.dir.name, "tiny.json")
+        with open(cls.scenario, "w") as f:
+            json.dump(TINY, f)
+        cls.trace = os.path.join(cls.dir.name, "trace.json")
+        cls.svg = os.path.join(cls.dir.name, "memory.svg")
+        _, out, err = run("simulate", "--scenario", cls.scenario, "--trace", cls.trace, "--svg", cls.svg, "--json",
+                          check=0)
+        cls.report = json.loads(out)
+        cls.stderr = err
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.dir.cleanup()
+
+    def test_report_has_the_four_configurations_for_every_rank(self):
+        r = self.report
+        self.assertEqual(self.stderr, "")  # no progress without a terminal
+        self.assertEqual(r["scenario"]["model"]["name"], "tiny")
+        names = [c["name"] for c in r["configurations"]]
+        self.assertEqual(names, ["none", "activations", "optimizer", "both"])
+        self.assertEqual([c["title"] for c in r["configurations"]],
+                         ["no swap", "activation swap", "optimizer swap", "both"])
+        memory = TINY["device"]["memory_bytes"]
+        base = r["configurations"][0]
+        for c in r["configurations"]:
+            ranks = c["ranks"]
+            self.assertEqual([x["rank"] for x in ranks], [0, 1, 2, 3])
+            self.assertEqual(c["peak_bytes"], max(x["peak_bytes"] for x in ranks))
+            self.assertEqual(c["peak_bytes"], ranks[c["peak_rank"]]["peak_bytes"])
+            self.assertEqual(c["step_ns"], max(x["step_ns"] for x in ranks))
+            self.assertEqual(c["h2d_bytes"], sum(x["h2d_bytes"] for x in ranks))
+            self.assertEqual(c["d2h_bytes"], sum(x["d2h_bytes"] for x in ranks))
+            self.assertEqual(c["fits"], all(x["fits"] for x in ranks))
+            self.assertAlmostEqual(c["overhead"], (c["step_ns"] - base["step_ns"]) / base["step_ns"])
+            for x, b in zip(ranks, base["ranks"]):
+                self.assertEqual(x["fits"], x["peak_bytes"] <= memory, (c["name"], x["rank"]))
+                self.assertAlmostEqual(x["overhead"], (x["step_ns"] - b["step_ns"]) / b["step_ns"])
+                self.assertGreaterEqual(x["step_ns"], x["pipeline_ns"])
+                self.assertEqual(x["resident_param_bytes"], b["resident_param_bytes"])
+                self.assertEqual(x["optimizer_state_bytes"], b["optimizer_state_bytes"])
+        self.assertEqual(base["h2d_bytes"], 0)  # nothing moves without swap
+        self.assertEqual(base["d2h_bytes"], 0)
+        by = {c["name"]: c for c in r["configurations"]}
+        # Swapping lowers the peak of every rank, both at least as much as either alone.
+        for k in range(4):
+            peak = {n: by[n]["ranks"][k]["peak_bytes"] for n in by}
+            self.assertLessEqual(peak["optimizer"], peak["none"])
+            self.assertLessEqual(peak["activations"], peak["none"])
+            self.assertLessEqual(peak["both"], min(peak["optimizer"], peak["activations"]))
+        # Per rank: BF16 weights and gradients (4 bytes per parameter), AdamW state with fp32 master
+        # (12). Optimizer swap moves the state to the device and back once per step, except that of
+        # the tensors under 1024 elements (the norms), which stays on the device.
+        for k in range(4):
+            params, small = rank_params(TINY["model"], 4, k)
+            self.assertEqual(base["ranks"][k]["resident_param_bytes"], 4 * params)
+            self.assertEqual(base["ranks"][k]["optimizer_state_bytes"], 12 * params)
+            for name in ("optimizer", "both"):
+                x = by[name]["ranks"][k]
+                moved = 12 * (params - small)
+                if name == "optimizer":
+                    self.assertEqual(x["h2d_bytes"], moved)
+                    self.assertEqual(x["d2h_bytes"], moved)
+            self.assertEqual(by["activations"]["ranks"][k]["h2d_bytes"], by["activations"]["ranks"][k]["d2h_bytes"])
+            self.assertEqual(by["both"]["ranks"][k]["h2d_bytes"],
+                             by["activations"]["ranks"][k]["h2d_bytes"] + by["optimizer"]["ranks"][k]["h2d_bytes"])
+        self.assertEqual(r["files"], {"trace": self.trace, "svg": self.svg, "svg_rank": by["none"]["peak_rank"]})
+
+    def test_trace_is_chrome_trace_json(self):
+        with open(self.trace) as f:
+            t = json.load(f)
+        events = t["traceEvents"]
+        self.assertGreater(len(events), 0)
+        both = self.report["configurations"][3]
+        reserved = TINY["device"]["reserved_bytes"]
+        micro = TINY["pipeline"]["micro_batches"]
+        processes = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+        self.assertEqual(sorted(processes.values()), ["rank 0", "rank 1", "rank 2", "rank 3"])
+        # The step starts at a common time T0, when every rank has finished its setup: the ranks that
+        # finished earlier wait for it.
+        waits = [e["ts"] + e["dur"] for e in events if e.get("name") == "wait for the other ranks"]
+        self.assertGreater(len(waits), 0)
+        self.assertAlmostEqual(min(waits), max(waits), delta=0.002)
+        t0 = max(waits)
+        for pid, name in processes.items():
+            rank = int(name.split()[1])
+            mine = [e for e in events if e["pid"] == pid and e["ph"] != "M"]
+            for e in mine:
+                self.assertIn(e["ph"], ("X", "i", "C"))
+                self.assertIsInstance(e["ts"], (int, float))
+                self.assertGreaterEqual(e["ts"], 0)
+                if e["ph"] == "X":
+                    self.assertGreaterEqual(e["dur"], 0)
+            # Every forward and backward of the rank's stage, as kernels.
+            names = {e["name"] for e in mine if e["ph"] == "X"}
+            for m in range(micro):
+                self.assertIn(f"FWD s{rank} m{m}", names)
+                self.assertIn(f"BWD s{rank} m{m}", names)
+            # The rank's step ends with its last event, step_ns after T0 (trace times are microseconds).
+            end = max(e["ts"] + e.get("dur", 0) for e in mine)
+            self.assertAlmostEqual(end - t0, both["ranks"][rank]["step_ns"] / 1e3, delta=0.01)
+            # The device-bytes counter over the step peaks at the reported peak, less the reserved bytes.
+            counter = sorted(((e["ts"], e["args"]["bytes"]) for e in mine if e["ph"] == "C"), key=lambda c: c[0])
+            at_t0 = [b for ts, b in counter if ts <= t0][-1]
+            during = [b for ts, b in counter if ts > t0]
+            self.assertEqual(max([at_t0] + during) + reserved, both["ranks"][rank]["peak_bytes"])
+
+    def test_svg_has_a_series_per_configuration_and_the_capacity(self):
+        root = parse_svg(self.svg)
+        self.assertEqual(root.tag, SVG_NS + "svg")
+        rank = self.report["files"]["svg_rank"]
+        title = root.find(SVG_NS + "title").text
+        self.assertIn(f"rank {rank}", title)
+        groups = [g for g in root.iter(SVG_NS + "g") if g.find(SVG_NS + "title") is not None]
+        series = [g for g in groups if g.find(SVG_NS + "path") is not None]
+        levels = [g for g in groups if g.find(SVG_NS + "line") is not None]
+        self.assertEqual(len(series), 4)
+        for g, c in zip(series, self.report["configurations"]):
+            name = g.find(SVG_NS + "title").text
+            peak_gb = c["ranks"][rank]["peak_bytes"] / 1e9
+            self.assertEqual(name, f"{c['title']} (peak {peak_gb:.1f} GB)")
+            d = g.find(SVG_NS + "path").get("d")
+            self.assertRegex(d, r"^M[\d.]+ [\d.]+( [HV][\d.]+)*$")
+        self.assertEqual(len(levels), 1)
+        self.assertEqual(levels[0].find(SVG_NS + "title").text, "device capacity 0.1 GB")
+        texts = [t.text for t in root.iter(SVG_NS + "text")]
+        self.assertIn("time (s)", texts)
+        self.assertIn("device memory (GB)", texts)
+        for el in root.iter():
+            for k, v in el.attrib.items():
+                self.assertNotIn("href", k)
+                self.assertNotIn("url(", v)
+
+    def test_table_output(self):
+        _, out, err = run("simulate", "--scenario", self.scenario, "--trace", "", "--svg", "", check=0)
+        self.assertEqual(err, "")
+        self.assertIn("scenario: tiny (8 layers,", out)
+        for title in ("no swap", "activation swap", "optimizer swap", "both"):
+            self.assertEqual(len(re.findall(rf"^\S*\s*{title}\s", out, re.M)), 5, title)  # summary + 4 ranks
+        self.assertNotIn("trace of", out)  # no files asked for, none written
+        self.assertNotIn("memory chart", out)
+
+    def test_rank_option_and_progress(self):
+        svg = os.path.join(self.dir.name, "rank3.svg")
+        _, out, err = run("simulate", "--scenario", self.scenario, "--trace", "", "--svg", svg, "--rank", "3",
+                          "--progress", "always", check=0)
+        self.assertIn(f"memory chart of rank 3: {svg}", out)
+        self.assertIn("rank 3", parse_svg(svg).find(SVG_NS + "title").text)
+        lines = err.splitlines()
+        self.assertGreater(len(lines), 0)
+        self.assertTrue(all(re.fullmatch(r"pipeswap simulate: \d+%", l) for l in lines), err)
+        self.assertEqual(lines[-1], "pipeswap simulate: 100%")
+        pcts = [int(l.split()[-1][:-1]) for l in lines]
+        self.assertEqual(pcts, sorted(pcts))
+        status, out, err = run("simulate", "--scenario", self.scenario, "--rank", "4")
+        self.assertEqual(status, 2)
+        self.assertEqual(err, "pipeswap simulate: --rank 4 is not a rank of the scenario (it has 4)\n")
+
+    def test_unwritable_output_exits_2(self):
+        status, _, err = run("simulate", "--scenario", self.scenario, "--svg", "",
+                             "--trace", os.path.join(self.dir.name, "no", "such", "dir", "t.json"))
+        self.assertEqual(status, 2)
+        self.assertIn("cannot write", err)
+
+
+class DefaultScenario(unittest.TestCase):
+    """The built-in scenario's report against numbers worked out by hand from docs/simulator.md."""
+
+    @classmethod
+    def setUpClass(cls):
+        _, out, _ = run("simulate", "--json", "--trace", "", "--svg", "", check=0)
+        cls.report = json.loads(out)
+        cls.by = {c["name"]: c for c in cls.report["configurations"]}
+
+    def test_it_is_the_documented_scenario(self):
+        s = self.report["scenario"]
+        self.assertEqual((s["model"]["layers"], s["model"]["hidden"], s["model"]["ffn_hidden"]), (80, 8192, 28672))
+        self.assertEqual((s["pipeline"]["schedule"], s["pipeline"]["ranks"], s["pipeline"]["micro_batches"]),
+                         ("1f1b", 8, 32))
+        self.assertEqual(s["device"]["memory_bytes"], 141_000_000_000)
+
+    def test_swap_makes_it_fit(self):
+        self.assertFalse(self.by["none"]["fits"])
+        self.assertTrue(self.by["both"]["fits"])
+        self.assertTrue(all(not x["fits"] for x in self.by["none"]["ranks"][:2]))
+        self.assertTrue(all(x["fits"] for x in self.by["both"]["ranks"]))
+        self.assertGreater(self.by["both"]["overhead"], 0)
+
+    def test_rank_0_by_hand(self):
+        # Rank 0 holds the embedding (32000 x 8192) and layers 0-9. A layer: q, o 8192^2 each; k, v
+        # 8192 x 1024 each (8 of 64 heads); gate, up, down 8192 x 28672 each; two norms of 8192:
+        # 134217728 + 16777216 + 704643072 + 16384 = 855654400 parameters.
+        layer = 2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672 + 2 * 8192
+        self.assertEqual(layer, 855_654_400)
+        p0 = 32000 * 8192 + 10 * layer
+        self.assertEqual(p0, 8_818_688_000)
+        none = self.by["none"]["ranks"][0]
+        # BF16 weights and gradients: 2 + 2 bytes per parameter; AdamW with fp32 master, exp_avg and
+        # exp_avg_sq: 12 bytes per parameter (16 in all, ZeRO section 3.1).
+        self.assertEqual(none["resident_param_bytes"], 4 * p0)       # 35.27 GB
+        self.assertEqual(none["optimizer_state_bytes"], 12 * p0)     # 105.8 GB
+        # Optimizer swap moves every state byte (no tensor of rank 0 is under 1024 elements) to the
+        # device and back once per step.
+        opt = self.by["optimizer"]["ranks"][0]
+        self.assertEqual(opt["h2d_bytes"], 12 * p0)
+        self.assertEqual(opt["d2h_bytes"], 12 * p0)
+
+    def test_peak_without_swap_follows_the_formula(self):
+        # Saved activations per layer and micro-batch: s*b*h*34 bytes (Korthikanti et al. 2022, eq. 1,
+        # without the 5as/h term under flash attention); a stage saves its 10 layers' and its input,
+        # s*b*h*2 bytes. Without swap, 1F1B keeps min(R - r, M) micro-batches in flight on rank r, and
+        # at most four boundary-sized buffers are in transit (input, output, gradient in and out).
+        boundary = 4096 * 8192 * 2
+        per_layer = 4096 * 8192 * 34
+        self.assertEqual(per_layer, 1_140_850_688)
+        stage = 10 * per_layer + boundary
+        for r, x in enumerate(self.by["none"]["ranks"]):
+            params, _ = rank_params(self.report["scenario"]["model"], 8, r)
+            base = 6_000_000_000 + 16 * params + min(8 - r, 32) * stage
+            self.assertGreaterEqual(x["peak_bytes"], base, r)
+            self.assertLessEqual(x["peak_bytes"], base + 4 * boundary, r)
+        # Rank 0: 6 GB + 16 x 8.8187 GB + 8 x 11.4756 GB = 238.9 GB, against 141 GB.
+        self.assertAlmostEqual(self.by["none"]["ranks"][0]["peak_bytes"] / 1e9, 238.9, delta=0.3)
+
+
+class Plan(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        cls.scenario = os.path.join(cls.dir.name, "tiny.json")
+        with open(cls.scenario, "w") as f:
+            json.dump(TINY, f)
+        _, out, _ = run("simulate", "--scenario", cls.scenario, "--json", "--trace", "", "--svg", "", check=0)
+        cls.report = json.loads(out)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.dir.cleanup()
+
+    def test_plan_fits_the_budget(self):
+        none, both = self.report["configurations"][0], self.report["configurations"][3]
+        budget = (none["peak_bytes"] + both["peak_bytes"]) / 2
+        _, out, err = run("plan", "--scenario", self.scenario, "--budget", f"{budget / 1e9:.9f}", "--json", check=0)
+        self.assertEqual(err, "")
+        j = json.loads(out)
+        self.assertTrue(j["fits"])
+        self.assertEqual(j["budget_bytes"], round(budget))
+        chosen = j["chosen"]
+        self.assertLessEqual(chosen["outcome"]["peak_bytes"], budget)
+        self.assertEqual(j["baseline"]["peak_bytes"], none["peak_bytes"])
+        self.assertEqual(j["baseline"]["step_ns"], none["step_ns"])
+        # Nothing simulated that fits is faster than the choice.
+        for c in j["simulated"]:
+            if c["fits"]:
+                self.assertGreaterEqual(c["outcome"]["step_ns"], chosen["outcome"]["step_ns"])
+        self.assertEqual(sum(c["verdict"] == "chosen" for c in j["simulated"]), 1)
+        _, text, _ = run("plan", "--scenario", self.scenario, "--budget", f"{budget / 1e9:.9f}", check=0)
+        self.assertIn("chosen: " + chosen["description"] + "\n", text)
+        self.assertIn("against no swap", text)
+
+    def test_nothing_fits_exits_1(self):
+        status, out, err = run("plan", "--scenario", self.scenario, "--budget", "0.001")
+        self.assertEqual(status, 1)
+        self.assertIn("nothing fits the budget of 0.0 GB.", out)
+        self.assertEqual(err, "pipeswap plan: nothing fits the budget of 0.0 GB\n")
+        status, out, _ = run("plan", "--scenario", self.scenario, "--budget", "0.001", "--json")
+        self.assertEqual(status, 1)
+        j = json.loads(out)
+        self.assertFalse(j["fits"])
+        self.assertIsNone(j["chosen"])
+
+
+if __name__ == "__main__":
+    PIPESWAP = os.path.abspath(sys.argv[1])
+    unittest.main(argv=[sys.argv[0], *sys.argv[2:]], verbosity=2)

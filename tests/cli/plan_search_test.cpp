@@ -1,0 +1,348 @@
+// The swap planner. The search is checked against an exhaustive oracle: on synthetic cost models
+// that have the properties the search relies on, and on a small scenario run through the simulator,
+// the plan it picks is as fast as the fastest candidate that fits, and it says so when none fits.
+#define BOOST_TEST_MODULE sim_plan_search
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <pipeswap/error.hpp>
+#include <pipeswap/schedule/inject.hpp>
+#include <pipeswap/sim/model.hpp>
+#include <pipeswap/sim/pipeline.hpp>
+#include <pipeswap/sim/plan.hpp>
+#include <pipeswap/sim/report.hpp>
+
+namespace sim = pipeswap::sim;
+namespace ps = pipeswap::schedule;
+
+namespace {
+
+/// Every candidate of `space`, in no particular order.
+std::vector<sim::swap_choice> all_choices(sim::plan_space const& space) {
+  std::vector<std::size_t> levels{0};
+  levels.insert(levels.end(), space.gaps.begin(), space.gaps.end());
+  std::vector<sim::swap_choice> out;
+  for (auto g : levels) {
+    out.push_back({g, false, 16, true});
+    for (auto k : space.swap_times)
+      for (bool p : space.packed) out.push_back({g, true, k, p});
+  }
+  return out;
+}
+
+/// The fastest outcome among the candidates that fit, by exhaustive evaluation.
+template <class Eval>
+std::optional<sim::plan_outcome> fastest_fitting(sim::plan_space const& space, std::uint64_t budget, Eval&& eval) {
+  std::optional<sim::plan_outcome> best;
+  for (auto const& c : all_choices(space)) {
+    auto const o = eval(c);
+    if (o.peak_bytes <= budget && (!best || o.step_ns < best->step_ns)) best = o;
+  }
+  return best;
+}
+
+/// A synthetic cost model with the properties the search assumes: swapping more activation groups
+/// lowers the peak and lengthens the step; more optimizer batches lower the peak until it levels off,
+/// and the step time over the batch counts is convex; the effects add up.
+struct toy_model {
+  std::uint64_t base_peak = 0;
+  pipeswap::mock::sim_time base_step = 0;
+  std::vector<std::uint64_t> act_saving;                        ///< per level (0: none), nondecreasing
+  std::vector<pipeswap::mock::sim_time> act_cost;               ///< per level, nondecreasing
+  std::map<std::pair<bool, std::uint32_t>, std::uint64_t> opt_saving;
+  std::map<std::pair<bool, std::uint32_t>, pipeswap::mock::sim_time> opt_cost;
+  std::vector<std::size_t> gaps;
+  mutable std::size_t calls = 0;
+
+  sim::plan_outcome operator()(sim::swap_choice const& c) const {
+    ++calls;
+    std::size_t level = 0;
+    if (c.activation_min_gap > 0) level = std::find(gaps.begin(), gaps.end(), c.activation_min_gap) - gaps.begin() + 1;
+    BOOST_REQUIRE(level < act_saving.size());
+    sim::plan_outcome o;
+    o.peak_bytes = base_peak - act_saving[level];
+    o.step_ns = base_step + act_cost[level];
+    o.h2d_bytes = o.d2h_bytes = act_saving[level];
+    if (c.optimizer) {
+      o.peak_bytes -= opt_saving.at({c.packed, c.swap_times});
+      o.step_ns += opt_cost.at({c.packed, c.swap_times});
+      o.h2d_bytes += 1000;
+      o.d2h_bytes += 1000;
+    }
+    return o;
+  }
+};
+
+toy_model random_model(std::mt19937_64& rng, sim::plan_space const& space) {
+  std::uniform_int_distribution<std::uint64_t> bytes(0, 1000);
+  std::uniform_int_distribution<pipeswap::mock::sim_time> time(0, 500);
+  toy_model m;
+  m.base_peak = 100'000;
+  m.base_step = 10'000;
+  m.gaps = space.gaps;
+  std::vector<std::uint64_t> s(space.gaps.size() + 1, 0);
+  std::vector<pipeswap::mock::sim_time> t(space.gaps.size() + 1, 0);
+  for (std::size_t i = 1; i < s.size(); ++i) s[i] = bytes(rng) * 10, t[i] = time(rng);
+  std::sort(s.begin(), s.end());
+  std::sort(t.begin(), t.end());
+  m.act_saving = s;
+  m.act_cost = t;
+  for (bool p : space.packed) {
+    auto const n = space.swap_times.size();
+    std::uniform_int_distribution<std::size_t> knee(0, n - 1);
+    std::size_t const flat = knee(rng); // the peak stops falling after this many batch counts
+    std::vector<std::uint64_t> sav(n);
+    for (auto& x : sav) x = bytes(rng) * 8;
+    std::sort(sav.begin(), sav.end());
+    for (std::size_t i = flat; i < n; ++i) sav[i] = sav[flat];
+    // Convex step time: sorted increments around a random minimum.
+    std::vector<pipeswap::mock::sim_time> inc(n);
+    for (auto& x : inc) x = time(rng);
+    std::sort(inc.begin(), inc.end());
+    std::size_t const low = knee(rng);
+    std::vector<pipeswap::mock::sim_time> cost(n);
+    cost[low] = 2000 + time(rng);
+    for (std::size_t i = low; i + 1 < n; ++i) cost[i + 1] = cost[i] + inc[i - low];
+    for (std::size_t i = low; i > 0; --i) cost[i - 1] = cost[i] + inc[low - i];
+    for (std::size_t i = 0; i < n; ++i) {
+      m.opt_saving[{p, space.swap_times[i]}] = 40'000 + sav[i];
+      m.opt_cost[{p, space.swap_times[i]}] = cost[i];
+    }
+  }
+  return m;
+}
+
+sim::scenario small_scenario() {
+  sim::scenario s;
+  s.model.name = "small";
+  s.model.layers = 8;
+  s.model.hidden = 512;
+  s.model.ffn_hidden = 1024;
+  s.model.heads = 8;
+  s.model.kv_heads = 4;
+  s.model.vocab = 1000;
+  s.model.seq_len = 512;
+  s.pipeline.ranks = 4;
+  s.pipeline.micro_batches = 8;
+  s.device.memory_bytes = 4'000'000'000;
+  s.device.reserved_bytes = 100'000'000;
+  s.swap.swap_times = 4; // the batches of the optimizer step when it is not swapped
+  return s;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(search_matches_the_exhaustive_oracle_on_synthetic_models) {
+  std::mt19937_64 rng(2024);
+  for (int round = 0; round < 400; ++round) {
+    sim::plan_space space;
+    std::uniform_int_distribution<std::size_t> nlev(0, 9);
+    std::size_t const levels = nlev(rng);
+    space.gaps.clear();
+    for (std::size_t i = 0; i < levels; ++i) space.gaps.push_back(ps::min_swap_gap + 2 * (levels - 1 - i));
+    auto const model = random_model(rng, space);
+    // Budgets from "anything fits" down to "nothing fits".
+    for (std::uint64_t budget : {200'000ull, 100'000ull, 99'999ull, 80'000ull, 60'000ull, 52'000ull, 45'000ull,
+                                 30'000ull, 1ull}) {
+      model.calls = 0;
+      auto const r = sim::search_plan(space, budget, model);
+      auto const oracle = fastest_fitting(space, budget, model);
+      BOOST_TEST_CONTEXT("round " << round << ", budget " << budget << ", levels " << levels) {
+        BOOST_TEST(r.chosen.has_value() == oracle.has_value());
+        if (r.chosen && oracle) {
+          BOOST_TEST(r.chosen_outcome.step_ns == oracle->step_ns);
+          BOOST_TEST(r.chosen_outcome.peak_bytes <= budget);
+          BOOST_TEST((model(*r.chosen).step_ns == r.chosen_outcome.step_ns)); // the outcome is the choice's
+        }
+        BOOST_TEST(r.candidates == space.size());
+        BOOST_TEST(r.simulated.size() <= r.candidates);
+        // Each candidate is simulated at most once.
+        for (std::size_t i = 0; i < r.simulated.size(); ++i)
+          for (std::size_t j = 0; j < i; ++j) BOOST_TEST(!(r.simulated[i].choice == r.simulated[j].choice));
+        std::size_t chosen = 0;
+        for (auto const& e : r.simulated) {
+          chosen += e.verdict == "chosen" ? 1 : 0;
+          if (!e.fits) BOOST_TEST(e.verdict.rfind("over budget by ", 0) == 0, e.verdict);
+        }
+        BOOST_TEST(chosen == (r.chosen ? 1u : 0u));
+        if (!r.chosen) {
+          BOOST_REQUIRE(r.lowest_peak.has_value());
+          for (auto const& e : r.simulated) BOOST_TEST(r.lowest_peak->outcome.peak_bytes <= e.outcome.peak_bytes);
+        }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(search_simulates_few_candidates) {
+  std::mt19937_64 rng(5);
+  sim::plan_space space;
+  space.gaps = {20, 16, 12, 10, 8, 6, 5, 4};
+  std::size_t most = 0;
+  for (int round = 0; round < 200; ++round) {
+    auto const model = random_model(rng, space);
+    model.calls = 0;
+    (void)sim::search_plan(space, 52'000, model);
+    most = std::max(most, model.calls);
+  }
+  BOOST_TEST(space.size() == 99u);
+  BOOST_TEST(most < 60u); // binary search over the levels, not all 99
+}
+
+BOOST_AUTO_TEST_CASE(no_swap_is_chosen_when_it_fits) {
+  sim::plan_space space;
+  std::mt19937_64 rng(1);
+  auto const model = random_model(rng, space);
+  auto const r = sim::search_plan(space, model.base_peak, model);
+  BOOST_REQUIRE(r.chosen.has_value());
+  BOOST_TEST((*r.chosen == sim::swap_choice{}));
+  BOOST_TEST(sim::describe(*r.chosen) == "no swap");
+  // Only the optimizer settings are simulated besides: activation swap only adds time.
+  for (auto const& e : r.simulated) BOOST_TEST(e.choice.activation_min_gap == 0u);
+  BOOST_TEST(r.simulated.size() <= 1 + space.swap_times.size() * space.packed.size());
+}
+
+BOOST_AUTO_TEST_CASE(bad_search_spaces_are_rejected) {
+  auto const eval = [](sim::swap_choice const&) { return sim::plan_outcome{}; };
+  auto run = [&](sim::plan_space s) { (void)sim::search_plan(s, 1, eval); };
+  sim::plan_space s;
+  s.gaps = {3};
+  BOOST_CHECK_THROW(run(s), pipeswap::invalid_argument);
+  s.gaps = {4, 8};
+  BOOST_CHECK_THROW(run(s), pipeswap::invalid_argument);
+  s = {};
+  s.swap_times = {8, 4};
+  BOOST_CHECK_THROW(run(s), pipeswap::invalid_argument);
+  s.swap_times = {0, 4};
+  BOOST_CHECK_THROW(run(s), pipeswap::invalid_argument);
+  s.swap_times = {};
+  BOOST_CHECK_THROW(run(s), pipeswap::invalid_argument);
+}
+
+BOOST_AUTO_TEST_CASE(descriptions_name_every_knob) {
+  BOOST_TEST(sim::describe(sim::swap_choice{}) == "no swap");
+  BOOST_TEST(sim::describe(sim::swap_choice{ps::min_swap_gap, false, 16, true}) == "every eligible activation group");
+  BOOST_TEST(sim::describe(sim::swap_choice{9, false, 16, true}) == "activation groups with gap >= 9");
+  BOOST_TEST(sim::describe(sim::swap_choice{0, true, 8, false}) == "optimizer swap (per tensor, 8 batches)");
+  BOOST_TEST(sim::describe(sim::swap_choice{9, true, 16, true}) ==
+             "optimizer swap (packed, 16 batches) + activation groups with gap >= 9");
+}
+
+BOOST_AUTO_TEST_CASE(gap_levels_spread_the_groups_and_end_with_every_eligible_one) {
+  sim::activation_gaps g;
+  g.per_rank.resize(2);
+  for (int m = 0; m < 10; ++m) g.per_rank[0][{0, m}] = 4 + static_cast<std::size_t>(m); // gaps 4..13
+  for (int m = 0; m < 6; ++m) g.per_rank[1][{1, m}] = 4;
+  auto const levels = sim::gap_levels(g, 4);
+  BOOST_REQUIRE(!levels.empty());
+  BOOST_TEST(levels.size() <= 4u);
+  BOOST_TEST(levels.back() == ps::min_swap_gap);
+  BOOST_TEST(std::is_sorted(levels.rbegin(), levels.rend()));
+  BOOST_TEST((std::adjacent_find(levels.begin(), levels.end()) == levels.end()));
+  BOOST_TEST(sim::gap_levels(sim::activation_gaps{}).empty());
+  BOOST_TEST(g.gap(1, {1, 2}) == 4u);
+  BOOST_TEST(g.gap(1, {1, 99}) == 0u); // not a candidate
+  BOOST_TEST(g.gap(7, {0, 0}) == 0u);  // no such rank
+}
+
+BOOST_AUTO_TEST_CASE(gaps_come_from_the_schedule_layer) {
+  sim::pipeline_spec p;
+  p.ranks = 4;
+  p.micro_batches = 8;
+  auto const g = sim::gaps_of(p);
+  BOOST_REQUIRE_EQUAL(g.per_rank.size(), 4u);
+  auto const orders = ps::one_f_one_b(4, 8);
+  for (std::uint32_t r = 0; r < 4; ++r) {
+    auto const c = ps::swap_candidates(orders[r]);
+    BOOST_TEST(g.per_rank[r].size() == c.size());
+    for (auto const& x : c) BOOST_TEST(g.gap(r, x.key) == x.gap());
+  }
+  BOOST_TEST(g.per_rank[0].size() > g.per_rank[3].size()); // the first rank holds the most in flight
+}
+
+BOOST_AUTO_TEST_CASE(plan_picks_the_fastest_fitting_option_of_a_small_scenario) {
+  auto const s = small_scenario();
+  auto const gaps = std::make_shared<sim::activation_gaps const>(sim::gaps_of(s.pipeline));
+  sim::plan_space space;
+  space.gaps = sim::gap_levels(*gaps);
+  BOOST_REQUIRE(!space.gaps.empty());
+  std::map<std::string, sim::plan_outcome> cache;
+  auto eval = [&](sim::swap_choice const& c) {
+    auto const key = sim::describe(c);
+    auto it = cache.find(key);
+    if (it == cache.end()) it = cache.emplace(key, sim::outcome_of(sim::simulate(s, sim::options_for(c, gaps, s.swap)))).first;
+    return it->second;
+  };
+  auto const none = eval(sim::swap_choice{});
+  // "No swap" is the same simulation as the report's.
+  auto const report = sim::run_report(s, {}, std::nullopt);
+  BOOST_TEST(none.step_ns == report[sim::swapping::none].step_ns);
+  BOOST_TEST(none.peak_bytes == report[sim::swapping::none].peak_bytes);
+  std::uint64_t lowest = std::numeric_limits<std::uint64_t>::max();
+  for (auto const& c : all_choices(space)) lowest = std::min(lowest, eval(c).peak_bytes);
+  BOOST_REQUIRE(lowest < none.peak_bytes); // swapping frees memory on this scenario
+
+  for (std::uint64_t budget : {none.peak_bytes, none.peak_bytes - 1, (none.peak_bytes + lowest) / 2, lowest + 1, lowest}) {
+    BOOST_TEST_CONTEXT("budget " << budget) {
+      double last_progress = -1;
+      bool monotone = true;
+      auto const r = sim::plan(s, budget, [&](double f) {
+        monotone = monotone && f >= 0 && f <= 1;
+        last_progress = f;
+      }, space);
+      auto const oracle = fastest_fitting(space, budget, eval);
+      BOOST_REQUIRE(oracle.has_value());
+      BOOST_REQUIRE(r.chosen.has_value());
+      BOOST_TEST(r.chosen_outcome.step_ns == oracle->step_ns);
+      BOOST_TEST(r.chosen_outcome.peak_bytes <= budget);
+      auto const again = eval(*r.chosen); // the reported outcome is what the simulator gives for the choice
+      BOOST_TEST(again.step_ns == r.chosen_outcome.step_ns);
+      BOOST_TEST(again.peak_bytes == r.chosen_outcome.peak_bytes);
+      BOOST_TEST(r.baseline.peak_bytes == none.peak_bytes);
+      BOOST_TEST(monotone);
+      BOOST_TEST(last_progress >= 0);
+      auto const text = sim::format_plan(r, s);
+      BOOST_TEST(text.find("chosen: " + sim::describe(*r.chosen) + "\n") != std::string::npos, text);
+      auto const j = sim::to_json(r);
+      BOOST_TEST(j["fits"] == true);
+      BOOST_TEST(j["chosen"]["outcome"]["step_ns"] == r.chosen_outcome.step_ns);
+      // No swap moves no bytes: another plan is chosen over it only when strictly faster.
+      if (budget >= none.peak_bytes && !(*r.chosen == sim::swap_choice{}))
+        BOOST_TEST(r.chosen_outcome.step_ns < none.step_ns);
+      if (budget < none.peak_bytes) BOOST_TEST(!(*r.chosen == sim::swap_choice{}));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(plan_says_nothing_fits_when_the_budget_is_too_small) {
+  auto const s = small_scenario();
+  auto const gaps = std::make_shared<sim::activation_gaps const>(sim::gaps_of(s.pipeline));
+  sim::plan_space space;
+  space.gaps = sim::gap_levels(*gaps);
+  std::uint64_t lowest = std::numeric_limits<std::uint64_t>::max();
+  for (auto const& c : all_choices(space))
+    lowest = std::min(lowest, sim::outcome_of(sim::simulate(s, sim::options_for(c, gaps, s.swap))).peak_bytes);
+  for (std::uint64_t budget : {lowest - 1, std::uint64_t{1}}) {
+    auto const r = sim::plan(s, budget, {}, space);
+    BOOST_TEST(!r.chosen.has_value());
+    BOOST_REQUIRE(r.lowest_peak.has_value());
+    BOOST_TEST(r.lowest_peak->outcome.peak_bytes >= lowest);
+    for (auto const& e : r.simulated) BOOST_TEST(!e.fits);
+    auto const text = sim::format_plan(r, s);
+    BOOST_TEST(text.find("nothing fits the budget of ") != std::string::npos, text);
+    BOOST_TEST(text.find("the lowest peak reached is ") != std::string::npos, text);
+    auto const j = sim::to_json(r);
+    BOOST_TEST(j["fits"] == false);
+    BOOST_TEST(j["chosen"].is_null());
+  }
+}

@@ -1,0 +1,265 @@
+// Scenario files: every field read into its member and written back, `{}` as the default scenario,
+// and every class of bad input rejected with a message that names the field.
+#define BOOST_TEST_MODULE sim_scenario_json
+#include <boost/test/unit_test.hpp>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include <pipeswap/error.hpp>
+#include <pipeswap/sim/model.hpp>
+#include <pipeswap/sim/scenario_json.hpp>
+
+namespace sim = pipeswap::sim;
+using nlohmann::json;
+
+namespace {
+
+/// Runs `f`, which must throw pipeswap::invalid_argument with exactly `message`.
+template <class F>
+void expect_error(F&& f, std::string_view message) {
+  try {
+    f();
+    BOOST_ERROR("no exception; expected: " << message);
+  } catch (pipeswap::invalid_argument const& e) {
+    BOOST_TEST(std::string_view(e.what()) == message);
+  }
+}
+
+void expect_rejected(std::string_view text, std::string_view message) {
+  expect_error([&] { (void)sim::scenario_from_json_text(text); }, message);
+}
+
+/// Every field, each set to a value other than its default (and valid together).
+json every_field() {
+  return json::parse(R"({
+    "model": {"name": "tiny", "layers": 12, "hidden": 512, "ffn_hidden": 1536, "heads": 8, "kv_heads": 4,
+              "vocab": 1000, "seq_len": 256, "micro_batch_size": 3, "param_dtype": "F16",
+              "fp32_master": false, "flash_attention": false, "activation_bytes_per_layer": 123456},
+    "device": {"name": "toy", "memory_bytes": 8000000000, "reserved_bytes": 500000000, "h2d_gbps": 12.5,
+               "d2h_gbps": 11, "copy_latency_us": 3.5, "bf16_tflops": 100, "mfu": 0.3, "hbm_tbps": 1.5,
+               "p2p_gbps": 25, "p2p_latency_us": 7},
+    "pipeline": {"schedule": "interleaved", "ranks": 3, "micro_batches": 6, "chunks": 2, "overlap_b_f": true},
+    "swap": {"swap_times": 5, "packed": false}
+  })");
+}
+
+/// A small scenario that validates, for the negative cases to start from.
+json small() {
+  return json::parse(R"({"model": {"layers": 4, "hidden": 256, "ffn_hidden": 512, "heads": 4, "kv_heads": 2,
+                                   "vocab": 100, "seq_len": 64},
+                         "device": {"memory_bytes": 4000000000, "reserved_bytes": 0},
+                         "pipeline": {"ranks": 2, "micro_batches": 4}})");
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(every_field_is_read_into_its_member) {
+  auto const s = sim::scenario_from_json(every_field());
+  auto const& m = s.model;
+  BOOST_TEST(m.name == "tiny");
+  BOOST_TEST(m.layers == 12u);
+  BOOST_TEST(m.hidden == 512u);
+  BOOST_TEST(m.ffn_hidden == 1536u);
+  BOOST_TEST(m.heads == 8u);
+  BOOST_TEST(m.kv_heads == 4u);
+  BOOST_TEST(m.vocab == 1000u);
+  BOOST_TEST(m.seq_len == 256u);
+  BOOST_TEST(m.micro_batch_size == 3u);
+  BOOST_TEST((m.param_dtype == pipeswap::dtype::f16));
+  BOOST_TEST(!m.fp32_master);
+  BOOST_TEST(!m.flash_attention);
+  BOOST_TEST(m.activation_bytes_per_layer.value_or(0) == 123456u);
+  auto const& d = s.device;
+  BOOST_TEST(d.name == "toy");
+  BOOST_TEST(d.memory_bytes == 8'000'000'000u);
+  BOOST_TEST(d.reserved_bytes == 500'000'000u);
+  BOOST_TEST(d.h2d_gbps == 12.5);
+  BOOST_TEST(d.d2h_gbps == 11.0);
+  BOOST_TEST(d.copy_latency_us == 3.5);
+  BOOST_TEST(d.bf16_tflops == 100.0);
+  BOOST_TEST(d.mfu == 0.3);
+  BOOST_TEST(d.hbm_tbps == 1.5);
+  BOOST_TEST(d.p2p_gbps == 25.0);
+  BOOST_TEST(d.p2p_latency_us == 7.0);
+  auto const& p = s.pipeline;
+  BOOST_TEST((p.schedule == sim::schedule_kind::interleaved));
+  BOOST_TEST(p.ranks == 3u);
+  BOOST_TEST(p.micro_batches == 6u);
+  BOOST_TEST(p.chunks == 2u);
+  BOOST_TEST(p.overlap_b_f);
+  BOOST_TEST(s.swap.swap_times == 5u);
+  BOOST_TEST(!s.swap.packed);
+}
+
+BOOST_AUTO_TEST_CASE(written_json_has_every_field_and_reads_back) {
+  auto const in = every_field();
+  auto const s = sim::scenario_from_json(in);
+  auto const out = sim::to_json<json>(s);
+  BOOST_TEST(out == in); // exactly the fields given, with the same values (key order aside)
+  BOOST_TEST(sim::to_json<json>(sim::scenario_from_json(out)) == out);
+  // The default scenario writes every field too, with the override as null.
+  auto const d = sim::to_json<json>(sim::scenario{});
+  BOOST_TEST(d["model"].size() == in["model"].size());
+  BOOST_TEST(d["device"].size() == in["device"].size());
+  BOOST_TEST(d["pipeline"].size() == in["pipeline"].size());
+  BOOST_TEST(d["swap"].size() == in["swap"].size());
+  BOOST_TEST(d["model"]["activation_bytes_per_layer"].is_null());
+  BOOST_TEST(d["model"]["param_dtype"] == "BF16");
+  BOOST_TEST(d["pipeline"]["schedule"] == "1f1b");
+  // The ordered form (what the command prints) keeps the section order of the documentation.
+  auto const ordered = sim::to_json(sim::scenario{});
+  BOOST_TEST(ordered.begin().key() == "model");
+  BOOST_TEST((ordered.dump().find("\"device\"") < ordered.dump().find("\"pipeline\"")));
+}
+
+BOOST_AUTO_TEST_CASE(absent_fields_keep_the_defaults) {
+  auto const d = sim::to_json<json>(sim::scenario{});
+  BOOST_TEST(sim::to_json<json>(sim::scenario_from_json_text("{}")) == d);
+  BOOST_TEST(sim::to_json<json>(sim::scenario_from_json_text(R"({"model": {}, "swap": {}})")) == d);
+  auto const s = sim::scenario_from_json_text(R"({"pipeline": {"micro_batches": 16}, "device": {"h2d_gbps": 25}})");
+  auto expect = d;
+  expect["pipeline"]["micro_batches"] = 16;
+  expect["device"]["h2d_gbps"] = 25.0;
+  BOOST_TEST(sim::to_json<json>(s) == expect);
+  // The override goes back to the formula with null.
+  auto const back = sim::scenario_from_json(json::parse(R"({"model": {"activation_bytes_per_layer": null}})"),
+                                            sim::scenario_from_json(every_field()));
+  BOOST_TEST(!back.model.activation_bytes_per_layer.has_value());
+  BOOST_TEST(back.model.name == "tiny"); // the base's other fields stay
+}
+
+BOOST_AUTO_TEST_CASE(integer_fields_accept_integral_floats_and_signed_numbers) {
+  auto const s = sim::scenario_from_json_text(R"({"device": {"memory_bytes": 141e9, "reserved_bytes": 6.0e9},
+                                                  "pipeline": {"ranks": 8.0}})");
+  BOOST_TEST(s.device.memory_bytes == 141'000'000'000u);
+  BOOST_TEST(s.device.reserved_bytes == 6'000'000'000u);
+  BOOST_TEST(s.pipeline.ranks == 8u);
+  // Built in code, non-negative integers are signed JSON numbers: accepted as well.
+  json j = json::object();
+  j["pipeline"]["ranks"] = 4;
+  j["device"]["reserved_bytes"] = std::int64_t{0};
+  auto const t = sim::scenario_from_json(j);
+  BOOST_TEST(t.pipeline.ranks == 4u);
+  BOOST_TEST(t.device.reserved_bytes == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(unknown_keys_are_rejected_with_their_path) {
+  expect_rejected(R"({"modle": {}})", "scenario: top level: unknown key 'modle' (did you mean 'model'?)");
+  expect_rejected(R"({"model": {"layrs": 3}})", "scenario: model: unknown key 'layrs' (did you mean 'layers'?)");
+  expect_rejected(R"({"device": {"memory": 3}})", "scenario: device: unknown key 'memory'");
+  expect_rejected(R"({"pipeline": {"micro": 3}})", "scenario: pipeline: unknown key 'micro'");
+  expect_rejected(R"({"swap": {"swap_time": 3}})",
+                  "scenario: swap: unknown key 'swap_time' (did you mean 'swap_times'?)");
+  expect_rejected(R"({"extra": 1})", "scenario: top level: unknown key 'extra'");
+}
+
+BOOST_AUTO_TEST_CASE(negative_and_fractional_sizes_are_rejected) {
+  expect_rejected(R"({"model": {"layers": -1}})", "scenario: model.layers: must not be negative, got -1");
+  expect_rejected(R"({"model": {"hidden": -8192.0}})", "scenario: model.hidden: must not be negative, got -8192.0");
+  expect_rejected(R"({"device": {"memory_bytes": -5}})", "scenario: device.memory_bytes: must not be negative, got -5");
+  expect_rejected(R"({"device": {"reserved_bytes": -1}})",
+                  "scenario: device.reserved_bytes: must not be negative, got -1");
+  expect_rejected(R"({"pipeline": {"ranks": -2}})", "scenario: pipeline.ranks: must not be negative, got -2");
+  expect_rejected(R"({"model": {"activation_bytes_per_layer": -3}})",
+                  "scenario: model.activation_bytes_per_layer: must not be negative, got -3");
+  expect_rejected(R"({"model": {"seq_len": 2.5}})", "scenario: model.seq_len: must be an integer, got 2.5");
+  expect_rejected(R"({"pipeline": {"micro_batches": 4294967296}})",
+                  "scenario: pipeline.micro_batches: is out of range (at most 4294967295), got 4294967296");
+  // Rates are real numbers; sim::validate() rejects the ones that are not positive.
+  expect_rejected(R"({"device": {"h2d_gbps": -55}})", "scenario: device.h2d_gbps must be positive");
+  expect_rejected(R"({"device": {"mfu": 1.5}})", "scenario: device.mfu must be in (0, 1]");
+  expect_rejected(R"({"device": {"copy_latency_us": -1}})", "scenario: device latencies must not be negative");
+}
+
+BOOST_AUTO_TEST_CASE(wrong_types_are_rejected) {
+  expect_rejected(R"([])", "scenario: top level: expected an object, got array []");
+  expect_rejected(R"({"model": 3})", "scenario: model: expected an object, got number 3");
+  expect_rejected(R"({"model": {"layers": "80"}})",
+                  "scenario: model.layers: expected a non-negative integer, got string \"80\"");
+  expect_rejected(R"({"model": {"name": 7}})", "scenario: model.name: expected a string, got number 7");
+  expect_rejected(R"({"model": {"fp32_master": 1}})",
+                  "scenario: model.fp32_master: expected true or false, got number 1");
+  expect_rejected(R"({"device": {"h2d_gbps": "fast"}})",
+                  "scenario: device.h2d_gbps: expected a number, got string \"fast\"");
+  expect_rejected(R"({"model": {"param_dtype": "I8"}})",
+                  "scenario: model.param_dtype: expected \"BF16\", \"F16\" or \"F32\", got string \"I8\"");
+  expect_rejected(R"({"pipeline": {"schedule": "zb"}})",
+                  "scenario: pipeline.schedule: expected \"gpipe\", \"1f1b\" or \"interleaved\", got string \"zb\"");
+  expect_rejected(R"({"model": {"layers": null}})",
+                  "scenario: model.layers: expected a non-negative integer, got null null");
+}
+
+BOOST_AUTO_TEST_CASE(malformed_json_names_the_byte) {
+  try {
+    (void)sim::scenario_from_json_text(R"({"model": {"layers": 3,}})");
+    BOOST_ERROR("no exception");
+  } catch (pipeswap::invalid_argument const& e) {
+    std::string const what = e.what();
+    BOOST_TEST(what.rfind("scenario: malformed JSON at byte 24: ", 0) == 0, what);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(inconsistent_scenarios_are_rejected) {
+  auto with = [](json patch) {
+    auto j = small();
+    j.merge_patch(patch);
+    return j.dump();
+  };
+  BOOST_TEST(sim::scenario_from_json_text(with(json::object())).pipeline.ranks == 2u); // the base is valid
+  expect_rejected(with({{"model", {{"layers", 0}}}}), "scenario: model.layers must be at least 1");
+  expect_rejected(with({{"model", {{"kv_heads", 3}}}}),
+                  "scenario: model.heads (4) must be a multiple of model.kv_heads (3)");
+  expect_rejected(with({{"model", {{"layers", 1}}}}),
+                  "scenario: model.layers (1) must be at least the number of stages (pipeline.ranks × "
+                  "pipeline.chunks = 2)");
+  expect_rejected(with({{"pipeline", {{"chunks", 2}}}}), "scenario: pipeline.chunks > 1 needs the interleaved schedule");
+  expect_rejected(with({{"pipeline", {{"micro_batches", 0}}}}), "scenario: pipeline.micro_batches must be at least 1");
+  expect_rejected(with({{"swap", {{"swap_times", 0}}}}), "scenario: swap.swap_times must be positive");
+  expect_rejected(with({{"model", {{"param_dtype", "F32"}}}}), "scenario: model.fp32_master needs BF16 or F16 weights");
+  expect_rejected(with({{"device", {{"memory_bytes", 1000}, {"reserved_bytes", 1000}}}}),
+                  "scenario: device.memory_bytes must exceed device.reserved_bytes");
+  expect_rejected(with({{"pipeline", {{"ranks", 2000}}}, {"model", {{"layers", 4000}}}}),
+                  "scenario: pipeline.ranks (2000) is above the limit of 1024");
+  expect_rejected(with({{"model", {{"hidden", 1ull << 40}, {"heads", 1}, {"kv_heads", 1}}}}),
+                  "scenario: the model's size overflows byte counts (about 1.93e+25 parameters); check "
+                  "model.layers, model.hidden, model.ffn_hidden and model.vocab");
+}
+
+BOOST_AUTO_TEST_CASE(impossible_fits_are_rejected) {
+  // small(): 4 layers on 2 ranks. Rank 0 holds the embedding and layers 0-1; rank 1 layers 2-3, the
+  // final norm and the head. Per layer: q, o 256² each, k, v 256·128 each, gate, up, down 256·512 each,
+  // two norms of 256.
+  std::uint64_t const layer = 2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512 + 2 * 256;
+  std::uint64_t const rank0 = 100 * 256 + 2 * layer, rank1 = 2 * layer + 256 + 100 * 256;
+  auto s = sim::scenario_from_json(small());
+  // Weights and gradients in BF16 (2 + 2 bytes per parameter) never leave the device.
+  BOOST_TEST(sim::unswappable_bytes(s, 0) == 4 * rank0);
+  BOOST_TEST(sim::unswappable_bytes(s, 1) == 4 * rank1);
+  s.device.reserved_bytes = 1000;
+  BOOST_TEST(sim::unswappable_bytes(s, 1) == 1000 + 4 * rank1);
+
+  auto j = small();
+  j["device"]["memory_bytes"] = 4 * rank1 + 999; // enough for rank 0, one byte short for rank 1
+  j["device"]["reserved_bytes"] = 1000;
+  expect_rejected(j.dump(), "scenario: device.memory_bytes (" + std::to_string(4 * rank1 + 999) +
+                                ") cannot fit rank 1 whatever is swapped: its weights and gradients plus "
+                                "device.reserved_bytes need " +
+                                std::to_string(4 * rank1 + 1000) +
+                                " bytes (use more pipeline.ranks or a larger device)");
+  j["device"]["memory_bytes"] = 4 * rank1 + 1000; // exactly enough
+  BOOST_TEST(sim::scenario_from_json(j).device.memory_bytes == 4 * rank1 + 1000);
+}
+
+BOOST_AUTO_TEST_CASE(the_default_scenario_is_valid_and_named_in_json) {
+  sim::scenario const s;
+  BOOST_CHECK_NO_THROW(sim::validate(s));
+  BOOST_CHECK_NO_THROW(sim::check_limits(s));
+  BOOST_CHECK_NO_THROW(sim::check_fits(s));
+  for (auto k : {sim::schedule_kind::gpipe, sim::schedule_kind::one_f_one_b, sim::schedule_kind::interleaved})
+    BOOST_TEST((sim::schedule_kind_from_name(sim::schedule_kind_name(k)) == k));
+  BOOST_TEST(!sim::schedule_kind_from_name("1F1B").has_value());
+}
