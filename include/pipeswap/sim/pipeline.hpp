@@ -180,7 +180,8 @@ public:
       }
     }
     swap_config cfg;
-    cfg.swap_times = o.swap_times;
+    // Without optimizer swap the step is one batch: one fused update of every parameter.
+    cfg.swap_times = o.swap_optimizer ? o.swap_times : 1;
     cfg.packed = o.packed;
     if (!o.swap_optimizer) cfg.state_keys = std::vector<std::string>{};
     // The runtime materializes every slot (zeroed moments, master copies) at construction; with
