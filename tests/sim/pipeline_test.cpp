@@ -9,11 +9,13 @@
 
 #include <set>
 #include <string>
+#include <vector>
 
 #include <pipeswap/schedule/text.hpp>
 #include <pipeswap/sim/pipeline.hpp>
 
 #include "sim/tiny_scenario.hpp"
+#include "support/sanitized.hpp"
 
 namespace ps = pipeswap;
 namespace sim = pipeswap::sim;
@@ -122,11 +124,16 @@ BOOST_AUTO_TEST_CASE(slow_copies_stall_the_pipeline_and_free_less) {
 // holding real bytes: no hazard (the simulator would throw), every saved activation comes back with
 // the bytes its forward wrote, swapping never raises a rank's peak, and the sends all arrive.
 BOOST_AUTO_TEST_CASE(sweep_every_schedule_hazard_free_with_data_intact) {
+  // Under sanitizers a sample that still has M < R, M = R and M > R for every kind.
+  bool const all = !ps::test::sanitized_build;
+  auto const rank_list = all ? std::vector<std::uint32_t>{1, 2, 3, 4, 8} : std::vector<std::uint32_t>{1, 3, 8};
+  auto const micro_list = all ? std::vector<std::uint32_t>{1, 2, 3, 5, 8, 13, 32} : std::vector<std::uint32_t>{1, 3, 8};
+  auto const chunk_list = all ? std::vector<std::uint32_t>{1, 2, 3, 4} : std::vector<std::uint32_t>{1, 2, 3};
   std::size_t runs = 0, swapped_runs = 0;
   for (auto kind : {sim::schedule_kind::gpipe, sim::schedule_kind::one_f_one_b, sim::schedule_kind::interleaved}) {
-    for (std::uint32_t ranks : {1u, 2u, 3u, 4u, 8u}) {
-      for (std::uint32_t micro : {1u, 2u, 3u, 5u, 8u, 13u, 32u}) {
-        for (std::uint32_t chunks : {1u, 2u, 3u, 4u}) {
+    for (std::uint32_t ranks : rank_list) {
+      for (std::uint32_t micro : micro_list) {
+        for (std::uint32_t chunks : chunk_list) {
           for (bool overlap : {false, true}) {
             bool const inter = kind == sim::schedule_kind::interleaved;
             if (!inter && (chunks > 1 || overlap)) continue;
@@ -156,7 +163,7 @@ BOOST_AUTO_TEST_CASE(sweep_every_schedule_hazard_free_with_data_intact) {
       }
     }
   }
-  BOOST_TEST(runs > 100u);
+  BOOST_TEST(runs > (all ? 100u : 40u));
   BOOST_TEST(swapped_runs > runs / 2);
 }
 
