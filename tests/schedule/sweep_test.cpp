@@ -148,24 +148,26 @@ void check_family(std::string const& family, std::function<ps::rank_orders(int, 
 
 } // namespace
 
-// The expected totals are what the reference implementation produces for the same sweeps.
+// The expected totals are what the reference implementation produces for the same sweeps; the
+// sample run under sanitizers checks everything but these sums.
+bool const full_sweep = !pipeswap::test::sanitized_build;
 BOOST_AUTO_TEST_CASE(gpipe_sweep) {
   totals t;
   check_family("gpipe", [](int r, int m) { return ps::gpipe(r, m); }, 1, t, true);
-  BOOST_TEST(t == (totals{97152, 18792, 0, 59136}));
+  if (full_sweep) BOOST_TEST(t == (totals{97152, 18792, 0, 59136}));
 }
 
 BOOST_AUTO_TEST_CASE(one_f_one_b_sweep) {
   totals t;
   check_family("1f1b", [](int r, int m) { return ps::one_f_one_b(r, m); }, 1, t, true);
-  BOOST_TEST(t == (totals{97152, 10614, 0, 59136}));
+  if (full_sweep) BOOST_TEST(t == (totals{97152, 10614, 0, 59136}));
 }
 
 BOOST_AUTO_TEST_CASE(interleaved_sweep) {
   totals t;
   for (int v = 1; v <= 4; ++v)
     check_family("interleaved", [v](int r, int m) { return ps::interleaved_1f1b({r, v, m, false}); }, v, t, v == 2);
-  BOOST_TEST(t == (totals{1161432, 173334, 101208, 680064}));
+  if (full_sweep) BOOST_TEST(t == (totals{1161432, 173334, 101208, 680064}));
 }
 
 BOOST_AUTO_TEST_CASE(interleaved_overlap_b_f_sweep) {
@@ -173,5 +175,5 @@ BOOST_AUTO_TEST_CASE(interleaved_overlap_b_f_sweep) {
   for (int v = 1; v <= 4; ++v)
     check_family("interleaved overlap", [v](int r, int m) { return ps::interleaved_1f1b({r, v, m, true}); }, v, t,
                  v == 3);
-  BOOST_TEST(t == (totals{1038444, 160943, 101208, 680064}));
+  if (full_sweep) BOOST_TEST(t == (totals{1038444, 160943, 101208, 680064}));
 }
