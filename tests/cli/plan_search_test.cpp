@@ -136,7 +136,7 @@ sim::scenario small_scenario() {
   s.pipeline.micro_batches = 8;
   s.device.memory_bytes = 4'000'000'000;
   s.device.reserved_bytes = 100'000'000;
-  s.swap.swap_times = 4; // the batches of the optimizer step when it is not swapped
+  s.swap.swap_times = 4; // the batches of the optimizer step when it is swapped
   return s;
 }
 

@@ -206,8 +206,6 @@ public:
   }
 
   mock::backend& backend() noexcept { return b_; }
-  schedule::order const& order() const noexcept { return order_; }
-  std::size_t position() const noexcept { return pc_; }
   bool done() const noexcept { return pc_ >= order_.size(); }
 
   /// Settles setup work; returns the rank's clock after it.
@@ -386,8 +384,9 @@ private:
     return std::string(what) + " s" + std::to_string(st) + " m" + std::to_string(m);
   }
 
-  void wait_ready(ready_buffer const& r) {
-    if (r.ready) b_.wait_event(b_.current_stream(), *r.ready);
+  /// Makes `s` wait until `r` may be read.
+  void wait_ready(mock::stream s, ready_buffer const& r) {
+    if (r.ready) b_.wait_event(s, *r.ready);
   }
 
   /// A forward after SWAP_SET_GROUP of its chunk runs in that group's forward scope.
@@ -421,7 +420,7 @@ private:
       }
       in = it->second;
       inputs_.erase(it);
-      wait_ready(in);
+      wait_ready(cs, in);
     }
     saved_chunk sc;
     sc.wrote_input = first;
@@ -494,7 +493,7 @@ private:
       }
       gin = g->second;
       grads_in_.erase(g);
-      wait_ready(*gin);
+      wait_ready(cs, *gin);
     }
     std::vector<owned> bufs;
     for (std::size_t i = 0; i < sc.bytes.size(); ++i) {
@@ -541,16 +540,12 @@ private:
     }
     auto const r = it->second;
     outbox_.erase(it);
-    wait_ready_on(send_, r);
+    wait_ready(send_, r);
     auto const start = std::max(b_.ready_time(send_), b_.now());
     auto const arrival = start + link_time(r.bytes);
     b_.wait_until(send_, arrival, schedule::to_text(e));
     b_.deallocate_device(r.ptr, r.bytes, send_);
     mb.arrivals[{dir, to, e.micro}] = arrival;
-  }
-
-  void wait_ready_on(mock::stream s, ready_buffer const& r) {
-    if (r.ready) b_.wait_event(s, *r.ready);
   }
 
   bool receive(step const& e, int dir, mailbox& mb) {
