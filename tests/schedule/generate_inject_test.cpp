@@ -229,6 +229,28 @@ BOOST_AUTO_TEST_CASE(gpipe_lifecycle_order) {
              "BR0.3 WL0.3 B0.3 BS0.3");
 }
 
+// inject_options: the default is the reference placement exactly; a lookahead of 2 moves each load of
+// this GPipe order one compute slot earlier, as far as its offload's wait allows (computed by hand: with
+// gaps of four slots every chunk is clamped to fwd + 2), and nothing else.
+BOOST_AUTO_TEST_CASE(load_lookahead_moves_only_the_load) {
+  auto const in = ps::order_from_text(
+      "F0.0 FS0.0 F0.1 FS0.1 F0.2 FS0.2 F0.3 FS0.3 BR0.0 B0.0 BS0.0 BR0.1 B0.1 BS0.1 BR0.2 B0.2 BS0.2 BR0.3 B0.3 BS0.3");
+  BOOST_TEST((ps::inject_swap_steps(in, ps::inject_options{}) == ps::inject_swap_steps(in)));
+  BOOST_TEST((ps::inject_swap_steps(in, ps::inject_options{1}) == ps::inject_swap_steps(in)));
+  BOOST_TEST(ps::to_text(ps::inject_swap_steps(in, ps::inject_options{2})) ==
+             "SG0.0 F0.0 FS0.0 LO0.0 SG0.1 F0.1 FS0.1 LO0.1 WO0.0 LL0.0 SG0.2 F0.2 FS0.2 LO0.2 WO0.1 LL0.1 SG0.3 F0.3 "
+             "FS0.3 LO0.3 WO0.2 BR0.0 LL0.2 WL0.0 B0.0 BS0.0 WO0.3 BR0.1 LL0.3 WL0.1 B0.1 BS0.1 BR0.2 WL0.2 B0.2 BS0.2 "
+             "BR0.3 WL0.3 B0.3 BS0.3");
+  // Larger lookaheads clamp to the same placement here.
+  BOOST_TEST((ps::inject_swap_steps(in, ps::inject_options{9}) == ps::inject_swap_steps(in, ps::inject_options{2})));
+  // With eight micro-batches the gaps are eight slots: lookahead 3 puts LL0.0 before F0.5 (slot 8 - 3).
+  auto const eight = ps::inject_swap_steps(ps::gpipe(1, 8)[0], ps::inject_options{3});
+  BOOST_TEST(pos(eight, "LL0.0") + 2 == pos(eight, "F0.5"));
+  BOOST_TEST(pos(eight, "SG0.5") + 1 == pos(eight, "F0.5"));
+  expect_error([&] { ps::inject_swap_steps(in, ps::inject_options{0}); },
+               "inject_options.load_lookahead must be at least 1 (1 is the reference placement)");
+}
+
 // Reference §4.1 item 2.
 BOOST_AUTO_TEST_CASE(one_f_one_b_respects_min_gap) {
   auto const orders = ps::one_f_one_b(4, 8);

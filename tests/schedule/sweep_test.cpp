@@ -9,6 +9,7 @@
 
 #include "support/sanitized.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <functional>
@@ -39,10 +40,11 @@ struct totals {
 
 // Checks one swapped order against its original without using the validators: per chunk, the five
 // swap steps once each, in life-cycle order around the chunk's FWD and BWD entries, with a gap of at
-// least min_swap_gap compute slots; the entries other than swap steps are the original ones. Counts
-// the swapped chunks into `swapped`.
+// least min_swap_gap compute slots, and the load launched before compute slot max(bwd − lookahead,
+// fwd + 2) (lookahead 1: the reference's last slot in between); the entries other than swap steps are
+// the original ones. Counts the swapped chunks into `swapped`.
 std::string independent_check(ps::order const& original, ps::order const& injected, int stages, int micros,
-                              std::size_t& swapped) {
+                              std::size_t& swapped, std::size_t lookahead = 1) {
   ps::order kept;
   kept.reserve(original.size());
   // Per chunk: positions of SG, F, LO, WO, LL, WL, B; swap-step counts; compute slots of F and B.
@@ -50,6 +52,7 @@ std::string independent_check(ps::order const& original, ps::order const& inject
     std::array<long, 7> at{-1, -1, -1, -1, -1, -1, -1};
     std::array<int, 5> count{};
     long fwd_slot = -1, bwd_slot = -1;
+    long load_slot = -1; // the compute slot LAUNCH_LOAD precedes
   };
   std::vector<life> lives(std::size_t(stages * micros));
   auto life_of = [&](ps::step const& s) -> life& { return lives[std::size_t(s.stage * micros + s.micro)]; };
@@ -62,6 +65,7 @@ std::string independent_check(ps::order const& original, ps::order const& inject
       ++l.count[std::size_t(k)];
       static constexpr int where[] = {0, 2, 3, 4, 5};
       l.at[std::size_t(where[k])] = long(i);
+      if (e->kind == step_kind::swap_launch_load) l.load_slot = slot;
       continue;
     }
     kept.push_back(e);
@@ -90,6 +94,9 @@ std::string independent_check(ps::order const& original, ps::order const& inject
       if (!(l.at[j] < l.at[j + 1])) return name + ": life cycle out of order";
     }
     if (l.bwd_slot - l.fwd_slot < long(ps::min_swap_gap)) return name + ": gap below min_swap_gap";
+    if (l.load_slot != std::max(l.bwd_slot - long(lookahead), l.fwd_slot + 2))
+      return name + ": load launched before slot " + std::to_string(l.load_slot) + ", not " + std::to_string(lookahead) +
+             " slot(s) ahead of its backward at " + std::to_string(l.bwd_slot);
   }
   return {};
 }
@@ -176,4 +183,56 @@ BOOST_AUTO_TEST_CASE(interleaved_overlap_b_f_sweep) {
     check_family("interleaved overlap", [v](int r, int m) { return ps::interleaved_1f1b({r, v, m, true}); }, v, t,
                  v == 3);
   if (full_sweep) BOOST_TEST(t == (totals{1038444, 160943, 101208, 680064}));
+}
+
+// inject_options::load_lookahead over the sampled sweep of every family: only LAUNCH_LOAD moves (the
+// order without it equals the reference injection's), it lands exactly max(bwd − k, fwd + 2), the order
+// stays well-formed and the whole injected schedule stays valid and deadlock-free.
+BOOST_AUTO_TEST_CASE(load_lookahead_sweep) {
+  auto const without_loads = [](ps::order o) {
+    std::erase_if(o, [](ps::entry const& e) { return e && e->kind == step_kind::swap_launch_load; });
+    return o;
+  };
+  struct family {
+    char const* name;
+    int chunks;
+    std::function<ps::rank_orders(int, int)> make;
+  };
+  std::vector<family> const families{
+      {"gpipe", 1, [](int r, int m) { return ps::gpipe(r, m); }},
+      {"1f1b", 1, [](int r, int m) { return ps::one_f_one_b(r, m); }},
+      {"interleaved", 2, [](int r, int m) { return ps::interleaved_1f1b({r, 2, m, false}); }},
+      {"interleaved overlap", 2, [](int r, int m) { return ps::interleaved_1f1b({r, 2, m, true}); }},
+  };
+  std::size_t moved = 0;
+  for (auto const& f : families) {
+    for (int ranks = 1; ranks <= 8; ++ranks) {
+      for (int micro : {1, 3, 8, 13, 32}) {
+        auto const orders = f.make(ranks, micro);
+        for (std::size_t k : {2u, 3u, 6u}) {
+          auto const where = [&] {
+            return std::string(f.name) + " ranks=" + std::to_string(ranks) + " micro=" + std::to_string(micro) +
+                   " lookahead=" + std::to_string(k);
+          };
+          ps::rank_orders injected;
+          for (std::size_t r = 0; r < orders.size(); ++r) {
+            ps::order const reference = ps::inject_swap_steps(orders[r]);
+            injected.push_back(ps::inject_swap_steps(orders[r], ps::inject_options{k}));
+            ps::order const& in = injected.back();
+            if (auto const problems = ps::check_order(in); !problems.empty())
+              BOOST_ERROR(where() << " rank " << r << ": " << to_string(problems.front()));
+            std::size_t swapped = 0;
+            if (auto const why = independent_check(orders[r], in, ranks * f.chunks, micro, swapped, k); !why.empty())
+              BOOST_ERROR(where() << " rank " << r << ": " << why);
+            if (!(without_loads(in) == without_loads(reference)))
+              BOOST_ERROR(where() << " rank " << r << ": a step other than LAUNCH_LOAD moved");
+            if (!(in == reference)) ++moved;
+          }
+          auto const after = ps::check_schedule(injected, ps::stage_layout(ranks, f.chunks));
+          if (!after.ok()) BOOST_ERROR(where() << " injected: " << to_string(after));
+        }
+      }
+    }
+  }
+  BOOST_TEST(moved > 0); // the option changes placements somewhere in the sweep
 }

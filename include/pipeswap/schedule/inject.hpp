@@ -25,9 +25,16 @@
 // is chunk order: chunks are taken in the order of their first FWD; a chunk with two FWD (BWD) leaves
 // uses the last of each (the reference's dict semantics). The original entries keep their order.
 //
+// inject_options::load_lookahead moves LAUNCH_LOAD earlier (an option beyond the reference; its
+// default, 1, is the placement above): with lookahead k the load goes out before the entry of compute
+// slot max(bwd_slot − k, fwd_slot + 2) — k slots ahead of the backward, but never before the slot that
+// follows the one whose P2P run holds WAIT_OFFLOAD, so the life cycle stays in order. A load launched
+// earlier has more compute to hide behind and keeps its bytes resident longer.
+//
 // Cost: linear in the order's length (the reference is quadratic: it materialises every `between`).
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -56,6 +63,21 @@ struct swap_candidate {
 
   std::size_t gap() const noexcept { return bwd_slot - fwd_slot; }
   friend bool operator==(swap_candidate const&, swap_candidate const&) = default;
+};
+
+/// Options of inject_swap_steps() beyond the reference placement.
+struct inject_options {
+  /// Compute slots between LAUNCH_LOAD and the chunk's backward slot: 1 is the reference placement
+  /// (before the last slot in between); larger values launch the load earlier, clamped so it never
+  /// precedes the slot after the one that waits for the offload (see the header comment). Must be ≥ 1.
+  std::size_t load_lookahead = 1;
+
+  /// Throws invalid_argument naming the field if an option is out of range.
+  void validate() const {
+    if (load_lookahead == 0)
+      throw invalid_argument("inject_options.load_lookahead must be at least 1 (1 is the reference placement)");
+  }
+  friend bool operator==(inject_options const&, inject_options const&) = default;
 };
 
 namespace detail {
@@ -97,11 +119,13 @@ inline std::vector<swap_candidate> swap_candidates(order const& o) {
 }
 
 /// `o` with the five swap steps of every candidate chunk for which `eligible(chunk)` holds (a planner
-/// picks which micro-batches to swap this way; the others keep their activations on the device).
-/// Throws invalid_argument (naming the entry) if an entry breaks the shape rules; `o` is not modified.
+/// picks which micro-batches to swap this way; the others keep their activations on the device), placed
+/// as the header comment says for `opts`. Throws invalid_argument (naming the entry) if an entry breaks
+/// the shape rules, or naming the option if `opts` is out of range; `o` is not modified.
 template <class Eligible>
   requires std::predicate<Eligible&, chunk>
-order inject_swap_steps(order const& o, Eligible eligible) {
+order inject_swap_steps(order const& o, Eligible eligible, inject_options const& opts) {
+  opts.validate();
   detail::require_shapes(o, "inject_swap_steps");
   detail::slot_index const idx = detail::index_slots(o);
 
@@ -121,11 +145,13 @@ order inject_swap_steps(order const& o, Eligible eligible) {
   for (swap_candidate const& c : candidates) {
     if (!eligible(c.key)) continue;
     std::size_t const first_between = idx.position_of_slot[c.fwd_slot + 1];
-    std::size_t const last_between = idx.position_of_slot[c.bwd_slot - 1];
+    // gap >= min_swap_gap >= 3 keeps fwd_slot + 2 < bwd_slot, so the load slot lies strictly between.
+    std::size_t const load_slot = std::max(c.bwd_slot - std::min(opts.load_lookahead, c.bwd_slot), c.fwd_slot + 2);
+    std::size_t const load_at = idx.position_of_slot[load_slot];
     actions.push_back({c.fwd_position, 2, c.key});
     actions.push_back({detail::post_anchor(o, c.fwd_position, fwd(c.key.stage, c.key.micro)), 3, c.key});
     actions.push_back({detail::post_anchor(o, first_between, *o[first_between]), 4, c.key});
-    actions.push_back({last_between, 0, c.key});
+    actions.push_back({load_at, 0, c.key});
     actions.push_back({c.bwd_position, 1, c.key});
   }
 
@@ -160,9 +186,21 @@ order inject_swap_steps(order const& o, Eligible eligible) {
   return out;
 }
 
+/// inject_swap_steps() with the reference placement.
+template <class Eligible>
+  requires std::predicate<Eligible&, chunk>
+order inject_swap_steps(order const& o, Eligible eligible) {
+  return inject_swap_steps(o, std::move(eligible), inject_options{});
+}
+
+/// inject_swap_steps() with every candidate chunk eligible, placed as `opts` says.
+inline order inject_swap_steps(order const& o, inject_options const& opts) {
+  return inject_swap_steps(o, [](chunk) { return true; }, opts);
+}
+
 /// inject_swap_steps() with every candidate chunk eligible: the reference's inject_pipeline_swap_steps.
 inline order inject_swap_steps(order const& o) {
-  return inject_swap_steps(o, [](chunk) { return true; });
+  return inject_swap_steps(o, [](chunk) { return true; }, inject_options{});
 }
 
 /// A copy of `orders` in which only `rank`'s order has its swap steps: each rank swaps its own
