@@ -176,8 +176,10 @@ inline scenario calibrated(scenario s) {
 /// One line describing the scenario: model, pipeline, device.
 inline std::string describe(scenario const& s) {
   using detail::gb;
-  std::uint64_t params = 0;
-  for (auto const& st : plan_stages(s)) params += st.params;
+  std::uint64_t params = 0; // the whole model's, not one device's shard
+  auto whole = s;
+  whole.parallel = {};
+  for (auto const& st : plan_stages(whole)) params += st.params;
   auto const& p = s.pipeline;
   std::string out = s.model.name + " (" + std::to_string(s.model.layers) + " layers, " +
                     detail::fmt("%.1f", static_cast<double>(params) / 1e9) + " B parameters, " +
