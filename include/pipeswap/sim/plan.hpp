@@ -299,7 +299,8 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
         std::string rest;
         for (std::size_t k = i + 1; k < space.swap_times.size(); ++k)
           rest += (k > i + 1 ? ", " : "") + std::to_string(space.swap_times[k]);
-        res.skipped.push_back(describe(family) + ", optimizer swap (" + std::string(packed ? "packed" : "per tensor") +
+        res.skipped.push_back((family == swap_choice{} ? std::string() : describe(family) + ", ") + "optimizer swap (" +
+                              std::string(packed ? "packed" : "per tensor") +
                               ") with swap_times " + rest + ": " + std::to_string(space.swap_times[i]) +
                               " batches lowered neither the peak nor the step time of " +
                               std::to_string(space.swap_times[i - 1]) + ", so more batches are not tried");
@@ -613,10 +614,11 @@ Json to_json(plan_result const& r) {
   auto choice = [](swap_choice const& c) {
     Json j = Json::object();
     j["description"] = describe(c);
-    j["activations"] = c.activation_min_gap == 0                         ? Json("none")
+    j["activations"] = !c.ranks.empty()                                   ? Json(nullptr)
+                       : c.activation_min_gap == 0                         ? Json("none")
                        : c.activation_min_gap <= schedule::min_swap_gap ? Json("all")
                                                                          : Json(c.activation_min_gap);
-    j["optimizer"] = c.optimizer;
+    j["optimizer"] = c.any_optimizer();
     j["swap_times"] = c.any_optimizer() ? Json(c.swap_times) : Json(nullptr);
     j["packed"] = c.any_optimizer() ? Json(c.packed) : Json(nullptr);
     j["recompute"] = recompute_name(c.recompute);
