@@ -395,3 +395,29 @@ BOOST_AUTO_TEST_CASE(plan_says_nothing_fits_when_the_budget_is_too_small) {
     BOOST_TEST(j["chosen"].is_null());
   }
 }
+
+// With data parallelism the planner weighs the distributed optimizer: at a budget that the sharded
+// state meets without any swap, the best plan without swap uses it, and the chosen plan is no slower.
+BOOST_AUTO_TEST_CASE(plan_weighs_the_distributed_optimizer_with_data_parallelism) {
+  auto s = small_scenario();
+  s.parallel.dp = 4;
+  auto const gaps = std::make_shared<sim::activation_gaps const>(sim::gaps_of(s.pipeline));
+  auto eval = [&](sim::swap_choice const& c) {
+    return sim::outcome_of(sim::simulate(sim::scenario_for(c, s), sim::options_for(c, gaps, s.swap)));
+  };
+  sim::swap_choice sharded;
+  sharded.distributed_optimizer = true;
+  auto const none = eval(sim::swap_choice{});
+  auto const dist = eval(sharded);
+  BOOST_REQUIRE(dist.peak_bytes < none.peak_bytes); // 6 + 12/4 bytes per parameter instead of 18
+  auto const r = sim::plan(s, dist.peak_bytes);
+  BOOST_REQUIRE(r.chosen.has_value());
+  BOOST_REQUIRE(r.best_without_swap.has_value());
+  BOOST_TEST(r.best_without_swap->distributed_optimizer);
+  BOOST_TEST(r.best_without_swap_outcome.peak_bytes <= dist.peak_bytes);
+  BOOST_TEST(r.chosen_outcome.step_ns <= r.best_without_swap_outcome.step_ns);
+  BOOST_TEST(r.candidates == 2 * 3 * (1 + 5 * 2) * (1 + sim::gap_levels(*gaps).size()));
+  auto const text = sim::format_plan(r, s);
+  BOOST_TEST(text.find("distributed optimizer") != std::string::npos, text);
+  BOOST_TEST(sim::to_json(r)["best_without_swap"]["distributed_optimizer"] == true);
+}
