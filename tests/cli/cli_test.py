@@ -373,7 +373,7 @@ class ScenarioFiles(unittest.TestCase):
     def test_scenario_prints_every_field_and_reads_back(self):
         _, out, _ = run("scenario", check=0)
         j = json.loads(out)
-        self.assertEqual(list(j), ["model", "device", "pipeline", "swap"])
+        self.assertEqual(list(j), ["model", "device", "node", "parallel", "pipeline", "swap"])
         self.assertEqual(j["model"]["layers"], 80)
         self.assertEqual(j["device"]["memory_bytes"], 141_000_000_000)
         self.assertEqual(j["device"]["h2d_gbps"], 55)
@@ -472,12 +472,12 @@ class Simulate(unittest.TestCase):
             self.assertLessEqual(peak["optimizer"], peak["none"])
             self.assertLessEqual(peak["activations"], peak["none"])
             self.assertLessEqual(peak["both"], min(peak["optimizer"], peak["activations"]))
-        # Per rank: BF16 weights and gradients (4 bytes per parameter), AdamW state with fp32 master
-        # (12). Optimizer swap moves the state to the device and back once per step, except that of
-        # the tensors under 1024 elements (the norms), which stays on the device.
+        # Per rank: BF16 weights and FP32 gradients (6 bytes per parameter), AdamW state with fp32
+        # master (12). Optimizer swap moves the state to the device and back once per step, except that
+        # of the tensors under 1024 elements (the norms), which stays on the device.
         for k in range(4):
             params, small = rank_params(TINY["model"], 4, k)
-            self.assertEqual(base["ranks"][k]["resident_param_bytes"], 4 * params)
+            self.assertEqual(base["ranks"][k]["resident_param_bytes"], 6 * params)
             self.assertEqual(base["ranks"][k]["optimizer_state_bytes"], 12 * params)
             for name in ("optimizer", "both"):
                 x = by[name]["ranks"][k]
@@ -619,9 +619,9 @@ class DefaultScenario(unittest.TestCase):
         p0 = 32000 * 8192 + 10 * layer
         self.assertEqual(p0, 8_818_688_000)
         none = self.by["none"]["ranks"][0]
-        # BF16 weights and gradients: 2 + 2 bytes per parameter; AdamW with fp32 master, exp_avg and
-        # exp_avg_sq: 12 bytes per parameter (16 in all, ZeRO section 3.1).
-        self.assertEqual(none["resident_param_bytes"], 4 * p0)       # 35.27 GB
+        # BF16 weights and FP32 gradients: 2 + 4 bytes per parameter; AdamW with fp32 master, exp_avg
+        # and exp_avg_sq: 12 bytes per parameter (18 in all, Megatron-LM's distributed optimizer table).
+        self.assertEqual(none["resident_param_bytes"], 6 * p0)       # 52.91 GB
         self.assertEqual(none["optimizer_state_bytes"], 12 * p0)     # 105.8 GB
         # Optimizer swap moves every state byte (no tensor of rank 0 is under 1024 elements) to the
         # device and back once per step.
@@ -630,21 +630,103 @@ class DefaultScenario(unittest.TestCase):
         self.assertEqual(opt["d2h_bytes"], 12 * p0)
 
     def test_peak_without_swap_follows_the_formula(self):
-        # Saved activations per layer and micro-batch: s*b*h*34 bytes (Korthikanti et al. 2022, eq. 1,
-        # without the 5as/h term under flash attention); a stage saves its 10 layers' and its input,
-        # s*b*h*2 bytes. Without swap, 1F1B keeps min(R - r, M) micro-batches in flight on rank r, and
-        # at most four boundary-sized buffers are in transit (input, output, gradient in and out).
-        boundary = 4096 * 8192 * 2
-        per_layer = 4096 * 8192 * 34
-        self.assertEqual(per_layer, 1_140_850_688)
-        stage = 10 * per_layer + boundary
+        # Saved activations per layer and micro-batch (docs/simulator.md, "Activations"), T = 4096
+        # tokens, h = 8192, f = 28672, kv = 1024, 2-byte elements: the two norms' inputs and the two
+        # matmul inputs after them (4 x 2Th), Q and the flash output (2 x 2Th), K and V (2 x 2T kv),
+        # the fp32 log-sum-exp (4 x 64 heads x T), SwiGLU's gate and up outputs (2 x 2Tf) and down's
+        # input (2Tf). A stage saves its 10 layers' and its input (2Th); the last stage also the final
+        # norm's and the head's inputs (2 x 2Th) and the fp32 softmax of the logits (4 x T x 32000).
+        T, h, f = 4096, 8192, 28672
+        boundary = 2 * T * h
+        per_layer = 6 * 2 * T * h + 2 * 2 * T * 1024 + 4 * 64 * T + 3 * 2 * T * f
+        self.assertEqual(per_layer, 1_125_122_048)
+        head = 2 * 2 * T * h + 4 * T * 32000
         for r, x in enumerate(self.by["none"]["ranks"]):
             params, _ = rank_params(self.report["scenario"]["model"], 8, r)
-            base = 6_000_000_000 + 16 * params + min(8 - r, 32) * stage
+            stage = 10 * per_layer + boundary + (head if r == 7 else 0)
+            # Without swap, 1F1B keeps min(R - r, M) micro-batches in flight on rank r, and at most
+            # four boundary-sized buffers are in transit (input, output, gradient in and out).
+            base = 6_000_000_000 + 18 * params + min(8 - r, 32) * stage
             self.assertGreaterEqual(x["peak_bytes"], base, r)
             self.assertLessEqual(x["peak_bytes"], base + 4 * boundary, r)
-        # Rank 0: 6 GB + 16 x 8.8187 GB + 8 x 11.4756 GB = 238.9 GB, against 141 GB.
-        self.assertAlmostEqual(self.by["none"]["ranks"][0]["peak_bytes"] / 1e9, 238.9, delta=0.3)
+        # Rank 0: 6 GB + 18 x 8.8187 GB + 8 x 11.3183 GB = 255.3 GB, against 141 GB.
+        self.assertAlmostEqual(self.by["none"]["ranks"][0]["peak_bytes"] / 1e9, 255.3, delta=0.3)
+
+    def test_the_node_shares_its_host_bandwidth(self):
+        # The eight ranks are the eight devices of one node: copying at once, each gets 278 / 8 GB/s,
+        # and 0.7 of that while both directions run.
+        for x in self.by["optimizer"]["ranks"]:
+            self.assertEqual(x["link_sharing"], 8)
+            self.assertAlmostEqual(x["h2d_gbps"], 278 / 8 * 0.7, places=9)
+        # Activation swap: ranks 6 and 7 have no eligible group, so six devices share the node.
+        for x in self.by["activations"]["ranks"][:6]:
+            self.assertEqual(x["link_sharing"], 6)
+            self.assertAlmostEqual(x["h2d_gbps"], 278 / 6 * 0.7, places=9)
+
+
+# A 70B-class job on 128 devices: tp 8 with sequence parallelism, pp 4, dp 4 with the distributed
+# optimizer, 16 micro-batches. docs/simulator.md, "A multi-parallel job by hand", computes rank 0.
+MULTI = {
+    "parallel": {"tp": 8, "sequence_parallel": True, "dp": 4, "distributed_optimizer": True},
+    "pipeline": {"ranks": 4, "micro_batches": 16},
+}
+
+
+class MultiParallelScenario(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        path = os.path.join(cls.dir.name, "multi.json")
+        with open(path, "w") as f:
+            json.dump(MULTI, f)
+        _, out, _ = run("simulate", "--scenario", path, "--json", "--trace", "", "--svg", "", check=0)
+        cls.report = json.loads(out)
+        cls.by = {c["name"]: c for c in cls.report["configurations"]}
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.dir.cleanup()
+
+    def test_rank_0_by_hand(self):
+        T, h, f, kv, t, d = 4096, 8192, 28672, 1024, 8, 4
+        # Per device of the tp group: every matrix split by 8, the norms whole; the embedding's
+        # vocabulary split by 8. 20 layers on rank 0.
+        layer = (2 * h * h + 2 * h * kv + 3 * h * f) // t + 2 * h
+        self.assertEqual(layer, 106_971_136)
+        p0 = 32000 // t * h + 20 * layer
+        self.assertEqual(p0, 2_172_190_720)
+        none = self.by["none"]["ranks"][0]
+        self.assertEqual(none["resident_param_bytes"], 6 * p0)       # BF16 weights, FP32 gradients
+        self.assertEqual(none["optimizer_state_bytes"], 12 * p0 // d)  # 12/d: the distributed optimizer
+        # Optimizer swap moves only the shard (every shard is at least 1024 elements).
+        opt = self.by["optimizer"]["ranks"][0]
+        self.assertEqual(opt["h2d_bytes"], 12 * p0 // d)
+        self.assertEqual(opt["d2h_bytes"], 12 * p0 // d)
+        # Activations per layer with sequence parallelism: what is replicated without it (the norms'
+        # and matmuls' inputs, 4 x 2Th) is split along the sequence; the rest by the heads or f.
+        per_layer = (4 * 2 * T * h + 2 * 2 * T * h + 2 * 2 * T * kv + 3 * 2 * T * f) // t + 4 * (64 // t) * T
+        self.assertEqual(per_layer, 140_640_256)
+        boundary = 2 * T * h // t
+        stage = 20 * per_layer + boundary
+        base = 6_000_000_000 + 6 * p0 + 12 * p0 // d + min(4, 16) * stage
+        self.assertGreaterEqual(none["peak_bytes"], base)
+        self.assertLessEqual(none["peak_bytes"], base + 4 * boundary)
+        self.assertAlmostEqual(none["peak_bytes"] / 1e9, 36.9, delta=0.1)
+        self.assertTrue(self.by["none"]["fits"])
+
+    def test_collectives_by_hand(self):
+        # The data-parallel group spans 4 nodes (tp x dp = 32 devices > 8): the network, 40 GB/s bus
+        # bandwidth. Gradient reduce-scatter of 4 bytes x p0 and weight all-gather of 2 bytes x p0,
+        # (d - 1)/d of the bytes each, plus 10 us: 163.0 ms and 81.5 ms (rounded to the nanosecond).
+        p0 = 2_172_190_720
+        rs = round(10e3 + 0.75 * 4 * p0 / 40e9 * 1e9)
+        ag = round(10e3 + 0.75 * 2 * p0 / 40e9 * 1e9)
+        self.assertEqual((rs, ag), (162_924_304, 81_467_152))
+        none = self.by["none"]["ranks"][0]
+        self.assertGreater(none["step_ns"] - none["pipeline_ns"], rs + ag)
+        # MFU is end to end: below the kernel efficiency (0.45) by the bubble and the collectives.
+        self.assertLess(self.by["none"]["mfu"], 0.45)
+        self.assertGreater(self.by["none"]["mfu"], 0.2)
 
 
 class Plan(unittest.TestCase):

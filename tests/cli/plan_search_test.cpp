@@ -5,6 +5,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -27,16 +28,17 @@ namespace ps = pipeswap::schedule;
 
 namespace {
 
-/// Every candidate of `space`, in no particular order.
+/// Every uniform candidate of `space`, in no particular order.
 std::vector<sim::swap_choice> all_choices(sim::plan_space const& space) {
   std::vector<std::size_t> levels{0};
   levels.insert(levels.end(), space.gaps.begin(), space.gaps.end());
   std::vector<sim::swap_choice> out;
-  for (auto g : levels) {
-    out.push_back({g, false, 16, true});
-    for (auto k : space.swap_times)
-      for (bool p : space.packed) out.push_back({g, true, k, p});
-  }
+  for (auto const& [rc, dist] : space.families())
+    for (auto g : levels) {
+      out.push_back({g, false, 16, true, rc, dist});
+      for (auto k : space.swap_times)
+        for (bool p : space.packed) out.push_back({g, true, k, p, rc, dist});
+    }
   return out;
 }
 
@@ -62,6 +64,11 @@ struct toy_model {
   std::map<std::pair<bool, std::uint32_t>, std::uint64_t> opt_saving;
   std::map<std::pair<bool, std::uint32_t>, pipeswap::mock::sim_time> opt_cost;
   std::vector<std::size_t> gaps;
+  /// Recomputation (by kind) and the distributed optimizer: a saving and a cost each, added.
+  std::array<std::uint64_t, 3> rc_saving{};
+  std::array<pipeswap::mock::sim_time, 3> rc_cost{};
+  std::uint64_t dist_saving = 0;
+  pipeswap::mock::sim_time dist_cost = 0;
   mutable std::size_t calls = 0;
 
   sim::plan_outcome operator()(sim::swap_choice const& c) const {
@@ -73,6 +80,9 @@ struct toy_model {
     o.peak_bytes = base_peak - act_saving[level];
     o.step_ns = base_step + act_cost[level];
     o.h2d_bytes = o.d2h_bytes = act_saving[level];
+    o.peak_bytes -= rc_saving[static_cast<std::size_t>(c.recompute)];
+    o.step_ns += rc_cost[static_cast<std::size_t>(c.recompute)];
+    if (c.distributed_optimizer) o.peak_bytes -= dist_saving, o.step_ns += dist_cost;
     if (c.optimizer) {
       o.peak_bytes -= opt_saving.at({c.packed, c.swap_times});
       o.step_ns += opt_cost.at({c.packed, c.swap_times});
@@ -97,6 +107,10 @@ toy_model random_model(std::mt19937_64& rng, sim::plan_space const& space) {
   std::sort(t.begin(), t.end());
   m.act_saving = s;
   m.act_cost = t;
+  m.rc_saving = {0, bytes(rng) * 2, bytes(rng) * 20};
+  m.rc_cost = {0, time(rng) / 4, time(rng) * 4};
+  m.dist_saving = bytes(rng) * 10;
+  m.dist_cost = time(rng);
   for (bool p : space.packed) {
     auto const n = space.swap_times.size();
     std::uniform_int_distribution<std::size_t> knee(0, n - 1);
@@ -146,6 +160,7 @@ BOOST_AUTO_TEST_CASE(search_matches_the_exhaustive_oracle_on_synthetic_models) {
   std::mt19937_64 rng(2024);
   for (int round = 0; round < 400; ++round) {
     sim::plan_space space;
+    space.distributed_optimizer = {false, true};
     std::uniform_int_distribution<std::size_t> nlev(0, 9);
     std::size_t const levels = nlev(rng);
     space.gaps.clear();
@@ -195,8 +210,8 @@ BOOST_AUTO_TEST_CASE(search_simulates_few_candidates) {
     (void)sim::search_plan(space, 52'000, model);
     most = std::max(most, model.calls);
   }
-  BOOST_TEST(space.size() == 99u);
-  BOOST_TEST(most < 60u); // binary search over the levels, not all 99
+  BOOST_TEST(space.size() == 3 * 99u);
+  BOOST_TEST(most < 3 * 60u); // per family a binary search over the levels, not all 99
 }
 
 BOOST_AUTO_TEST_CASE(no_swap_is_chosen_when_it_fits) {
@@ -209,7 +224,31 @@ BOOST_AUTO_TEST_CASE(no_swap_is_chosen_when_it_fits) {
   BOOST_TEST(sim::describe(*r.chosen) == "no swap");
   // Only the optimizer settings are simulated besides: activation swap only adds time.
   for (auto const& e : r.simulated) BOOST_TEST(e.choice.activation_min_gap == 0u);
-  BOOST_TEST(r.simulated.size() <= 1 + space.swap_times.size() * space.packed.size());
+  BOOST_TEST(r.simulated.size() <= space.families().size() * (1 + space.swap_times.size() * space.packed.size()));
+  // Recomputation only adds time here: the best plan without swap is the chosen one.
+  BOOST_REQUIRE(r.best_without_swap.has_value());
+  BOOST_TEST((*r.best_without_swap == sim::swap_choice{}));
+}
+
+// When only recomputation makes it fit, the best plan without swap is a recomputation, and a plan
+// that swaps is chosen only when it is faster than that.
+BOOST_AUTO_TEST_CASE(the_best_plan_without_swap_is_reported_beside_the_chosen_one) {
+  std::mt19937_64 rng(11);
+  sim::plan_space space;
+  for (int round = 0; round < 100; ++round) {
+    auto model = random_model(rng, space);
+    model.rc_saving = {0, 10, 60'000};
+    auto const budget = model.base_peak - 50'000;
+    auto const r = sim::search_plan(space, budget, model);
+    BOOST_REQUIRE(r.chosen.has_value());
+    BOOST_REQUIRE(r.best_without_swap.has_value());
+    BOOST_TEST((r.best_without_swap->recompute == sim::recompute_kind::full));
+    BOOST_TEST(r.best_without_swap->swap_free());
+    BOOST_TEST(r.best_without_swap_outcome.step_ns == model.base_step + model.rc_cost[2]);
+    BOOST_TEST(r.chosen_outcome.step_ns <= r.best_without_swap_outcome.step_ns);
+    auto const oracle = fastest_fitting(space, budget, model);
+    BOOST_TEST(r.chosen_outcome.step_ns == oracle->step_ns);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(bad_search_spaces_are_rejected) {
@@ -236,6 +275,14 @@ BOOST_AUTO_TEST_CASE(descriptions_name_every_knob) {
   BOOST_TEST(sim::describe(sim::swap_choice{0, true, 8, false}) == "optimizer swap (per tensor, 8 batches)");
   BOOST_TEST(sim::describe(sim::swap_choice{9, true, 16, true}) ==
              "optimizer swap (packed, 16 batches) + activation groups with gap >= 9");
+  BOOST_TEST(sim::describe(sim::swap_choice{0, false, 16, true, sim::recompute_kind::full}) == "full recomputation");
+  BOOST_TEST(sim::describe(sim::swap_choice{0, true, 16, true, sim::recompute_kind::selective, true}) ==
+             "distributed optimizer + selective recomputation + optimizer swap (packed, 16 batches)");
+  sim::swap_choice mix;
+  mix.ranks = {{4, true, sim::recompute_kind::none}, {0, true, sim::recompute_kind::none},
+               {0, true, sim::recompute_kind::none}, {0, false, sim::recompute_kind::full}};
+  BOOST_TEST(sim::describe(mix) == "per rank: 0: optimizer swap (packed, 16 batches) + every eligible activation "
+                                   "group; 1-2: optimizer swap (packed, 16 batches); 3: full recomputation");
 }
 
 BOOST_AUTO_TEST_CASE(gap_levels_spread_the_groups_and_end_with_every_eligible_one) {
@@ -280,7 +327,7 @@ BOOST_AUTO_TEST_CASE(plan_picks_the_fastest_fitting_option_of_a_small_scenario) 
   auto eval = [&](sim::swap_choice const& c) {
     auto const key = sim::describe(c);
     auto it = cache.find(key);
-    if (it == cache.end()) it = cache.emplace(key, sim::outcome_of(sim::simulate(s, sim::options_for(c, gaps, s.swap)))).first;
+    if (it == cache.end()) it = cache.emplace(key, sim::outcome_of(sim::simulate(sim::scenario_for(c, s), sim::options_for(c, gaps, s.swap)))).first;
     return it->second;
   };
   auto const none = eval(sim::swap_choice{});
@@ -303,7 +350,9 @@ BOOST_AUTO_TEST_CASE(plan_picks_the_fastest_fitting_option_of_a_small_scenario) 
       auto const oracle = fastest_fitting(space, budget, eval);
       BOOST_REQUIRE(oracle.has_value());
       BOOST_REQUIRE(r.chosen.has_value());
-      BOOST_TEST(r.chosen_outcome.step_ns == oracle->step_ns);
+      // A per-rank mix may beat every uniform candidate; a uniform choice is the oracle's.
+      if (r.chosen->ranks.empty()) BOOST_TEST(r.chosen_outcome.step_ns == oracle->step_ns);
+      else BOOST_TEST(r.chosen_outcome.step_ns < oracle->step_ns);
       BOOST_TEST(r.chosen_outcome.peak_bytes <= budget);
       auto const again = eval(*r.chosen); // the reported outcome is what the simulator gives for the choice
       BOOST_TEST(again.step_ns == r.chosen_outcome.step_ns);
@@ -331,7 +380,7 @@ BOOST_AUTO_TEST_CASE(plan_says_nothing_fits_when_the_budget_is_too_small) {
   space.gaps = sim::gap_levels(*gaps);
   std::uint64_t lowest = std::numeric_limits<std::uint64_t>::max();
   for (auto const& c : all_choices(space))
-    lowest = std::min(lowest, sim::outcome_of(sim::simulate(s, sim::options_for(c, gaps, s.swap))).peak_bytes);
+    lowest = std::min(lowest, sim::outcome_of(sim::simulate(sim::scenario_for(c, s), sim::options_for(c, gaps, s.swap))).peak_bytes);
   for (std::uint64_t budget : {lowest - 1, std::uint64_t{1}}) {
     auto const r = sim::plan(s, budget, {}, space);
     BOOST_TEST(!r.chosen.has_value());
@@ -345,4 +394,30 @@ BOOST_AUTO_TEST_CASE(plan_says_nothing_fits_when_the_budget_is_too_small) {
     BOOST_TEST(j["fits"] == false);
     BOOST_TEST(j["chosen"].is_null());
   }
+}
+
+// With data parallelism the planner weighs the distributed optimizer: at a budget that the sharded
+// state meets without any swap, the best plan without swap uses it, and the chosen plan is no slower.
+BOOST_AUTO_TEST_CASE(plan_weighs_the_distributed_optimizer_with_data_parallelism) {
+  auto s = small_scenario();
+  s.parallel.dp = 4;
+  auto const gaps = std::make_shared<sim::activation_gaps const>(sim::gaps_of(s.pipeline));
+  auto eval = [&](sim::swap_choice const& c) {
+    return sim::outcome_of(sim::simulate(sim::scenario_for(c, s), sim::options_for(c, gaps, s.swap)));
+  };
+  sim::swap_choice sharded;
+  sharded.distributed_optimizer = true;
+  auto const none = eval(sim::swap_choice{});
+  auto const dist = eval(sharded);
+  BOOST_REQUIRE(dist.peak_bytes < none.peak_bytes); // 6 + 12/4 bytes per parameter instead of 18
+  auto const r = sim::plan(s, dist.peak_bytes);
+  BOOST_REQUIRE(r.chosen.has_value());
+  BOOST_REQUIRE(r.best_without_swap.has_value());
+  BOOST_TEST(r.best_without_swap->distributed_optimizer);
+  BOOST_TEST(r.best_without_swap_outcome.peak_bytes <= dist.peak_bytes);
+  BOOST_TEST(r.chosen_outcome.step_ns <= r.best_without_swap_outcome.step_ns);
+  BOOST_TEST(r.candidates == 2 * 3 * (1 + 5 * 2) * (1 + sim::gap_levels(*gaps).size()));
+  auto const text = sim::format_plan(r, s);
+  BOOST_TEST(text.find("distributed optimizer") != std::string::npos, text);
+  BOOST_TEST(sim::to_json(r)["best_without_swap"]["distributed_optimizer"] == true);
 }

@@ -37,11 +37,15 @@ void expect_rejected(std::string_view text, std::string_view message) {
 json every_field() {
   return json::parse(R"({
     "model": {"name": "tiny", "layers": 12, "hidden": 512, "ffn_hidden": 1536, "heads": 8, "kv_heads": 4,
-              "vocab": 1000, "seq_len": 256, "micro_batch_size": 3, "param_dtype": "F16",
-              "fp32_master": false, "flash_attention": false, "activation_bytes_per_layer": 123456},
+              "vocab": 1000, "seq_len": 256, "micro_batch_size": 3, "param_dtype": "F16", "grad_dtype": "BF16",
+              "fp32_master": false, "flash_attention": false, "mlp": "gelu", "dropout": true,
+              "recompute": "selective", "activation_bytes_per_layer": 123456},
     "device": {"name": "toy", "memory_bytes": 8000000000, "reserved_bytes": 500000000, "h2d_gbps": 12.5,
-               "d2h_gbps": 11, "copy_latency_us": 3.5, "bf16_tflops": 100, "mfu": 0.3, "hbm_tbps": 1.5,
-               "p2p_gbps": 25, "p2p_latency_us": 7},
+               "d2h_gbps": 11, "duplex_factor": 0.8, "copy_latency_us": 3.5, "bf16_tflops": 100,
+               "kernel_efficiency": 0.3, "end_to_end_mfu": 0.25, "hbm_tbps": 1.5, "p2p_gbps": 25,
+               "p2p_latency_us": 7, "tp_gbps": 200, "dp_gbps": 20, "collective_latency_us": 5},
+    "node": {"gpus": 4, "host_gbps": 100},
+    "parallel": {"tp": 2, "sequence_parallel": true, "dp": 4, "distributed_optimizer": true},
     "pipeline": {"schedule": "interleaved", "ranks": 3, "micro_batches": 6, "chunks": 2, "overlap_b_f": true},
     "swap": {"swap_times": 5, "packed": false}
   })");
@@ -73,6 +77,16 @@ BOOST_AUTO_TEST_CASE(every_field_is_read_into_its_member) {
   BOOST_TEST(!m.fp32_master);
   BOOST_TEST(!m.flash_attention);
   BOOST_TEST(m.activation_bytes_per_layer.value_or(0) == 123456u);
+  BOOST_TEST((m.grad_dtype == pipeswap::dtype::bf16));
+  BOOST_TEST((m.mlp == sim::mlp_kind::gelu));
+  BOOST_TEST(m.dropout);
+  BOOST_TEST((m.recompute == sim::recompute_kind::selective));
+  BOOST_TEST(s.node.gpus == 4u);
+  BOOST_TEST(s.node.host_gbps == 100.0);
+  BOOST_TEST(s.parallel.tp == 2u);
+  BOOST_TEST(s.parallel.sequence_parallel);
+  BOOST_TEST(s.parallel.dp == 4u);
+  BOOST_TEST(s.parallel.distributed_optimizer);
   auto const& d = s.device;
   BOOST_TEST(d.name == "toy");
   BOOST_TEST(d.memory_bytes == 8'000'000'000u);
@@ -81,7 +95,12 @@ BOOST_AUTO_TEST_CASE(every_field_is_read_into_its_member) {
   BOOST_TEST(d.d2h_gbps == 11.0);
   BOOST_TEST(d.copy_latency_us == 3.5);
   BOOST_TEST(d.bf16_tflops == 100.0);
-  BOOST_TEST(d.mfu == 0.3);
+  BOOST_TEST(d.kernel_efficiency == 0.3);
+  BOOST_TEST(d.end_to_end_mfu.value_or(0) == 0.25);
+  BOOST_TEST(d.duplex_factor == 0.8);
+  BOOST_TEST(d.tp_gbps == 200.0);
+  BOOST_TEST(d.dp_gbps == 20.0);
+  BOOST_TEST(d.collective_latency_us == 5.0);
   BOOST_TEST(d.hbm_tbps == 1.5);
   BOOST_TEST(d.p2p_gbps == 25.0);
   BOOST_TEST(d.p2p_latency_us == 7.0);
@@ -107,6 +126,14 @@ BOOST_AUTO_TEST_CASE(written_json_has_every_field_and_reads_back) {
   BOOST_TEST(d["device"].size() == in["device"].size());
   BOOST_TEST(d["pipeline"].size() == in["pipeline"].size());
   BOOST_TEST(d["swap"].size() == in["swap"].size());
+  BOOST_TEST(d["node"].size() == in["node"].size());
+  BOOST_TEST(d["parallel"].size() == in["parallel"].size());
+  BOOST_TEST(d["model"]["grad_dtype"].is_null());
+  BOOST_TEST(d["device"]["end_to_end_mfu"].is_null());
+  // "FP32" is the spelling of an explicit fp32 gradient, read and written.
+  auto const fp32 = sim::scenario_from_json_text(R"({"model": {"grad_dtype": "FP32"}})");
+  BOOST_TEST((fp32.model.grad_dtype == pipeswap::dtype::f32));
+  BOOST_TEST(sim::to_json<json>(fp32)["model"]["grad_dtype"] == "FP32");
   BOOST_TEST(d["model"]["activation_bytes_per_layer"].is_null());
   BOOST_TEST(d["model"]["param_dtype"] == "BF16");
   BOOST_TEST(d["pipeline"]["schedule"] == "1f1b");
@@ -171,7 +198,22 @@ BOOST_AUTO_TEST_CASE(negative_and_fractional_sizes_are_rejected) {
                   "scenario: pipeline.micro_batches: is out of range (at most 4294967295), got 4294967296");
   // Rates are real numbers; sim::validate() rejects the ones that are not positive.
   expect_rejected(R"({"device": {"h2d_gbps": -55}})", "scenario: device.h2d_gbps must be positive");
-  expect_rejected(R"({"device": {"mfu": 1.5}})", "scenario: device.mfu must be in (0, 1]");
+  expect_rejected(R"({"device": {"kernel_efficiency": 1.5}})", "scenario: device.kernel_efficiency must be in (0, 1]");
+  expect_rejected(R"({"device": {"end_to_end_mfu": 0}})", "scenario: device.end_to_end_mfu must be in (0, 1]");
+  expect_rejected(R"({"device": {"duplex_factor": 0.4}})",
+                  "scenario: device.duplex_factor must be in [0.5, 1] (0.5: the two directions share one rate; 1: "
+                  "full duplex)");
+  expect_rejected(R"({"device": {"tp_gbps": 0}})", "scenario: device.tp_gbps must be positive");
+  expect_rejected(R"({"device": {"dp_gbps": -1}})", "scenario: device.dp_gbps must be positive");
+  expect_rejected(R"({"node": {"host_gbps": 0}})", "scenario: node.host_gbps must be positive");
+  expect_rejected(R"({"node": {"gpus": 0}})", "scenario: node.gpus must be at least 1");
+  expect_rejected(R"({"parallel": {"tp": -2}})", "scenario: parallel.tp: must not be negative, got -2");
+  expect_rejected(R"({"parallel": {"dp": 0}})", "scenario: parallel.tp and parallel.dp must be at least 1");
+  expect_rejected(R"({"device": {"collective_latency_us": -1}})", "scenario: device latencies must not be negative");
+  // The old name is refused with what replaced it.
+  expect_rejected(R"({"device": {"mfu": 0.45}})",
+                  "scenario: device.mfu: was renamed: device.kernel_efficiency is the fraction of the peak the "
+                  "kernels reach (bubble excluded); device.end_to_end_mfu takes a published MFU (bubble included)");
   expect_rejected(R"({"device": {"copy_latency_us": -1}})", "scenario: device latencies must not be negative");
 }
 
@@ -189,6 +231,17 @@ BOOST_AUTO_TEST_CASE(wrong_types_are_rejected) {
                   "scenario: model.param_dtype: expected \"BF16\", \"F16\" or \"F32\", got string \"I8\"");
   expect_rejected(R"({"pipeline": {"schedule": "zb"}})",
                   "scenario: pipeline.schedule: expected \"gpipe\", \"1f1b\" or \"interleaved\", got string \"zb\"");
+  expect_rejected(R"({"model": {"mlp": "relu"}})",
+                  "scenario: model.mlp: expected one of \"swiglu\", \"gelu\", got string \"relu\"");
+  expect_rejected(R"({"model": {"recompute": true}})",
+                  "scenario: model.recompute: expected one of \"none\", \"selective\", \"full\", got boolean true");
+  expect_rejected(R"({"model": {"grad_dtype": "I8"}})",
+                  "scenario: model.grad_dtype: expected \"FP32\", \"BF16\", \"F16\" or null, got string \"I8\"");
+  expect_rejected(R"({"model": {"dropout": "no"}})", "scenario: model.dropout: expected true or false, got string \"no\"");
+  expect_rejected(R"({"parallel": {"sequence_parallel": 1}})",
+                  "scenario: parallel.sequence_parallel: expected true or false, got number 1");
+  expect_rejected(R"({"parallel": {"pp": 2}})", "scenario: parallel: unknown key 'pp' (did you mean 'tp'?)");
+  expect_rejected(R"({"node": {"gpu": 2}})", "scenario: node: unknown key 'gpu' (did you mean 'gpus'?)");
   expect_rejected(R"({"model": {"layers": null}})",
                   "scenario: model.layers: expected a non-negative integer, got null null");
 }
@@ -224,6 +277,16 @@ BOOST_AUTO_TEST_CASE(inconsistent_scenarios_are_rejected) {
                   "scenario: device.memory_bytes must exceed device.reserved_bytes");
   expect_rejected(with({{"pipeline", {{"ranks", 2000}}}, {"model", {{"layers", 4000}}}}),
                   "scenario: pipeline.ranks (2000) is above the limit of 1024");
+  expect_rejected(with({{"parallel", {{"tp", 3}}}}), "scenario: model.heads (4) must be a multiple of parallel.tp (3)");
+  expect_rejected(with({{"parallel", {{"tp", 4}}}}), "scenario: model.kv_heads (2) must be a multiple of parallel.tp (4)");
+  expect_rejected(with({{"parallel", {{"sequence_parallel", true}}}}),
+                  "scenario: parallel.sequence_parallel needs parallel.tp > 1");
+  expect_rejected(with({{"parallel", {{"distributed_optimizer", true}}}}),
+                  "scenario: parallel.distributed_optimizer needs parallel.dp > 1");
+  expect_rejected(with({{"parallel", {{"tp", 2}}}, {"node", {{"gpus", 1}}}}),
+                  "scenario: parallel.tp (2) must not exceed node.gpus (1): tensor parallelism runs over NVLink "
+                  "inside a node");
+  expect_rejected(with({{"parallel", {{"dp", 70000}}}}), "scenario: parallel.dp (70000) is above the limit of 65536");
   expect_rejected(with({{"model", {{"hidden", 1ull << 40}, {"heads", 1}, {"kv_heads", 1}}}}),
                   "scenario: the model's size overflows byte counts (about 1.93e+25 parameters); check "
                   "model.layers, model.hidden, model.ffn_hidden and model.vocab");
@@ -236,22 +299,24 @@ BOOST_AUTO_TEST_CASE(impossible_fits_are_rejected) {
   std::uint64_t const layer = 2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512 + 2 * 256;
   std::uint64_t const rank0 = 100 * 256 + 2 * layer, rank1 = 2 * layer + 256 + 100 * 256;
   auto s = sim::scenario_from_json(small());
-  // Weights and gradients in BF16 (2 + 2 bytes per parameter) never leave the device.
-  BOOST_TEST(sim::unswappable_bytes(s, 0) == 4 * rank0);
-  BOOST_TEST(sim::unswappable_bytes(s, 1) == 4 * rank1);
+  // BF16 weights and F32 gradients (2 + 4 bytes per parameter) never leave the device.
+  BOOST_TEST(sim::unswappable_bytes(s, 0) == 6 * rank0);
+  BOOST_TEST(sim::unswappable_bytes(s, 1) == 6 * rank1);
   s.device.reserved_bytes = 1000;
+  BOOST_TEST(sim::unswappable_bytes(s, 1) == 1000 + 6 * rank1);
+  s.model.grad_dtype = pipeswap::dtype::bf16; // 2 + 2
   BOOST_TEST(sim::unswappable_bytes(s, 1) == 1000 + 4 * rank1);
 
   auto j = small();
-  j["device"]["memory_bytes"] = 4 * rank1 + 999; // enough for rank 0, one byte short for rank 1
+  j["device"]["memory_bytes"] = 6 * rank1 + 999; // enough for rank 0, one byte short for rank 1
   j["device"]["reserved_bytes"] = 1000;
-  expect_rejected(j.dump(), "scenario: device.memory_bytes (" + std::to_string(4 * rank1 + 999) +
+  expect_rejected(j.dump(), "scenario: device.memory_bytes (" + std::to_string(6 * rank1 + 999) +
                                 ") cannot fit rank 1 whatever is swapped: its weights and gradients plus "
                                 "device.reserved_bytes need " +
-                                std::to_string(4 * rank1 + 1000) +
+                                std::to_string(6 * rank1 + 1000) +
                                 " bytes (use more pipeline.ranks or a larger device)");
-  j["device"]["memory_bytes"] = 4 * rank1 + 1000; // exactly enough
-  BOOST_TEST(sim::scenario_from_json(j).device.memory_bytes == 4 * rank1 + 1000);
+  j["device"]["memory_bytes"] = 6 * rank1 + 1000; // exactly enough
+  BOOST_TEST(sim::scenario_from_json(j).device.memory_bytes == 6 * rank1 + 1000);
 }
 
 BOOST_AUTO_TEST_CASE(the_default_scenario_is_valid_and_named_in_json) {

@@ -1,8 +1,10 @@
 // pipeswap — the simulator's model of a training job: a decoder-only transformer split into pipeline
 // stages, the device it runs on, the pipeline schedule and the swap settings, and the per-stage costs
-// derived from them. docs/simulator.md states every formula with its source.
+// derived from them: per-device memory tensor by tensor, FLOPs, collectives and host-link sharing.
+// docs/simulator.md states every formula with its source.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -15,7 +17,21 @@
 
 namespace pipeswap::sim {
 
-/// A decoder-only transformer (Llama-style: grouped-query attention, SwiGLU MLP, RMSNorm).
+/// The MLP of each layer.
+enum class mlp_kind : std::uint8_t {
+  swiglu, ///< Llama: gate and up (h×f each), SiLU(gate)·up, down (f×h)
+  gelu,   ///< GPT: fc1 (h×f), GeLU, fc2 (f×h); f = 4h for GPT
+};
+
+/// Activation recomputation (Korthikanti et al. 2022).
+enum class recompute_kind : std::uint8_t {
+  none,
+  selective, ///< the attention core (scores, softmax, dropout, attention over V) is recomputed
+  full,      ///< only each layer's input is kept; the backward re-runs the layer's forward
+};
+
+/// A decoder-only transformer (Llama-style by default: grouped-query attention, SwiGLU MLP, RMSNorm,
+/// untied input and output embeddings, no biases).
 struct model_spec {
   std::string name = "70B-class decoder";
   std::uint64_t layers = 80;
@@ -26,37 +42,73 @@ struct model_spec {
   std::uint64_t vocab = 32000;
   std::uint64_t seq_len = 4096;
   std::uint64_t micro_batch_size = 1;
-  dtype param_dtype = dtype::bf16; ///< weights; gradients have the same type
+  dtype param_dtype = dtype::bf16; ///< weights, and the 16-bit activations
+  /// Gradient type; unset: F32 with fp32_master (Megatron's fp32 gradient accumulation), else the
+  /// parameter type.
+  std::optional<dtype> grad_dtype;
   /// AdamW with an fp32 master copy of each low-precision weight and fp32 moments.
   bool fp32_master = true;
   /// Attention without materialized score matrices (no 5·a·s/h term in the activation formula).
   bool flash_attention = true;
-  /// Overrides the activation formula: saved bytes per layer per micro-batch.
+  mlp_kind mlp = mlp_kind::swiglu;
+  /// Dropout after attention, after the MLP and on the embedding (1-byte masks are saved), and on the
+  /// attention probabilities.
+  bool dropout = false;
+  recompute_kind recompute = recompute_kind::none;
+  /// Overrides the derived activations: saved bytes per layer per micro-batch (per device).
   std::optional<std::uint64_t> activation_bytes_per_layer;
 };
 
-/// One accelerator and its host link.
+/// Tensor, sequence and data parallelism. Every pipeline rank stands for tp × dp devices that run
+/// the same stage on different shards; the simulator runs one of them.
+struct parallel_spec {
+  std::uint32_t tp = 1;           ///< tensor-parallel degree (Megatron column/row-parallel layers)
+  bool sequence_parallel = false; ///< norms and dropout split along the sequence over the tp ranks
+  std::uint32_t dp = 1;           ///< data-parallel degree
+  /// Megatron's distributed optimizer (ZeRO-1): master weights and moments sharded over dp.
+  bool distributed_optimizer = false;
+};
+
+/// One accelerator and its links.
 struct device_spec {
   std::string name = "H200";
   std::uint64_t memory_bytes = 141'000'000'000;
   /// Memory the job cannot use: CUDA context, library workspaces, allocator fragmentation.
   std::uint64_t reserved_bytes = 6'000'000'000;
-  double h2d_gbps = 55;   ///< GB/s host → device (pinned)
-  double d2h_gbps = 55;   ///< GB/s device → host (pinned)
+  double h2d_gbps = 55;   ///< GB/s host → device (pinned), one GPU copying alone
+  double d2h_gbps = 55;   ///< GB/s device → host (pinned), one GPU copying alone
+  /// Share of each direction's rate left when both directions copy at once.
+  double duplex_factor = 0.7;
   double copy_latency_us = 2;
   double bf16_tflops = 989; ///< dense peak
-  double mfu = 0.45;        ///< achieved fraction of peak on the model's matmuls
+  /// Fraction of the peak the compute kernels reach while they run. Excludes the pipeline bubble,
+  /// communication and swap stalls, which the simulator adds: this is not an end-to-end MFU.
+  double kernel_efficiency = 0.45;
+  /// A published end-to-end MFU (model FLOPs over step time and peak, bubble included). When set,
+  /// kernel_efficiency is derived so that the simulated no-swap step reaches it (calibrated()).
+  std::optional<double> end_to_end_mfu;
   double hbm_tbps = 4.8;    ///< memory bandwidth (optimizer kernels are bandwidth-bound)
   double p2p_gbps = 100;    ///< pipeline send/recv bandwidth between neighbouring ranks
   double p2p_latency_us = 10;
+  /// Bus bandwidth (NCCL's convention) of collectives inside a node: NVLink.
+  double tp_gbps = 360;
+  /// Bus bandwidth per device of collectives between nodes: the network.
+  double dp_gbps = 40;
+  double collective_latency_us = 10; ///< per collective
+};
+
+/// The host side of a node (or socket): its GPUs share its host bandwidth when they copy at once.
+struct node_spec {
+  std::uint32_t gpus = 8;
+  double host_gbps = 278; ///< GB/s each way, all of the node's GPUs together
 };
 
 enum class schedule_kind : std::uint8_t { gpipe, one_f_one_b, interleaved };
 
 struct pipeline_spec {
   schedule_kind schedule = schedule_kind::one_f_one_b;
-  std::uint32_t ranks = 8;          ///< pipeline ranks (one device each)
-  std::uint32_t micro_batches = 32; ///< per optimizer step
+  std::uint32_t ranks = 8;          ///< pipeline ranks
+  std::uint32_t micro_batches = 32; ///< per optimizer step (per data-parallel replica)
   std::uint32_t chunks = 1;         ///< model chunks per rank (interleaved only)
   bool overlap_b_f = false;         ///< interleaved: OVERLAP_B_F composites in the steady state
 };
@@ -70,14 +122,24 @@ struct swap_spec {
 struct scenario {
   model_spec model;
   device_spec device;
+  node_spec node;
+  parallel_spec parallel;
   pipeline_spec pipeline;
   swap_spec swap;
 };
 
-/// One parameter tensor of a stage.
+/// One parameter tensor of a stage, as one device holds it (its tensor-parallel shard).
 struct tensor_spec {
   std::string name;
   std::uint64_t numel = 0;
+  bool matmul = true; ///< a weight matrix (2 FLOPs per element per token); false: norms, embedding
+};
+
+/// One tensor a forward saves for its backward (or a transient the backward needs).
+struct saved_tensor {
+  std::string op;   ///< the operation that saves it
+  std::string what; ///< what it is
+  std::uint64_t bytes = 0;
 };
 
 /// Everything the simulator needs about one pipeline stage (a model chunk).
@@ -85,6 +147,7 @@ struct stage_spec {
   std::uint32_t stage = 0;
   std::uint32_t first_layer = 0, layers = 0;
   bool embedding = false, head = false;
+  recompute_kind recompute = recompute_kind::none;
   std::vector<tensor_spec> tensors;
   std::uint64_t params = 0;
   /// Bytes a micro-batch's forward saves for its backward on this stage.
@@ -94,30 +157,132 @@ struct stage_spec {
   std::uint64_t boundary_bytes = 0;
   /// Bytes sent to the next stage per micro-batch (and gradients back).
   std::uint64_t p2p_bytes = 0;
-  mock::sim_time fwd_ns = 0, bwd_ns = 0; ///< per micro-batch
-  double fwd_flops = 0;
+  /// Full recomputation: one layer's activations, rebuilt in the backward while it runs.
+  std::uint64_t backward_workspace_bytes = 0;
+  mock::sim_time fwd_ns = 0, bwd_ns = 0; ///< per micro-batch, tensor-parallel collectives included
+  double fwd_flops = 0, bwd_flops = 0;   ///< per micro-batch on one device (bwd: recomputation included)
+  mock::sim_time fwd_comm_ns = 0, bwd_comm_ns = 0; ///< of fwd_ns, bwd_ns: tensor-parallel collectives
 };
 
-/// Saved activation bytes per layer per micro-batch: s·b·h·(34 + 5·a·s/h) with 16-bit activations
-/// and no tensor or sequence parallelism (Korthikanti et al. 2022, "Reducing Activation
-/// Recomputation in Large Transformer Models", eq. 1); flash attention stores no attention matrices,
-/// which removes the 5·a·s/h term.
-inline std::uint64_t activation_bytes_per_layer(model_spec const& m) {
-  if (m.activation_bytes_per_layer) return *m.activation_bytes_per_layer;
-  double const sbh = static_cast<double>(m.seq_len * m.micro_batch_size * m.hidden);
-  double const attn = m.flash_attention ? 0.0 : 5.0 * static_cast<double>(m.heads * m.seq_len) /
-                                                     static_cast<double>(m.hidden);
-  return static_cast<std::uint64_t>(std::llround(sbh * (34.0 + attn)));
+/// The gradient type: model.grad_dtype, else F32 with an fp32 master, else the parameter type.
+inline dtype grad_dtype_of(model_spec const& m) {
+  if (m.grad_dtype) return *m.grad_dtype;
+  return m.fp32_master ? dtype::f32 : m.param_dtype;
 }
 
-/// Parameters of one transformer layer: attention (q, o: h×h; k, v: h×h·kv/a), SwiGLU MLP (gate, up:
-/// h×f; down: f×h) and two norms.
-inline std::vector<tensor_spec> layer_tensors(model_spec const& m, std::uint32_t layer) {
-  auto const h = m.hidden, f = m.ffn_hidden, kv = m.hidden * m.kv_heads / m.heads;
+/// Devices of the job: pipeline ranks × tp × dp.
+inline std::uint64_t devices_of(scenario const& s) {
+  return std::uint64_t{s.pipeline.ranks} * s.parallel.tp * s.parallel.dp;
+}
+
+/// What one transformer layer's forward saves for its backward, per micro-batch, on one device of a
+/// tensor-parallel group of `p.tp` (docs/simulator.md, "Activations", derives every row). With
+/// e = the activation element size (2 for 16-bit), T = s·b tokens, T' = T/t with sequence
+/// parallelism (else T), h' = h/t, f' = f/t, a' = a/t, kv the key/value width h·kv_heads/a:
+///   attn_norm: its input e·T'·h        qkv matmul: its input e·T'·h
+///   core attention: Q e·T·h', K and V e·T·kv/t each; without flash attention the softmax output
+///     e·b·a'·s², with dropout its mask b·a'·s² and its output e·b·a'·s²; with flash attention the
+///     output and the fp32 log-sum-exp 4·b·a'·s instead
+///   output projection: its input e·T·h' (the flash output, counted once)
+///   attention dropout: mask T'·h
+///   mlp_norm: its input e·T'·h         fc1 (or gate/up): its input e·T'·h
+///   GeLU: its input e·T·f' and fc2's input e·T·f'; SwiGLU: gate and up outputs 2·e·T·f' and
+///     down's input e·T·f'
+///   MLP dropout: mask T'·h
+/// Selective recomputation drops the core-attention tensors that the recomputation rebuilds (scores,
+/// mask, dropout output, log-sum-exp); full recomputation keeps the layer input e·T'·h only.
+inline std::vector<saved_tensor> layer_activations(model_spec const& m, parallel_spec const& p,
+                                                   recompute_kind rc) {
+  std::uint64_t const e = size_of(m.param_dtype), t = p.tp, T = m.seq_len * m.micro_batch_size;
+  std::uint64_t const Tr = p.sequence_parallel ? T / t : T;
+  std::uint64_t const h = m.hidden, hs = h / t, fs = m.ffn_hidden / t, as = m.heads / t;
+  std::uint64_t const kvs = h / m.heads * (m.kv_heads / t);
+  std::uint64_t const b = m.micro_batch_size, s = m.seq_len;
+  if (rc == recompute_kind::full) return {{"layer", "input (all that full recomputation keeps)", e * Tr * h}};
+  std::vector<saved_tensor> out{
+      {"attn_norm", "input", e * Tr * h},
+      {"attn.qkv", "input (the norm's output)", e * Tr * h},
+      {"core attention", "Q", e * T * hs},
+      {"core attention", "K", e * T * kvs},
+      {"core attention", "V", e * T * kvs},
+  };
+  bool const keep_core = rc == recompute_kind::none;
+  if (m.flash_attention) {
+    out.push_back({"core attention", "output (flash backward; the output projection's input)", e * T * hs});
+    if (keep_core) out.push_back({"core attention", "log-sum-exp (fp32)", 4 * b * as * s});
+  } else {
+    if (keep_core) {
+      out.push_back({"core attention", "softmax output", e * b * as * s * s});
+      if (m.dropout) {
+        out.push_back({"core attention", "dropout mask", b * as * s * s});
+        out.push_back({"core attention", "dropout output", e * b * as * s * s});
+      }
+    }
+    out.push_back({"attn.o", "input", e * T * hs});
+  }
+  if (m.dropout) out.push_back({"attention dropout", "mask", Tr * h});
+  out.push_back({"mlp_norm", "input", e * Tr * h});
+  if (m.mlp == mlp_kind::gelu) {
+    out.push_back({"mlp.fc1", "input (the norm's output)", e * Tr * h});
+    out.push_back({"GeLU", "input", e * T * fs});
+    out.push_back({"mlp.fc2", "input (the GeLU's output)", e * T * fs});
+  } else {
+    out.push_back({"mlp.gate/up", "input (the norm's output)", e * Tr * h});
+    out.push_back({"SwiGLU", "gate and up outputs", 2 * e * T * fs});
+    out.push_back({"mlp.down", "input (the SwiGLU's output)", e * T * fs});
+  }
+  if (m.dropout) out.push_back({"MLP dropout", "mask", Tr * h});
+  return out;
+}
+
+/// Saved activation bytes per layer per micro-batch on one device: the sum of layer_activations(),
+/// or model.activation_bytes_per_layer when set. For the GPT shape (GeLU MLP of width 4h, a = kv
+/// heads, dropout, no flash attention, 16-bit) this is Korthikanti et al.'s s·b·h·(34 + 5·a·s/h), with
+/// tp: s·b·h·(10 + 24/t + 5·a·s/(h·t)), with sequence parallelism s·b·h·(34/t + 5·a·s/(h·t)), and so
+/// on (tests/sim/model_test.cpp pins every row).
+inline std::uint64_t activation_bytes_per_layer(model_spec const& m, parallel_spec const& p = {},
+                                                std::optional<recompute_kind> rc = std::nullopt) {
+  if (m.activation_bytes_per_layer) return *m.activation_bytes_per_layer;
+  std::uint64_t sum = 0;
+  for (auto const& x : layer_activations(m, p, rc.value_or(m.recompute))) sum += x.bytes;
+  return sum;
+}
+
+/// The last stage's saved tensors besides its layers: the final norm's input, the output layer's
+/// input and the cross entropy's fp32 softmax over the device's vocabulary shard (Megatron's
+/// vocabulary-parallel cross entropy).
+inline std::vector<saved_tensor> head_activations(model_spec const& m, parallel_spec const& p) {
+  std::uint64_t const e = size_of(m.param_dtype), t = p.tp, T = m.seq_len * m.micro_batch_size;
+  std::uint64_t const Tr = p.sequence_parallel ? T / t : T;
+  return {{"norm", "input", e * Tr * m.hidden},
+          {"lm_head", "input (the norm's output)", e * Tr * m.hidden},
+          {"cross entropy", "softmax of the logits (fp32)", 4 * T * ((m.vocab + t - 1) / t)}};
+}
+
+/// The embedding's dropout mask on the first stage (with dropout).
+inline std::uint64_t embedding_activation_bytes(model_spec const& m, parallel_spec const& p) {
+  if (!m.dropout) return 0;
+  std::uint64_t const T = m.seq_len * m.micro_batch_size;
+  return (p.sequence_parallel ? T / p.tp : T) * m.hidden;
+}
+
+/// Parameters of one transformer layer on one device of the tensor-parallel group: attention (q, o:
+/// h×h; k, v: h×kv), the MLP (SwiGLU: gate, up h×f, down f×h; GeLU: fc1 h×f, fc2 f×h), every matrix
+/// split over tp (column- or row-parallel), and two norms kept whole.
+inline std::vector<tensor_spec> layer_tensors(model_spec const& m, std::uint32_t layer, std::uint32_t tp = 1) {
+  auto const h = m.hidden, f = m.ffn_hidden / tp, kv = m.hidden / m.heads * (m.kv_heads / tp), hs = h / tp;
   std::string const p = "layers." + std::to_string(layer) + ".";
-  return {{p + "attn_norm", h},     {p + "attn.q", h * h},   {p + "attn.k", h * kv},
-          {p + "attn.v", h * kv},   {p + "attn.o", h * h},   {p + "mlp_norm", h},
-          {p + "mlp.gate", h * f},  {p + "mlp.up", h * f},   {p + "mlp.down", f * h}};
+  std::vector<tensor_spec> out{{p + "attn_norm", h, false}, {p + "attn.q", h * hs},   {p + "attn.k", h * kv},
+                               {p + "attn.v", h * kv},      {p + "attn.o", hs * h},   {p + "mlp_norm", h, false}};
+  if (m.mlp == mlp_kind::gelu) {
+    out.push_back({p + "mlp.fc1", h * f});
+    out.push_back({p + "mlp.fc2", f * h});
+  } else {
+    out.push_back({p + "mlp.gate", h * f});
+    out.push_back({p + "mlp.up", h * f});
+    out.push_back({p + "mlp.down", f * h});
+  }
+  return out;
 }
 
 /// Checks a scenario; throws invalid_argument naming the field and the rule.
@@ -137,47 +302,127 @@ inline void validate(scenario const& s) {
   need(m.param_dtype == dtype::bf16 || m.param_dtype == dtype::f16 || m.param_dtype == dtype::f32,
        "model.param_dtype must be BF16, F16 or F32");
   need(!(m.fp32_master && m.param_dtype == dtype::f32), "model.fp32_master needs BF16 or F16 weights");
+  if (m.grad_dtype)
+    need(*m.grad_dtype == dtype::bf16 || *m.grad_dtype == dtype::f16 || *m.grad_dtype == dtype::f32,
+         "model.grad_dtype must be F32, BF16 or F16");
+  auto const& p = s.parallel;
+  auto const tp = std::to_string(p.tp);
+  need(p.tp >= 1 && p.dp >= 1, "parallel.tp and parallel.dp must be at least 1");
+  need(m.heads % p.tp == 0, "model.heads (" + std::to_string(m.heads) + ") must be a multiple of parallel.tp (" + tp + ")");
+  need(m.kv_heads % p.tp == 0,
+       "model.kv_heads (" + std::to_string(m.kv_heads) + ") must be a multiple of parallel.tp (" + tp + ")");
+  need(m.ffn_hidden % p.tp == 0,
+       "model.ffn_hidden (" + std::to_string(m.ffn_hidden) + ") must be a multiple of parallel.tp (" + tp + ")");
+  need(!p.sequence_parallel || p.tp > 1, "parallel.sequence_parallel needs parallel.tp > 1");
+  need(!p.sequence_parallel || (m.seq_len * m.micro_batch_size) % p.tp == 0,
+       "parallel.sequence_parallel needs model.seq_len × model.micro_batch_size to be a multiple of parallel.tp");
+  need(!p.distributed_optimizer || p.dp > 1, "parallel.distributed_optimizer needs parallel.dp > 1");
+  need(s.node.gpus >= 1, "node.gpus must be at least 1");
+  need(p.tp <= s.node.gpus, "parallel.tp (" + tp + ") must not exceed node.gpus (" + std::to_string(s.node.gpus) +
+                                "): tensor parallelism runs over NVLink inside a node");
+  need(s.node.host_gbps > 0 && std::isfinite(s.node.host_gbps), "node.host_gbps must be positive");
   auto const& d = s.device;
   need(d.memory_bytes > d.reserved_bytes, "device.memory_bytes must exceed device.reserved_bytes");
   for (auto [v, n] : {std::pair{d.h2d_gbps, "h2d_gbps"}, {d.d2h_gbps, "d2h_gbps"}, {d.bf16_tflops, "bf16_tflops"},
-                      {d.hbm_tbps, "hbm_tbps"}, {d.p2p_gbps, "p2p_gbps"}}) {
+                      {d.hbm_tbps, "hbm_tbps"}, {d.p2p_gbps, "p2p_gbps"}, {d.tp_gbps, "tp_gbps"},
+                      {d.dp_gbps, "dp_gbps"}}) {
     need(v > 0 && std::isfinite(v), std::string("device.") + n + " must be positive");
   }
-  need(d.mfu > 0 && d.mfu <= 1, "device.mfu must be in (0, 1]");
-  need(d.copy_latency_us >= 0 && d.p2p_latency_us >= 0, "device latencies must not be negative");
-  auto const& p = s.pipeline;
-  need(p.ranks >= 1, "pipeline.ranks must be at least 1");
-  need(p.micro_batches >= 1, "pipeline.micro_batches must be at least 1");
-  need(p.chunks >= 1, "pipeline.chunks must be at least 1");
-  need(p.schedule == schedule_kind::interleaved || p.chunks == 1,
+  need(d.kernel_efficiency > 0 && d.kernel_efficiency <= 1, "device.kernel_efficiency must be in (0, 1]");
+  need(!d.end_to_end_mfu || (*d.end_to_end_mfu > 0 && *d.end_to_end_mfu <= 1), "device.end_to_end_mfu must be in (0, 1]");
+  need(d.duplex_factor >= 0.5 && d.duplex_factor <= 1,
+       "device.duplex_factor must be in [0.5, 1] (0.5: the two directions share one rate; 1: full duplex)");
+  need(d.copy_latency_us >= 0 && d.p2p_latency_us >= 0 && d.collective_latency_us >= 0,
+       "device latencies must not be negative");
+  auto const& pl = s.pipeline;
+  need(pl.ranks >= 1, "pipeline.ranks must be at least 1");
+  need(pl.micro_batches >= 1, "pipeline.micro_batches must be at least 1");
+  need(pl.chunks >= 1, "pipeline.chunks must be at least 1");
+  need(pl.schedule == schedule_kind::interleaved || pl.chunks == 1,
        "pipeline.chunks > 1 needs the interleaved schedule");
-  need(!p.overlap_b_f || p.schedule == schedule_kind::interleaved,
+  need(!pl.overlap_b_f || pl.schedule == schedule_kind::interleaved,
        "pipeline.overlap_b_f needs the interleaved schedule");
-  auto const stages = static_cast<std::uint64_t>(p.ranks) * p.chunks;
+  auto const stages = static_cast<std::uint64_t>(pl.ranks) * pl.chunks;
   need(m.layers >= stages, "model.layers (" + std::to_string(m.layers) + ") must be at least the number of "
                                 "stages (pipeline.ranks × pipeline.chunks = " + std::to_string(stages) + ")");
   need(s.swap.swap_times >= 1, "swap.swap_times must be positive");
 }
 
+/// Bus-bandwidth time of a collective moving `bytes` of data among `n` devices: an all-reduce costs
+/// 2·(n−1)/n·bytes / bus bandwidth, an all-gather or reduce-scatter (n−1)/n·bytes (NCCL's convention,
+/// the ring algorithm's cost), plus one latency.
+enum class collective : std::uint8_t { all_reduce, all_gather, reduce_scatter };
+inline mock::sim_time collective_ns(collective c, double bytes, std::uint32_t n, double gbps, double latency_us) {
+  if (n <= 1 || bytes <= 0) return 0;
+  double const share = (c == collective::all_reduce ? 2.0 : 1.0) * (n - 1) / n;
+  return static_cast<mock::sim_time>(std::llround(latency_us * 1e3 + share * bytes / (gbps * 1e9) * 1e9));
+}
+
+/// Tensor-parallel collectives of one layer's forward (per micro-batch): Megatron's two all-reduces
+/// of the e·T·h activation (after the attention and the MLP), or with sequence parallelism two
+/// all-gathers and two reduce-scatters. The backward runs the conjugate collectives: the same time.
+inline mock::sim_time tp_layer_comm_ns(scenario const& s) {
+  auto const& p = s.parallel;
+  if (p.tp <= 1) return 0;
+  double const bytes = static_cast<double>(size_of(s.model.param_dtype) * s.model.seq_len * s.model.micro_batch_size *
+                                           s.model.hidden);
+  auto const& d = s.device;
+  if (p.sequence_parallel)
+    return 2 * (collective_ns(collective::all_gather, bytes, p.tp, d.tp_gbps, d.collective_latency_us) +
+                collective_ns(collective::reduce_scatter, bytes, p.tp, d.tp_gbps, d.collective_latency_us));
+  return 2 * collective_ns(collective::all_reduce, bytes, p.tp, d.tp_gbps, d.collective_latency_us);
+}
+
+/// The bus bandwidth of the data-parallel collectives: NVLink (device.tp_gbps) when a data-parallel
+/// group fits in a node (tp·dp ≤ node.gpus; Megatron places tp, then dp, then pp), else the network.
+inline double dp_link_gbps(scenario const& s) {
+  return std::uint64_t{s.parallel.tp} * s.parallel.dp <= s.node.gpus ? s.device.tp_gbps : s.device.dp_gbps;
+}
+
+/// The data-parallel gradient synchronization of a rank holding `params` parameters (per device):
+/// a reduce-scatter of the gradients with the distributed optimizer, else an all-reduce.
+inline mock::sim_time dp_grad_sync_ns(scenario const& s, std::uint64_t params) {
+  auto const& p = s.parallel;
+  double const bytes = static_cast<double>(params * size_of(grad_dtype_of(s.model)));
+  return collective_ns(p.distributed_optimizer ? collective::reduce_scatter : collective::all_reduce, bytes, p.dp,
+                       dp_link_gbps(s), s.device.collective_latency_us);
+}
+
+/// With the distributed optimizer, the all-gather of the updated weights after the step.
+inline mock::sim_time dp_param_gather_ns(scenario const& s, std::uint64_t params) {
+  auto const& p = s.parallel;
+  if (!p.distributed_optimizer) return 0;
+  double const bytes = static_cast<double>(params * size_of(s.model.param_dtype));
+  return collective_ns(collective::all_gather, bytes, p.dp, dp_link_gbps(s), s.device.collective_latency_us);
+}
+
 /// Splits the model into stages (layers as even as possible, the first stages taking the remainder;
 /// the embedding on stage 0, the final norm and output head on the last) and derives each stage's
-/// parameters, saved activations and compute time per micro-batch.
+/// parameters, saved activations and compute time per micro-batch on one device. `recompute` gives
+/// the recomputation of each stage (empty: model.recompute everywhere).
 ///
-/// Compute: forward FLOPs per micro-batch = 2·P·t (every weight used once per token, a multiply and
-/// an add) + 4·b·s²·h per layer (attention scores and weighted sum; halved for the causal mask, then
-/// doubled back for the unfused softmax pass — the usual 4bs²h of Narayanan et al. 2021, §3.2);
-/// backward = 2 × forward (Kaplan et al. 2020's 6·P FLOPs per token for training); time = FLOPs /
-/// (peak · mfu).
-inline std::vector<stage_spec> plan_stages(scenario const& s) {
+/// Compute (Narayanan et al. 2021, §5.1): forward FLOPs per micro-batch = 2·T·(the stage's weight
+/// matrices on this device) + 4·b·s²·h/t per layer (attention scores and attention over V). The
+/// embedding is a lookup, not a matmul, and norms are not counted. Backward = 2 × forward; full
+/// recomputation adds the layers' forward (not the output layer's), selective adds the attention
+/// core's 4·b·s²·h/t per layer. Time = FLOPs / (peak · kernel_efficiency) + the tensor-parallel
+/// collectives (tp_layer_comm_ns per layer each way, once more for a full recomputation).
+inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recompute_kind> const& recompute = {}) {
   validate(s);
   auto const& m = s.model;
+  auto const& par = s.parallel;
   auto const stages = s.pipeline.ranks * s.pipeline.chunks;
+  if (!recompute.empty() && recompute.size() != stages)
+    throw invalid_argument("plan_stages: " + std::to_string(recompute.size()) + " recomputation settings for " +
+                           std::to_string(stages) + " stages");
   auto const base = static_cast<std::uint32_t>(m.layers / stages);
   auto const extra = static_cast<std::uint32_t>(m.layers % stages);
   auto const tokens = static_cast<double>(m.seq_len * m.micro_batch_size);
-  auto const act_layer = activation_bytes_per_layer(m);
-  auto const act_bytes = size_of(m.param_dtype);
-  double const flops_per_s = s.device.bf16_tflops * 1e12 * s.device.mfu;
+  std::uint64_t const T = m.seq_len * m.micro_batch_size;
+  auto const e = size_of(m.param_dtype);
+  double const flops_per_s = s.device.bf16_tflops * 1e12 * s.device.kernel_efficiency;
+  auto const comm = tp_layer_comm_ns(s);
+  auto const head_acts = head_activations(m, par);
   std::vector<stage_spec> out(stages);
   std::uint32_t layer = 0;
   for (std::uint32_t st = 0; st < stages; ++st) {
@@ -187,40 +432,126 @@ inline std::vector<stage_spec> plan_stages(scenario const& s) {
     o.layers = base + (st < extra ? 1 : 0);
     o.embedding = st == 0;
     o.head = st + 1 == stages;
-    if (o.embedding) o.tensors.push_back({"embed_tokens", m.vocab * m.hidden});
+    o.recompute = recompute.empty() ? m.recompute : recompute[st];
+    auto const vshard = (m.vocab + par.tp - 1) / par.tp;
+    if (o.embedding) o.tensors.push_back({"embed_tokens", vshard * m.hidden, false});
     for (std::uint32_t l = 0; l < o.layers; ++l) {
-      for (auto& t : layer_tensors(m, layer + l)) o.tensors.push_back(std::move(t));
+      for (auto& t : layer_tensors(m, layer + l, par.tp)) o.tensors.push_back(std::move(t));
     }
     if (o.head) {
-      o.tensors.push_back({"norm", m.hidden});
-      o.tensors.push_back({"lm_head", m.vocab * m.hidden});
+      o.tensors.push_back({"norm", m.hidden, false});
+      o.tensors.push_back({"lm_head", vshard * m.hidden});
     }
     layer += o.layers;
-    for (auto const& t : o.tensors) o.params += t.numel;
-    o.boundary_bytes = static_cast<std::uint64_t>(tokens) * m.hidden * act_bytes;
+    double layer_matmul = 0, head_matmul = 0;
+    for (auto const& t : o.tensors) {
+      o.params += t.numel;
+      if (!t.matmul) continue;
+      (t.name == "lm_head" ? head_matmul : layer_matmul) += static_cast<double>(t.numel);
+    }
+    // The stage input: the embedding's output or what the previous stage sent (split along the
+    // sequence with sequence parallelism).
+    o.boundary_bytes = (par.sequence_parallel ? T / par.tp : T) * m.hidden * e;
     o.p2p_bytes = o.boundary_bytes;
-    o.activation_bytes = act_layer * o.layers + o.boundary_bytes;
+    o.activation_bytes = activation_bytes_per_layer(m, par, o.recompute) * o.layers + o.boundary_bytes;
+    if (o.embedding) o.activation_bytes += embedding_activation_bytes(m, par);
+    if (o.head)
+      for (auto const& x : head_acts) o.activation_bytes += x.bytes;
+    if (o.recompute == recompute_kind::full && !m.activation_bytes_per_layer)
+      o.backward_workspace_bytes = activation_bytes_per_layer(m, par, recompute_kind::none);
     double const attn = 4.0 * static_cast<double>(m.micro_batch_size) * static_cast<double>(m.seq_len) *
-                        static_cast<double>(m.seq_len) * static_cast<double>(m.hidden) * o.layers;
-    o.fwd_flops = 2.0 * static_cast<double>(o.params) * tokens + attn;
-    o.fwd_ns = static_cast<mock::sim_time>(std::llround(o.fwd_flops / flops_per_s * 1e9));
-    o.bwd_ns = 2 * o.fwd_ns;
+                        static_cast<double>(m.seq_len) * static_cast<double>(m.hidden / par.tp) * o.layers;
+    double const layers_fwd = 2.0 * layer_matmul * tokens + attn;
+    o.fwd_flops = layers_fwd + 2.0 * head_matmul * tokens;
+    o.bwd_flops = 2.0 * o.fwd_flops + (o.recompute == recompute_kind::full        ? layers_fwd
+                                       : o.recompute == recompute_kind::selective ? attn
+                                                                                  : 0.0);
+    o.fwd_comm_ns = comm * o.layers;
+    o.bwd_comm_ns = comm * o.layers * (o.recompute == recompute_kind::full ? 2 : 1);
+    o.fwd_ns = static_cast<mock::sim_time>(std::llround(o.fwd_flops / flops_per_s * 1e9)) + o.fwd_comm_ns;
+    o.bwd_ns = static_cast<mock::sim_time>(std::llround(o.bwd_flops / flops_per_s * 1e9)) + o.bwd_comm_ns;
   }
   return out;
 }
 
-/// Bytes per parameter kept on the device when nothing is swapped: weights and gradients in the
-/// parameter type, plus fp32 master, exp_avg and exp_avg_sq (mixed-precision Adam: 2 + 2 + 12 = 16
-/// bytes, Rajbhandari et al. 2020, "ZeRO", §3.1).
-inline std::uint64_t state_bytes_per_param(model_spec const& m) {
-  return 2 * size_of(m.param_dtype) + (m.fp32_master ? 12 : 8);
+/// Bytes per parameter kept on the device when nothing is swapped: weights (parameter type),
+/// gradients (grad_dtype_of), and AdamW's fp32 moments and master copy, sharded over dp by the
+/// distributed optimizer: 2 + 4 + 12/d for bf16 weights, fp32 gradients and an fp32 master
+/// (Megatron-LM's distributed optimizer table; 2 + 2 + 12 = 16 with bf16 gradients, Rajbhandari et
+/// al. 2020, "ZeRO", §3.1). Fractional with the distributed optimizer.
+inline double state_bytes_per_param(model_spec const& m, parallel_spec const& p = {}) {
+  double const state = m.fp32_master ? 12.0 : 8.0;
+  double const d = p.distributed_optimizer ? static_cast<double>(p.dp) : 1.0;
+  return static_cast<double>(size_of(m.param_dtype) + size_of(grad_dtype_of(m))) + state / d;
+}
+
+/// The elements of an `numel`-element tensor whose optimizer state one data-parallel rank holds:
+/// numel, or its 1/dp share (rounded up) with the distributed optimizer.
+inline std::uint64_t optimizer_shard(std::uint64_t numel, parallel_spec const& p) {
+  return p.distributed_optimizer ? (numel + p.dp - 1) / p.dp : numel;
+}
+
+/// Narayanan et al. 2021's FLOPs per iteration (eq. 3): 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) with full
+/// recomputation, 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)) without. B = global batch in sequences. For the
+/// GPT shape; the simulator's FLOPs reduce to it (tests/sim/model_test.cpp).
+inline double narayanan_flops(double B, double s, double l, double h, double V, bool recompute) {
+  return recompute ? 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+                   : 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h));
+}
+
+/// Model FLOPs of one step (all devices, no recomputation counted): 3 × the forward FLOPs of every
+/// stage on every device, × micro-batches × dp. What an end-to-end MFU divides by.
+inline double model_flops_per_step(scenario const& s) {
+  auto st = s;
+  st.model.recompute = recompute_kind::none;
+  double fwd = 0;
+  for (auto const& x : plan_stages(st)) fwd += x.fwd_flops;
+  return 3.0 * fwd * s.parallel.tp * s.pipeline.micro_batches * s.parallel.dp;
+}
+
+/// End-to-end MFU of a step of `step_ns`: model FLOPs / (step time · peak · devices).
+inline double end_to_end_mfu(scenario const& s, mock::sim_time step_ns) {
+  if (step_ns <= 0) return 0;
+  return model_flops_per_step(s) /
+         (static_cast<double>(step_ns) * 1e-9 * s.device.bf16_tflops * 1e12 * static_cast<double>(devices_of(s)));
+}
+
+/// Per pipeline rank, the host-link rate (GB/s each way) its copies get when the ranks with
+/// `swaps[r]` set copy at once: min(device link, node.host_gbps / k) × duplex_factor, where k is the
+/// number of the node's devices whose rank swaps (devices are numbered tp, then dp, then pp, and
+/// node n holds devices n·gpus … n·gpus + gpus − 1; a rank spanning nodes takes its most crowded).
+/// Both directions are taken as busy: they are in the packed optimizer step and in the 1F1B steady
+/// state.
+struct link_rates {
+  double h2d_gbps = 0, d2h_gbps = 0;
+  std::uint32_t sharing = 1; ///< k: devices sharing the node's host bandwidth
+};
+inline std::vector<link_rates> host_link_rates(scenario const& s, std::vector<bool> const& swaps) {
+  auto const R = s.pipeline.ranks;
+  std::uint64_t const per_rank = std::uint64_t{s.parallel.tp} * s.parallel.dp, gpus = s.node.gpus;
+  std::uint64_t const total = per_rank * R, nodes = (total + gpus - 1) / gpus;
+  auto swapping = [&](std::uint64_t g) { return g / per_rank < swaps.size() && swaps[g / per_rank]; };
+  std::vector<std::uint32_t> crowd(nodes, 0);
+  for (std::uint64_t g = 0; g < total; ++g)
+    if (swapping(g)) ++crowd[g / gpus];
+  std::vector<link_rates> out(R);
+  for (std::uint32_t r = 0; r < R; ++r) {
+    std::uint32_t k = 1;
+    for (std::uint64_t n = r * per_rank / gpus; n <= ((r + 1) * per_rank - 1) / gpus; ++n) k = std::max(k, crowd[n]);
+    double const host = s.node.host_gbps / k;
+    out[r] = {std::min(s.device.h2d_gbps, host) * s.device.duplex_factor,
+              std::min(s.device.d2h_gbps, host) * s.device.duplex_factor, k};
+  }
+  return out;
 }
 
 /// The timing model of the device.
-inline mock::timing_model timing_of(device_spec const& d) {
+/// `link`: the rank's host-link rates (host_link_rates); unset: the device's own, uncontended.
+inline mock::timing_model timing_of(device_spec const& d, std::optional<link_rates> link = std::nullopt) {
   mock::timing_model t;
-  t.h2d = {static_cast<std::uint64_t>(d.h2d_gbps * 1e9), static_cast<mock::sim_time>(d.copy_latency_us * 1e3)};
-  t.d2h = {static_cast<std::uint64_t>(d.d2h_gbps * 1e9), static_cast<mock::sim_time>(d.copy_latency_us * 1e3)};
+  double const up = link ? link->h2d_gbps : d.h2d_gbps, down = link ? link->d2h_gbps : d.d2h_gbps;
+  t.h2d = {static_cast<std::uint64_t>(up * 1e9), static_cast<mock::sim_time>(d.copy_latency_us * 1e3)};
+  t.d2h = {static_cast<std::uint64_t>(down * 1e9), static_cast<mock::sim_time>(d.copy_latency_us * 1e3)};
   t.device_bytes_per_second = static_cast<std::uint64_t>(d.hbm_tbps * 1e12);
   t.kernel_launch_ns = 4'000;
   return t;

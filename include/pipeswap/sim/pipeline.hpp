@@ -13,8 +13,13 @@
 //    the stage boundary over a link with the scenario's P2P bandwidth and latency; the host waits
 //    for every receive (as pipeline runtimes do) and issues each compute entry when the previous
 //    one has finished, so swap steps go out one compute entry ahead of their use;
-//  * the optimizer step after the rank's last backward, behind a host synchronization (the global
-//    gradient-norm reduction of mixed-precision training).
+//  * after the rank's last backward: the data-parallel gradient reduce-scatter (or all-reduce) as a
+//    kernel of its own duration, a host synchronization (the global gradient-norm reduction of
+//    mixed-precision training), the optimizer step on the rank's optimizer shard, and with the
+//    distributed optimizer the all-gather of the updated weights.
+// Costs and sizes come from sim/model.hpp: tensor-parallel shards, gradient type, recomputation (a
+// full-recomputation backward holds one layer's activations while it runs), the host-link rate each
+// rank gets when its node's devices copy at once (host_link_rates).
 // Reported per rank: the step's peak device memory (including the scenario's reserved bytes), its
 // time from T0, the bytes each way over the host link, and the memory over time.
 //
@@ -72,6 +77,14 @@ struct sim_options {
   /// Hold real bytes on the mock devices and check saved activations in every backward. Meant for
   /// small scenarios (tests): every buffer is really allocated.
   bool materialize = false;
+  /// Per rank: recomputation (empty: model.recompute everywhere).
+  std::vector<recompute_kind> recompute;
+  /// Per rank: whether optimizer state swaps (empty: swap_optimizer on every rank).
+  std::vector<bool> optimizer_ranks;
+
+  [[nodiscard]] bool swaps_optimizer(std::uint32_t rank) const {
+    return optimizer_ranks.empty() ? swap_optimizer : rank < optimizer_ranks.size() && optimizer_ranks[rank];
+  }
 };
 
 struct rank_result {
@@ -85,6 +98,7 @@ struct rank_result {
   std::uint64_t resident_param_bytes = 0;     ///< weights + gradients
   std::uint64_t optimizer_state_bytes = 0;    ///< AdamW state (moments, master), wherever it lives
   std::uint64_t peak_host_bytes = 0;          ///< pinned host memory at its peak
+  link_rates link;                            ///< the host-link rates this rank's copies got
   std::uint64_t corrupt_buffers = 0;          ///< materialize: saved activations that came back wrong
   /// Device bytes (reserved included) over the step: (time since T0, bytes) after each change.
   std::vector<std::pair<mock::sim_time, std::uint64_t>> memory;
@@ -159,12 +173,14 @@ public:
   using opt_type = adamw<mock::backend>;
 
   rank_sim(scenario const& s, std::vector<stage_spec> const& stages, schedule::stage_layout const& layout,
-           std::uint32_t rank, schedule::order ord, sim_options const& o)
+           std::uint32_t rank, schedule::order ord, sim_options const& o, link_rates const& link)
       : s_(s), stages_(stages), layout_(layout), rank_(rank), order_(std::move(ord)),
-        b_(mock_options(s, o)), x_(b_, pool_options(o)),
+        link_(link), b_(mock_options(s, o, link)), x_(b_, pool_options(o)),
         acts_(x_), opt_(b_), send_(b_.new_stream("p2p send")), recv_(b_.new_stream("p2p recv")) {
     auto const cs = b_.current_stream();
     auto const es = size_of(s.model.param_dtype);
+    auto const gtype = grad_dtype_of(s.model);
+    auto const gs = size_of(gtype);
     bool const master = s.model.fp32_master;
     for (auto const& st : stages_) {
       if (layout_.rank_of(static_cast<index_type>(st.stage)) != static_cast<index_type>(rank_)) continue;
@@ -172,18 +188,21 @@ public:
       for (auto const& t : st.tensors) {
         if (t.numel == 0) continue;
         w.params.push_back({b_.allocate_device(t.numel * es, cs), t.numel * es});
-        w.grads.push_back({b_.allocate_device(t.numel * es, cs), t.numel * es});
-        opt_.add_param({w.params.back().ptr, w.grads.back().ptr, t.numel, s.model.param_dtype, s.model.param_dtype,
-                        master});
-        resident_param_bytes_ += 2 * t.numel * es;
-        optimizer_state_bytes_ += t.numel * (master ? 12 : 8);
+        w.grads.push_back({b_.allocate_device(t.numel * gs, cs), t.numel * gs});
+        // The distributed optimizer updates this rank's 1/dp share of every tensor (a prefix here).
+        auto const shard = optimizer_shard(t.numel, s.parallel);
+        opt_.add_param({w.params.back().ptr, w.grads.back().ptr, shard, s.model.param_dtype, gtype, master});
+        resident_param_bytes_ += t.numel * (es + gs);
+        optimizer_state_bytes_ += shard * (master ? 12 : 8);
+        stage_params_ += t.numel;
       }
     }
     swap_config cfg;
     // Without optimizer swap the step is one batch: one fused update of every parameter.
-    cfg.swap_times = o.swap_optimizer ? o.swap_times : 1;
+    bool const swap_opt = o.swaps_optimizer(rank);
+    cfg.swap_times = swap_opt ? o.swap_times : 1;
     cfg.packed = o.packed;
-    if (!o.swap_optimizer) cfg.state_keys = std::vector<std::string>{};
+    if (!swap_opt) cfg.state_keys = std::vector<std::string>{};
     // The runtime materializes every slot (zeroed moments, master copies) at construction; with
     // nothing swappable it keeps them all on the device.
     osw_.emplace(x_, opt_, cfg);
@@ -247,8 +266,11 @@ public:
     r.rank = rank_;
     r.pipeline_ns = b_.makespan() - t0_;
     auto const cs = b_.current_stream();
+    // Data parallelism: the gradients are reduced (scattered) before the step, on their own link.
+    if (auto const ns = dp_grad_sync_ns(s_, stage_params_); ns > 0) collective_kernel("DP grad sync", ns, false);
     b_.synchronize(b_.record_event(cs)); // the gradient-norm reduction before the step
     osw_->step();
+    if (auto const ns = dp_param_gather_ns(s_, stage_params_); ns > 0) collective_kernel("DP param all-gather", ns, true);
     b_.synchronize_device();
     acts_.end_run();
     r.step_ns = b_.makespan() - t0_;
@@ -258,6 +280,7 @@ public:
     r.resident_param_bytes = resident_param_bytes_;
     r.optimizer_state_bytes = optimizer_state_bytes_;
     r.peak_host_bytes = b_.peak_host_bytes();
+    r.link = link_;
     r.corrupt_buffers = corrupt_;
     auto const reserved = s_.device.reserved_bytes;
     auto const timeline = b_.device_memory_timeline();
@@ -300,9 +323,9 @@ private:
   };
   using key = std::pair<index_type, index_type>; // stage, micro
 
-  static mock::options mock_options(scenario const& s, sim_options const& o) {
+  static mock::options mock_options(scenario const& s, sim_options const& o, link_rates const& link) {
     mock::options m;
-    m.timing = timing_of(s.device);
+    m.timing = timing_of(s.device, link);
     m.hazards = mock::hazard_policy::raise;
     m.materialize = o.materialize;
     return m;
@@ -312,6 +335,17 @@ private:
   static pinned_pool_options pool_options(sim_options const& o) {
     if (o.materialize) return {std::size_t{1} << 20, std::size_t{256} << 10, 512};
     return {};
+  }
+
+  /// A collective over the rank's weights (`params`) or gradients, as a kernel of duration `ns`.
+  void collective_kernel(char const* name, sim_time ns, bool params) {
+    mock::kernel_desc d{name, {}, {}, ns};
+    for (auto& [_, w] : weights_)
+      for (auto const& x : params ? w.params : w.grads) {
+        d.reads.push_back({x.ptr, x.bytes});
+        d.writes.push_back({x.ptr, x.bytes});
+      }
+    b_.launch(b_.current_stream(), std::move(d));
   }
 
   sim_time link_time(std::size_t bytes) const {
@@ -501,8 +535,12 @@ private:
     }
     owned gout{};
     if (e.stage > 0) gout = {b_.allocate_device(st.boundary_bytes, cs), st.boundary_bytes};
+    // Full recomputation rebuilds one layer's activations at a time while the backward runs.
+    owned work{};
+    if (st.backward_workspace_bytes) work = {b_.allocate_device(st.backward_workspace_bytes, cs), st.backward_workspace_bytes};
 
     mock::kernel_desc d{name_of("BWD", e.stage, e.micro), {}, {}, st.bwd_ns};
+    if (work.bytes) d.writes.push_back({work.ptr, work.bytes});
     auto const& w = weights_.at(st.stage);
     for (auto const& p : w.params) d.reads.push_back({p.ptr, p.bytes});
     for (auto const& b : bufs) {
@@ -529,6 +567,7 @@ private:
       }
     }
     if (gin) b_.deallocate_device(gin->ptr, gin->bytes, cs);
+    if (work.bytes) b_.deallocate_device(work.ptr, work.bytes, cs);
     if (e.stage > 0) hand_over(1, e.stage, e.micro, gout);
   }
 
@@ -573,6 +612,7 @@ private:
   schedule::stage_layout layout_;
   std::uint32_t rank_;
   schedule::order order_;
+  link_rates link_;
   mock::backend b_;
   transfer_engine<mock::backend> x_;
   activation_swap<mock::backend> acts_;
@@ -589,7 +629,7 @@ private:
   sim_time t0_ = 0;
   std::size_t h2d0_ = 0, d2h0_ = 0;
   std::uint32_t swapped_chunks_ = 0;
-  std::uint64_t resident_param_bytes_ = 0, optimizer_state_bytes_ = 0, corrupt_ = 0;
+  std::uint64_t resident_param_bytes_ = 0, optimizer_state_bytes_ = 0, corrupt_ = 0, stage_params_ = 0;
 };
 
 } // namespace detail
@@ -599,19 +639,34 @@ private:
 /// (schedule::check_schedule): invalid_argument names the problems. A deadlock found while running
 /// throws state_error naming what every rank waits for.
 inline sim_result simulate_orders(scenario const& s, schedule::rank_orders const& orders, sim_options const& o) {
-  auto const stages = plan_stages(s);
   auto const layout = layout_of(s);
   if (orders.size() != s.pipeline.ranks) {
     throw invalid_argument("simulate: " + std::to_string(orders.size()) + " orders for " +
                            std::to_string(s.pipeline.ranks) + " ranks");
   }
+  if (!o.recompute.empty() && o.recompute.size() != s.pipeline.ranks)
+    throw invalid_argument("simulate: " + std::to_string(o.recompute.size()) + " recomputation settings for " +
+                           std::to_string(s.pipeline.ranks) + " ranks");
+  std::vector<recompute_kind> per_stage;
+  if (!o.recompute.empty()) {
+    for (std::uint32_t st = 0; st < s.pipeline.ranks * s.pipeline.chunks; ++st)
+      per_stage.push_back(o.recompute[static_cast<std::size_t>(layout.rank_of(static_cast<schedule::index_type>(st)))]);
+  }
+  auto const stages = plan_stages(s, per_stage);
+  // The ranks that copy to or from the host share their node's host bandwidth.
+  std::vector<bool> swaps(s.pipeline.ranks);
+  for (std::uint32_t r = 0; r < s.pipeline.ranks; ++r)
+    swaps[r] = o.swaps_optimizer(r) || std::any_of(orders[r].begin(), orders[r].end(), [](auto const& e) {
+                 return e && e->kind == schedule::step_kind::swap_launch_offload;
+               });
+  auto const links = host_link_rates(s, swaps);
   if (auto const report = schedule::check_schedule(orders, layout); !report.ok()) {
     throw invalid_argument("simulate: the schedule is not valid: " + schedule::to_string(report));
   }
   std::vector<std::unique_ptr<detail::rank_sim>> ranks;
   mock::sim_time t0 = 0;
   for (std::uint32_t r = 0; r < s.pipeline.ranks; ++r) {
-    ranks.push_back(std::make_unique<detail::rank_sim>(s, stages, layout, r, orders[r], o));
+    ranks.push_back(std::make_unique<detail::rank_sim>(s, stages, layout, r, orders[r], o, links[r]));
     t0 = std::max(t0, ranks.back()->finish_setup());
   }
   std::size_t total = 0, done = 0, reported = 0;

@@ -1,12 +1,15 @@
 // pipeswap — the swap planner: given a scenario and a device-memory budget, choose what to swap so
 // that every rank fits the budget at the lowest simulated step time. What `pipeswap plan` runs.
 //
-// A candidate (swap_choice) sets four knobs: which activation groups are swapped (none; only the
+// A candidate (swap_choice) sets the knobs: activation recomputation (none, selective, full), the
+// distributed optimizer (with data parallelism), which activation groups are swapped (none; only the
 // chunks whose backward trails their forward by at least g compute slots; every eligible chunk),
-// whether optimizer states are swapped, in how many batches (swap_times) and whether packed.
+// whether optimizer states are swapped, in how many batches (swap_times) and whether packed, and
+// optionally all of it per rank.
 //
-// The search (search_plan) simulates few of the candidates. It relies on two properties of swapping,
-// which it states in its explanations rather than hides:
+// The search (search_plan) runs once per family (a recomputation and a distributed-optimizer
+// setting, every rank alike) and simulates few of each family's candidates. It relies on two
+// properties of swapping, which it states in its explanations rather than hides:
 //   (a) swapping more activation groups never raises the peak, and
 //   (b) never shortens the step.
 // First the optimizer settings are simulated without activation swap: for each packing, swap_times
@@ -15,6 +18,10 @@
 // gets the least activation swap that makes it fit, found by binary search over the activation
 // levels (cut short once a probe is over budget and already no faster than the best plan); the
 // search stops at the first setting that is already no faster than the best plan.
+// Then, per rank: each rank takes the fastest simulated candidate that fits on that rank (its own
+// peak within the budget; one optimizer batch setting for all), and the mix is simulated; it is
+// chosen when it fits and is faster. Beside the chosen plan the result names the best plan without
+// any swap (recomputation and the distributed optimizer only), so that what swap buys is explicit.
 #pragma once
 
 #include <algorithm>
@@ -41,6 +48,16 @@
 #include <pipeswap/sim/model.hpp>
 #include <pipeswap/sim/pipeline.hpp>
 #include <pipeswap/sim/report.hpp>
+#include <pipeswap/sim/scenario_json.hpp>
+
+#include <range/v3/algorithm/all_of.hpp>
+#include <range/v3/algorithm/any_of.hpp>
+#include <range/v3/algorithm/min_element.hpp>
+#include <range/v3/range/conversion.hpp>
+#include <range/v3/view/cartesian_product.hpp>
+#include <range/v3/view/filter.hpp>
+#include <range/v3/view/iota.hpp>
+#include <range/v3/view/transform.hpp>
 
 namespace pipeswap::sim {
 
@@ -52,27 +69,76 @@ struct swap_choice {
   bool optimizer = false;
   std::uint32_t swap_times = 16; ///< optimizer batches (when `optimizer`)
   bool packed = true;            ///< packed optimizer pipeline (when `optimizer`)
+  recompute_kind recompute = recompute_kind::none; ///< every rank's, unless `ranks` is set
+  bool distributed_optimizer = false;
+
+  /// A per-rank plan: each rank's own recomputation, activation level and optimizer swap (then
+  /// `activation_min_gap`, `optimizer` and `recompute` above are not used).
+  struct rank_choice {
+    std::size_t activation_min_gap = 0;
+    bool optimizer = false;
+    recompute_kind recompute = recompute_kind::none;
+    friend bool operator==(rank_choice const&, rank_choice const&) = default;
+  };
+  std::vector<rank_choice> ranks;
+
+  [[nodiscard]] rank_choice on(std::uint32_t rank) const {
+    return ranks.empty() ? rank_choice{activation_min_gap, optimizer, recompute} : ranks.at(rank);
+  }
+  [[nodiscard]] bool any_optimizer() const {
+    return ranks.empty() ? optimizer : ranges::any_of(ranks, &rank_choice::optimizer);
+  }
+  [[nodiscard]] bool any_activation() const {
+    return ranks.empty() ? activation_min_gap > 0
+                         : ranges::any_of(ranks, [](rank_choice const& r) { return r.activation_min_gap > 0; });
+  }
+  /// No swap of any kind (recomputation and the distributed optimizer allowed).
+  [[nodiscard]] bool swap_free() const { return !any_optimizer() && !any_activation(); }
 
   friend bool operator==(swap_choice const& a, swap_choice const& b) noexcept {
     return a.activation_min_gap == b.activation_min_gap && a.optimizer == b.optimizer &&
-           (!a.optimizer || (a.swap_times == b.swap_times && a.packed == b.packed));
+           a.recompute == b.recompute && a.distributed_optimizer == b.distributed_optimizer && a.ranks == b.ranks &&
+           (!a.any_optimizer() || (a.swap_times == b.swap_times && a.packed == b.packed));
   }
 };
 
-/// "optimizer swap (packed, 16 batches) + activation groups with gap >= 9", "no swap", ...
-inline std::string describe(swap_choice const& c) {
-  std::string opt = c.optimizer ? "optimizer swap (" + std::string(c.packed ? "packed" : "per tensor") + ", " +
-                                      std::to_string(c.swap_times) + " batches)"
+namespace detail {
+
+inline std::string describe_one(swap_choice::rank_choice const& c, swap_choice const& all) {
+  std::string opt = c.optimizer ? "optimizer swap (" + std::string(all.packed ? "packed" : "per tensor") + ", " +
+                                      std::to_string(all.swap_times) + " batches)"
                                 : "";
   std::string act;
   if (c.activation_min_gap > schedule::min_swap_gap)
     act = "activation groups with gap >= " + std::to_string(c.activation_min_gap);
   else if (c.activation_min_gap > 0)
     act = "every eligible activation group";
-  if (opt.empty() && act.empty()) return "no swap";
-  if (opt.empty()) return act;
-  if (act.empty()) return opt;
-  return opt + " + " + act;
+  std::string out = opt.empty() && act.empty() ? "no swap" : opt.empty() ? act : act.empty() ? opt : opt + " + " + act;
+  if (c.recompute != recompute_kind::none)
+    out = std::string(c.recompute == recompute_kind::full ? "full" : "selective") + " recomputation" +
+          (opt.empty() && act.empty() ? std::string() : " + " + out);
+  return out;
+}
+
+} // namespace detail
+
+/// "optimizer swap (packed, 16 batches) + activation groups with gap >= 9", "no swap", "full
+/// recomputation + optimizer swap (...)", "distributed optimizer + ...", "per rank: 0: ...; 1-7: ...".
+inline std::string describe(swap_choice const& c) {
+  std::string out;
+  if (c.ranks.empty()) {
+    out = detail::describe_one(c.on(0), c);
+  } else {
+    out = "per rank: ";
+    for (std::size_t r = 0; r < c.ranks.size();) {
+      std::size_t e = r;
+      while (e + 1 < c.ranks.size() && c.ranks[e + 1] == c.ranks[r]) ++e;
+      out += (r ? "; " : "") + std::to_string(r) + (e > r ? "-" + std::to_string(e) : "") + ": " +
+             detail::describe_one(c.ranks[r], c);
+      r = e + 1;
+    }
+  }
+  return c.distributed_optimizer ? "distributed optimizer + " + out : out;
 }
 
 /// What the planner keeps of one simulation.
@@ -83,6 +149,7 @@ struct plan_outcome {
   std::uint64_t h2d_bytes = 0;    ///< per step, all ranks together
   std::uint64_t d2h_bytes = 0;
   std::uint32_t swapped_chunks = 0; ///< activation groups swapped, all ranks together
+  std::vector<std::uint64_t> rank_peaks; ///< per rank (empty: not known; no per-rank mix is tried)
 };
 
 /// The candidates: activation levels and optimizer settings.
@@ -93,10 +160,24 @@ struct plan_space {
   /// Optimizer batch counts to try, in increasing order.
   std::vector<std::uint32_t> swap_times = {4, 8, 16, 32, 64};
   std::vector<bool> packed = {true, false};
+  /// Recomputation settings to weigh (every rank alike; per-rank mixes come after).
+  std::vector<recompute_kind> recompute = {recompute_kind::none, recompute_kind::selective, recompute_kind::full};
+  /// Distributed-optimizer settings to weigh (plan() offers true only with data parallelism).
+  std::vector<bool> distributed_optimizer = {false};
+  /// Try a per-rank mix of the simulated candidates.
+  bool per_rank = true;
 
-  /// The number of candidates: (1 + optimizer settings) × (1 + activation levels).
+  /// The families: every (recomputation, distributed optimizer) pair.
+  [[nodiscard]] std::vector<std::pair<recompute_kind, bool>> families() const {
+    return ranges::views::cartesian_product(recompute, distributed_optimizer) |
+           ranges::views::transform([](auto const& t) { return std::pair{std::get<0>(t), std::get<1>(t)}; }) |
+           ranges::to<std::vector>();
+  }
+
+  /// The number of uniform candidates: families × (1 + optimizer settings) × (1 + activation levels).
   [[nodiscard]] std::size_t size() const noexcept {
-    return (1 + swap_times.size() * packed.size()) * (1 + gaps.size());
+    return recompute.size() * distributed_optimizer.size() * (1 + swap_times.size() * packed.size()) *
+           (1 + gaps.size());
   }
 };
 
@@ -113,6 +194,9 @@ struct plan_result {
   plan_outcome baseline; ///< no swap
   std::optional<swap_choice> chosen;
   plan_outcome chosen_outcome;
+  /// The fastest fitting candidate that swaps nothing (recomputation, distributed optimizer only).
+  std::optional<swap_choice> best_without_swap;
+  plan_outcome best_without_swap_outcome;
   std::vector<considered> simulated; ///< in the order they ran
   std::vector<std::string> skipped;  ///< what was not simulated, and why
   std::size_t candidates = 0;        ///< plan_space::size()
@@ -132,8 +216,8 @@ inline void check_space(plan_space const& s) {
     if (i > 0 && s.gaps[i] >= s.gaps[i - 1])
       throw invalid_argument("plan: activation gaps must be strictly decreasing");
   }
-  if (s.swap_times.empty() || s.packed.empty())
-    throw invalid_argument("plan: swap_times and packed need at least one value each");
+  if (s.swap_times.empty() || s.packed.empty() || s.recompute.empty() || s.distributed_optimizer.empty())
+    throw invalid_argument("plan: swap_times, packed, recompute and distributed_optimizer need at least one value each");
   for (std::size_t i = 0; i < s.swap_times.size(); ++i) {
     if (s.swap_times[i] == 0) throw invalid_argument("plan: swap_times must be positive");
     if (i > 0 && s.swap_times[i] <= s.swap_times[i - 1])
@@ -158,7 +242,9 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
   std::size_t const levels = space.gaps.size();
   std::size_t const settings = space.swap_times.size() * space.packed.size();
   std::size_t const per_setting = levels == 0 ? 1 : 2 + static_cast<std::size_t>(std::bit_width(levels));
-  std::size_t const bound = std::min(res.candidates, (settings + 1) * per_setting);
+  auto const families = space.families();
+  std::size_t const mixes = space.per_rank ? 2 * space.distributed_optimizer.size() : 0;
+  std::size_t const bound = std::min(res.candidates, families.size() * (settings + 1) * per_setting) + mixes + 1;
   auto fits = [&](plan_outcome const& o) { return o.peak_bytes <= budget; };
 
   auto run = [&](swap_choice const& c) -> plan_outcome {
@@ -188,18 +274,24 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
   };
 
   res.baseline = run(swap_choice{});
-  consider(swap_choice{}, res.baseline);
+
+  auto search_family = [&](swap_choice const& family) {
+  plan_outcome const family_base = run(family);
+  consider(family, family_base);
 
   // Optimizer settings without activation swap: walk swap_times upwards for each packing.
   struct setting {
     swap_choice choice;
     plan_outcome outcome;
   };
-  std::vector<setting> list{{swap_choice{}, res.baseline}};
+  std::vector<setting> list{{family, family_base}};
   for (bool packed : space.packed) {
     std::optional<plan_outcome> prev;
     for (std::size_t i = 0; i < space.swap_times.size(); ++i) {
-      swap_choice const c{0, true, space.swap_times[i], packed};
+      swap_choice c = family;
+      c.optimizer = true;
+      c.swap_times = space.swap_times[i];
+      c.packed = packed;
       plan_outcome const o = run(c);
       list.push_back({c, o});
       consider(c, o);
@@ -207,7 +299,8 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
         std::string rest;
         for (std::size_t k = i + 1; k < space.swap_times.size(); ++k)
           rest += (k > i + 1 ? ", " : "") + std::to_string(space.swap_times[k]);
-        res.skipped.push_back("optimizer swap (" + std::string(packed ? "packed" : "per tensor") +
+        res.skipped.push_back((family == swap_choice{} ? std::string() : describe(family) + ", ") + "optimizer swap (" +
+                              std::string(packed ? "packed" : "per tensor") +
                               ") with swap_times " + rest + ": " + std::to_string(space.swap_times[i]) +
                               " batches lowered neither the peak nor the step time of " +
                               std::to_string(space.swap_times[i - 1]) + ", so more batches are not tried");
@@ -255,6 +348,70 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
       }
     }
     consider(at_level(choice, hi), at_hi);
+  }
+  };
+
+  for (auto const& [rc, dist] : families) {
+    swap_choice f;
+    f.recompute = rc;
+    f.distributed_optimizer = dist;
+    search_family(f);
+  }
+
+  // Per rank: each rank takes the fastest simulated uniform candidate that fits on it, within one
+  // distributed-optimizer setting and one optimizer batch setting (the two best of those).
+  if (space.per_rank) {
+    for (bool dist : space.distributed_optimizer) {
+      auto pool = res.simulated | ranges::views::filter([&](considered const& e) {
+                    return e.choice.ranks.empty() && e.choice.distributed_optimizer == dist &&
+                           !e.outcome.rank_peaks.empty();
+                  }) |
+                  ranges::to<std::vector>();
+      if (pool.empty()) continue;
+      auto const R = pool.front().outcome.rank_peaks.size();
+      // Optimizer batch settings, fastest first.
+      std::vector<std::pair<mock::sim_time, std::pair<std::uint32_t, bool>>> opt_settings;
+      for (auto const& e : pool)
+        if (e.choice.optimizer) opt_settings.push_back({e.outcome.step_ns, {e.choice.swap_times, e.choice.packed}});
+      std::sort(opt_settings.begin(), opt_settings.end());
+      std::vector<std::pair<std::uint32_t, bool>> tried;
+      for (auto const& [_, st] : opt_settings)
+        if (std::find(tried.begin(), tried.end(), st) == tried.end() && tried.size() < 2) tried.push_back(st);
+      if (tried.empty()) tried.push_back({space.swap_times.front(), space.packed.front()});
+      for (auto const& [times, packed] : tried) {
+        auto usable = pool | ranges::views::filter([&](considered const& e) {
+                        return !e.choice.optimizer || (e.choice.swap_times == times && e.choice.packed == packed);
+                      }) |
+                      ranges::to<std::vector>();
+        swap_choice mix;
+        mix.distributed_optimizer = dist;
+        mix.swap_times = times;
+        mix.packed = packed;
+        bool complete = true;
+        for (std::size_t r : ranges::views::iota(std::size_t{0}, R)) {
+          auto fitting = usable | ranges::views::filter([&](considered const& e) { return e.outcome.rank_peaks[r] <= budget; });
+          auto const best = ranges::min_element(fitting, {}, [](considered const& e) { return e.outcome.step_ns; });
+          if (best == ranges::end(fitting)) {
+            complete = false;
+            break;
+          }
+          mix.ranks.push_back(best->choice.on(static_cast<std::uint32_t>(r)));
+        }
+        if (!complete || mix.ranks.empty() ||
+            ranges::all_of(mix.ranks, [&](auto const& x) { return x == mix.ranks.front(); })) {
+          continue; // a rank fits nowhere, or the mix is a uniform candidate already simulated
+        }
+        consider(mix, run(mix));
+      }
+    }
+  }
+
+  for (auto const& e : res.simulated) {
+    if (!e.fits || !e.choice.swap_free()) continue;
+    if (!res.best_without_swap || better(e.outcome, res.best_without_swap_outcome)) {
+      res.best_without_swap = e.choice;
+      res.best_without_swap_outcome = e.outcome;
+    }
   }
 
   for (auto& e : res.simulated) {
@@ -332,16 +489,36 @@ inline std::vector<std::size_t> gap_levels(activation_gaps const& g, std::size_t
 inline sim_options options_for(swap_choice const& c, std::shared_ptr<activation_gaps const> gaps,
                                swap_spec const& unswapped = {}) {
   sim_options o;
-  o.swap_activations = c.activation_min_gap > 0;
-  if (c.activation_min_gap > schedule::min_swap_gap) {
+  o.swap_activations = c.any_activation();
+  if (!c.ranks.empty()) {
+    std::vector<std::size_t> per_rank;
+    for (auto const& r : c.ranks) {
+      per_rank.push_back(r.activation_min_gap);
+      o.recompute.push_back(r.recompute);
+      o.optimizer_ranks.push_back(r.optimizer);
+    }
+    o.activation_filter = [gaps = std::move(gaps), per_rank](std::uint32_t rank, schedule::chunk ch) {
+      auto const g = rank < per_rank.size() ? per_rank[rank] : 0;
+      return g > 0 && (g <= schedule::min_swap_gap || gaps->gap(rank, ch) >= g);
+    };
+  } else if (c.activation_min_gap > schedule::min_swap_gap) {
     o.activation_filter = [gaps = std::move(gaps), g = c.activation_min_gap](std::uint32_t rank, schedule::chunk ch) {
       return gaps->gap(rank, ch) >= g;
     };
   }
-  o.swap_optimizer = c.optimizer;
-  o.swap_times = c.optimizer ? c.swap_times : unswapped.swap_times;
-  o.packed = c.optimizer ? c.packed : unswapped.packed;
+  if (c.ranks.empty() && c.recompute != recompute_kind::none) o.recompute.assign(gaps ? gaps->per_rank.size() : 0, c.recompute);
+  o.swap_optimizer = c.any_optimizer();
+  o.swap_times = c.any_optimizer() ? c.swap_times : unswapped.swap_times;
+  o.packed = c.any_optimizer() ? c.packed : unswapped.packed;
   return o;
+}
+
+/// The scenario a candidate runs: `s` with the candidate's distributed-optimizer setting and, for a
+/// uniform candidate, its recomputation.
+inline scenario scenario_for(swap_choice const& c, scenario s) {
+  s.parallel.distributed_optimizer = c.distributed_optimizer;
+  if (c.ranks.empty()) s.model.recompute = c.recompute;
+  return s;
 }
 
 /// What the planner keeps of a simulation.
@@ -354,22 +531,29 @@ inline plan_outcome outcome_of(sim_result const& r) {
     o.h2d_bytes += x.h2d_bytes;
     o.d2h_bytes += x.d2h_bytes;
     o.swapped_chunks += x.swapped_chunks;
+    o.rank_peaks.push_back(x.peak_bytes);
   }
   return o;
 }
 
 /// Plans `s` for a budget of `budget` bytes per device, simulating candidates with sim::simulate.
 /// `progress(fraction)` is called now and then. Throws invalid_argument for a bad scenario.
-inline plan_result plan(scenario const& s, std::uint64_t budget, std::function<void(double)> const& progress = {},
-                        plan_space space = {}) {
-  validate(s);
+/// `space.gaps` comes from the scenario's schedule; `space.distributed_optimizer` is {false, true}
+/// with data parallelism (unless `space` was given with other values), and recomputation the
+/// space's list. A scenario with device.end_to_end_mfu is calibrated first.
+inline plan_result plan(scenario const& given, std::uint64_t budget, std::function<void(double)> const& progress = {},
+                        std::optional<plan_space> given_space = std::nullopt) {
+  validate(given);
+  auto const s = calibrated(given);
   auto const gaps = std::make_shared<activation_gaps const>(gaps_of(s.pipeline));
+  plan_space space = given_space.value_or(plan_space{});
+  if (!given_space && s.parallel.dp > 1) space.distributed_optimizer = {false, true};
   space.gaps = gap_levels(*gaps);
   double done = 0, bound = 1;
   auto evaluate = [&](swap_choice const& c) {
     auto o = options_for(c, gaps, s.swap);
     if (progress) o.progress = [&](double f) { progress(std::min(1.0, (done + f) / bound)); };
-    return outcome_of(simulate(s, o));
+    return outcome_of(simulate(scenario_for(c, s), o));
   };
   return search_plan(space, budget, evaluate, [&](std::size_t d, std::size_t b) {
     done = static_cast<double>(d);
@@ -395,6 +579,16 @@ inline std::string format_plan(plan_result const& r, scenario const& s) {
          plan_gb(r.budget_bytes - c.peak_bytes) + " under the budget\n";
     o += "  per step, all ranks: " + plan_gb(c.h2d_bytes) + " host to device, " + plan_gb(c.d2h_bytes) +
          " device to host, " + std::to_string(c.swapped_chunks) + " activation groups swapped\n";
+    if (r.best_without_swap && !(*r.best_without_swap == *r.chosen)) {
+      auto const& b = r.best_without_swap_outcome;
+      o += "best without swap: " + describe(*r.best_without_swap) + "\n";
+      o += "  step time " + secs(b.step_ns) + "; swap buys " +
+           detail::percent(-overhead(c.step_ns, b.step_ns)) + " step time over it\n";
+    } else if (!r.best_without_swap) {
+      o += "best without swap: none fits; recomputation and the distributed optimizer alone cannot fit the budget\n";
+    } else {
+      o += "the chosen plan swaps nothing: recomputation or the distributed optimizer alone fits fastest\n";
+    }
   } else {
     o += "nothing fits the budget of " + plan_gb(r.budget_bytes) + ".\n";
     if (r.lowest_peak)
@@ -403,10 +597,10 @@ inline std::string format_plan(plan_result const& r, scenario const& s) {
   }
   o += "\nsimulated " + std::to_string(r.simulated.size()) + " of " + std::to_string(r.candidates) +
        " candidates (swapping more activation groups is assumed never to raise the peak nor to shorten the step):\n";
-  o += "  " + pad("step time", 10, true) + pad("peak", 11, true) + "  " + pad("candidate", 74) + "verdict\n";
+  o += "  " + pad("step time", 10, true) + pad("peak", 11, true) + "  " + pad("candidate", 96) + "verdict\n";
   for (auto const& e : r.simulated)
     o += "  " + pad(secs(e.outcome.step_ns), 10, true) + pad(plan_gb(e.outcome.peak_bytes), 11, true) + "  " +
-         pad(describe(e.choice), 74) + e.verdict + "\n";
+         pad(describe(e.choice), 96) + e.verdict + "\n";
   if (!r.skipped.empty()) {
     o += "not simulated:\n";
     for (auto const& k : r.skipped) o += "  " + k + "\n";
@@ -420,12 +614,29 @@ Json to_json(plan_result const& r) {
   auto choice = [](swap_choice const& c) {
     Json j = Json::object();
     j["description"] = describe(c);
-    j["activations"] = c.activation_min_gap == 0                         ? Json("none")
+    j["activations"] = !c.ranks.empty()                                   ? Json(nullptr)
+                       : c.activation_min_gap == 0                         ? Json("none")
                        : c.activation_min_gap <= schedule::min_swap_gap ? Json("all")
                                                                          : Json(c.activation_min_gap);
-    j["optimizer"] = c.optimizer;
-    j["swap_times"] = c.optimizer ? Json(c.swap_times) : Json(nullptr);
-    j["packed"] = c.optimizer ? Json(c.packed) : Json(nullptr);
+    j["optimizer"] = c.any_optimizer();
+    j["swap_times"] = c.any_optimizer() ? Json(c.swap_times) : Json(nullptr);
+    j["packed"] = c.any_optimizer() ? Json(c.packed) : Json(nullptr);
+    j["recompute"] = recompute_name(c.recompute);
+    j["distributed_optimizer"] = c.distributed_optimizer;
+    if (!c.ranks.empty()) {
+      Json rs = Json::array();
+      for (auto const& x : c.ranks) {
+        Json jr = Json::object();
+        jr["activations"] = x.activation_min_gap == 0                         ? Json("none")
+                            : x.activation_min_gap <= schedule::min_swap_gap ? Json("all")
+                                                                              : Json(x.activation_min_gap);
+        jr["optimizer"] = x.optimizer;
+        jr["recompute"] = recompute_name(x.recompute);
+        rs.push_back(std::move(jr));
+      }
+      j["ranks"] = std::move(rs);
+      j["recompute"] = nullptr;
+    }
     return j;
   };
   auto outcome = [](plan_outcome const& o) {
@@ -449,6 +660,13 @@ Json to_json(plan_result const& r) {
     j["chosen"] = std::move(c);
   } else {
     j["chosen"] = nullptr;
+  }
+  if (r.best_without_swap) {
+    Json c = choice(*r.best_without_swap);
+    c["outcome"] = outcome(r.best_without_swap_outcome);
+    j["best_without_swap"] = std::move(c);
+  } else {
+    j["best_without_swap"] = nullptr;
   }
   j["candidates"] = r.candidates;
   Json& sim = j["simulated"] = Json::array();

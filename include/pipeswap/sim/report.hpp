@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -64,6 +65,8 @@ inline sim_options options_for(swapping c, scenario const& s) {
   return o;
 }
 
+inline scenario calibrated(scenario s);
+
 /// A scenario simulated under the four configurations.
 struct report {
   scenario setup;
@@ -74,8 +77,9 @@ struct report {
 
 /// Runs the four simulations. `progress(fraction)` is called now and then with the fraction of the
 /// whole work done; the trace is recorded for `trace_config` only (none when it is nullopt).
-inline report run_report(scenario const& s, std::function<void(double)> const& progress = {},
+inline report run_report(scenario const& given, std::function<void(double)> const& progress = {},
                          std::optional<swapping> trace_config = swapping::both) {
+  auto const s = calibrated(given);
   report r{s, {}};
   for (std::size_t i = 0; i < all_swappings.size(); ++i) {
     auto o = options_for(all_swappings[i], s);
@@ -133,16 +137,66 @@ inline std::uint64_t sum_d2h(sim_result const& r) {
 
 } // namespace detail
 
+/// `s` with device.kernel_efficiency derived from device.end_to_end_mfu (unchanged when that is
+/// unset): the efficiency at which the simulated no-swap step reaches the published MFU. The step is
+/// A/e + B in the efficiency e (compute scales with 1/e; collectives, sends and latencies do not):
+/// two simulations give A and B, a third checks; secant steps refine it to 0.1 %. Throws
+/// invalid_argument when the MFU cannot be reached even at e = 1 (the fixed costs alone are too slow).
+inline scenario calibrated(scenario s) {
+  if (!s.device.end_to_end_mfu) return s;
+  double const target = *s.device.end_to_end_mfu;
+  auto mfu_at = [&](double e) {
+    auto t = s;
+    t.device.kernel_efficiency = e;
+    t.device.end_to_end_mfu.reset();
+    return end_to_end_mfu(t, simulate(t, sim_options{}).step_ns);
+  };
+  double const at_one = mfu_at(1.0);
+  if (at_one < target)
+    throw invalid_argument("scenario: device.end_to_end_mfu (" + detail::fmt("%.3f", target) +
+                           ") is out of reach: even with kernel_efficiency 1 the simulated no-swap step reaches " +
+                           detail::fmt("%.3f", at_one) + " (communication and the pipeline bubble cost more)");
+  // step ∝ 1/mfu: 1/mfu(e) = a/e + c.
+  double const e1 = 1.0, e2 = 0.5;
+  double const y1 = 1.0 / at_one, y2 = 1.0 / mfu_at(e2);
+  double const a = (y2 - y1) / (1 / e2 - 1 / e1), c = y1 - a / e1;
+  double e = a > 0 ? a / (1.0 / target - c) : target;
+  for (int i = 0; i < 4; ++i) {
+    e = std::clamp(e, 1e-4, 1.0);
+    double const got = mfu_at(e);
+    if (std::abs(got - target) <= 1e-3 * target) break;
+    e *= target / got; // mfu is nearly proportional to e when compute dominates
+  }
+  s.device.kernel_efficiency = std::clamp(e, 1e-4, 1.0);
+  s.device.end_to_end_mfu.reset();
+  return s;
+}
+
+
 /// One line describing the scenario: model, pipeline, device.
 inline std::string describe(scenario const& s) {
   using detail::gb;
-  std::uint64_t params = 0;
-  for (auto const& st : plan_stages(s)) params += st.params;
+  std::uint64_t params = 0; // the whole model's, not one device's shard
+  auto whole = s;
+  whole.parallel = {};
+  for (auto const& st : plan_stages(whole)) params += st.params;
   auto const& p = s.pipeline;
   std::string out = s.model.name + " (" + std::to_string(s.model.layers) + " layers, " +
                     detail::fmt("%.1f", static_cast<double>(params) / 1e9) + " B parameters, " +
                     std::string(name_of(s.model.param_dtype)) + (s.model.fp32_master ? " + fp32 master" : "") +
-                    "), " + std::to_string(p.ranks) + " pipeline ranks, " +
+                    ", " + std::string(name_of(grad_dtype_of(s.model))) + " gradients" +
+                    (s.model.recompute == recompute_kind::none
+                         ? std::string()
+                         : std::string(", ") + (s.model.recompute == recompute_kind::full ? "full" : "selective") +
+                               " recomputation") +
+                    "), " + std::to_string(p.ranks) + " pipeline ranks" +
+                    (s.parallel.tp > 1 ? " x tp " + std::to_string(s.parallel.tp) +
+                                             (s.parallel.sequence_parallel ? " (sequence parallel)" : "")
+                                       : std::string()) +
+                    (s.parallel.dp > 1 ? " x dp " + std::to_string(s.parallel.dp) +
+                                             (s.parallel.distributed_optimizer ? " (distributed optimizer)" : "")
+                                       : std::string()) +
+                    " = " + std::to_string(devices_of(s)) + " devices, " +
                     (p.schedule == schedule_kind::gpipe         ? std::string("GPipe")
                      : p.schedule == schedule_kind::one_f_one_b ? std::string("1F1B")
                                                                 : "interleaved 1F1B (" + std::to_string(p.chunks) +
@@ -150,9 +204,14 @@ inline std::string describe(scenario const& s) {
                     ", " + std::to_string(p.micro_batches) + " micro-batches of " +
                     std::to_string(s.model.micro_batch_size) + " x " + std::to_string(s.model.seq_len) +
                     " tokens\ndevice: " + s.device.name + ", " + gb(s.device.memory_bytes) + " (" +
-                    gb(s.device.reserved_bytes) + " reserved), host link " + detail::fmt("%g", s.device.h2d_gbps) +
-                    " GB/s to the device, " + detail::fmt("%g", s.device.d2h_gbps) +
-                    " GB/s back; optimizer swap in " + std::to_string(s.swap.swap_times) + " batches, " +
+                    gb(s.device.reserved_bytes) + " reserved), kernels at " +
+                    detail::fmt("%.0f", s.device.kernel_efficiency * 100) + " % of " +
+                    detail::fmt("%g", s.device.bf16_tflops) + " TFLOP/s, host link " +
+                    detail::fmt("%g", s.device.h2d_gbps) + " GB/s to the device, " +
+                    detail::fmt("%g", s.device.d2h_gbps) + " GB/s back (x" +
+                    detail::fmt("%g", s.device.duplex_factor) + " both ways at once; " +
+                    std::to_string(s.node.gpus) + " devices share " + detail::fmt("%g", s.node.host_gbps) +
+                    " GB/s per node); optimizer swap in " + std::to_string(s.swap.swap_times) + " batches, " +
                     (s.swap.packed ? "packed" : "per tensor");
   return out;
 }
@@ -164,8 +223,9 @@ inline std::string format_table(report const& r) {
   using detail::secs;
   std::string o = "scenario: " + describe(r.setup) + "\n\n";
   auto const& base = r[swapping::none];
-  o += pad("configuration", 17) + pad("step time", 12, true) + pad("overhead", 11, true) + pad("peak", 11, true) +
-       "  " + pad("on rank", 8) + pad("fits", 18) + pad("H2D/step", 11, true) + pad("D2H/step", 11, true) + "\n";
+  o += pad("configuration", 17) + pad("step time", 12, true) + pad("overhead", 11, true) + pad("MFU", 8, true) +
+       pad("peak", 11, true) + "  " + pad("on rank", 8) + pad("fits", 18) + pad("H2D/step", 11, true) +
+       pad("D2H/step", 11, true) + "\n";
   for (auto c : all_swappings) {
     auto const& x = r[c];
     std::size_t over = 0;
@@ -173,13 +233,17 @@ inline std::string format_table(report const& r) {
     std::string const fits = x.fits ? "yes" : "no (" + std::to_string(over) + " of " + std::to_string(x.ranks.size()) + " over)";
     o += pad(std::string(config_title(c)), 17) + pad(secs(x.step_ns), 12, true) +
          pad(c == swapping::none ? "-" : detail::percent(overhead(x.step_ns, base.step_ns)), 11, true) +
+         pad(detail::fmt("%.1f %%", end_to_end_mfu(r.setup, x.step_ns) * 100), 8, true) +
          pad(gb(x.peak_bytes), 11, true) + "  " + pad(std::to_string(highest_peak_rank(x)), 8) + pad(fits, 18) +
          pad(gb(detail::sum_h2d(x)), 11, true) + pad(gb(detail::sum_d2h(x)), 11, true) + "\n";
   }
-  o += "\nper rank (device capacity " + gb(r.setup.device.memory_bytes) + "; H2D/D2H: bytes this rank moves per step):\n";
+  o += "\nMFU: end-to-end model FLOPs utilization (Narayanan et al.'s FLOPs, recomputation not counted, over step "
+       "time x peak x " + std::to_string(devices_of(r.setup)) + " devices)\n";
+  o += "\nper rank (device capacity " + gb(r.setup.device.memory_bytes) +
+       "; H2D/D2H: bytes one device of the rank moves per step; link: its host-link rate each way while it swaps):\n";
   o += pad("rank", 6) + pad("configuration", 17) + pad("peak", 11, true) + "  " + pad("fits", 6) +
        pad("step time", 11, true) + pad("overhead", 11, true) + pad("H2D", 11, true) + pad("D2H", 11, true) +
-       pad("swapped groups", 16, true) + "\n";
+       pad("swapped groups", 16, true) + pad("link", 11, true) + "\n";
   for (std::size_t k = 0; k < base.ranks.size(); ++k) {
     for (auto c : all_swappings) {
       auto const& rr = r[c].ranks[k];
@@ -187,7 +251,9 @@ inline std::string format_table(report const& r) {
            pad(gb(rr.peak_bytes), 11, true) + "  " + pad(rr.fits ? "yes" : "no", 6) + pad(secs(rr.step_ns), 11, true) +
            pad(c == swapping::none ? "-" : detail::percent(overhead(rr.step_ns, base.ranks[k].step_ns)), 11, true) +
            pad(gb(rr.h2d_bytes), 11, true) + pad(gb(rr.d2h_bytes), 11, true) +
-           pad(std::to_string(rr.swapped_chunks), 16, true) + "\n";
+           pad(std::to_string(rr.swapped_chunks), 16, true) +
+           pad(rr.h2d_bytes + rr.d2h_bytes ? detail::fmt("%.1f GB/s", rr.link.h2d_gbps) : std::string("-"), 11, true) +
+           "\n";
     }
   }
   return o;
@@ -208,6 +274,7 @@ Json to_json(report const& r) {
     jc["title"] = config_title(c);
     jc["step_ns"] = x.step_ns;
     jc["overhead"] = overhead(x.step_ns, base.step_ns);
+    jc["mfu"] = end_to_end_mfu(r.setup, x.step_ns);
     jc["peak_bytes"] = x.peak_bytes;
     jc["peak_rank"] = highest_peak_rank(x);
     jc["fits"] = x.fits;
@@ -228,6 +295,9 @@ Json to_json(report const& r) {
       jr["swapped_chunks"] = rr.swapped_chunks;
       jr["resident_param_bytes"] = rr.resident_param_bytes;
       jr["optimizer_state_bytes"] = rr.optimizer_state_bytes;
+      jr["h2d_gbps"] = rr.link.h2d_gbps;
+      jr["d2h_gbps"] = rr.link.d2h_gbps;
+      jr["link_sharing"] = rr.link.sharing;
       ranks.push_back(std::move(jr));
     }
     configs.push_back(std::move(jc));

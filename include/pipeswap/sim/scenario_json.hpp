@@ -1,18 +1,25 @@
 // pipeswap — scenario files: the simulator's scenario as JSON, read strictly and written in full.
 //
-// A scenario file is one object with up to four sections; every field is optional and defaults to
+// A scenario file is one object with up to six sections; every field is optional and defaults to
 // the built-in scenario (sim::scenario{}), so `{}` is the default scenario:
 //
 //   {"model":    {"name": "...", "layers": 80, "hidden": 8192, "ffn_hidden": 28672, "heads": 64,
 //                 "kv_heads": 8, "vocab": 32000, "seq_len": 4096, "micro_batch_size": 1,
-//                 "param_dtype": "BF16", "fp32_master": true, "flash_attention": true,
+//                 "param_dtype": "BF16", "grad_dtype": null, "fp32_master": true,
+//                 "flash_attention": true, "mlp": "swiglu", "dropout": false, "recompute": "none",
 //                 "activation_bytes_per_layer": null},
 //    "device":   {"name": "H200", "memory_bytes": 141000000000, "reserved_bytes": 6000000000,
-//                 "h2d_gbps": 55, "d2h_gbps": 55, "copy_latency_us": 2, "bf16_tflops": 989,
-//                 "mfu": 0.45, "hbm_tbps": 4.8, "p2p_gbps": 100, "p2p_latency_us": 10},
+//                 "h2d_gbps": 55, "d2h_gbps": 55, "duplex_factor": 0.7, "copy_latency_us": 2,
+//                 "bf16_tflops": 989, "kernel_efficiency": 0.45, "end_to_end_mfu": null,
+//                 "hbm_tbps": 4.8, "p2p_gbps": 100, "p2p_latency_us": 10, "tp_gbps": 360,
+//                 "dp_gbps": 40, "collective_latency_us": 10},
+//    "node":     {"gpus": 8, "host_gbps": 278},
+//    "parallel": {"tp": 1, "sequence_parallel": false, "dp": 1, "distributed_optimizer": false},
 //    "pipeline": {"schedule": "1f1b", "ranks": 8, "micro_batches": 32, "chunks": 1,
 //                 "overlap_b_f": false},
 //    "swap":     {"swap_times": 16, "packed": true}}
+//
+// grad_dtype null means F32 with fp32_master, else the parameter type.
 //
 // docs/cli.md describes every field. Reading rejects, naming the field by its path
 // ("model.layers"): malformed JSON (with the byte offset), unknown keys (with a close known name when
@@ -23,6 +30,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -32,6 +40,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -67,6 +76,7 @@ struct scenario_limits {
   std::uint32_t max_ranks = 1024;
   std::uint32_t max_micro_batches = 65536;
   std::uint32_t max_chunks = 64;
+  std::uint32_t max_tp = 64, max_dp = 65536;
   /// Stage parameters times 16 bytes, and activation bytes times micro-batches, must stay below this.
   double max_bytes = 0x1p62;
 };
@@ -201,6 +211,10 @@ inline void check_limits(scenario const& s, scenario_limits const& lim = {}) {
                                                      std::to_string(lim.max_micro_batches));
   need(p.chunks <= lim.max_chunks, "pipeline.chunks (" + std::to_string(p.chunks) + ") is above the limit of " +
                                        std::to_string(lim.max_chunks));
+  need(s.parallel.tp <= lim.max_tp, "parallel.tp (" + std::to_string(s.parallel.tp) + ") is above the limit of " +
+                                        std::to_string(lim.max_tp));
+  need(s.parallel.dp <= lim.max_dp, "parallel.dp (" + std::to_string(s.parallel.dp) + ") is above the limit of " +
+                                        std::to_string(lim.max_dp));
   // Sizes in floating point first: plan_stages() multiplies them in 64-bit integers.
   auto const& m = s.model;
   double const h = double(m.hidden), f = double(m.ffn_hidden), layers = double(m.layers);
@@ -212,9 +226,12 @@ inline void check_limits(scenario const& s, scenario_limits const& lim = {}) {
                                         " parameters); check model.layers, model.hidden, model.ffn_hidden "
                                         "and model.vocab");
   double const tokens = double(m.seq_len) * double(m.micro_batch_size);
-  double const act = m.activation_bytes_per_layer ? double(*m.activation_bytes_per_layer)
-                                                  : tokens * h * (34 + 5 * double(m.heads) * double(m.seq_len) / h);
-  need(act * (layers + 1) * p.micro_batches < lim.max_bytes,
+  // An upper bound of every term of layer_activations() and head_activations() with 4-byte elements.
+  double const act = m.activation_bytes_per_layer
+                         ? double(*m.activation_bytes_per_layer)
+                         : 4 * tokens * (12 * h + 3 * f) + 4 * tokens * double(m.heads) * double(m.seq_len) * 4;
+  double const head = 4 * tokens * (2 * h + double(m.vocab));
+  need((act * (layers + 1) + head) * p.micro_batches < lim.max_bytes,
        "activation bytes overflow (model.seq_len × model.micro_batch_size × model.hidden and "
        "pipeline.micro_batches are too large)");
 }
@@ -226,8 +243,39 @@ inline std::uint64_t unswappable_bytes(scenario const& s, std::uint32_t rank) {
   std::uint64_t params = 0;
   for (auto const& st : plan_stages(s))
     if (st.stage % s.pipeline.ranks == rank) params += st.params;
-  return s.device.reserved_bytes + params * 2 * size_of(s.model.param_dtype);
+  return s.device.reserved_bytes + params * (size_of(s.model.param_dtype) + size_of(grad_dtype_of(s.model)));
 }
+
+namespace detail {
+
+template <class E, std::size_t N>
+E enum_field(auto const& v, char const* path, std::array<std::pair<std::string_view, E>, N> const& names) {
+  std::string list;
+  for (auto const& [n, e] : names) {
+    if (v.is_string() && v.template get<std::string>() == n) return e;
+    list += (list.empty() ? "\"" : ", \"") + std::string(n) + "\"";
+  }
+  scenario_fail(path, "expected one of " + list + ", got " + section_reader<std::decay_t<decltype(v)>>::describe(v));
+}
+
+inline constexpr std::array<std::pair<std::string_view, mlp_kind>, 2> mlp_names{
+    {{"swiglu", mlp_kind::swiglu}, {"gelu", mlp_kind::gelu}}};
+inline constexpr std::array<std::pair<std::string_view, recompute_kind>, 3> recompute_names{
+    {{"none", recompute_kind::none}, {"selective", recompute_kind::selective}, {"full", recompute_kind::full}}};
+
+template <class E, std::size_t N>
+constexpr std::string_view enum_name(E e, std::array<std::pair<std::string_view, E>, N> const& names) {
+  for (auto const& [n, x] : names)
+    if (x == e) return n;
+  return "?";
+}
+
+} // namespace detail
+
+/// "none", "selective", "full".
+constexpr std::string_view recompute_name(recompute_kind k) { return detail::enum_name(k, detail::recompute_names); }
+/// "swiglu", "gelu".
+constexpr std::string_view mlp_name(mlp_kind k) { return detail::enum_name(k, detail::mlp_names); }
 
 /// Rejects a scenario that cannot fit its device whatever is swapped (unswappable_bytes() of some
 /// rank above device.memory_bytes); throws invalid_argument naming the field and the rank.
@@ -247,13 +295,13 @@ inline void check_fits(scenario const& s) {
 template <class Json>
 scenario scenario_from_json(Json const& j, scenario base = {}) {
   using reader = detail::section_reader<Json>;
-  reader const top(j, "", {"model", "device", "pipeline", "swap"});
+  reader const top(j, "", {"model", "device", "node", "parallel", "pipeline", "swap"});
   scenario s = std::move(base);
   if (auto const* v = top.find("model")) {
     reader const r(*v, "model",
                    {"name", "layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "seq_len",
-                    "micro_batch_size", "param_dtype", "fp32_master", "flash_attention",
-                    "activation_bytes_per_layer"});
+                    "micro_batch_size", "param_dtype", "grad_dtype", "fp32_master", "flash_attention", "mlp",
+                    "dropout", "recompute", "activation_bytes_per_layer"});
     auto& m = s.model;
     r.string("name", m.name);
     r.u64("layers", m.layers);
@@ -271,8 +319,25 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
         detail::scenario_fail("model.param_dtype", "expected \"BF16\", \"F16\" or \"F32\", got " + reader::describe(*d));
       m.param_dtype = t;
     }
+    if (auto const* d = r.find("grad_dtype")) {
+      if (d->is_null()) {
+        m.grad_dtype.reset();
+      } else {
+        dtype t{};
+        std::string const n = d->is_string() ? d->template get<std::string>() : "";
+        if (n == "FP32") t = dtype::f32;
+        else if (!d->is_string() || !parse_dtype(n, t) || !(t == dtype::bf16 || t == dtype::f16 || t == dtype::f32))
+          detail::scenario_fail("model.grad_dtype", "expected \"FP32\", \"BF16\", \"F16\" or null, got " +
+                                                        reader::describe(*d));
+        m.grad_dtype = t;
+      }
+    }
     r.boolean("fp32_master", m.fp32_master);
     r.boolean("flash_attention", m.flash_attention);
+    if (auto const* v2 = r.find("mlp")) m.mlp = detail::enum_field(*v2, "model.mlp", detail::mlp_names);
+    r.boolean("dropout", m.dropout);
+    if (auto const* v2 = r.find("recompute"))
+      m.recompute = detail::enum_field(*v2, "model.recompute", detail::recompute_names);
     if (auto const* a = r.find("activation_bytes_per_layer")) {
       if (a->is_null()) m.activation_bytes_per_layer.reset();
       else m.activation_bytes_per_layer = reader::integer(*a, "model.activation_bytes_per_layer",
@@ -280,9 +345,14 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     }
   }
   if (auto const* v = top.find("device")) {
+    if (v->is_object() && v->contains("mfu"))
+      detail::scenario_fail("device.mfu", "was renamed: device.kernel_efficiency is the fraction of the peak the "
+                                          "kernels reach (bubble excluded); device.end_to_end_mfu takes a published "
+                                          "MFU (bubble included)");
     reader const r(*v, "device",
-                   {"name", "memory_bytes", "reserved_bytes", "h2d_gbps", "d2h_gbps", "copy_latency_us",
-                    "bf16_tflops", "mfu", "hbm_tbps", "p2p_gbps", "p2p_latency_us"});
+                   {"name", "memory_bytes", "reserved_bytes", "h2d_gbps", "d2h_gbps", "duplex_factor",
+                    "copy_latency_us", "bf16_tflops", "kernel_efficiency", "end_to_end_mfu", "hbm_tbps", "p2p_gbps",
+                    "p2p_latency_us", "tp_gbps", "dp_gbps", "collective_latency_us"});
     auto& d = s.device;
     r.string("name", d.name);
     r.u64("memory_bytes", d.memory_bytes);
@@ -291,10 +361,34 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     r.number("d2h_gbps", d.d2h_gbps);
     r.number("copy_latency_us", d.copy_latency_us);
     r.number("bf16_tflops", d.bf16_tflops);
-    r.number("mfu", d.mfu);
+    r.number("duplex_factor", d.duplex_factor);
+    r.number("kernel_efficiency", d.kernel_efficiency);
+    if (auto const* x = r.find("end_to_end_mfu")) {
+      if (x->is_null()) d.end_to_end_mfu.reset();
+      else {
+        double v2 = 0;
+        r.number("end_to_end_mfu", v2);
+        d.end_to_end_mfu = v2;
+      }
+    }
     r.number("hbm_tbps", d.hbm_tbps);
     r.number("p2p_gbps", d.p2p_gbps);
     r.number("p2p_latency_us", d.p2p_latency_us);
+    r.number("tp_gbps", d.tp_gbps);
+    r.number("dp_gbps", d.dp_gbps);
+    r.number("collective_latency_us", d.collective_latency_us);
+  }
+  if (auto const* v = top.find("node")) {
+    reader const r(*v, "node", {"gpus", "host_gbps"});
+    r.u32("gpus", s.node.gpus);
+    r.number("host_gbps", s.node.host_gbps);
+  }
+  if (auto const* v = top.find("parallel")) {
+    reader const r(*v, "parallel", {"tp", "sequence_parallel", "dp", "distributed_optimizer"});
+    r.u32("tp", s.parallel.tp);
+    r.boolean("sequence_parallel", s.parallel.sequence_parallel);
+    r.u32("dp", s.parallel.dp);
+    r.boolean("distributed_optimizer", s.parallel.distributed_optimizer);
   }
   if (auto const* v = top.find("pipeline")) {
     reader const r(*v, "pipeline", {"schedule", "ranks", "micro_batches", "chunks", "overlap_b_f"});
@@ -349,8 +443,13 @@ Json to_json(scenario const& s) {
   jm["seq_len"] = m.seq_len;
   jm["micro_batch_size"] = m.micro_batch_size;
   jm["param_dtype"] = name_of(m.param_dtype);
+  jm["grad_dtype"] = m.grad_dtype ? Json(*m.grad_dtype == dtype::f32 ? "FP32" : std::string(name_of(*m.grad_dtype)))
+                                  : Json(nullptr);
   jm["fp32_master"] = m.fp32_master;
   jm["flash_attention"] = m.flash_attention;
+  jm["mlp"] = mlp_name(m.mlp);
+  jm["dropout"] = m.dropout;
+  jm["recompute"] = recompute_name(m.recompute);
   jm["activation_bytes_per_layer"] = m.activation_bytes_per_layer ? Json(*m.activation_bytes_per_layer) : Json(nullptr);
   auto const& d = s.device;
   Json& jd = j["device"] = Json::object();
@@ -359,12 +458,25 @@ Json to_json(scenario const& s) {
   jd["reserved_bytes"] = d.reserved_bytes;
   jd["h2d_gbps"] = d.h2d_gbps;
   jd["d2h_gbps"] = d.d2h_gbps;
+  jd["duplex_factor"] = d.duplex_factor;
   jd["copy_latency_us"] = d.copy_latency_us;
   jd["bf16_tflops"] = d.bf16_tflops;
-  jd["mfu"] = d.mfu;
+  jd["kernel_efficiency"] = d.kernel_efficiency;
+  jd["end_to_end_mfu"] = d.end_to_end_mfu ? Json(*d.end_to_end_mfu) : Json(nullptr);
   jd["hbm_tbps"] = d.hbm_tbps;
   jd["p2p_gbps"] = d.p2p_gbps;
   jd["p2p_latency_us"] = d.p2p_latency_us;
+  jd["tp_gbps"] = d.tp_gbps;
+  jd["dp_gbps"] = d.dp_gbps;
+  jd["collective_latency_us"] = d.collective_latency_us;
+  Json& jn = j["node"] = Json::object();
+  jn["gpus"] = s.node.gpus;
+  jn["host_gbps"] = s.node.host_gbps;
+  Json& jq = j["parallel"] = Json::object();
+  jq["tp"] = s.parallel.tp;
+  jq["sequence_parallel"] = s.parallel.sequence_parallel;
+  jq["dp"] = s.parallel.dp;
+  jq["distributed_optimizer"] = s.parallel.distributed_optimizer;
   auto const& p = s.pipeline;
   Json& jp = j["pipeline"] = Json::object();
   jp["schedule"] = schedule_kind_name(p.schedule);

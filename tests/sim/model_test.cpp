@@ -1,0 +1,349 @@
+// The simulator's model (sim/model.hpp) against the published formulas it reduces to: Korthikanti
+// et al.'s per-layer activation bytes (every row, two shapes each), the distributed optimizer's
+// 6 + 12/d bytes per parameter, Narayanan et al.'s FLOPs per iteration with and without
+// recomputation, the 1F1B step (m + p − 1)·(t_f + t_b) on uniform stages; and the collectives and
+// host-link sharing the simulator charges, each pinned to its formula in docs/simulator.md.
+#define BOOST_TEST_MODULE sim_model
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <pipeswap/sim/model.hpp>
+#include <pipeswap/sim/pipeline.hpp>
+#include <pipeswap/sim/report.hpp>
+
+#include "sim/tiny_scenario.hpp"
+
+namespace sim = pipeswap::sim;
+using sim::recompute_kind;
+
+namespace {
+
+/// Korthikanti et al.'s shape: GPT (GeLU MLP of width 4h, as many key/value heads as heads, dropout,
+/// attention scores materialized, 16-bit activations).
+struct gpt_shape {
+  std::uint64_t h, a, s, b;
+};
+// Table 3 of the paper: 22B (h 6144, a 64) and 175B (h 12288, a 96), s = 2048; b differs to check
+// that b scales every term.
+constexpr gpt_shape shapes[] = {{6144, 64, 2048, 4}, {12288, 96, 2048, 1}, {4096, 32, 4096, 2}};
+
+sim::model_spec gpt(gpt_shape const& g) {
+  sim::model_spec m;
+  m.hidden = g.h;
+  m.ffn_hidden = 4 * g.h;
+  m.heads = m.kv_heads = g.a;
+  m.seq_len = g.s;
+  m.micro_batch_size = g.b;
+  m.mlp = sim::mlp_kind::gelu;
+  m.dropout = true;
+  m.flash_attention = false;
+  m.vocab = 51200;
+  return m;
+}
+
+std::uint64_t bytes(sim::model_spec const& m, std::uint32_t tp, bool sp, recompute_kind rc) {
+  sim::parallel_spec p;
+  p.tp = tp;
+  p.sequence_parallel = sp;
+  return sim::activation_bytes_per_layer(m, p, rc);
+}
+
+} // namespace
+
+// Every row of Korthikanti et al. 2022 (eq. 1 and 2, Table 2), in exact integers: s·b·h·k/t and
+// 5·a·s²·b/t are whole numbers for these shapes.
+BOOST_AUTO_TEST_CASE(activations_reduce_to_korthikanti_et_al) {
+  for (auto const& g : shapes) {
+    auto const m = gpt(g);
+    std::uint64_t const sbh = g.s * g.b * g.h, scores = 5 * g.a * g.s * g.s * g.b;
+    BOOST_TEST_CONTEXT("h " << g.h << ", a " << g.a << ", s " << g.s << ", b " << g.b) {
+      // No parallelism: s·b·h·(34 + 5·a·s/h).
+      BOOST_TEST(bytes(m, 1, false, recompute_kind::none) == 34 * sbh + scores);
+      for (std::uint32_t t : {2u, 4u, 8u}) {
+        BOOST_TEST_CONTEXT("t " << t) {
+          // Tensor parallel: s·b·h·(10 + 24/t + 5·a·s/(h·t)).
+          BOOST_TEST(bytes(m, t, false, recompute_kind::none) == 10 * sbh + 24 * sbh / t + scores / t);
+          // Tensor and sequence parallel: s·b·h·(34/t + 5·a·s/(h·t)).
+          BOOST_TEST(bytes(m, t, true, recompute_kind::none) == 34 * sbh / t + scores / t);
+          // Selective recomputation with sequence parallelism: s·b·h·34/t.
+          BOOST_TEST(bytes(m, t, true, recompute_kind::selective) == 34 * sbh / t);
+          // Full recomputation: the layer input, 2·s·b·h (split along the sequence with sp).
+          BOOST_TEST(bytes(m, t, false, recompute_kind::full) == 2 * sbh);
+          BOOST_TEST(bytes(m, t, true, recompute_kind::full) == 2 * sbh / t);
+        }
+      }
+      BOOST_TEST(bytes(m, 1, false, recompute_kind::selective) == 34 * sbh);
+      BOOST_TEST(bytes(m, 1, false, recompute_kind::full) == 2 * sbh);
+      // Flash attention: no score terms; it keeps its fp32 log-sum-exp (4 bytes per head and token).
+      auto f = m;
+      f.flash_attention = true;
+      BOOST_TEST(bytes(f, 1, false, recompute_kind::none) == 34 * sbh + 4 * g.a * g.s * g.b);
+      BOOST_TEST(bytes(f, 8, true, recompute_kind::none) == 34 * sbh / 8 + 4 * g.a * g.s * g.b / 8);
+      BOOST_TEST(bytes(f, 8, true, recompute_kind::selective) == 34 * sbh / 8);
+      // Without dropout the masks (attention 1, MLP 1, scores a·s/h) and the dropout output go.
+      auto n = m;
+      n.dropout = false;
+      BOOST_TEST(bytes(n, 1, false, recompute_kind::none) == 32 * sbh + 2 * g.a * g.s * g.s * g.b);
+    }
+  }
+}
+
+// The Llama shape differs where the formula's 34 assumed GPT: SwiGLU keeps gate, up and their product
+// (6·f/h), grouped-query attention keeps narrower K and V (4·kv/a), no dropout.
+BOOST_AUTO_TEST_CASE(activations_follow_ffn_hidden_and_kv_heads) {
+  sim::model_spec m; // 70B-class: h 8192, f 28672, a 64, kv 8, flash attention, no dropout
+  std::uint64_t const T = m.seq_len * m.micro_batch_size, h = m.hidden;
+  // 2 (attn_norm) + 2 (qkv input) + 2 (Q) + 2·2·h·kv/a (K, V) + 2 (flash output) + 2 (mlp_norm) + 2 (gate/up
+  // input) + 3·2·f (gate, up outputs; down's input), all × T, plus the fp32 log-sum-exp 4·a·T.
+  std::uint64_t const want = 2 * T * h * 6 + 4 * T * (h / 8) + 6 * T * m.ffn_hidden + 4 * m.heads * T;
+  BOOST_TEST(sim::activation_bytes_per_layer(m) == want);
+  BOOST_TEST(want == 1'125'122'048u); // 33.53·s·b·h: near the 34 only by coincidence
+  auto g = m;
+  g.ffn_hidden = 2 * m.ffn_hidden; // twice the MLP width: +6·T·f
+  BOOST_TEST(sim::activation_bytes_per_layer(g) == want + 6 * T * m.ffn_hidden);
+  auto k = m;
+  k.kv_heads = 64; // full multi-head attention: K and V as wide as Q
+  BOOST_TEST(sim::activation_bytes_per_layer(k) == want + 4 * T * (h - h / 8));
+  // Every tensor is listed with its operation (docs/simulator.md shows the same table).
+  auto const list = sim::layer_activations(m, {}, recompute_kind::none);
+  BOOST_TEST(list.size() == 11u);
+  for (auto const& x : list) BOOST_TEST(!x.op.empty());
+}
+
+// 2 + 4 + 12/d bytes per parameter for bf16 weights, fp32 gradients, fp32 master and Adam moments
+// (Megatron-LM's distributed optimizer table), 4 + 12/d with bf16 gradients.
+BOOST_AUTO_TEST_CASE(bytes_per_parameter_follow_the_distributed_optimizer_table) {
+  sim::model_spec m;
+  for (std::uint32_t d : {1u, 2u, 4u, 8u, 16u, 64u, 128u}) {
+    sim::parallel_spec p;
+    p.dp = d;
+    p.distributed_optimizer = d > 1;
+    BOOST_TEST(sim::state_bytes_per_param(m, p) == 6.0 + 12.0 / d);
+    auto b = m;
+    b.grad_dtype = pipeswap::dtype::bf16;
+    BOOST_TEST(sim::state_bytes_per_param(b, p) == 4.0 + 12.0 / d);
+    p.distributed_optimizer = false; // plain data parallelism replicates the state
+    BOOST_TEST(sim::state_bytes_per_param(m, p) == 18.0);
+  }
+  BOOST_TEST(sim::state_bytes_per_param(sim::model_spec{}) == 18.0);
+}
+
+// The simulator holds exactly that: the tiny scenario with dp 4 and the distributed optimizer keeps
+// 6 bytes per parameter plus 12 per element of its shards, and optimizer swap moves only the shards.
+BOOST_AUTO_TEST_CASE(the_distributed_optimizer_shards_what_the_rank_holds_and_swaps) {
+  auto s = pipeswap::test::tiny();
+  s.parallel.dp = 4;
+  s.parallel.distributed_optimizer = true;
+  std::uint64_t shards = 0, swapped = 0;
+  for (auto const& t : sim::plan_stages(s)[0].tensors) {
+    shards += (t.numel + 3) / 4;
+    if (t.numel >= 1024) swapped += (t.numel + 3) / 4; // smaller tensors stay (swap_config::min_numel)
+  }
+  sim::sim_options o;
+  auto const plain = sim::simulate(s, o).ranks.at(0);
+  BOOST_TEST(plain.resident_param_bytes == 6 * pipeswap::test::P);
+  BOOST_TEST(plain.optimizer_state_bytes == 12 * shards);
+  o.swap_optimizer = true;
+  auto const sw = sim::simulate(s, o).ranks.at(0);
+  BOOST_TEST(sw.h2d_bytes == 12 * swapped);
+  BOOST_TEST(sw.d2h_bytes == 12 * swapped);
+}
+
+// Narayanan et al. 2021, eq. 3: FLOPs per iteration 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) with full
+// recomputation, 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)) without; the simulator's stage FLOPs summed
+// over stages, tensor-parallel shards and micro-batches give exactly that.
+BOOST_AUTO_TEST_CASE(flops_reduce_to_narayanan_et_al) {
+  for (auto const& g : shapes) {
+    for (std::uint32_t tp : {1u, 4u}) {
+      sim::scenario s;
+      s.model = gpt(g);
+      s.model.layers = 24;
+      s.model.vocab = 51200;
+      s.parallel.tp = tp;
+      s.pipeline.ranks = 4;
+      s.pipeline.micro_batches = 8;
+      double const B = double(s.pipeline.micro_batches * g.b);
+      auto sum = [&](recompute_kind rc) {
+        auto t = s;
+        t.model.recompute = rc;
+        double f = 0;
+        for (auto const& st : sim::plan_stages(t)) f += (st.fwd_flops + st.bwd_flops) * tp * s.pipeline.micro_batches;
+        return f;
+      };
+      double const l = 24, V = 51200, h = double(g.h), sq = double(g.s);
+      BOOST_TEST_CONTEXT("h " << g.h << ", tp " << tp) {
+        BOOST_TEST(sum(recompute_kind::none) == sim::narayanan_flops(B, sq, l, h, V, false),
+                   boost::test_tools::tolerance(1e-12));
+        BOOST_TEST(sum(recompute_kind::full) == sim::narayanan_flops(B, sq, l, h, V, true),
+                   boost::test_tools::tolerance(1e-12));
+        // The formulas themselves, expanded: 72Bslh² + 12Bs²lh + 6BshV and 96Bslh² + 16Bs²lh + 6BshV.
+        BOOST_TEST(sim::narayanan_flops(B, sq, l, h, V, false) ==
+                       72 * B * sq * l * h * h + 12 * B * sq * sq * l * h + 6 * B * sq * h * V,
+                   boost::test_tools::tolerance(1e-12));
+        BOOST_TEST(sim::model_flops_per_step(s) == sim::narayanan_flops(B, sq, l, h, V, false),
+                   boost::test_tools::tolerance(1e-12));
+        // Selective recomputation adds the attention core's forward: 4·B·s²·h per layer.
+        BOOST_TEST(sum(recompute_kind::selective) - sum(recompute_kind::none) == 4 * B * sq * sq * h * l,
+                   boost::test_tools::tolerance(1e-9));
+      }
+    }
+  }
+}
+
+// The embedding is a lookup: its size changes no FLOP count; the output layer's does.
+BOOST_AUTO_TEST_CASE(the_embedding_is_not_charged_as_a_matmul) {
+  sim::scenario s;
+  auto const a = sim::plan_stages(s);
+  s.model.vocab *= 2;
+  auto const b = sim::plan_stages(s);
+  BOOST_TEST(a.front().fwd_flops == b.front().fwd_flops);
+  BOOST_TEST(b.back().fwd_flops - a.back().fwd_flops ==
+             2.0 * 32000 * 8192 * 4096, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(b.front().params - a.front().params == 32000u * 8192u);
+}
+
+// Tensor parallelism splits every matrix (q, k, v, o, the MLP, the vocabulary of the embedding and
+// the head) and keeps the norms whole; the last stage keeps the fp32 softmax of its vocabulary shard.
+BOOST_AUTO_TEST_CASE(tensor_parallelism_shards_the_matrices_and_the_logits) {
+  sim::scenario s;
+  s.parallel.tp = 8;
+  auto const st = sim::plan_stages(s);
+  std::uint64_t const h = 8192, f = 28672, kv = 1024;
+  std::uint64_t const layer = (2 * h * h + 2 * h * kv + 3 * h * f) / 8 + 2 * h;
+  BOOST_TEST(st.front().params == 32000 / 8 * h + 10 * layer);
+  BOOST_TEST(st.back().params == 10 * layer + h + 32000 / 8 * h);
+  sim::parallel_spec p;
+  p.tp = 8;
+  auto const head = sim::head_activations(s.model, p);
+  BOOST_TEST(head.back().bytes == 4u * 4096 * 4000);
+  // The last stage saves them with its layers.
+  BOOST_TEST(st.back().activation_bytes - st.front().activation_bytes == head[0].bytes + head[1].bytes + head[2].bytes);
+}
+
+// Tensor-parallel collectives: two all-reduces of e·T·h per layer each way (2·(t−1)/t·bytes over the
+// bus bandwidth, plus a latency each); with sequence parallelism two all-gathers and two
+// reduce-scatters, the same bytes. A full recomputation runs the forward's again in the backward.
+BOOST_AUTO_TEST_CASE(tensor_parallel_collectives_are_charged_on_nvlink) {
+  sim::scenario s;
+  s.parallel.tp = 4;
+  double const bytes = 2.0 * 4096 * 8192;
+  auto const ar = static_cast<std::int64_t>(std::llround(10e3 + 2 * 0.75 * bytes / 360e9 * 1e9));
+  BOOST_TEST(sim::collective_ns(sim::collective::all_reduce, bytes, 4, 360, 10) == ar);
+  BOOST_TEST(sim::tp_layer_comm_ns(s) == 2 * ar);
+  auto const st = sim::plan_stages(s).front();
+  BOOST_TEST(st.fwd_comm_ns == 10 * 2 * ar);
+  BOOST_TEST(st.bwd_comm_ns == 10 * 2 * ar);
+  double const rate = 989e12 * 0.45;
+  BOOST_TEST(st.fwd_ns == std::llround(st.fwd_flops / rate * 1e9) + st.fwd_comm_ns);
+  s.parallel.sequence_parallel = true;
+  auto const ag = sim::collective_ns(sim::collective::all_gather, bytes, 4, 360, 10);
+  BOOST_TEST(sim::tp_layer_comm_ns(s) == 4 * ag);
+  s.model.recompute = recompute_kind::full;
+  BOOST_TEST(sim::plan_stages(s).front().bwd_comm_ns == 2 * 10 * 4 * ag);
+  s.parallel = {};
+  BOOST_TEST(sim::tp_layer_comm_ns(s) == 0);
+}
+
+// Data parallelism: the gradient all-reduce (or, with the distributed optimizer, reduce-scatter and
+// the weights' all-gather after the step) is a kernel of its own duration between the last backward
+// and the step: the step grows by exactly that. NVLink inside a node, the network across nodes.
+BOOST_AUTO_TEST_CASE(data_parallel_collectives_add_their_time_to_the_step) {
+  auto const base = pipeswap::test::tiny();
+  auto const one = sim::simulate(base, {}).ranks.at(0);
+  auto s = base;
+  s.parallel.dp = 4;
+  std::uint64_t const P = pipeswap::test::P;
+  auto const ar = sim::collective_ns(sim::collective::all_reduce, 4.0 * P, 4, 360, 10); // fp32 gradients
+  BOOST_TEST(sim::dp_grad_sync_ns(s, P) == ar);
+  auto const dp = sim::simulate(s, {}).ranks.at(0);
+  BOOST_TEST(dp.pipeline_ns == one.pipeline_ns);
+  BOOST_TEST(dp.step_ns - one.step_ns == ar);
+  s.node.gpus = 2; // tp·dp = 4 devices span two nodes: the network
+  BOOST_TEST(sim::dp_link_gbps(s) == 40.0);
+  BOOST_TEST(sim::dp_grad_sync_ns(s, P) == sim::collective_ns(sim::collective::all_reduce, 4.0 * P, 4, 40, 10));
+  s.parallel.distributed_optimizer = true;
+  BOOST_TEST(sim::dp_grad_sync_ns(s, P) == sim::collective_ns(sim::collective::reduce_scatter, 4.0 * P, 4, 40, 10));
+  BOOST_TEST(sim::dp_param_gather_ns(s, P) == sim::collective_ns(sim::collective::all_gather, 2.0 * P, 4, 40, 10));
+}
+
+// A node's devices share its host bandwidth when they copy at once, and both directions together
+// keep duplex_factor of each. Devices are numbered tp, then dp, then pp.
+BOOST_AUTO_TEST_CASE(host_bandwidth_is_shared_by_the_devices_of_a_node_that_copy) {
+  sim::scenario s;
+  s.model.layers = 8;
+  s.pipeline.ranks = 4;
+  s.parallel.tp = 2;
+  s.parallel.dp = 2; // 4 devices per rank: ranks 0-1 on node 0, ranks 2-3 on node 1
+  auto const r = sim::host_link_rates(s, {true, false, true, true});
+  BOOST_TEST(r[0].sharing == 4u);
+  BOOST_TEST(r[0].h2d_gbps == 55 * 0.7, boost::test_tools::tolerance(1e-12)); // 278 / 4 > 55: the device's link
+  BOOST_TEST(r[2].sharing == 8u);
+  BOOST_TEST(r[2].h2d_gbps == 278.0 / 8 * 0.7, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(r[3].d2h_gbps == 278.0 / 8 * 0.7, boost::test_tools::tolerance(1e-12));
+  s.device.duplex_factor = 1;
+  BOOST_TEST(sim::host_link_rates(s, {false, false, false, true})[3].h2d_gbps == 55.0); // 278 / 4 > 55
+  s.node.host_gbps = 100;
+  BOOST_TEST(sim::host_link_rates(s, {false, false, false, true})[3].h2d_gbps == 25.0);
+
+  // In the simulator: two ranks on one node halve each other's optimizer copies.
+  auto t = pipeswap::test::tiny(2, 4);
+  t.model.layers = 2;
+  t.node.host_gbps = 0.01; // 10 MB/s: the optimizer copies dominate the step
+  sim::sim_options o;
+  o.swap_optimizer = true;
+  t.node.gpus = 1;
+  auto const alone = sim::simulate(t, o).ranks.at(0);
+  t.node.gpus = 2;
+  auto const shared = sim::simulate(t, o).ranks.at(0);
+  BOOST_TEST(alone.link.h2d_gbps == 0.01, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(shared.link.h2d_gbps == 0.005, boost::test_tools::tolerance(1e-12));
+  double const ratio = double(shared.step_ns - shared.pipeline_ns) / double(alone.step_ns - alone.pipeline_ns);
+  BOOST_TEST(ratio == 2.0, boost::test_tools::tolerance(0.02));
+}
+
+// 1F1B on uniform stages takes (m + p − 1)·(t_f + t_b) with free sends. Uniform: L = k·p − 1 layers
+// put k on every stage but the last, which has k − 1 and the output layer; a vocabulary of
+// 4h + 3f + 2s makes the output layer cost one layer's FLOPs.
+BOOST_AUTO_TEST_CASE(one_f_one_b_takes_m_plus_p_minus_1_slots) {
+  for (std::uint32_t p : {2u, 4u}) {
+    for (std::uint32_t m : {p, 2 * p, 3 * p + 1}) {
+      auto s = pipeswap::test::tiny(p, m);
+      s.pipeline.schedule = sim::schedule_kind::one_f_one_b;
+      s.model.layers = 2 * p - 1;
+      s.model.activation_bytes_per_layer.reset();
+      s.model.vocab = 4 * 64 + 3 * 128 + 2 * 32;
+      s.device.p2p_latency_us = 0;
+      s.device.p2p_gbps = 1e12;
+      s.device.memory_bytes = 1'000'000'000;
+      auto const st = sim::plan_stages(s);
+      for (auto const& x : st) {
+        BOOST_TEST(x.fwd_ns == st.front().fwd_ns);
+        BOOST_TEST(x.bwd_ns == 2 * st.front().fwd_ns);
+      }
+      auto const r = sim::simulate(s, {});
+      std::int64_t const slot = st.front().fwd_ns + st.front().bwd_ns;
+      BOOST_TEST_CONTEXT("p " << p << ", m " << m) {
+        for (auto const& x : r.ranks) BOOST_TEST(x.pipeline_ns <= std::int64_t(m + p - 1) * slot);
+        BOOST_TEST(r.ranks.front().pipeline_ns == std::int64_t(m + p - 1) * slot);
+      }
+    }
+  }
+}
+
+// A published end-to-end MFU is turned into the kernel efficiency that reaches it.
+BOOST_AUTO_TEST_CASE(an_end_to_end_mfu_calibrates_the_kernel_efficiency) {
+  auto s = pipeswap::test::tiny(2, 8);
+  s.model.layers = 2;
+  s.device.end_to_end_mfu = 0.3;
+  auto const c = sim::calibrated(s);
+  BOOST_TEST(!c.device.end_to_end_mfu.has_value());
+  auto const got = sim::end_to_end_mfu(c, sim::simulate(c, {}).step_ns);
+  BOOST_TEST(got == 0.3, boost::test_tools::tolerance(1e-3));
+  BOOST_TEST(c.device.kernel_efficiency > 0.3); // the bubble costs the rest
+  s.device.end_to_end_mfu = 0.99;                // out of reach with the bubble of 2 ranks, 8 micro-batches
+  BOOST_CHECK_THROW((void)sim::calibrated(s), pipeswap::invalid_argument);
+}
