@@ -45,6 +45,7 @@
 
 #include <pipeswap/backend/cuda.hpp>
 #include <pipeswap/backend/mock.hpp>
+#include <pipeswap/backend/mock/adam_kernels.hpp>
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/optim/cuda/adam_kernels.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
@@ -310,15 +311,17 @@ run_result run_steps(cuda::backend& b, ps::transfer_engine<cuda::backend>& x, mo
   bool exact = true;
   if (ref != nullptr) exact = ref->params.size() == out->params.size() && same_bytes(ref->params.data(), out->params.data(), out->params.size());
   std::size_t i = 0;
-  for (auto* slot : opt.slots()) {
+  auto const slots = opt.slots();
+  for (std::size_t si = 0; si < slots.size(); ++si) {
+    auto const* slot = &slots[si];
     std::vector<std::byte> bytes;
     std::byte const* p = nullptr;
-    if (slot->swappable) {
-      p = slot->mirror.ptr;
+    if (rt.is_swappable(si)) {
+      p = rt.host_mirror(si).data();
     } else {
       bytes.resize(slot->bytes());
       b.synchronize_device();
-      PIPESWAP_CUDA_TRY(cudaMemcpy(bytes.data(), slot->device_at(0).get(), bytes.size(), cudaMemcpyDeviceToHost));
+      PIPESWAP_CUDA_TRY(cudaMemcpy(bytes.data(), rt.resident_device(si).get(), bytes.size(), cudaMemcpyDeviceToHost));
       p = bytes.data();
     }
     if (ref != nullptr) {

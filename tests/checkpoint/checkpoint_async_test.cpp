@@ -67,7 +67,7 @@ BOOST_AUTO_TEST_CASE(steps_during_an_async_save_do_not_reach_the_file) {
   for (bool packed : {false, true}) {
     BOOST_TEST_CONTEXT("packed " << packed) {
       auto const path = dir / ("optimizer-" + std::to_string(packed) + ".safetensors");
-      adam_world w;
+      adam_world w({}, ps::test::recording_hazards());
       rt_t rt(w.x, w.opt, checkpoint_swap(packed));
       w.train(rt, 0, 2);
       auto const expected = ps::checkpoint_to_bytes(rt); // the state at the time of the save

@@ -15,6 +15,7 @@
 
 #include <pipeswap/backend/mock.hpp>
 #include <pipeswap/core/half.hpp>
+#include <pipeswap/backend/mock/adam_kernels.hpp>
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/optim/concepts.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
@@ -42,17 +43,26 @@ template <class Runtime>
 std::vector<bytes> state_bytes(Runtime& rt, mock::backend& b) {
   rt.synchronize_cpu_mirrors();
   std::vector<bytes> out;
-  for (auto* s : rt.optimizer().slots()) {
-    if (s->bytes() == 0) {
+  auto const slots = rt.optimizer().slots();
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].bytes() == 0) {
       out.emplace_back();
-    } else if (s->swappable) {
-      b.note_host_read(s->mirror.ptr, s->mirror.bytes);
-      out.emplace_back(s->mirror.ptr, s->mirror.ptr + s->mirror.bytes);
+    } else if (rt.is_swappable(i)) {
+      auto const m = rt.host_mirror(i);
+      b.note_host_read(m.data(), m.size());
+      out.emplace_back(m.begin(), m.end());
     } else {
-      out.push_back(b.read_device(s->device_at(0), s->bytes()));
+      out.push_back(b.read_device(rt.resident_device(i), slots[i].bytes()));
     }
   }
   return out;
+}
+
+/// Mock options that record hazards instead of throwing: for tests that assert hazards().empty().
+inline mock::options recording_hazards() {
+  mock::options o{mock::timing_model::unit()};
+  o.hazards = mock::hazard_policy::record;
+  return o;
 }
 
 /// What adam_world trains.
@@ -160,40 +170,37 @@ struct adam_world {
 /// p -= lr·m. A second optimizer model with a non-fp32 slot dtype.
 class momentum_bf16 {
 public:
+  using optimizer_concept = optimizer_tag;
   using backend_type = mock::backend;
   using B = mock::backend;
   struct step_context {};
   static constexpr bool splittable = true;
 
-  explicit momentum_bf16(B& b, float lr = 0.05f, float mu = 0.75f) : b_(b), lr_(lr), mu_(mu) {}
+  explicit momentum_bf16(B& b, float lr = 0.05f, float mu = 0.75f) : b_(b), lr_(lr), mu_(mu), state_(b) {}
   momentum_bf16(momentum_bf16 const&) = delete;
 
   std::size_t add_param(device_ptr param, device_ptr grad, std::size_t numel) {
+    state_.require_detached("momentum_bf16::add_param");
     auto const i = params_.size();
     params_.push_back({param, grad, numel});
-    auto& s = storage_.emplace_back();
-    s.param = i;
-    s.key = state_key::exp_avg;
-    s.type = dtype::bf16;
-    s.numel = numel;
-    s.init = slot_init::zeros;
     auto& u = units_.emplace_back();
     u.param = i;
     u.numel = numel;
-    u.slots.push_back(&s);
-    slot_ptrs_.push_back(&s);
+    u.slots.push_back(slots_.size());
+    slots_.push_back({i, state_key::exp_avg, dtype::bf16, numel, slot_init::zeros});
     return i;
   }
 
   void validate() {}
-  std::span<swap_slot<B>* const> slots() { return slot_ptrs_; }
-  void initialize(swap_slot<B>&) {}
+  std::span<slot_desc const> slots() const noexcept { return slots_; }
+  optimizer_state<B>& swap_state() noexcept { return state_; }
+  void initialize(std::size_t, device_ptr) {}
   step_context prepare_step() {
     ++steps_;
     return {};
   }
-  std::span<update_unit<B> const> update_units(step_context&) { return units_; }
-  void update(std::span<unit_range const> batch, step_context&) {
+  std::span<update_unit const> update_units(step_context&) { return units_; }
+  void update(std::span<unit_range const> batch, step_context&, state_view<B> const& view) {
     std::vector<mock::region> reads, writes;
     struct job {
       device_ptr p, g, m;
@@ -205,7 +212,7 @@ public:
       auto const& prm = params_[u.param];
       auto const n = r.end - r.begin;
       if (n == 0) continue;
-      job j{prm.param + r.begin * 4, prm.grad + r.begin * 4, u.slots[0]->device_at(r.begin), n};
+      job j{prm.param + r.begin * 4, prm.grad + r.begin * 4, view.device_at(u.slots[0], r.begin), n};
       reads.push_back({j.g, n * 4});
       writes.push_back({j.p, n * 4});
       writes.push_back({j.m, n * 2});
@@ -247,9 +254,9 @@ private:
   float lr_, mu_;
   std::size_t steps_ = 0;
   std::vector<param_info> params_;
-  std::deque<swap_slot<B>> storage_;
-  std::vector<swap_slot<B>*> slot_ptrs_;
-  std::vector<update_unit<B>> units_;
+  std::vector<slot_desc> slots_;
+  std::vector<update_unit> units_;
+  optimizer_state<B> state_;
 };
 
 static_assert(swap_optimizer<momentum_bf16>);

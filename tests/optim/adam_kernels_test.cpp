@@ -16,6 +16,7 @@
 
 #include "support/backend_list.hpp"
 
+#include <pipeswap/backend/mock/adam_kernels.hpp>
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/optim/adam_tensor.hpp>
 #if defined(PIPESWAP_TEST_CUDA)
@@ -71,6 +72,7 @@ struct on_device {
 template <class B>
 void check_batch(B& b, std::vector<host_range>& rs, std::vector<host_range>& twins,
                  std::vector<ps::adam_step_scalars> const& sc, std::string const& what) {
+  if constexpr (std::is_same_v<B, ps::mock::backend>) b.set_hazard_policy(ps::mock::hazard_policy::record);
   std::vector<std::unique_ptr<on_device<B>>> dev;
   std::vector<ps::adam_tensor<B>> ts;
   for (auto& r : rs) {
@@ -126,6 +128,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(a_batch_of_many_small_ranges_is_one_update, B, bac
 BOOST_AUTO_TEST_CASE_TEMPLATE(a_bad_batch_throws_before_any_tensor_changes, B, backends_under_test) {
   backend_fixture<B> f;
   auto& b = f.b;
+  if constexpr (std::is_same_v<B, ps::mock::backend>) b.set_hazard_policy(ps::mock::hazard_policy::record);
   auto const sc = ps::test::batch_scalars(false, true);
   host_range good(ps::dtype::f32, ps::dtype::f32, false, false, 5000, 0, ps::test::range_offsets{}, 3);
   host_range bad(ps::dtype::bf16, ps::dtype::bf16, true, false, 100, 1, ps::test::range_offsets{}, 4);

@@ -1,5 +1,5 @@
 // Adam/AdamW under optimizer_swap, the same bodies on every backend of support/backend_list.hpp:
-// the mock (hazard checker raising) and the user-written synchronous backend here, the CUDA
+// the mock (hazards recorded and checked) and the user-written synchronous backend here, the CUDA
 // backend's fused kernels in tests/cuda (cuda_adam_swap, skipped without a GPU). The device update
 // equals the host reference math step for step; swapping never changes a bit — both pipelines, many
 // swap_times, whole and split partitions, amsgrad on and off, fp32, bf16-with-master and mixed
@@ -15,6 +15,7 @@
 
 #include "support/backend_list.hpp"
 
+#include <pipeswap/backend/mock/adam_kernels.hpp>
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
 #if defined(PIPESWAP_TEST_CUDA)
@@ -76,6 +77,8 @@ std::vector<float> grad_values(std::size_t n, std::size_t i, int step) {
 template <class B>
 struct world {
   explicit world(spec const& s) : sp(s), x(f.b, {1 << 20, 1 << 18, 512}), opt(f.b, config(s)) {
+    // Record hazards, so the check at the end of a run has something to check.
+    if constexpr (std::is_same_v<B, mock::backend>) b.set_hazard_policy(mock::hazard_policy::record);
     auto cs = b.current_stream();
     for (std::size_t i = 0; i < sp.sizes.size(); ++i) {
       auto const n = sp.sizes[i];
@@ -145,12 +148,14 @@ std::vector<std::vector<std::byte>> run(spec const& s, ps::swap_config cfg, int 
   for (std::size_t i = 0; i < s.sizes.size(); ++i) {
     out.push_back(ps::test::download(w.b, w.params[i], s.sizes[i] * ps::size_of(types_of(s, i).param)));
   }
-  for (auto* slot : w.opt.slots()) {
-    if (slot->swappable) {
-      ps::detail::note_host_read(w.b, slot->mirror.ptr, slot->mirror.bytes);
-      out.emplace_back(slot->mirror.ptr, slot->mirror.ptr + slot->mirror.bytes);
+  auto const slots = w.opt.slots();
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    if (rt.is_swappable(i)) {
+      auto const m = rt.host_mirror(i);
+      ps::detail::note_host_read(w.b, m.data(), m.size());
+      out.emplace_back(m.begin(), m.end());
     } else {
-      out.push_back(ps::test::download(w.b, slot->device_at(0), slot->bytes()));
+      out.push_back(ps::test::download(w.b, rt.resident_device(i), slots[i].bytes()));
     }
   }
   if constexpr (std::is_same_v<B, mock::backend>) BOOST_TEST(w.b.hazards().empty());

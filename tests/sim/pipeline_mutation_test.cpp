@@ -36,6 +36,14 @@ bool caught(unsigned sites) {
   } catch (ps::mock::hazard_error const& e) {
     BOOST_TEST_MESSAGE(e.what());
     hazard = true;
+  } catch (ps::step_error const& e) { // the optimizer step wraps the backend's error
+    BOOST_TEST_MESSAGE(e.what());
+    try {
+      std::rethrow_if_nested(e);
+    } catch (ps::mock::hazard_error const&) {
+      hazard = true;
+    } catch (...) {
+    }
   }
   ps::detail::mutated_sites = 0;
   return hazard;

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include <pipeswap/backend/mock/adam_kernels.hpp>
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/optim/adam_math.hpp>
 #include <pipeswap/optim/adam_tensor.hpp>
@@ -177,27 +178,7 @@ void for_each_sweep_batch(std::span<std::size_t const> sizes, std::size_t copies
 } // namespace pipeswap::test
 
 /// A user-written policy: the sync_host_backend's device memory is host memory and its calls
-/// complete at once, so the update is the host loop itself.
+/// complete at once, so the library's host policy is the whole of it.
 template <>
-struct pipeswap::adam_kernels<pipeswap::test::sync_host_backend> {
-  void update(test::sync_host_backend&, int, std::span<adam_tensor<test::sync_host_backend> const> ts,
-              std::span<adam_step_scalars const> scalars) const {
-    validate_adam_batch(ts, scalars);
-    for (auto const& t : ts) {
-      if (t.numel == 0) continue;
-      auto const& s = scalars[t.scalars];
-      detail::adam_range_unchecked(s, t.param_type, t.grad_type, t.param.get(), t.grad.get(),
-                                   t.exp_avg.template get<float>(), t.exp_avg_sq.template get<float>(),
-                                   s.amsgrad ? t.max_exp_avg_sq.template get<float>() : nullptr,
-                                   t.master ? t.master.template get<float>() : nullptr, t.numel);
-    }
-  }
-
-  void init_master(test::sync_host_backend&, int, device_ptr param, device_ptr master, std::size_t numel,
-                   dtype type) const {
-    detail::with_storage_type(type, [&](auto p0) {
-      using P = decltype(p0);
-      for (std::size_t i = 0; i < numel; ++i) master.get<float>()[i] = to_float(param.get<P const>()[i]);
-    });
-  }
-};
+struct pipeswap::adam_kernels<pipeswap::test::sync_host_backend>
+    : pipeswap::host_adam_kernels<pipeswap::test::sync_host_backend> {};

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
-#include <deque>
 #include <map>
 #include <span>
 #include <string>
@@ -15,7 +14,7 @@
 
 #include <pipeswap/backend/mock.hpp>
 #include <pipeswap/optim/concepts.hpp>
-#include <pipeswap/swap/slot.hpp>
+#include <pipeswap/optim/state.hpp>
 
 #include "support/backends.hpp"
 
@@ -59,26 +58,24 @@ struct host_kernel<sync_host_backend> {
 template <class B>
 class toy_optimizer {
 public:
+  using optimizer_concept = optimizer_tag;
   using backend_type = B;
   struct step_context {
     float lr;
   };
   static constexpr bool splittable = true;
 
-  toy_optimizer(B& b, float lr = 0.125f) : b_(b), lr_(lr) {}
+  toy_optimizer(B& b, float lr = 0.125f) : b_(b), lr_(lr), state_(b) {}
 
-  /// Registers a parameter (device fp32 params and grads of numel elements).
+  /// Registers a parameter (device fp32 params and grads of numel elements). Refused while a runtime
+  /// manages the state.
   std::size_t add_param(device_ptr param, device_ptr grad, std::size_t numel, bool master = false) {
+    state_.require_detached("toy_optimizer::add_param");
     auto const i = params_.size();
     params_.push_back({param, grad, numel, true});
     auto make = [&](state_key k, slot_init init) {
-      auto& s = storage_.emplace_back();
-      s.param = i;
-      s.key = k;
-      s.type = dtype::f32;
-      s.numel = numel;
-      s.init = init;
-      return &s;
+      slots_.push_back({i, k, dtype::f32, numel, init});
+      return slots_.size() - 1;
     };
     auto& u = units_all_.emplace_back();
     u.param = i;
@@ -86,8 +83,6 @@ public:
     u.slots.push_back(make(state_key::exp_avg, slot_init::zeros));
     u.slots.push_back(make(state_key::exp_avg_sq, slot_init::zeros));
     if (master) u.slots.push_back(make(state_key::master_param, slot_init::from_param));
-    slot_ptrs_.clear();
-    for (auto& s : storage_) slot_ptrs_.push_back(&s);
     return i;
   }
   void set_has_grad(std::size_t i, bool g) { params_.at(i).has_grad = g; }
@@ -95,11 +90,11 @@ public:
   void validate() {
     if (!(lr_ > 0)) throw invalid_argument("toy_optimizer: lr must be positive");
   }
-  std::span<swap_slot<B>* const> slots() { return slot_ptrs_; }
+  std::span<slot_desc const> slots() const noexcept { return slots_; }
+  optimizer_state<B>& swap_state() noexcept { return state_; }
 
-  void initialize(swap_slot<B>& s) {
-    auto const& p = params_.at(s.param);
-    auto dst = s.device_at(0);
+  void initialize(std::size_t slot, device_ptr dst) {
+    auto const& p = params_.at(slots_.at(slot).param);
     host_kernel<B>::run(b_, "init master", {{p.param, p.numel * 4}}, {{dst, p.numel * 4}},
                         [=](auto const& k) {
                           auto src = k.template read<float>(p.param, p.numel);
@@ -116,9 +111,9 @@ public:
     }
     return {lr_};
   }
-  std::span<update_unit<B> const> update_units(step_context&) { return units_; }
+  std::span<update_unit const> update_units(step_context&) { return units_; }
 
-  void update(std::span<unit_range const> batch, step_context& ctx) {
+  void update(std::span<unit_range const> batch, step_context& ctx, state_view<B> const& view) {
     std::vector<mock::region> reads, writes;
     struct job {
       device_ptr p, g, m, v, master;
@@ -130,9 +125,9 @@ public:
       auto const& prm = params_[u.param];
       auto const off = r.begin * 4;
       auto const n = r.end - r.begin;
-      job j{prm.param + off, prm.grad + off, u.slots[0]->device_at(r.begin),
-            u.slots[1]->device_at(r.begin), u.slots.size() > 2 ? u.slots[2]->device_at(r.begin) : device_ptr{},
-            n};
+      job j{prm.param + off, prm.grad + off, view.device_at(u.slots[0], r.begin),
+            view.device_at(u.slots[1], r.begin),
+            u.slots.size() > 2 ? view.device_at(u.slots[2], r.begin) : device_ptr{}, n};
       reads.push_back({j.g, n * 4});
       writes.push_back({j.p, n * 4});
       writes.push_back({j.m, n * 4});
@@ -181,10 +176,10 @@ private:
   float lr_;
   std::size_t steps_ = 0;
   std::vector<param_info> params_;
-  std::deque<swap_slot<B>> storage_;
-  std::vector<swap_slot<B>*> slot_ptrs_;
-  std::vector<update_unit<B>> units_all_;
-  std::vector<update_unit<B>> units_;
+  std::vector<slot_desc> slots_;
+  std::vector<update_unit> units_all_;
+  std::vector<update_unit> units_;
+  optimizer_state<B> state_;
 };
 
 static_assert(swap_optimizer<toy_optimizer<mock::backend>>);

@@ -86,12 +86,14 @@ struct model {
     rt.synchronize_cpu_mirrors();
     std::vector<std::vector<std::byte>> out;
     for (std::size_t i = 0; i < sizes.size(); ++i) out.push_back(download(b, params[i], sizes[i] * 4));
-    for (auto* s : opt.slots()) {
-      if (s->swappable) {
-        detail::note_host_read(b, s->mirror.ptr, s->mirror.bytes);
-        out.emplace_back(s->mirror.ptr, s->mirror.ptr + s->mirror.bytes);
+    auto const slots = opt.slots();
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      if (rt.is_swappable(i)) {
+        auto const m = rt.host_mirror(i);
+        detail::note_host_read(b, m.data(), m.size());
+        out.emplace_back(m.begin(), m.end());
       } else {
-        out.push_back(download(b, s->device_at(0), s->bytes()));
+        out.push_back(download(b, rt.resident_device(i), slots[i].bytes()));
       }
     }
     return out;

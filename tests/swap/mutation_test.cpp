@@ -1,12 +1,18 @@
-// Mutation tests: the runtime with any one of its ordering waits removed must be caught — by the mock
-// backend's hazard checker for data races, or by the memory bound for the wait that only orders a
-// reuse of freed memory.
+// Mutation tests: the runtimes with any one of their ordering waits removed must be caught — by the
+// mock backend's hazard checker for data races, or by the memory bound for the wait that only orders
+// a reuse of freed memory. Every wait site is reached by both optimizer pipelines (or by the one it
+// belongs to), by checkpoints and by the activation manager, and each is shown necessary or, where
+// it backs up another wait, shown to be the only guard in the case it exists for.
 #define PIPESWAP_MUTATION_TESTING
 #define BOOST_TEST_MODULE mutation
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
+#include <iterator>
+
 #include <pipeswap/activation/activation_swap.hpp>
 #include <pipeswap/core/detail/mutation.hpp>
+#include <pipeswap/swap/checkpoint.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
 
 #include "support/toy_optimizer.hpp"
@@ -18,23 +24,36 @@ using ps::detail::wait_site;
 
 namespace {
 
+using toy = ps::test::toy_optimizer<mock::backend>;
+
 struct outcome {
   std::size_t hazards = 0;
   std::size_t peak = 0;
   std::size_t bound = 0;
 };
 
+void mutate(std::initializer_list<wait_site> mutated) {
+  ps::detail::mutated_sites = 0;
+  for (auto m : mutated) ps::detail::mutated_sites |= 1u << static_cast<unsigned>(m);
+}
+
+void reset_hits() { std::fill(std::begin(ps::detail::site_hits), std::end(ps::detail::site_hits), 0ul); }
+unsigned long hits(wait_site s) { return ps::detail::site_hits[static_cast<unsigned>(s)]; }
+
+mock::backend recording_backend() {
+  mock::options o;
+  o.hazards = mock::hazard_policy::record;
+  return mock::backend{o};
+}
+
 /// Three steps of four parameters in four batches. Gradients are uploaded once, so no host
 /// synchronization between steps hides a missing stream wait.
 outcome run(bool packed, std::initializer_list<wait_site> mutated) {
-  ps::detail::mutated_sites = 0;
-  for (auto m : mutated) ps::detail::mutated_sites |= 1u << static_cast<unsigned>(m);
-  mock::options o;
-  o.hazards = mock::hazard_policy::record;
-  mock::backend b{o};
+  mutate(mutated);
+  auto b = recording_backend();
   ps::transfer_engine<mock::backend> x(b, {1 << 20, 1 << 18, 512});
   std::vector<std::size_t> const sizes{4000, 4000, 4000, 4000};
-  ps::test::model<mock::backend, ps::test::toy_optimizer<mock::backend>> m(b, sizes, 3, true);
+  ps::test::model<mock::backend, toy> m(b, sizes, 3, true);
   ps::swap_config cfg;
   cfg.swap_times = 4;
   cfg.packed = packed;
@@ -42,7 +61,7 @@ outcome run(bool packed, std::initializer_list<wait_site> mutated) {
   outcome r;
   m.set_grads(0); // before the runtime: nothing synchronizes the host after construction
   {
-    ps::optimizer_swap<ps::test::toy_optimizer<mock::backend>> rt(x, m.opt, cfg);
+    ps::optimizer_swap<toy> rt(x, m.opt, cfg);
     for (int s = 0; s < 3; ++s) rt.step();
     r.bound = 8 * 16000 + (packed ? 2 * rt.arena_bytes() : 2 * rt.max_batch_bytes());
     r.hazards = b.hazards().size();
@@ -53,15 +72,77 @@ outcome run(bool packed, std::initializer_list<wait_site> mutated) {
   return r;
 }
 
+/// A packed step whose first prefetch copy fails: the staging arenas were allocated on the h2d
+/// stream, and the failed step releases them with no copy in between.
+std::size_t failed_prefetch(std::initializer_list<wait_site> mutated) {
+  mutate(mutated);
+  auto b = recording_backend();
+  ps::transfer_engine<mock::backend> x(b, {1 << 20, 1 << 18, 512});
+  ps::test::model<mock::backend, toy> m(b, {4000, 4000, 4000, 4000}, 3, false);
+  ps::swap_config cfg;
+  cfg.swap_times = 4;
+  cfg.min_numel = 0;
+  m.set_grads(0);
+  std::size_t hazards = 0;
+  {
+    ps::optimizer_swap<toy> rt(x, m.opt, cfg);
+    b.fail_after(mock::fault_site::copy, 0);
+    BOOST_CHECK_THROW(rt.step(), ps::step_error);
+    hazards = b.hazards().size();
+    b.set_hazard_policy(mock::hazard_policy::ignore);
+  }
+  ps::detail::mutated_sites = 0;
+  return hazards;
+}
+
+/// A checkpoint round trip of state that stays on the device (min_numel above every size): a save
+/// right after a step (its D2H must wait the step's updates) and a load followed by a step (the step
+/// must wait the H2D of the loaded bytes).
+std::size_t checkpoint_round_trip(std::initializer_list<wait_site> mutated) {
+  auto b = recording_backend();
+  ps::transfer_engine<mock::backend> x(b, {1 << 20, 1 << 18, 512});
+  ps::test::model<mock::backend, toy> m(b, {4000, 4000}, 3, false);
+  ps::swap_config cfg;
+  cfg.min_numel = 1 << 20; // nothing swaps: every slot is resident
+  std::size_t hazards = 0;
+  {
+    ps::optimizer_swap<toy> rt(x, m.opt, cfg);
+    m.set_grads(0);
+    mutate(mutated);
+    rt.step();
+    auto const file = ps::checkpoint_to_bytes(rt);
+    ps::load_checkpoint_from_bytes(rt, file);
+    rt.step();
+    ps::detail::mutated_sites = 0;
+    hazards = b.hazards().size();
+    b.set_hazard_policy(mock::hazard_policy::ignore);
+  }
+  return hazards;
+}
+
 } // namespace
 
-BOOST_AUTO_TEST_CASE(the_unmutated_runtime_is_clean) {
+BOOST_AUTO_TEST_CASE(the_unmutated_runtimes_are_clean_and_reach_every_wait) {
   for (bool packed : {false, true}) {
+    reset_hits();
     auto const r = run(packed, {});
     BOOST_TEST_MESSAGE("packed " << packed << " peak " << r.peak << " bound " << r.bound);
     BOOST_TEST(r.hazards == 0u);
     BOOST_TEST(r.peak <= r.bound);
+    BOOST_TEST_CONTEXT("packed " << packed) {
+      for (auto site : {wait_site::offload_after_compute, wait_site::gate_after_offload, wait_site::load_after_mirror,
+                        wait_site::use_after_load}) {
+        BOOST_TEST(hits(site) > 0u, ps::detail::to_string(site));
+      }
+      BOOST_TEST((hits(wait_site::arena_reuse) > 0u) == packed);
+      BOOST_TEST((hits(wait_site::arena_release) > 0u) == packed);
+    }
   }
+  reset_hits();
+  BOOST_TEST(checkpoint_round_trip({}) == 0u);
+  BOOST_TEST(hits(wait_site::offload_after_compute) > 0u); // the save's D2H of resident state
+  BOOST_TEST(hits(wait_site::use_after_load) > 0u);        // the load's H2D into fresh storage
+  BOOST_TEST(failed_prefetch({}) == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(every_data_wait_is_necessary) {
@@ -99,14 +180,26 @@ BOOST_AUTO_TEST_CASE(the_memory_gate_bounds_the_window) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(the_arena_release_wait_guards_an_interrupted_step) {
+  // In a complete step every arena is released behind a D2H out of it, which is behind the compute
+  // work, which waited the H2Ds: the release wait is a second line. When a step fails before any
+  // copy, it is the only thing ordering the release behind the arenas' allocation.
+  BOOST_TEST(run(true, {wait_site::arena_release}).hazards == 0u);
+  BOOST_TEST(failed_prefetch({wait_site::arena_release}) > 0u);
+}
+
+BOOST_AUTO_TEST_CASE(checkpoint_copies_need_their_waits) {
+  BOOST_TEST(checkpoint_round_trip({wait_site::offload_after_compute}) > 0u);
+  BOOST_TEST(checkpoint_round_trip({wait_site::use_after_load}) > 0u);
+}
+
 BOOST_AUTO_TEST_CASE(activation_loads_rely_on_the_mirror_wait) {
   // offload → wait_offload (compute waits) → launch_load: the h2d stream is ordered behind the D2H
   // only by the mirror wait.
   for (bool mutated : {false, true}) {
+    reset_hits();
     ps::detail::mutated_sites = mutated ? 1u << static_cast<unsigned>(wait_site::load_after_mirror) : 0u;
-    mock::options o;
-    o.hazards = mock::hazard_policy::record;
-    mock::backend b{o};
+    auto b = recording_backend();
     ps::transfer_engine<mock::backend> x(b, {1 << 20, 1 << 18, 512});
     ps::activation_swap<mock::backend> m(x);
     m.begin_run();
@@ -123,5 +216,41 @@ BOOST_AUTO_TEST_CASE(activation_loads_rely_on_the_mirror_wait) {
     m.wait_load(c);
     m.release(c);
     ps::detail::mutated_sites = 0;
+    // The manager reaches the four waits of the life cycle.
+    for (auto site : {wait_site::offload_after_compute, wait_site::gate_after_offload, wait_site::load_after_mirror,
+                      wait_site::use_after_load}) {
+      BOOST_TEST(hits(site) > 0u, ps::detail::to_string(site));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(activation_data_waits_are_necessary) {
+  // Without the offload's wait the D2H reads bytes the forward is still writing; without the load's
+  // wait the backward reads bytes the H2D is still writing.
+  for (auto site : {wait_site::offload_after_compute, wait_site::use_after_load}) {
+    BOOST_TEST_CONTEXT("without " << ps::detail::to_string(site)) {
+      mutate({site});
+      auto b = recording_backend();
+      ps::transfer_engine<mock::backend> x(b, {1 << 20, 1 << 18, 512});
+      ps::activation_swap<mock::backend> m(x);
+      m.begin_run();
+      ps::chunk_id const c{0, 0};
+      auto const d = b.allocate_device(4096, b.current_stream());
+      b.launch(b.current_stream(), {"forward", {}, {{d, 4096}}, std::nullopt});
+      ps::activation_handle h;
+      {
+        auto scope = m.forward(c);
+        h = m.save(d, 4096);
+      }
+      m.launch_offload(c);
+      m.wait_offload(c);
+      m.launch_load(c);
+      m.wait_load(c);
+      b.launch(b.current_stream(), {"backward", {{m.ptr(h), 4096}}, {}, std::nullopt});
+      BOOST_TEST(b.hazards().size() > 0u);
+      b.set_hazard_policy(mock::hazard_policy::ignore);
+      m.release(c);
+      ps::detail::mutated_sites = 0;
+    }
   }
 }

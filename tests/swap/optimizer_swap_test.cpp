@@ -1,9 +1,14 @@
-// The optimizer-state swap runtime on the mock backend (hazard checker raising) with a user-written
-// optimizer: bit-exact against no swap, the reference call traces, the memory bound, resumable
-// failure at every copy and allocation, and the synchronous user backend as a second oracle.
+// The optimizer-state swap runtime on the mock backend with a user-written optimizer: bit-exact
+// against no swap, the reference call traces, the memory bound, resumable failure at every copy and
+// allocation, the synchronous user backend as a second oracle, and ownership of the state across
+// runtimes (rebuilt runtimes continue bit-exactly, a second live runtime and add_param under a
+// runtime are refused). Hazards are recorded (hazard_policy::record) wherever a test asserts that
+// there are none.
 #define BOOST_TEST_MODULE optimizer_swap
 #include <boost/test/unit_test.hpp>
 
+#include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -22,6 +27,32 @@ using mock_model = ps::test::model<mock::backend, toy_optimizer<mock::backend>>;
 
 /// Small pinned chunks keep the many tiny worlds of these tests cheap.
 ps::pinned_pool_options small_pool() { return {1 << 20, 1 << 18, 512}; }
+
+/// A mock that records hazards instead of throwing, so hazards().empty() checks something.
+mock::options recording(mock::timing_model t = mock::timing_model::unit()) {
+  mock::options o{t};
+  o.hazards = mock::hazard_policy::record;
+  return o;
+}
+
+/// f() throws a step_error whose nested exception is an E; returns the step_error's message.
+template <class E, class F>
+std::string throws_step_error(F f) {
+  try {
+    f();
+  } catch (ps::step_error const& e) {
+    try {
+      std::rethrow_if_nested(e);
+      BOOST_ERROR("step_error without a nested exception: " << e.what());
+    } catch (E const&) {
+    } catch (...) {
+      BOOST_ERROR("step_error nests an unexpected exception: " << e.what());
+    }
+    return e.what();
+  }
+  BOOST_ERROR("no step_error thrown");
+  return {};
+}
 
 ps::swap_config no_swap() {
   ps::swap_config c;
@@ -42,7 +73,7 @@ ps::swap_config swap(std::size_t times, bool packed, std::size_t min_numel = 0) 
 template <class P = ps::balanced_partition>
 std::vector<std::vector<std::byte>> train(std::vector<std::size_t> const& sizes, ps::swap_config cfg,
                                           int steps, bool masters, P policy = {}) {
-  mock::backend b{mock::options{mock::timing_model::unit()}};
+  mock::backend b{recording()};
   ps::transfer_engine<mock::backend> x(b, small_pool());
   mock_model m(b, sizes, 7, masters);
   ps::optimizer_swap<toy_optimizer<mock::backend>, P> rt(x, m.opt, cfg, policy);
@@ -144,6 +175,14 @@ BOOST_AUTO_TEST_CASE(reference_call_traces) {
                                              "update:1",        "offload:1",       "wait_offload:1"};
           BOOST_TEST((trace == two));
         }
+        if (n == 2 && packed) {
+          std::vector<std::string> const two{
+              "begin:2",        "prefetch:0:0",     "prefetch:1:1",   "wait_prefetch:0:0", "activate:0:0",
+              "update:0",       "chain:0:None:0",   "wait_prefetch:1:1", "activate:1:1",   "update:1",
+              "chain:1:None:1", "wait_offload:0",   "finish_offload:0", "wait_offload:1",  "finish_offload:1",
+              "end"};
+          BOOST_TEST((trace == two));
+        }
       }
     }
   }
@@ -154,7 +193,7 @@ BOOST_AUTO_TEST_CASE(device_memory_stays_within_resident_plus_two_batches) {
   for (auto n : mixed_sizes) params_bytes += 8 * n; // parameters and gradients
   for (bool packed : {false, true}) {
     for (std::size_t k : {2u, 3u, 5u, 12u}) {
-      mock::backend b{mock::options{mock::timing_model::unit()}};
+      mock::backend b{recording()};
       ps::transfer_engine<mock::backend> x(b, small_pool());
       mock_model m(b, mixed_sizes, 3, true);
       ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, swap(k, packed, 100));
@@ -198,7 +237,7 @@ BOOST_AUTO_TEST_CASE(fault_at_every_copy_and_allocation_is_resumable_and_exact) 
       BOOST_TEST(count > 0u);
       for (std::size_t i = 0; i < count; ++i) {
         BOOST_TEST_CONTEXT("packed " << packed << " site " << static_cast<int>(site) << " index " << i) {
-          mock::backend b;
+          mock::backend b{recording()};
           ps::transfer_engine<mock::backend> x(b, small_pool());
           mock_model m(b, sizes, 7, true);
           ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, swap(3, packed));
@@ -206,14 +245,12 @@ BOOST_AUTO_TEST_CASE(fault_at_every_copy_and_allocation_is_resumable_and_exact) 
           rt.step();
           m.set_grads(1);
           b.fail_after(site, i);
-          BOOST_CHECK_THROW(rt.step(), mock::mock_error);
+          auto const what = throws_step_error<mock::mock_error>([&] { rt.step(); });
+          BOOST_TEST(what.find("optimizer_swap::step: ") == 0u, what);
+          BOOST_TEST(what.find("step() resumes it") != std::string::npos, what);
           BOOST_TEST(rt.has_interrupted_step());
           // Nothing is in flight and nothing was lost: every piece is at rest.
-          for (auto* s : m.opt.slots()) {
-            for (auto const& p : s->pieces) {
-              BOOST_TEST((p.state == ps::residency::host || p.state == ps::residency::device));
-            }
-          }
+          BOOST_TEST(rt.at_rest());
           rt.step(); // resumes the interrupted step
           BOOST_TEST(!rt.has_interrupted_step());
           BOOST_TEST(m.opt.steps() == 2u);
@@ -233,7 +270,7 @@ BOOST_AUTO_TEST_CASE(a_failing_copy_back_strands_the_arena_and_the_next_step_rec
   // their arena, which is kept until the next step brings them home.
   std::vector<std::size_t> const sizes{3000, 5000, 2048};
   auto const ref = train(sizes, no_swap(), 2, false);
-  mock::backend b;
+  mock::backend b{recording()};
   ps::transfer_engine<mock::backend> x(b, small_pool());
   mock_model m(b, sizes, 7, false);
   ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, swap(3, true));
@@ -246,7 +283,8 @@ BOOST_AUTO_TEST_CASE(a_failing_copy_back_strands_the_arena_and_the_next_step_rec
       b.fail_after(mock::fault_site::copy, 0); // the copy-back fails too
     }
   });
-  BOOST_CHECK_THROW(rt.step(), mock::mock_error);
+  auto const what = throws_step_error<mock::mock_error>([&] { rt.step(); });
+  BOOST_TEST(what.find("chain of batch 0 (parameter 0)") != std::string::npos, what);
   BOOST_TEST(armed);
   std::size_t const params_bytes = 8 * (3000 + 5000 + 2048);
   BOOST_TEST(b.device_bytes_in_use() == params_bytes + 2 * rt.arena_bytes()); // both arenas kept
@@ -260,23 +298,29 @@ BOOST_AUTO_TEST_CASE(a_failing_copy_back_strands_the_arena_and_the_next_step_rec
   for (std::size_t t = 0; t < ref.size(); ++t) BOOST_TEST((got[t] == ref[t]), "tensor " << t);
 }
 
-BOOST_AUTO_TEST_CASE(bad_configuration_is_rejected_with_the_reference_messages) {
+BOOST_AUTO_TEST_CASE(bad_configuration_is_rejected_with_clear_messages) {
   mock::backend b;
   ps::transfer_engine<mock::backend> x(b, small_pool());
   mock_model m(b, {16, 16}, 1, false);
   auto cfg = swap(0, true);
   BOOST_CHECK_EXCEPTION((ps::optimizer_swap<toy_optimizer<mock::backend>>(x, m.opt, cfg)),
                         ps::invalid_argument, [](auto const& e) {
-                          return std::string(e.what()) == "SwapOptimizerConfig.swap_times must be positive.";
+                          return std::string(e.what()) == "swap_config::swap_times must be positive.";
                         });
   cfg = swap(2, true);
   cfg.state_keys = std::vector<std::string>{"exp_avg", "momentum", "bogus", "momentum"};
   BOOST_CHECK_EXCEPTION((ps::optimizer_swap<toy_optimizer<mock::backend>>(x, m.opt, cfg)),
                         ps::invalid_argument, [](auto const& e) {
                           return std::string(e.what()) ==
-                                 "SwapOptimizerConfig.state_keys only supports Adam/AdamW logical slots "
+                                 "swap_config::state_keys only supports Adam/AdamW logical slots "
                                  "('exp_avg', 'exp_avg_sq', 'max_exp_avg_sq', 'master_param'), but got "
                                  "['bogus', 'momentum'].";
+                        });
+  cfg.state_keys = std::vector<std::string>{"exp_avg", "exp_avg_sq", "exp_avg"};
+  BOOST_CHECK_EXCEPTION((ps::optimizer_swap<toy_optimizer<mock::backend>>(x, m.opt, cfg)),
+                        ps::invalid_argument, [](auto const& e) {
+                          return std::string(e.what()) ==
+                                 "swap_config::state_keys names 'exp_avg' twice; give each state key once";
                         });
   // Nothing was lost: a valid runtime still builds and steps over the same optimizer.
   cfg.state_keys = std::vector<std::string>{"exp_avg"};
@@ -284,13 +328,13 @@ BOOST_AUTO_TEST_CASE(bad_configuration_is_rejected_with_the_reference_messages) 
   m.set_grads(0);
   rt.step();
   std::size_t swapped = 0;
-  for (auto* s : m.opt.slots()) swapped += s->swappable;
+  for (std::size_t i = 0; i < m.opt.slots().size(); ++i) swapped += rt.is_swappable(i);
   BOOST_TEST(swapped == 2u); // exp_avg of both parameters only
 }
 
 BOOST_AUTO_TEST_CASE(parameters_without_gradients_are_skipped_and_slots_stay_home) {
   for (bool packed : {false, true}) {
-    mock::backend b;
+    mock::backend b{recording()};
     ps::transfer_engine<mock::backend> x(b, small_pool());
     mock_model m(b, {100, 200, 300, 400}, 5, false);
     ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, swap(2, packed));
@@ -302,7 +346,7 @@ BOOST_AUTO_TEST_CASE(parameters_without_gradients_are_skipped_and_slots_stay_hom
     for (auto const& batch : rt.last_plan()) {
       for (auto const& r : batch) BOOST_TEST(r.end - r.begin != 200u);
     }
-    for (auto* s : m.opt.slots()) BOOST_TEST(s->all(ps::residency::host));
+    for (std::size_t i = 0; i < m.opt.slots().size(); ++i) BOOST_TEST(rt.slot_in(i, ps::residency::host));
     BOOST_TEST(b.hazards().empty());
   }
 }
@@ -310,7 +354,7 @@ BOOST_AUTO_TEST_CASE(parameters_without_gradients_are_skipped_and_slots_stay_hom
 BOOST_AUTO_TEST_CASE(plans_follow_the_parameters_that_have_gradients) {
   // Equal sizes, so only the identity of the units distinguishes the steps' plans.
   auto run = [](ps::swap_config cfg) {
-    mock::backend b;
+    mock::backend b{recording()};
     ps::transfer_engine<mock::backend> x(b, small_pool());
     mock_model m(b, {500, 500, 500, 500}, 9, false); // no masters: every unit looks the same
     ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, cfg);
@@ -327,5 +371,187 @@ BOOST_AUTO_TEST_CASE(plans_follow_the_parameters_that_have_gradients) {
   for (bool packed : {false, true}) {
     auto const got = run(swap(2, packed));
     for (std::size_t t = 0; t < ref.size(); ++t) BOOST_TEST((got[t] == ref[t]), "packed " << packed << " tensor " << t);
+  }
+}
+
+// ----- ownership of the state across runtimes ---------------------------------------------------------
+
+namespace {
+
+/// `before` steps under one runtime, then `after` steps under a second one built over the same
+/// optimizer; every byte of the result.
+std::vector<std::vector<std::byte>> rebuilt(ps::swap_config first, ps::swap_config second, int before, int after,
+                                            bool split = false) {
+  mock::backend b{recording()};
+  ps::transfer_engine<mock::backend> x(b, small_pool());
+  mock_model m(b, mixed_sizes, 7, true);
+  std::size_t params_bytes = 0;
+  for (auto n : mixed_sizes) params_bytes += 8 * n;
+  int s = 0;
+  {
+    ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, first);
+    for (; s < before; ++s) {
+      m.set_grads(static_cast<std::uint64_t>(s));
+      rt.step();
+    }
+  }
+  BOOST_TEST(!m.opt.swap_state().attached());
+  // Between runtimes the resident state keeps its device storage, nothing else is on the device.
+  BOOST_TEST(b.device_bytes_in_use() >= params_bytes);
+  std::vector<std::vector<std::byte>> out;
+  auto run_second = [&](auto policy) {
+    ps::optimizer_swap<toy_optimizer<mock::backend>, decltype(policy)> rt(x, m.opt, second, policy);
+    for (; s < before + after; ++s) {
+      m.set_grads(static_cast<std::uint64_t>(s));
+      rt.step();
+    }
+    out = m.snapshot(rt);
+  };
+  if (split) {
+    run_second(ps::split_partition{});
+  } else {
+    run_second(ps::balanced_partition{});
+  }
+  BOOST_TEST(b.hazards().empty());
+  return out;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(a_rebuilt_runtime_continues_bit_exactly) {
+  auto const ref = train(mixed_sizes, no_swap(), 4, true);
+  struct change {
+    char const* what;
+    ps::swap_config first, second;
+    bool split;
+  };
+  auto keys = [](ps::swap_config c, std::vector<std::string> k) {
+    c.state_keys = std::move(k);
+    return c;
+  };
+  std::vector<change> const changes{
+      {"swap_times 3 to 7, packed", swap(3, true), swap(7, true), false},
+      {"swap_times 2 to 5, per tensor", swap(2, false), swap(5, false), false},
+      {"packed to per tensor", swap(4, true), swap(4, false), false},
+      {"per tensor to packed", swap(4, false), swap(4, true), false},
+      {"swap to no swap", swap(3, true), no_swap(), false},
+      {"no swap to swap", no_swap(), swap(3, true), false},
+      {"min_numel 0 to 2048", swap(3, true), swap(3, true, 2048), false},
+      {"exp_avg only to every key", keys(swap(3, false), {"exp_avg"}), swap(3, true), false},
+      {"whole units to split units", swap(3, true), swap(5, true), true},
+  };
+  for (auto const& c : changes) {
+    BOOST_TEST_CONTEXT(c.what) {
+      auto const got = rebuilt(c.first, c.second, 2, 2, c.split);
+      BOOST_TEST_REQUIRE(got.size() == ref.size());
+      for (std::size_t i = 0; i < ref.size(); ++i) BOOST_TEST((got[i] == ref[i]), "tensor " << i);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_second_live_runtime_is_refused_and_nothing_leaks) {
+  ps::test::sync_host_backend b;
+  {
+    ps::transfer_engine<ps::test::sync_host_backend> x(b, small_pool());
+    ps::test::model<ps::test::sync_host_backend, toy_optimizer<ps::test::sync_host_backend>> m(b, mixed_sizes, 7,
+                                                                                              true);
+    auto const base = b.device_bytes();
+    {
+      ps::optimizer_swap<toy_optimizer<ps::test::sync_host_backend>> rt(x, m.opt, swap(3, false, 1024));
+      BOOST_CHECK_EXCEPTION((ps::optimizer_swap<toy_optimizer<ps::test::sync_host_backend>>(x, m.opt, swap(2, true))),
+                            ps::state_error, [](auto const& e) {
+                              return std::string(e.what()).find("already managed by another live optimizer_swap") !=
+                                     std::string::npos;
+                            });
+      BOOST_TEST(m.opt.swap_state().attached()); // the refused one did not detach the live one
+      m.set_grads(0);
+      rt.step();
+      BOOST_TEST(b.device_bytes() == base + rt.resident_bytes());
+    }
+    BOOST_TEST(!m.opt.swap_state().attached());
+    {
+      ps::optimizer_swap<toy_optimizer<ps::test::sync_host_backend>> rt(x, m.opt, swap(2, true));
+      m.set_grads(1);
+      rt.step();
+    }
+    x.pool().trim();
+  }
+  // Parameters, gradients, parked state, pinned memory: everything went back.
+  BOOST_TEST(b.device_bytes() == 0u);
+  BOOST_TEST(b.live_allocations() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(add_param_under_a_runtime_is_refused_and_works_after_it) {
+  mock::backend b{recording()};
+  ps::transfer_engine<mock::backend> x(b, small_pool());
+  mock_model m(b, {3000, 5000}, 7, false);
+  auto extra_p = b.allocate_device(2000 * 4, b.current_stream());
+  auto extra_g = b.allocate_device(2000 * 4, b.current_stream());
+  auto const slots_before = m.opt.slots().size();
+  {
+    ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, swap(2, true));
+    BOOST_CHECK_EXCEPTION(m.opt.add_param(extra_p, extra_g, 2000), ps::state_error, [](auto const& e) {
+      return std::string(e.what()).find("toy_optimizer::add_param: an optimizer_swap runtime manages") == 0;
+    });
+    BOOST_TEST(m.opt.slots().size() == slots_before); // nothing changed
+    m.set_grads(0);
+    rt.step();
+  }
+  // Without a runtime the parameter is added; the next runtime adopts the old state and creates the
+  // new parameter's.
+  auto const i = m.opt.add_param(extra_p, extra_g, 2000);
+  std::vector<float> g(2000, 0.5f);
+  b.write_device(extra_g, {reinterpret_cast<std::byte const*>(g.data()), g.size() * 4});
+  std::vector<float> p0(2000, 1.0f);
+  b.write_device(extra_p, {reinterpret_cast<std::byte const*>(p0.data()), p0.size() * 4});
+  {
+    ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, swap(3, true));
+    m.set_grads(1);
+    rt.step();
+    rt.synchronize_cpu_mirrors();
+    // The new parameter's moments started at zero: m = g, v = g², p = 1 - lr·g / (1 + g²).
+    auto const mirror = rt.host_mirror(m.opt.slots().size() - 2); // its exp_avg
+    std::vector<float> ea(2000);
+    ps::detail::note_host_read(b, mirror.data(), mirror.size());
+    std::memcpy(ea.data(), mirror.data(), mirror.size());
+    BOOST_TEST(ea[0] == 0.5f);
+    BOOST_TEST(i == 2u);
+    float p = 0;
+    auto const pbytes = b.read_device(extra_p, 4);
+    std::memcpy(&p, pbytes.data(), 4);
+    BOOST_TEST(p == 1.0f - 0.125f * 0.5f / (1.0f + 0.25f));
+  }
+  BOOST_TEST(b.hazards().empty());
+  b.deallocate_device(extra_p, 2000 * 4, b.current_stream());
+  b.deallocate_device(extra_g, 2000 * 4, b.current_stream());
+}
+
+BOOST_AUTO_TEST_CASE(a_failing_listener_arrives_wrapped_and_the_step_resumes) {
+  auto const ref = train(mixed_sizes, no_swap(), 2, false);
+  for (bool packed : {false, true}) {
+    BOOST_TEST_CONTEXT("packed " << packed) {
+      mock::backend b{recording()};
+      ps::transfer_engine<mock::backend> x(b, small_pool());
+      mock_model m(b, mixed_sizes, 7, false);
+      ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, swap(3, packed));
+      bool thrown = false;
+      rt.set_listener([&](std::string_view op) {
+        if (op == "update:1" && !thrown) {
+          thrown = true;
+          throw std::runtime_error("listener failed");
+        }
+      });
+      m.set_grads(0);
+      auto const what = throws_step_error<std::runtime_error>([&] { rt.step(); });
+      BOOST_TEST(what.find("update of batch 1") != std::string::npos, what);
+      BOOST_TEST(what.find("listener failed") != std::string::npos, what);
+      BOOST_TEST(rt.at_rest());
+      rt.step(); // resumes from batch 1
+      m.set_grads(1);
+      rt.step();
+      auto const got = m.snapshot(rt);
+      BOOST_TEST(b.hazards().empty());
+      for (std::size_t t = 0; t < ref.size(); ++t) BOOST_TEST((got[t] == ref[t]), "tensor " << t);
+    }
   }
 }

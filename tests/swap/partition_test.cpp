@@ -174,6 +174,10 @@ BOOST_AUTO_TEST_CASE(split_partition_tiles_every_unit_and_balances_bytes) {
               e = r.end;
             }
           }
+          // The last range ends its unit, and only empty units come after it.
+          BOOST_TEST_REQUIRE(!plan.empty());
+          BOOST_TEST(e == items[u].numel);
+          for (++u; u < n; ++u) BOOST_TEST(items[u].numel == 0u, "unit " << u << " is not covered");
           // Balance: batch b ends at the first granule boundary at or past its share T·(b+1)/k,
           // so every cumulative end is within one granule of bytes of the ideal one.
           std::uint64_t total = 0, max_elem = 0, granules = 0;

@@ -20,12 +20,16 @@
 //
 // Ownership: save() takes ownership of device memory allocated with the backend; the manager frees
 // it in release() (after the backward used it), abort() or end_run(). Pointers change across a swap:
-// read them with ptr() after wait_load().
+// read them with ptr() after wait_load(). The manager enforces this on every backend, at the call:
+// save() needs an open forward scope, and a range that overlaps a buffer the manager already holds
+// (the same buffer twice, in one group or two, or a sub-range of one) is rejected, so nothing is
+// ever freed twice.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -50,7 +54,6 @@ struct activation_handle {
   std::uint64_t run = 0;
   chunk_id chunk;
   std::size_t index = 0;
-  bool swapped = false; ///< false: saved outside any forward scope, not managed
 };
 
 /// Life cycle of a group.
@@ -61,7 +64,7 @@ class activation_swap {
 public:
   using buffer = swap_buffer<B>;
 
-  explicit activation_swap(transfer_engine<B>& x) : x_(x) {}
+  explicit activation_swap(transfer_engine<B>& engine) : engine_(engine) {}
   activation_swap(activation_swap const&) = delete;
   activation_swap& operator=(activation_swap const&) = delete;
   /// Releases everything still held (as abort() of every group). Never throws.
@@ -111,8 +114,8 @@ public:
   [[nodiscard]] forward_scope forward(chunk_id c) {
     auto& g = groups_[c];
     if (g.state != group_state::collecting) {
-      throw state_error("SwapGroup '" + group_name(c) + "' is " + std::string(to_string(g.state)) +
-                        " and cannot take saved activations");
+      throw state_error("activation_swap::forward: group '" + group_name(c) + "' is " +
+                        std::string(to_string(g.state)) + " and cannot take saved activations");
     }
     return forward_scope(*this, c);
   }
@@ -122,43 +125,65 @@ public:
   // ----- registration -----------------------------------------------------------------------------
 
   /// Saves `bytes` of device memory at `d` (allocated with the backend; ownership passes to the
-  /// manager) into the current forward scope's group. Outside a scope the buffer is not managed: the
-  /// handle says swapped = false and the caller keeps ownership.
+  /// manager) into the current forward scope's group. Throws state_error, changing nothing, when no
+  /// forward scope is open, or when [d, d + bytes) overlaps a buffer the manager holds on the device
+  /// (saved before, in this group or another, or the whole of which this is a part).
   activation_handle save(device_pointer_t<B> d, std::size_t bytes) {
-    if (!current_) return activation_handle{run_, {}, 0, false};
+    if (!current_) {
+      throw state_error("activation_swap::save: no forward scope is open; open one with forward({stage, "
+                        "micro}) around the forward (the manager owns what it saves, so it must know the group)");
+    }
     auto& g = get(*current_, "save");
     if (g.state != group_state::collecting) {
-      throw state_error("SwapGroup '" + group_name(*current_) + "' already launched its offload");
+      throw state_error("activation_swap::save: group '" + group_name(*current_) + "' already launched its offload");
+    }
+    if (bytes > 0 && d) {
+      if (auto const* o = overlapping(d, bytes)) {
+        throw state_error("activation_swap::save: " + std::to_string(bytes) + " bytes at device address " +
+                          describe(d) + " overlap activation " + std::to_string(o->index) + " of group '" +
+                          group_name(o->chunk) + "' (" + std::to_string(o->bytes) + " bytes at " +
+                          describe(o->at) + "), which the manager already owns; save each buffer once, whole");
+      }
     }
     auto& e = g.entries.emplace_back();
-    e.buf = std::make_unique<buffer>();
-    e.buf->bytes = bytes;
-    e.buf->device = d;
-    e.buf->state = residency::device;
-    return activation_handle{run_, *current_, g.entries.size() - 1, true};
+    e.buf = std::make_unique<buffer>(bytes);
+    try {
+      engine_.adopt_device(*e.buf, d);
+      e.keep = covered(g, d, bytes);
+      if (bytes > 0 && d) live_.emplace(d, live_range{d, bytes, *current_, g.entries.size() - 1});
+    } catch (...) {
+      g.entries.pop_back();
+      throw;
+    }
+    return activation_handle{run_, *current_, g.entries.size() - 1};
   }
 
-  /// Keeps on the device every buffer of `c`'s group that overlaps device bytes [d, d + bytes): the
-  /// pipeline still holds them (stage inputs, received buffers, last-stage outputs).
+  /// Keeps on the device every buffer of `c`'s group that overlaps device bytes [d, d + bytes), saved
+  /// before or after this call: the pipeline still holds them (stage inputs, received buffers,
+  /// last-stage outputs). The group must still be collecting.
   void protect(chunk_id c, device_pointer_t<B> d, std::size_t bytes) {
     auto& g = get(c, "protect");
+    if (g.state != group_state::collecting) {
+      throw state_error("activation_swap::protect: group '" + group_name(c) + "' already launched its offload");
+    }
     if (bytes == 0 || !d) return;
+    g.guarded.push_back({d, bytes});
     for (auto& e : g.entries) {
       auto const& x = *e.buf;
-      if (x.state != residency::device || !x.device || x.bytes == 0) continue; // released: no range
-      if (x.device < d + bytes && d < x.device + x.bytes) e.keep = true;
+      if (x.state() != residency::device || !x.device() || x.bytes() == 0) continue; // released: no range
+      if (x.device() < d + bytes && d < x.device() + x.bytes()) e.keep = true;
     }
   }
 
   /// The current device address of a saved activation; it must be on the device.
   [[nodiscard]] device_pointer_t<B> ptr(activation_handle const& h) const {
-    if (!h.swapped) throw invalid_argument("activation handle was not saved in a forward scope");
     auto const& e = entry(h);
-    if (e.buf->state != residency::device) {
-      throw state_error("activation " + std::to_string(h.index) + " of SwapGroup '" + group_name(h.chunk) +
-                        "' is " + std::string(pipeswap::to_string(e.buf->state)) + "; wait_load first");
+    if (e.buf->state() != residency::device) {
+      throw state_error("activation_swap::ptr: activation " + std::to_string(h.index) + " of group '" +
+                        group_name(h.chunk) + "' is " + std::string(pipeswap::to_string(e.buf->state())) +
+                        "; wait_load first");
     }
-    return e.buf->device;
+    return e.buf->device();
   }
 
   // ----- the life cycle ---------------------------------------------------------------------------
@@ -166,30 +191,34 @@ public:
   void launch_offload(chunk_id c) {
     auto& g = get(c, "launch_offload");
     if (g.state != group_state::collecting) {
-      throw state_error("SwapGroup '" + group_name(c) + "' launch_offload() called twice");
+      throw state_error("activation_swap::launch_offload: group '" + group_name(c) + "' is " +
+                        std::string(to_string(g.state)) + "; launch_offload() is called once, after the forward");
     }
     if (current_ && *current_ == c) current_.reset(); // the forward that filled it is over
     auto bufs = movable(g);
-    x_.launch_offload(bufs, ("offload " + group_name(c)).c_str());
+    forget_ranges(c, g, false);
+    engine_.launch_offload(bufs, ("offload " + group_name(c)).c_str());
     g.state = group_state::offloading;
-    for (auto* x : bufs) offloaded_bytes_ += x->bytes;
+    for (auto* x : bufs) offloaded_bytes_ += x->bytes();
   }
 
   void wait_offload(chunk_id c) {
     auto& g = get(c, "wait_offload");
     if (g.state != group_state::offloading) {
-      throw state_error("SwapGroup '" + group_name(c) + "' wait_offload() called before launch_offload().");
+      throw state_error("activation_swap::wait_offload: group '" + group_name(c) + "' is " +
+                        std::string(to_string(g.state)) + "; call launch_offload() first");
     }
-    x_.wait_offload(movable(g), x_.compute());
+    engine_.wait_offload(movable(g), engine_.compute());
     g.state = group_state::offloaded;
   }
 
   void launch_load(chunk_id c) {
     auto& g = get(c, "launch_load");
     if (g.state != group_state::offloaded) {
-      throw state_error("SwapGroup '" + group_name(c) + "' launch_load() called before wait_offload().");
+      throw state_error("activation_swap::launch_load: group '" + group_name(c) + "' is " +
+                        std::string(to_string(g.state)) + "; call wait_offload() first");
     }
-    x_.launch_load(movable(g), ("load " + group_name(c)).c_str());
+    engine_.launch_load(movable(g), ("load " + group_name(c)).c_str());
     g.state = group_state::loading;
   }
 
@@ -197,14 +226,19 @@ public:
   void wait_load(chunk_id c) {
     auto& g = get(c, "wait_load");
     if (g.state != group_state::loading) {
-      throw state_error("SwapGroup '" + group_name(c) + "' wait_load() called before launch_load().");
+      throw state_error("activation_swap::wait_load: group '" + group_name(c) + "' is " +
+                        std::string(to_string(g.state)) + "; call launch_load() first");
     }
     auto bufs = movable(g);
     std::vector<event_handle<B>> used(bufs.size());
-    for (std::size_t i = 0; i < bufs.size(); ++i) used[i] = bufs[i]->event;
-    x_.wait_load(bufs, x_.compute());
-    for (std::size_t i = 0; i < bufs.size(); ++i) x_.release_mirror(*bufs[i], used[i]);
+    for (std::size_t i = 0; i < bufs.size(); ++i) used[i] = bufs[i]->event();
+    engine_.wait_load(bufs, engine_.compute());
+    for (std::size_t i = 0; i < bufs.size(); ++i) engine_.release_mirror(*bufs[i], used[i]);
     g.state = group_state::loaded;
+    for (std::size_t i = 0; i < g.entries.size(); ++i) { // the manager owns the new storage too
+      auto const& x = *g.entries[i].buf;
+      if (!g.entries[i].keep && x.bytes() > 0 && x.device()) live_.emplace(x.device(), live_range{x.device(), x.bytes(), c, i});
+    }
   }
 
   /// After the backward consumed the group: frees its device storage (stream-ordered behind the
@@ -212,8 +246,8 @@ public:
   void release(chunk_id c) {
     auto& g = get(c, "release");
     if (g.state != group_state::collecting && g.state != group_state::loaded) {
-      throw state_error("SwapGroup '" + group_name(c) + "' is " + std::string(to_string(g.state)) +
-                        "; release() needs it collecting or loaded");
+      throw state_error("activation_swap::release: group '" + group_name(c) + "' is " +
+                        std::string(to_string(g.state)) + "; release() needs it collecting or loaded");
     }
     abort(c);
   }
@@ -226,11 +260,12 @@ public:
     auto& g = it->second;
     std::vector<buffer*> all;
     for (auto& e : g.entries) all.push_back(e.buf.get());
-    x_.settle(all);
+    forget_ranges(c, g, true);
+    engine_.settle(all);
     for (auto* x : all) {
-      x_.release_device(*x, x_.compute());
-      x_.release_mirror(*x, x->event);
-      x->event = nullptr;
+      auto const last = x->event();
+      engine_.discard_device(*x, engine_.compute());
+      engine_.release_mirror(*x, last);
     }
     if (current_ && *current_ == c) current_.reset();
     groups_.erase(it);
@@ -241,13 +276,13 @@ public:
   [[nodiscard]] std::size_t active_groups() const noexcept { return groups_.size(); }
   [[nodiscard]] std::size_t group_bytes(chunk_id c) const {
     std::size_t n = 0;
-    for (auto const& e : cget(c, "group_bytes").entries) n += e.buf->bytes;
+    for (auto const& e : cget(c, "group_bytes").entries) n += e.buf->bytes();
     return n;
   }
   /// Bytes of buffers that stay on the device because they are protected.
   [[nodiscard]] std::size_t kept_bytes(chunk_id c) const {
     std::size_t n = 0;
-    for (auto const& e : cget(c, "kept_bytes").entries) n += e.keep ? e.buf->bytes : 0;
+    for (auto const& e : cget(c, "kept_bytes").entries) n += e.keep ? e.buf->bytes() : 0;
     return n;
   }
   [[nodiscard]] std::size_t offloaded_bytes() const noexcept { return offloaded_bytes_; }
@@ -268,29 +303,84 @@ private:
     std::unique_ptr<buffer> buf;
     bool keep = false;
   };
+  struct range {
+    device_pointer_t<B> at{};
+    std::size_t bytes = 0;
+  };
   struct group {
     group_state state = group_state::collecting;
     std::vector<entry_t> entries;
+    std::vector<range> guarded; ///< protect()ed ranges
+  };
+  /// A device range the manager owns, keyed by its address.
+  struct live_range {
+    device_pointer_t<B> at{};
+    std::size_t bytes = 0;
+    chunk_id chunk;
+    std::size_t index = 0;
   };
 
-  group& get(chunk_id c, char const*) {
+  group& get(chunk_id c, char const* op) {
     auto it = groups_.find(c);
-    if (it == groups_.end()) throw state_error("Group " + group_name(c) + " does not exist.");
+    if (it == groups_.end()) {
+      throw state_error("activation_swap::" + std::string(op) + ": group '" + group_name(c) +
+                        "' does not exist (open it with forward() in this run)");
+    }
     return it->second;
   }
-  group const& cget(chunk_id c, char const*) const {
+  group const& cget(chunk_id c, char const* op) const {
     auto it = groups_.find(c);
-    if (it == groups_.end()) throw state_error("Group " + group_name(c) + " does not exist.");
+    if (it == groups_.end()) {
+      throw state_error("activation_swap::" + std::string(op) + ": group '" + group_name(c) +
+                        "' does not exist (open it with forward() in this run)");
+    }
     return it->second;
   }
   entry_t const& entry(activation_handle const& h) const {
     if (h.run != run_) {
-      throw state_error("activation handle of run " + std::to_string(h.run) + " used in run " +
+      throw state_error("activation_swap::ptr: a handle of run " + std::to_string(h.run) + " used in run " +
                         std::to_string(run_));
     }
     auto const& g = cget(h.chunk, "ptr");
-    if (h.index >= g.entries.size()) throw invalid_argument("activation handle index out of range");
+    if (h.index >= g.entries.size()) {
+      throw invalid_argument("activation_swap::ptr: handle index " + std::to_string(h.index) + " is out of range for group '" +
+                             group_name(h.chunk) + "' (" + std::to_string(g.entries.size()) + " activations)");
+    }
     return g.entries[h.index];
+  }
+  /// The live range overlapping [d, d + bytes), if any.
+  live_range const* overlapping(device_pointer_t<B> d, std::size_t bytes) const {
+    auto it = live_.lower_bound(d);
+    if (it != live_.end() && it->second.at < d + bytes) return &it->second;
+    if (it != live_.begin()) {
+      auto const& prev = std::prev(it)->second;
+      if (d < prev.at + prev.bytes) return &prev;
+    }
+    return nullptr;
+  }
+  static bool covered(group const& g, device_pointer_t<B> d, std::size_t bytes) {
+    if (bytes == 0 || !d) return false;
+    for (auto const& r : g.guarded) {
+      if (d < r.at + r.bytes && r.at < d + bytes) return true;
+    }
+    return false;
+  }
+  /// Drops the live ranges of group `c` whose storage is about to move (`all`: or be freed).
+  void forget_ranges(chunk_id c, group const& g, bool all) {
+    for (auto const& e : g.entries) {
+      if (e.keep && !all) continue;
+      auto const& x = *e.buf;
+      if (!x.device()) continue;
+      auto it = live_.find(x.device());
+      if (it != live_.end() && it->second.chunk == c) live_.erase(it);
+    }
+  }
+  static std::string describe(device_pointer_t<B> d) {
+    if constexpr (requires { d.address(); }) {
+      return std::to_string(d.address());
+    } else {
+      return "?";
+    }
   }
   static std::vector<buffer*> movable(group& g) {
     std::vector<buffer*> out;
@@ -300,9 +390,10 @@ private:
     return out;
   }
 
-  transfer_engine<B>& x_;
+  transfer_engine<B>& engine_;
   std::uint64_t run_ = 0;
   std::map<chunk_id, group> groups_;
+  std::map<device_pointer_t<B>, live_range> live_;
   std::optional<chunk_id> current_;
   std::size_t offloaded_bytes_ = 0;
 };

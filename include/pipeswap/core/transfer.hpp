@@ -10,7 +10,7 @@
 //     │     d2h stream behind it                                 │
 //     │       wait_load              launch_load                 │
 //     └──────────────────── h2d ◄────────────────────────────────┘
-//       the user waits the     storage allocated on the h2d stream,
+//       the user waits the     storage acquired on the h2d stream,
 //       load event             H2D behind the mirror's last D2H
 //
 // Every transfer is guarded by one event per batch; every release is stream-ordered behind the copy
@@ -18,21 +18,43 @@
 // stream never waits for a copy it does not need: an offload orders only the D2H behind the compute
 // work (one event), and the D2H stream releases the storage itself.
 //
+// Where a buffer's device bytes live is a storage policy, chosen at compile time per call:
+//   per_buffer_storage   each buffer gets its own device storage: allocated on the h2d stream by
+//                        launch_load, released on the d2h stream behind its D2H by launch_offload
+//   arena_storage<B>     the buffers of a batch are views into one staging_arena at the offsets of a
+//                        staging_layout; copies of buffers adjacent in host and arena are merged
+//                        into one copy per run, and a load into the arena waits the last D2H out of it
+// The state machine, its events and its waits are the same for both. swap_buffer's fields are
+// private: the engine is their only writer.
+//
 // A transfer_engine owns the copy-stream pair (one stream per direction, so offloads and loads
 // overlap on full-duplex links) and the pinned pool; the optimizer runtime and the activation manager
-// share one engine per device. All calls are made from one host thread.
+// share one engine per device. Every wait it issues for correctness is a named site
+// (core/detail/mutation.hpp). All calls are made from one host thread.
+//
+// Every device byte a swap job acquires or gives back passes through the engine: launch_load
+// (per-buffer storage), allocate_arena / allocate_device on the way in; launch_offload, wait_offload,
+// release_arena, discard_device / deallocate_device on the way out. That is where a per-device
+// budget reserves bytes before an allocation and returns them behind the stream-ordered release,
+// and launch_load / wait_load are already separate calls, so a load can be launched as early as the
+// budget allows and waited only by its user.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <numeric>
 #include <span>
+#include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/detail/mutation.hpp>
 #include <pipeswap/core/event_handle.hpp>
 #include <pipeswap/core/pinned_pool.hpp>
+#include <pipeswap/error.hpp>
 
 namespace pipeswap {
 
@@ -40,8 +62,8 @@ namespace pipeswap {
 enum class residency : std::uint8_t {
   device, ///< on the device; no copy in flight
   d2h,    ///< offload in flight; device storage already released behind the copy (stream-ordered)
-  host,   ///< in the host mirror; no device storage
-  h2d,    ///< load in flight into fresh device storage
+  host,   ///< in the host mirror (or nowhere yet, for a buffer without storage); no device storage
+  h2d,    ///< load in flight into device storage
 };
 
 constexpr std::string_view to_string(residency r) noexcept {
@@ -54,19 +76,118 @@ constexpr std::string_view to_string(residency r) noexcept {
   return "?";
 }
 
-/// One swappable piece of device memory and its host mirror.
 template <backend B>
-struct swap_buffer {
+class transfer_engine;
+
+/// One swappable piece of device memory and its host mirror. Read-only outside the engine.
+///
+/// Invariants (kept by transfer_engine): device: `device()` set (or bytes 0), no event. d2h: no
+/// device storage of its own, `event()` completes the D2H into the mirror. host: no device storage;
+/// `event()` is the D2H that filled the mirror until the host synchronized with it or it was reloaded.
+/// h2d: `device()` set, `event()` completes the H2D.
+template <backend B>
+class swap_buffer {
+public:
+  swap_buffer() = default;
+  /// A buffer of `bytes` with no storage yet (host state, no mirror).
+  explicit swap_buffer(std::size_t bytes) noexcept : bytes_(bytes) {}
+  swap_buffer(swap_buffer&&) noexcept = default;
+  swap_buffer& operator=(swap_buffer&&) noexcept = default;
+  swap_buffer(swap_buffer const&) = delete;
+  swap_buffer& operator=(swap_buffer const&) = delete;
+
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+  [[nodiscard]] device_pointer_t<B> device() const noexcept { return device_; }
+  /// Host bytes: a pool block when owns_mirror(), else a view into memory owned elsewhere.
+  [[nodiscard]] std::byte* mirror() const noexcept { return mirror_; }
+  [[nodiscard]] bool owns_mirror() const noexcept { return owns_mirror_; }
+  [[nodiscard]] residency state() const noexcept { return state_; }
+  [[nodiscard]] event_handle<B> const& event() const noexcept { return event_; }
+  /// At rest: no copy in flight (device or host).
+  [[nodiscard]] bool at_rest() const noexcept { return state_ == residency::device || state_ == residency::host; }
+
+private:
+  friend class transfer_engine<B>;
+  std::size_t bytes_ = 0;
+  device_pointer_t<B> device_{};
+  std::byte* mirror_ = nullptr;
+  bool owns_mirror_ = false;
+  residency state_ = residency::host;
+  event_handle<B> event_;
+};
+
+/// Storage policy: every buffer owns its device storage between a load and the next offload.
+struct per_buffer_storage {};
+
+/// A device region that batches are staged in (arena_storage). Allocated and released by the engine.
+template <backend B>
+struct staging_arena {
+  device_pointer_t<B> base{};
   std::size_t bytes = 0;
+  /// The last D2H out of the arena: a load into it waits this (wait_site::arena_reuse).
+  event_handle<B> fence;
+};
+
+/// Where the buffers of one batch sit in a staging arena, and the merged copies that move them.
+struct staging_layout {
+  struct run {
+    std::size_t first = 0; ///< index (into the batch's buffer list) of the run's first buffer
+    std::size_t offset = 0; ///< byte offset in the arena
+    std::size_t bytes = 0;
+  };
+  std::vector<std::size_t> offset; ///< per buffer: byte offset in the arena
+  std::vector<run> runs;           ///< copies: host bytes from buffers[first].mirror(), contiguous
+  std::size_t bytes = 0;           ///< arena bytes the batch needs
+};
+
+/// Lays out `bufs` (host mirrors set) for an arena: sorted by (region, mirror address), each region
+/// starting `align`-aligned, buffers adjacent in host memory merged into one run. `region[i]` groups
+/// buffer i (e.g. by dtype, so every dtype region is aligned).
+template <backend B>
+staging_layout make_staging_layout(std::span<swap_buffer<B>* const> bufs, std::span<std::size_t const> region,
+                                   std::size_t align = 512) {
+  auto const up = [align](std::size_t n) { return (n + align - 1) / align * align; };
+  staging_layout l;
+  std::vector<std::size_t> order(bufs.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](auto a, auto c) {
+    return std::pair{region[a], bufs[a]->mirror()} < std::pair{region[c], bufs[c]->mirror()};
+  });
+  l.offset.assign(bufs.size(), 0);
+  std::size_t off = 0;
+  std::size_t cur = ~std::size_t{0};
+  std::byte const* host_end = nullptr;
+  for (auto i : order) {
+    auto const* p = bufs[i];
+    if (region[i] != cur) {
+      off = up(off);
+      cur = region[i];
+      l.runs.push_back({i, off, 0});
+    } else if (host_end != p->mirror()) {
+      l.runs.push_back({i, off, 0});
+    }
+    l.offset[i] = off;
+    l.runs.back().bytes += p->bytes();
+    off += p->bytes();
+    host_end = p->mirror() + p->bytes();
+  }
+  l.bytes = up(off);
+  return l;
+}
+
+/// Storage policy: the batch lives in `arena` at `layout` (made for exactly this buffer list).
+template <backend B>
+struct arena_storage {
+  staging_arena<B>& arena;
+  staging_layout const& layout;
+};
+
+/// A device → host copy of bytes that stay on the device (checkpoints of resident state).
+template <backend B>
+struct host_copy {
+  std::byte* host = nullptr;
   device_pointer_t<B> device{};
-  /// Host bytes. A pool block when owns_mirror, else a view into memory owned elsewhere (the packed
-  /// host arena). Null until the first offload of a pool-backed buffer.
-  std::byte* mirror = nullptr;
-  bool owns_mirror = false;
-  residency state = residency::device;
-  /// d2h/h2d: the event that completes the copy in flight. host: the D2H that filled the mirror,
-  /// until the mirror is host-synchronized or reloaded (the next H2D waits it). device: null.
-  event_handle<B> event;
+  std::size_t bytes = 0;
 };
 
 template <backend B>
@@ -86,82 +207,197 @@ public:
   [[nodiscard]] stream_type h2d() const noexcept { return h2d_; }
   [[nodiscard]] stream_type d2h() const noexcept { return d2h_; }
 
+  // ----- setting buffers up and down --------------------------------------------------------------
+
+  /// Hands device storage `d` (allocated with the backend) to a buffer without storage: it becomes
+  /// device-resident and owns `d`.
+  void adopt_device(buffer& x, device_pointer_t<B> d) {
+    require_empty(x, "adopt_device");
+    x.device_ = d;
+    x.state_ = residency::device;
+  }
+
+  /// Allocates device storage for a buffer without storage on `s` (contents undefined); it becomes
+  /// device-resident.
+  void allocate(buffer& x, stream_type s) {
+    require_empty(x, "allocate");
+    x.device_ = x.bytes_ ? b_.allocate_device(x.bytes_, s) : device_pointer_t<B>{};
+    x.state_ = residency::device;
+  }
+
+  /// Takes a device-resident buffer's storage away (the caller owns it now); the buffer is left
+  /// without storage in host state. Its mirror is not current any more and is dropped.
+  device_pointer_t<B> take_device(buffer& x) {
+    if (x.state_ != residency::device) {
+      throw state_error("take_device: swap buffer of " + std::to_string(x.bytes_) + " bytes is " +
+                        std::string(to_string(x.state_)) + ", not device");
+    }
+    auto const d = x.device_;
+    x.device_ = {};
+    x.state_ = residency::host;
+    return d;
+  }
+
+  /// Points a buffer at rest in host state at host bytes owned elsewhere (a view; never freed here).
+  /// The bytes there become its contents; the previous mirror's last D2H, if any, still guards them.
+  void set_mirror(buffer& x, std::byte* view) {
+    if (x.state_ != residency::host || x.device_) {
+      throw state_error("set_mirror: swap buffer of " + std::to_string(x.bytes_) +
+                        " bytes is not at rest on the host");
+    }
+    release_mirror(x, x.event_);
+    x.mirror_ = view;
+  }
+
+  /// Gives a pool-owned mirror back to the pool; its bytes may be reused after `last_use`.
+  void release_mirror(buffer& x, event_handle<B> last_use = {}) {
+    if (x.owns_mirror_ && x.mirror_ != nullptr) pool_.deallocate({x.mirror_, x.bytes_}, std::move(last_use));
+    x.mirror_ = nullptr;
+    x.owns_mirror_ = false;
+  }
+
+  /// Releases a buffer's own device storage on `s` (stream-ordered: behind the work enqueued on `s`)
+  /// and leaves it in host state; its device bytes are discarded. Buffers viewing an arena only drop
+  /// the view. Copies in flight must be settled first.
+  void discard_device(buffer& x, stream_type s) {
+    if (!x.at_rest()) {
+      throw state_error("discard_device: swap buffer of " + std::to_string(x.bytes_) + " bytes is " +
+                        std::string(to_string(x.state_)) + "; settle it first");
+    }
+    if (x.state_ == residency::device) release_storage(x, s);
+    x.state_ = residency::host;
+  }
+
+  /// Forgets a settled buffer's last copy event after the host synchronized with it.
+  void forget_event(buffer& x) {
+    if (!x.at_rest()) throw state_error("forget_event: a copy of the swap buffer is in flight");
+    x.event_ = nullptr;
+  }
+
+  // ----- the life cycle ---------------------------------------------------------------------------
+
   /// device → d2h for the buffers in `device` state (others are skipped): the d2h stream waits the
   /// compute stream's work so far, copies each buffer into its mirror (allocated from the pool on
-  /// first use), and releases its device storage behind the copy. One event guards the batch.
-  /// If a call throws, buffers already enqueued are in d2h (covered by the next event recorded on
-  /// the d2h stream) and the rest are untouched in `device`.
+  /// first use, per-buffer storage only), and releases its storage behind the copy. One event guards
+  /// the batch. If a call throws, buffers already enqueued are in d2h (covered by the next event
+  /// recorded on the d2h stream) and the rest are untouched in `device`.
   void launch_offload(std::span<buffer* const> bufs, char const* label = "offload") {
+    per_buffer_storage s;
+    launch_offload(bufs, s, label);
+  }
+
+  template <class Storage>
+  void launch_offload(std::span<buffer* const> bufs, Storage& storage, char const* label = "offload") {
     auto targets = select(bufs, residency::device, residency::host);
     if (targets.empty()) return;
     detail::scoped_label<B> l(b_, label);
     detail::wait_at(detail::wait_site::offload_after_compute, b_, d2h_, b_.record_event(compute()));
-    std::size_t done = 0;
     try {
-      for (auto* x : targets) {
-        if (x->mirror == nullptr) {
-          auto blk = pool_.allocate(x->bytes, d2h_);
-          x->mirror = blk.ptr;
-          x->owns_mirror = true;
+      if constexpr (is_arena<Storage>) {
+        copy_runs(bufs, targets, storage, [&](std::byte* h, device_pointer_t<B> d, std::size_t n) {
+          b_.copy_d2h(h, d, n, d2h_);
+        }, [&](buffer& x) {
+          x.state_ = residency::d2h;
+          x.event_ = nullptr;
+          x.device_ = {}; // a view: the arena is released as a whole
+        }, residency::device);
+      } else {
+        for (auto* x : targets) {
+          if (x->mirror_ == nullptr) {
+            auto blk = pool_.allocate(x->bytes_, d2h_);
+            x->mirror_ = blk.ptr;
+            x->owns_mirror_ = true;
+          }
+          b_.copy_d2h(x->mirror_, x->device_, x->bytes_, d2h_);
+          x->state_ = residency::d2h;
+          x->event_ = nullptr;
+          release_storage(*x, d2h_);
         }
-        b_.copy_d2h(x->mirror, x->device, x->bytes, d2h_);
-        x->state = residency::d2h;
-        x->event = nullptr;
-        ++done;
-        release_device(*x, d2h_);
       }
     } catch (...) {
-      guard(std::span<buffer* const>(targets).first(done), d2h_);
+      auto const e = guard(targets, d2h_); // the buffers enqueued (in d2h) only
+      if constexpr (is_arena<Storage>) {
+        if (e) storage.arena.fence = e;
+      }
       throw;
     }
-    guard(targets, d2h_);
+    auto const e = guard(targets, d2h_);
+    if constexpr (is_arena<Storage>) storage.arena.fence = e;
   }
 
-  /// d2h → host for the buffers in `d2h` state: `next_user` (the stream that will allocate the freed
+  /// d2h → host for the buffers in `d2h` state: `next_user` (the stream that will use the freed
   /// memory next) waits the offload events. The events stay on the buffers to guard their mirrors.
   void wait_offload(std::span<buffer* const> bufs, stream_type next_user) {
     std::vector<buffer*> targets;
     std::vector<event_handle<B>> events;
     for (auto* x : bufs) {
-      if (x->state != residency::d2h) continue;
-      if (!x->event) guard_one(*x, d2h_);
-      if (x->device) release_device(*x, d2h_); // a release that failed at launch
-      detail::add_unique<B>(events, x->event);
+      if (x->state_ != residency::d2h) continue;
+      if (!x->event_) x->event_ = record(b_, d2h_);
+      if (x->device_) release_storage(*x, d2h_); // a release that failed at launch
+      detail::add_unique<B>(events, x->event_);
       targets.push_back(x);
     }
     for (auto const& e : events) detail::wait_at(detail::wait_site::gate_after_offload, b_, next_user, *e);
-    for (auto* x : targets) x->state = residency::host;
+    for (auto* x : targets) x->state_ = residency::host;
   }
 
-  /// host → h2d for the buffers in `host` state: device storage is allocated on the h2d stream, which
-  /// waits the D2H that last filled each mirror and copies it back. One event guards the batch. If a
+  /// host → h2d for the buffers in `host` state: device storage is acquired (allocated on the h2d
+  /// stream, or the arena views), the h2d stream waits the D2H that last filled each mirror (and,
+  /// in an arena, the last D2H out of it) and copies the mirrors in. One event guards the batch. If a
   /// call throws, enqueued buffers are in h2d and the rest are back in `host` with no storage.
   void launch_load(std::span<buffer* const> bufs, char const* label = "load") {
+    per_buffer_storage s;
+    launch_load(bufs, s, label);
+  }
+
+  template <class Storage>
+  void launch_load(std::span<buffer* const> bufs, Storage& storage, char const* label = "load") {
     auto targets = select(bufs, residency::host, residency::device);
     if (targets.empty()) return;
     detail::scoped_label<B> l(b_, label);
-    std::size_t allocated = 0, done = 0;
     try {
       for (auto* x : targets) {
-        if (x->mirror == nullptr) {
-          throw state_error("swap buffer of " + std::to_string(x->bytes) +
+        if (x->mirror_ == nullptr) {
+          throw state_error("swap buffer of " + std::to_string(x->bytes_) +
                             " bytes is host-resident but has no host mirror");
         }
-        x->device = b_.allocate_device(x->bytes, h2d_);
-        ++allocated;
+      }
+      if constexpr (!is_arena<Storage>) {
+        for (auto* x : targets) x->device_ = b_.allocate_device(x->bytes_, h2d_);
       }
       std::vector<event_handle<B>> events;
-      for (auto* x : targets) detail::add_unique<B>(events, x->event);
+      for (auto* x : targets) detail::add_unique<B>(events, x->event_);
       for (auto const& e : events) detail::wait_at(detail::wait_site::load_after_mirror, b_, h2d_, *e);
-      for (auto* x : targets) {
-        b_.copy_h2d(x->device, x->mirror, x->bytes, h2d_);
-        x->state = residency::h2d;
-        x->event = nullptr;
-        ++done;
+      if constexpr (is_arena<Storage>) {
+        if (storage.arena.fence) {
+          detail::wait_at(detail::wait_site::arena_reuse, b_, h2d_, *storage.arena.fence);
+        }
+        copy_runs(bufs, targets, storage, [&](std::byte* h, device_pointer_t<B> d, std::size_t n) {
+          b_.copy_h2d(d, h, n, h2d_);
+        }, [&](buffer& x) {
+          x.state_ = residency::h2d;
+          x.event_ = nullptr;
+        }, residency::host);
+      } else {
+        for (auto* x : targets) {
+          b_.copy_h2d(x->device_, x->mirror_, x->bytes_, h2d_);
+          x->state_ = residency::h2d;
+          x->event_ = nullptr;
+        }
       }
     } catch (...) {
-      for (std::size_t i = done; i < allocated; ++i) release_device(*targets[i], h2d_);
-      guard(std::span<buffer* const>(targets).first(done), h2d_);
+      for (auto* x : targets) {
+        if (x->state_ == residency::h2d) continue;
+        if constexpr (is_arena<Storage>) {
+          x->device_ = {};
+        } else if (x->device_) {
+          try {
+            release_storage(*x, h2d_);
+          } catch (...) { // left with the buffer: the next load or teardown releases it
+          }
+        }
+      }
+      guard(targets, h2d_); // the buffers enqueued (in h2d) only
       throw;
     }
     guard(targets, h2d_);
@@ -172,15 +408,15 @@ public:
     std::vector<buffer*> targets;
     std::vector<event_handle<B>> events;
     for (auto* x : bufs) {
-      if (x->state != residency::h2d) continue;
-      if (!x->event) guard_one(*x, h2d_);
-      detail::add_unique<B>(events, x->event);
+      if (x->state_ != residency::h2d) continue;
+      if (!x->event_) x->event_ = record(b_, h2d_);
+      detail::add_unique<B>(events, x->event_);
       targets.push_back(x);
     }
     for (auto const& e : events) detail::wait_at(detail::wait_site::use_after_load, b_, user, *e);
     for (auto* x : targets) {
-      x->state = residency::device;
-      x->event = nullptr;
+      x->state_ = residency::device;
+      x->event_ = nullptr;
     }
   }
 
@@ -198,43 +434,178 @@ public:
     settle(bufs);
     launch_offload(bufs, label);
     wait_offload(bufs, compute());
+    host_sync(bufs);
+  }
+
+  /// The host waits the last copy of each buffer at rest, so it may read (and write) their mirrors.
+  void host_sync(std::span<buffer* const> bufs) {
     std::vector<event_handle<B>> events;
-    for (auto* x : bufs) detail::add_unique<B>(events, x->event);
+    for (auto* x : bufs) detail::add_unique<B>(events, x->event_);
     for (auto const& e : events) b_.synchronize(*e);
     for (auto* x : bufs) {
-      x->event = nullptr;
-      if (x->mirror != nullptr) detail::note_host_read(b_, x->mirror, x->bytes);
+      x->event_ = nullptr;
+      if (x->mirror_ != nullptr && x->state_ == residency::host) detail::note_host_read(b_, x->mirror_, x->bytes_);
     }
   }
 
-  /// Gives a pool-owned mirror back to the pool; its bytes may be reused after `last_use`.
-  void release_mirror(buffer& x, event_handle<B> last_use = {}) {
-    if (x.owns_mirror && x.mirror != nullptr) pool_.deallocate({x.mirror, x.bytes}, std::move(last_use));
-    x.mirror = nullptr;
-    x.owns_mirror = false;
+  // ----- staging arenas ---------------------------------------------------------------------------
+
+  /// Allocates `bytes` for an arena on the h2d stream (its first user).
+  void allocate_arena(staging_arena<B>& a, std::size_t bytes) {
+    if (a.base) throw state_error("allocate_arena: the staging arena is already allocated");
+    a.base = bytes ? b_.allocate_device(bytes, h2d_) : device_pointer_t<B>{};
+    a.bytes = bytes;
+    a.fence = nullptr;
   }
 
-  /// Releases device storage on `s` (stream-ordered: behind the work enqueued on `s`).
-  void release_device(buffer& x, stream_type s) {
-    if (!x.device) return;
-    auto const d = x.device;
-    x.device = {};
+  /// Releases an arena, stream-ordered on the d2h stream behind the h2d stream's work so far (the
+  /// arena was allocated there, and its loads were enqueued there: wait_site::arena_release), then
+  /// orders the compute stream behind the release so the memory is reusable by the next forward.
+  /// Precondition: no buffer views the arena any more, every buffer loaded into it having been
+  /// offloaded out of it (its D2Hs precede the release on the d2h stream, each behind the compute work
+  /// that used the bytes: offload_after_compute).
+  void release_arena(staging_arena<B>& a) {
+    if (!a.base) return;
+    detail::wait_at(detail::wait_site::arena_release, b_, d2h_, b_.record_event(h2d_));
+    b_.deallocate_device(a.base, a.bytes, d2h_);
+    a = staging_arena<B>{};
+    detail::wait_at(detail::wait_site::gate_after_offload, b_, compute(), b_.record_event(d2h_));
+  }
+
+  // ----- copies of bytes that do not move ---------------------------------------------------------
+
+  /// Copies device bytes that stay on the device into pinned host memory and synchronizes the host
+  /// with the copies (then the host may read them): the d2h stream waits the compute work first. If
+  /// a copy fails, `in_flight` is set to an event covering the copies enqueued before it (the host
+  /// bytes may be reused only after it; null when none was enqueued or no event could be recorded).
+  void copy_to_host(std::span<host_copy<B> const> copies, event_handle<B>& in_flight,
+                    char const* label = "copy to host") {
+    if (copies.empty()) return;
+    detail::scoped_label<B> l(b_, label);
+    detail::wait_at(detail::wait_site::offload_after_compute, b_, d2h_, b_.record_event(compute()));
+    std::size_t enqueued = 0;
     try {
-      b_.deallocate_device(d, x.bytes, s);
+      for (auto const& c : copies) {
+        if (c.bytes) b_.copy_d2h(c.host, c.device, c.bytes, d2h_);
+        ++enqueued;
+      }
+      b_.synchronize(b_.record_event(d2h_));
     } catch (...) {
-      x.device = d;
+      if (enqueued > 0) in_flight = try_record(d2h_);
       throw;
     }
+    for (auto const& c : copies) {
+      if (c.bytes) detail::note_host_read(b_, c.host, c.bytes);
+    }
+  }
+
+  /// Copies pinned host bytes into device storage on the h2d stream and orders the compute stream
+  /// behind them. `in_flight` is set to the event of the copies: the host bytes may be reused after
+  /// it (on failure: covering the copies enqueued, or null).
+  void copy_to_device(std::span<host_copy<B> const> copies, event_handle<B>& in_flight,
+                      char const* label = "copy to device") {
+    if (copies.empty()) return;
+    detail::scoped_label<B> l(b_, label);
+    std::size_t enqueued = 0;
+    try {
+      for (auto const& c : copies) {
+        if (c.bytes) b_.copy_h2d(c.device, c.host, c.bytes, h2d_);
+        ++enqueued;
+      }
+      in_flight = record(b_, h2d_);
+    } catch (...) {
+      if (enqueued > 0 && !in_flight) in_flight = try_record(h2d_);
+      throw;
+    }
+    detail::wait_at(detail::wait_site::use_after_load, b_, compute(), *in_flight);
+  }
+
+  /// Device storage for the caller, stream-ordered on the h2d stream (its first user).
+  [[nodiscard]] device_pointer_t<B> allocate_device(std::size_t bytes) {
+    return bytes ? b_.allocate_device(bytes, h2d_) : device_pointer_t<B>{};
+  }
+  /// Releases storage from allocate_device behind the copies enqueued on the h2d stream.
+  void deallocate_device(device_pointer_t<B> d, std::size_t bytes) {
+    if (d) b_.deallocate_device(d, bytes, h2d_);
+  }
+
+  /// Replaces a device-resident buffer's storage with `fresh` (same size); the old storage is
+  /// released on the compute stream, behind the work that used it.
+  void replace_device(buffer& x, device_pointer_t<B> fresh) {
+    if (x.state_ != residency::device) {
+      throw state_error("replace_device: swap buffer is " + std::string(to_string(x.state_)) + ", not device");
+    }
+    auto const old = x.device_;
+    x.device_ = fresh;
+    if (old) b_.deallocate_device(old, x.bytes_, compute());
   }
 
 private:
+  template <class S>
+  static constexpr bool is_arena = !std::is_same_v<S, per_buffer_storage>;
+
+  static void require_empty(buffer const& x, char const* op) {
+    if (x.state_ != residency::host || x.device_) {
+      throw state_error(std::string(op) + ": swap buffer of " + std::to_string(x.bytes_) +
+                        " bytes already has device storage");
+    }
+  }
+
+  /// Arena copies: when every buffer of the layout is a target, one copy per run; otherwise (after
+  /// an interrupted step) one per target. `moved` is called for each buffer once its copy is
+  /// enqueued. Views are set for loads.
+  template <class Storage, class Copy, class Moved>
+  void copy_runs(std::span<buffer* const> bufs, std::vector<buffer*> const& targets, Storage& storage,
+                 Copy copy, Moved moved, residency from) {
+    auto const& lay = storage.layout;
+    if (lay.offset.size() != bufs.size()) {
+      throw state_error("staging layout of " + std::to_string(lay.offset.size()) + " buffers used for a batch of " +
+                        std::to_string(bufs.size()));
+    }
+    if (lay.bytes > storage.arena.bytes) {
+      throw state_error("staging arena of " + std::to_string(storage.arena.bytes) + " bytes is smaller than the " +
+                        std::to_string(lay.bytes) + " bytes its batch needs");
+    }
+    auto const base = storage.arena.base;
+    for (auto* x : targets) {
+      if (x->mirror_ == nullptr) throw state_error("swap buffer staged in an arena has no host mirror");
+    }
+    bool whole = true;
+    for (auto* x : bufs) whole = whole && (x->state_ == from || x->bytes_ == 0);
+    for (std::size_t i = 0; i < bufs.size(); ++i) {
+      if (from == residency::host && bufs[i]->state_ == from) bufs[i]->device_ = base + lay.offset[i];
+    }
+    if (whole) {
+      std::vector<std::size_t> order(bufs.size());
+      std::iota(order.begin(), order.end(), std::size_t{0});
+      std::sort(order.begin(), order.end(), [&](auto a, auto c) { return lay.offset[a] < lay.offset[c]; });
+      std::size_t k = 0;
+      for (auto const& r : lay.runs) {
+        copy(bufs[r.first]->mirror_, base + r.offset, r.bytes);
+        while (k < order.size() && lay.offset[order[k]] < r.offset + r.bytes) {
+          auto* x = bufs[order[k]];
+          if (x->state_ == from && x->bytes_ > 0) moved(*x);
+          ++k;
+        }
+      }
+      return;
+    }
+    for (std::size_t i = 0; i < bufs.size(); ++i) {
+      auto* x = bufs[i];
+      if (x->state_ != from || x->bytes_ == 0) continue;
+      if (std::find(targets.begin(), targets.end(), x) == targets.end()) continue;
+      copy(x->mirror_, base + lay.offset[i], x->bytes_);
+      moved(*x);
+    }
+  }
+
   /// Buffers in `from` state; zero-byte ones move straight to `to` (nothing to copy).
   std::vector<buffer*> select(std::span<buffer* const> bufs, residency from, residency to) {
     std::vector<buffer*> out;
     for (auto* x : bufs) {
-      if (x->state != from) continue;
-      if (x->bytes == 0) {
-        x->state = to;
+      if (x->state_ != from) continue;
+      if (x->bytes_ == 0) {
+        x->state_ = to;
         continue;
       }
       out.push_back(x);
@@ -242,18 +613,40 @@ private:
     return out;
   }
 
-  void guard(std::span<buffer* const> done, stream_type s) {
-    if (done.empty()) return;
+  event_handle<B> try_record(stream_type s) noexcept {
+    try {
+      return record(b_, s);
+    } catch (...) {
+      return {};
+    }
+  }
+
+  /// Records one event on `s` for the buffers of `bufs` that are in flight.
+  event_handle<B> guard(std::span<buffer* const> bufs, stream_type s) {
+    if (bufs.empty()) return {};
     event_handle<B> e;
     try {
       e = record(b_, s);
     } catch (...) {
-      return; // left null: the next wait records a covering event on the same stream
+      return {}; // left null: the next wait records a covering event on the same stream
     }
-    for (auto* x : done) x->event = e;
+    for (auto* x : bufs) {
+      if (!x->at_rest()) x->event_ = e;
+    }
+    return e;
   }
 
-  void guard_one(buffer& x, stream_type s) { x.event = record(b_, s); }
+  void release_storage(buffer& x, stream_type s) {
+    if (!x.device_) return;
+    auto const d = x.device_;
+    x.device_ = {};
+    try {
+      b_.deallocate_device(d, x.bytes_, s);
+    } catch (...) {
+      x.device_ = d;
+      throw;
+    }
+  }
 
   B& b_;
   pinned_pool<B> pool_;

@@ -10,124 +10,39 @@
 //   Kernels::init_master(B&, stream, param, master, numel, dtype)
 //
 // adam_tensor<B> and the policy's contract are in <pipeswap/optim/adam_tensor.hpp>. adam_kernels<B> is
-// the default policy: specialised for the mock backend here (host math in mock kernels) and for the
-// CUDA backend in <pipeswap/optim/cuda/adam_kernels.hpp> (fused kernels; include that header too, and
-// <pipeswap/optim/cuda/adam_kernels.cuh> in one .cu file — docs/cuda.md). A user backend passes its
-// own policy.
+// the default policy, specialised next to each backend: the mock's in
+// <pipeswap/backend/mock/adam_kernels.hpp> (host math in mock kernels), CUDA's in
+// <pipeswap/optim/cuda/adam_kernels.hpp> (fused kernels; include that header too, and
+// <pipeswap/optim/cuda/adam_kernels.cuh> in one .cu file — docs/cuda.md). A user backend specialises
+// adam_kernels<B> or passes its own policy; host_adam_kernels<B>
+// (<pipeswap/optim/host_adam_kernels.hpp>) is a complete one for backends whose memory the host can
+// address.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
+#include <charconv>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <span>
 #include <string>
 #include <vector>
 
 #include <pipeswap/backend/concepts.hpp>
-#include <pipeswap/backend/mock.hpp>
 #include <pipeswap/core/dtype.hpp>
-#include <pipeswap/core/half.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/optim/adam_math.hpp>
 #include <pipeswap/optim/adam_tensor.hpp>
 #include <pipeswap/optim/concepts.hpp>
-#include <pipeswap/swap/slot.hpp>
+#include <pipeswap/optim/host_adam_kernels.hpp>
+#include <pipeswap/optim/state.hpp>
 
 namespace pipeswap {
-
-namespace detail {
-
-/// Calls f(P{}) with P the storage type of `t` (float, bf16, f16).
-template <class F>
-decltype(auto) with_storage_type(dtype t, F&& f) {
-  switch (t) {
-  case dtype::bf16: return f(bf16{});
-  case dtype::f16: return f(f16{});
-  default: return f(float{});
-  }
-}
-
-/// One range in host-addressable memory, no checks: with a master, the update of the fp32 master then
-/// its rounding into the parameter; without, the update of the parameter in place. `vmax` may be
-/// null unless s.amsgrad. The host-executed kernels (mock, user backends) and the tests call it.
-inline void adam_range_unchecked(adam_step_scalars const& s, dtype param_type, dtype grad_type, void* param,
-                                 void const* grad, float* exp_avg, float* exp_avg_sq, float* vmax,
-                                 float* master, std::size_t n) {
-  with_storage_type(grad_type, [&](auto g0) {
-    using G = decltype(g0);
-    auto const* g = static_cast<G const*>(grad);
-    with_storage_type(param_type, [&](auto p0) {
-      using P = decltype(p0);
-      if (master != nullptr) {
-        adam_update_unchecked<float, G>(s, master, g, exp_avg, exp_avg_sq, vmax, n);
-        cast_master_to_param_unchecked<P>(master, static_cast<P*>(param), n);
-      } else {
-        adam_update_unchecked<P, G>(s, static_cast<P*>(param), g, exp_avg, exp_avg_sq, vmax, n);
-      }
-    });
-  });
-}
-
-/// The range through a mock kernel's views (declared regions only).
-template <class View>
-void adam_range_host(View const& k, adam_tensor<mock::backend> const& t, adam_step_scalars const& s) {
-  auto const n = t.numel;
-  auto f32 = [&](device_ptr p) { return k.template write<float>(p, n).data(); };
-  adam_range_unchecked(s, t.param_type, t.grad_type,
-                       k.template write<std::byte>(t.param, n * size_of(t.param_type)).data(),
-                       k.template read<std::byte>(t.grad, n * size_of(t.grad_type)).data(), f32(t.exp_avg),
-                       f32(t.exp_avg_sq), s.amsgrad ? f32(t.max_exp_avg_sq) : nullptr,
-                       t.master ? f32(t.master) : nullptr, n);
-}
-
-} // namespace detail
-
-/// Mock backend: one mock kernel per batch, declaring every range it reads and writes, running the
-/// host math (so results equal the CUDA kernels' bit for bit — they share adam_element). Checks the
-/// batch as the CUDA policy does (validate_adam_batch) before launching.
-template <>
-struct adam_kernels<mock::backend> {
-  void update(mock::backend& b, mock::stream s, std::span<adam_tensor<mock::backend> const> ts,
-              std::span<adam_step_scalars const> scalars) const {
-    validate_adam_batch(ts, scalars);
-    std::vector<mock::region> reads, writes;
-    for (auto const& t : ts) {
-      if (t.numel == 0) continue;
-      reads.push_back({t.grad, t.numel * size_of(t.grad_type)});
-      writes.push_back({t.param, t.numel * size_of(t.param_type)});
-      writes.push_back({t.exp_avg, t.numel * 4});
-      writes.push_back({t.exp_avg_sq, t.numel * 4});
-      if (t.max_exp_avg_sq) writes.push_back({t.max_exp_avg_sq, t.numel * 4});
-      if (t.master) writes.push_back({t.master, t.numel * 4});
-    }
-    b.launch(s, {"adam", std::move(reads), std::move(writes), std::nullopt},
-             [ts = std::vector(ts.begin(), ts.end()),
-              sc = std::vector(scalars.begin(), scalars.end())](mock::kernel_context const& k) {
-               for (auto const& t : ts) {
-                 if (t.numel != 0) detail::adam_range_host(k, t, sc[t.scalars]);
-               }
-             });
-  }
-
-  void init_master(mock::backend& b, mock::stream s, device_ptr param, device_ptr master,
-                   std::size_t numel, dtype type) const {
-    b.launch(s, {"init master", {{param, numel * size_of(type)}}, {{master, numel * 4}}, std::nullopt},
-             [=](mock::kernel_context const& k) {
-               auto out = k.write<float>(master, numel);
-               detail::with_storage_type(type, [&](auto p0) {
-                 using P = decltype(p0);
-                 auto in = k.read<P>(param, numel);
-                 for (std::size_t i = 0; i < numel; ++i) out[i] = to_float(in[i]);
-               });
-             });
-  }
-};
 
 template <backend B, class Kernels = adam_kernels<B>>
 class adam {
 public:
+  using optimizer_concept = optimizer_tag;
   using backend_type = B;
   static constexpr bool splittable = true;
 
@@ -147,15 +62,17 @@ public:
   };
 
   explicit adam(B& b, adam_config cfg = {}, Kernels kernels = {})
-      : b_(b), cfg_(cfg), kernels_(std::move(kernels)) {
+      : b_(b), cfg_(cfg), kernels_(std::move(kernels)), state_(b) {
     cfg_.validate();
   }
   adam(adam const&) = delete;
   adam& operator=(adam const&) = delete;
 
-  /// Registers a parameter and creates its state slots; returns its index. Register every parameter
-  /// before constructing the optimizer_swap that manages them.
+  /// Registers a parameter and describes its state slots; returns its index. Refused (state_error)
+  /// while an optimizer_swap manages this optimizer: destroy the runtime, add the parameter, build a
+  /// new runtime; the state of the other parameters carries over.
   std::size_t add_param(param_desc d) {
+    state_.require_detached("adam::add_param");
     if (!detail::is_adam_storage(d.type) || !detail::is_adam_storage(d.grad_type)) {
       throw invalid_argument("adam::add_param: parameter " + std::to_string(params_.size()) +
                              " has type " + std::string(name_of(d.type)) + "/" +
@@ -171,14 +88,8 @@ public:
     u.param = i;
     u.numel = d.numel;
     auto make = [&](state_key k, slot_init init) {
-      auto& s = slots_.emplace_back();
-      s.param = i;
-      s.key = k;
-      s.type = dtype::f32;
-      s.numel = d.numel;
-      s.init = init;
-      u.slots.push_back(&s);
-      slot_ptrs_.push_back(&s);
+      u.slots.push_back(slots_.size());
+      slots_.push_back({i, k, dtype::f32, d.numel, init});
     };
     make(state_key::exp_avg, slot_init::zeros);
     make(state_key::exp_avg_sq, slot_init::zeros);
@@ -199,11 +110,12 @@ public:
 
   void validate() { cfg_.validate(); }
 
-  std::span<swap_slot<B>* const> slots() { return slot_ptrs_; }
+  std::span<slot_desc const> slots() const noexcept { return slots_; }
+  optimizer_state<B>& swap_state() noexcept { return state_; }
 
-  void initialize(swap_slot<B>& s) {
-    auto const& d = params_.at(s.param).desc;
-    kernels_.init_master(b_, b_.current_stream(), d.param, s.device_at(0), d.numel, d.type);
+  void initialize(std::size_t slot, device_pointer_t<B> dst) {
+    auto const& d = params_.at(slots_.at(slot).param).desc;
+    kernels_.init_master(b_, b_.current_stream(), d.param, dst, d.numel, d.type);
   }
 
   step_context prepare_step() {
@@ -233,9 +145,9 @@ public:
     return ctx;
   }
 
-  std::span<update_unit<B> const> update_units(step_context&) { return units_; }
+  std::span<update_unit const> update_units(step_context&) { return units_; }
 
-  void update(std::span<unit_range const> batch, step_context& ctx) {
+  void update(std::span<unit_range const> batch, step_context& ctx, state_view<B> const& view) {
     std::vector<adam_tensor<B>> ts;
     ts.reserve(batch.size());
     for (auto const& r : batch) {
@@ -248,9 +160,9 @@ public:
       t.param_type = d.type;
       t.grad_type = d.grad_type;
       t.scalars = ctx.unit_scalars[r.unit];
-      for (auto* s : u.slots) {
-        auto const p = s->device_at(r.begin);
-        switch (s->key) {
+      for (auto const si : u.slots) {
+        auto const p = view.device_at(si, r.begin);
+        switch (slots_[si].key) {
         case state_key::exp_avg: t.exp_avg = p; break;
         case state_key::exp_avg_sq: t.exp_avg_sq = p; break;
         case state_key::max_exp_avg_sq: t.max_exp_avg_sq = p; break;
@@ -330,10 +242,10 @@ private:
   adam_config cfg_;
   Kernels kernels_;
   std::vector<param_state> params_;
-  std::deque<swap_slot<B>> slots_;
-  std::vector<swap_slot<B>*> slot_ptrs_;
-  std::vector<update_unit<B>> all_units_;
-  std::vector<update_unit<B>> units_;
+  std::vector<slot_desc> slots_;
+  std::vector<update_unit> all_units_;
+  std::vector<update_unit> units_;
+  optimizer_state<B> state_; // last: destroyed first, while the backend is still there
 };
 
 /// AdamW: Adam with decoupled weight decay (PyTorch's default weight_decay for AdamW is 0.01).
@@ -355,8 +267,5 @@ private:
     return c;
   }
 };
-
-static_assert(swap_optimizer<adam<mock::backend>>);
-static_assert(swap_optimizer<adamw<mock::backend>>);
 
 } // namespace pipeswap

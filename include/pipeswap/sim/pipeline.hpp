@@ -46,6 +46,7 @@
 
 #include <pipeswap/activation/activation_swap.hpp>
 #include <pipeswap/backend/mock.hpp>
+#include <pipeswap/backend/mock/adam_kernels.hpp>
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/optim/adam.hpp>

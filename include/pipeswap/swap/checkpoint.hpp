@@ -20,6 +20,7 @@
 // of an asynchronous save touches only its own buffer and the file system.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -35,7 +36,6 @@
 #include <vector>
 
 #include <pipeswap/backend/concepts.hpp>
-#include <pipeswap/core/detail/mutation.hpp>
 #include <pipeswap/core/event_handle.hpp>
 #include <pipeswap/core/pinned_pool.hpp>
 #include <pipeswap/error.hpp>
@@ -47,7 +47,8 @@
 #include <pipeswap/swap/detail/checkpoint_schema.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
 #include <pipeswap/swap/partition.hpp>
-#include <pipeswap/swap/slot.hpp>
+#include <pipeswap/optim/state.hpp>
+#include <pipeswap/core/transfer.hpp>
 
 namespace pipeswap {
 
@@ -151,11 +152,10 @@ void require_checkpointable(optimizer_swap<O, P>& rt, char const* op) {
 }
 
 /// The tensors a checkpoint of `slots` holds, in slot order; names are checked to be distinct.
-template <backend B>
-std::vector<checkpoint_entry> checkpoint_entries(std::span<swap_slot<B>* const> slots, char const* op) {
+inline std::vector<checkpoint_entry> checkpoint_entries(std::span<slot_desc const> slots, char const* op) {
   std::vector<checkpoint_entry> out;
   out.reserve(slots.size());
-  for (auto const* s : slots) out.push_back({checkpoint_tensor_name(s->param, s->key), s->type, s->numel});
+  for (auto const& s : slots) out.push_back({checkpoint_tensor_name(s.param, s.key), s.type, s.numel});
   check_unique_names(out, op);
   return out;
 }
@@ -186,8 +186,8 @@ private:
 ///
 /// Construction quiesces the runtime (every swappable piece host-resident, its mirror complete and
 /// host-synchronized, device storage released), copies the slots that never leave the device into
-/// one pinned block from the engine's pool (D2H on the engine's d2h stream behind the compute work,
-/// host-synchronized), and declares the host reads to the backend. sources() then points straight
+/// one pinned block from the engine's pool (transfer_engine::copy_to_host: D2H on the d2h stream
+/// behind the compute work, host-synchronized), and declares the host reads to the backend. sources() then points straight
 /// at the mirrors and the block (no copy). The destructor gives the block back to the pool.
 template <swap_optimizer O, partition_policy P>
 class checkpoint_snapshot {
@@ -195,12 +195,12 @@ public:
   using B = typename O::backend_type;
 
   explicit checkpoint_snapshot(optimizer_swap<O, P>& rt)
-      : x_(rt.engine()), b_(x_.backend()), block_(x_.pool()) {
+      : engine_(rt.engine()), b_(engine_.backend()), block_(engine_.pool()), rt_(rt) {
     constexpr char const* op = "checkpoint save";
     require_checkpointable(rt, op);
     auto& opt = rt.optimizer();
     auto const slots = opt.slots();
-    auto const entries = checkpoint_entries<B>(slots, op);
+    auto const entries = checkpoint_entries(slots, op);
     for (auto const& [k, v] : opt.metadata()) {
       if (std::string_view(k).starts_with(checkpoint_reserved_prefix)) {
         throw invalid_argument(std::string(op) + ": the optimizer's metadata key " + io::detail::quote(k) +
@@ -216,29 +216,31 @@ public:
     std::vector<std::size_t> offset(slots.size(), 0);
     std::size_t resident = 0;
     for (std::size_t i = 0; i < slots.size(); ++i) {
-      auto const* s = slots[i];
-      if (s->swappable || s->bytes() == 0) continue;
+      auto const& s = slots[i];
+      if (rt.is_swappable(i) || s.bytes() == 0) continue;
       offset[i] = resident;
-      resident += checkpoint_align(s->bytes());
+      resident += checkpoint_align(s.bytes());
     }
     if (resident > 0) copy_resident(slots, offset, resident);
 
     sources_.reserve(slots.size());
     for (std::size_t i = 0; i < slots.size(); ++i) {
-      auto const* s = slots[i];
+      auto const& s = slots[i];
       std::span<std::byte const> bytes;
-      if (s->bytes() > 0) {
-        if (!s->swappable) {
-          bytes = {block_.blk.ptr + offset[i], s->bytes()};
-        } else if (s->mirror.ptr == nullptr || s->mirror.bytes != s->bytes()) {
-          throw state_error(std::string(op) + ": swap slot '" + s->name() +
-                            "' is swappable but has no complete host mirror");
+      if (s.bytes() > 0) {
+        if (!rt.is_swappable(i)) {
+          bytes = {block_.blk.ptr + offset[i], s.bytes()};
         } else {
-          bytes = {s->mirror.ptr, s->bytes()};
+          auto const m = rt.host_mirror(i);
+          if (m.data() == nullptr || m.size() != s.bytes()) {
+            throw state_error(std::string(op) + ": swap slot '" + s.name() +
+                              "' is swappable but has no complete host mirror");
+          }
+          bytes = m;
         }
         note_host_read(b_, bytes.data(), bytes.size());
       }
-      sources_.push_back({entries[i].name, s->type, {s->numel}, bytes});
+      sources_.push_back({entries[i].name, s.type, {s.numel}, bytes});
     }
   }
 
@@ -249,35 +251,32 @@ public:
   [[nodiscard]] io::metadata_map const& metadata() const noexcept { return meta_; }
 
 private:
-  void copy_resident(std::span<swap_slot<B>* const> slots, std::span<std::size_t const> offset,
-                     std::size_t bytes) {
-    scoped_label<B> l(b_, "checkpoint save");
-    block_.blk = x_.pool().allocate(bytes, x_.d2h());
-    std::size_t enqueued = 0;
+  void copy_resident(std::span<slot_desc const> slots, std::span<std::size_t const> offset, std::size_t bytes) {
+    block_.blk = engine_.pool().allocate(bytes, engine_.d2h());
+    std::vector<host_copy<B>> copies;
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      if (rt_.is_swappable(i) || slots[i].bytes() == 0) continue;
+      copies.push_back({block_.blk.ptr + offset[i], rt_.resident_device(i), slots[i].bytes()});
+    }
+    event_handle<B> in_flight;
     try {
-      wait_at(wait_site::offload_after_compute, b_, x_.d2h(), b_.record_event(x_.compute()));
-      for (std::size_t i = 0; i < slots.size(); ++i) {
-        auto const* s = slots[i];
-        if (s->swappable || s->bytes() == 0) continue;
-        b_.copy_d2h(block_.blk.ptr + offset[i], s->device_at(0), s->bytes(), x_.d2h());
-        ++enqueued;
-      }
-      b_.synchronize(b_.record_event(x_.d2h()));
+      engine_.copy_to_host(copies, in_flight, "checkpoint save");
     } catch (...) {
-      if (enqueued > 0) { // copies may be in flight: the block is reused only behind them
-        try {
-          block_.last_use = record(b_, x_.d2h());
-        } catch (...) { // cannot order a reuse: keep the block out of the pool
-          block_.blk = {};
-        }
+      // Copies may be in flight: the block is reused only behind them; without an event to order a
+      // reuse, the block stays out of the pool.
+      if (in_flight) {
+        block_.last_use = in_flight;
+      } else {
+        block_.blk = {};
       }
       throw;
     }
   }
 
-  transfer_engine<B>& x_;
+  transfer_engine<B>& engine_;
   B& b_;
   pool_block<B> block_;
+  optimizer_swap<O, P>& rt_;
   std::vector<io::tensor_source> sources_;
   io::metadata_map meta_;
 };
@@ -285,11 +284,10 @@ private:
 /// The non-swappable slots' new device storage, staged from the file before anything is replaced.
 template <backend B>
 struct staged_upload {
-  swap_slot<B>* slot = nullptr;
   std::size_t index = 0;  ///< of the slot (and its checkpoint entry)
+  std::size_t bytes = 0;
   std::size_t offset = 0; ///< in the pinned staging block
   device_pointer_t<B> fresh{};
-  bool allocated = false;
 };
 
 /// Replaces the optimizer's state with the contents of `file` (validated here first); see
@@ -303,7 +301,7 @@ void load_checkpoint_view(optimizer_swap<O, P>& rt, io::safetensors_view const& 
   auto& x = rt.engine();
   auto& b = x.backend();
   auto const slots = opt.slots();
-  auto const entries = checkpoint_entries<B>(slots, op);
+  auto const entries = checkpoint_entries(slots, op);
   auto const meta = check_checkpoint(file, entries, path);
 
   // Everything is validated. From here each step either succeeds or is undone; no value changes
@@ -313,17 +311,14 @@ void load_checkpoint_view(optimizer_swap<O, P>& rt, io::safetensors_view const& 
   std::vector<staged_upload<B>> uploads;
   std::size_t resident = 0;
   for (std::size_t i = 0; i < slots.size(); ++i) {
-    auto* s = slots[i];
-    if (s->swappable || s->bytes() == 0) continue;
-    uploads.push_back({s, i, resident, {}, false});
-    resident += checkpoint_align(s->bytes());
+    if (rt.is_swappable(i) || slots[i].bytes() == 0) continue;
+    uploads.push_back({i, slots[i].bytes(), resident, {}});
+    resident += checkpoint_align(slots[i].bytes());
   }
   pool_block<B> staging(x.pool());
   auto const old_meta = opt.metadata();
   bool meta_touched = false;
-  bool enqueued = false;
   try {
-    scoped_label<B> l(b, "checkpoint load");
     if (resident > 0) {
       staging.blk = x.pool().allocate_for_host(resident);
       note_host_write(b, staging.blk.ptr, staging.blk.bytes);
@@ -331,17 +326,15 @@ void load_checkpoint_view(optimizer_swap<O, P>& rt, io::safetensors_view const& 
         auto const& t = file.at(entries[u.index].name);
         std::memcpy(staging.blk.ptr + u.offset, t.bytes.data(), t.bytes.size());
       }
-      for (auto& u : uploads) {
-        u.fresh = b.allocate_device(u.slot->bytes(), x.h2d());
-        u.allocated = true;
-      }
-      enqueued = true;
-      for (auto const& u : uploads) b.copy_h2d(u.fresh, staging.blk.ptr + u.offset, u.slot->bytes(), x.h2d());
-      staging.last_use = record(b, x.h2d());
-      wait_at(wait_site::use_after_load, b, x.compute(), *staging.last_use);
+      for (auto& u : uploads) u.fresh = x.allocate_device(u.bytes);
+      std::vector<host_copy<B>> copies;
+      for (auto const& u : uploads) copies.push_back({staging.blk.ptr + u.offset, u.fresh, u.bytes});
+      x.copy_to_device(copies, staging.last_use, "checkpoint load");
     }
-    for (auto const* s : slots) {
-      if (s->swappable && s->bytes() > 0) note_host_write(b, s->mirror.ptr, s->bytes());
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      if (!rt.is_swappable(i) || slots[i].bytes() == 0) continue;
+      auto const m = rt.host_mirror(i);
+      note_host_write(b, m.data(), m.size());
     }
     meta_touched = true;
     try {
@@ -356,15 +349,11 @@ void load_checkpoint_view(optimizer_swap<O, P>& rt, io::safetensors_view const& 
       } catch (...) {
       }
     }
-    try {
-      if (enqueued && !staging.last_use) staging.last_use = record(b, x.h2d());
-    } catch (...) { // cannot order a reuse behind the copies: keep the block out of the pool
-      staging.blk = {};
-    }
+    bool const in_flight = std::any_of(uploads.begin(), uploads.end(), [](auto const& u) { return bool(u.fresh); });
+    if (in_flight && !staging.last_use) staging.blk = {}; // cannot order a reuse: keep it out of the pool
     for (auto& u : uploads) {
-      if (!u.allocated) continue;
       try {
-        b.deallocate_device(u.fresh, u.slot->bytes(), x.h2d()); // behind the copies that fill it
+        x.deallocate_device(u.fresh, u.bytes); // behind the copies that fill it
       } catch (...) { // left with the backend
       }
     }
@@ -373,17 +362,13 @@ void load_checkpoint_view(optimizer_swap<O, P>& rt, io::safetensors_view const& 
 
   // Commit: nothing below throws.
   for (std::size_t i = 0; i < slots.size(); ++i) {
-    auto* s = slots[i];
-    if (!s->swappable || s->bytes() == 0) continue;
+    if (!rt.is_swappable(i) || slots[i].bytes() == 0) continue;
     auto const& t = file.at(entries[i].name);
-    std::memcpy(s->mirror.ptr, t.bytes.data(), t.bytes.size());
+    std::memcpy(rt.host_mirror(i).data(), t.bytes.data(), t.bytes.size());
   }
   for (auto& u : uploads) {
-    auto& p = u.slot->pieces[0];
-    auto const old = p.device;
-    p.device = u.fresh;
-    try { // stream-ordered behind the updates that used it; saves of it were host-synchronized
-      b.deallocate_device(old, u.slot->bytes(), x.compute());
+    try { // the old storage is released stream-ordered behind the updates that used it
+      rt.replace_resident(runtime_access{}, u.index, u.fresh);
     } catch (...) { // a conforming backend does not fail here; a commit is never undone
     }
   }

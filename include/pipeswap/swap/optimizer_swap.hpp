@@ -1,9 +1,11 @@
 // pipeswap — the optimizer-state swap runtime.
 //
 // optimizer_swap<O, Partition> keeps an optimizer's swappable state in pinned host memory between
-// steps and streams it through the device during step(), in batches chosen by the partition policy:
+// steps and streams it through the device during step(), in batches chosen by the partition policy.
+// It is a client of transfer_engine: every state change, copy, release and wait of a piece goes
+// through the engine's life cycle (core/transfer.hpp); this file only orders the engine's calls.
 //
-// Per-tensor pipeline (the reference order, one batch ahead):
+// Per-tensor pipeline (the reference order, one batch ahead; per_buffer_storage):
 //     prefetch(0)
 //     for n: wait_prefetch(n); wait_offload(n-1); prefetch(n+1); update(n); offload(n)
 //     wait_offload(last)
@@ -11,26 +13,34 @@
 //   freed the batch before (so at most two batches are resident) and released on the d2h stream
 //   behind its own D2H. The compute stream waits only for the loads it consumes.
 //
-// Packed pipeline (two staging arenas, batch n in arena n % 2):
+// Packed pipeline (two staging arenas, batch n in arena n % 2; arena_storage):
 //     begin; prefetch(0, 0); prefetch(1, 1)
 //     for n: wait_prefetch(n); [n ≥ 2: wait_offload(n-2); finish_offload(n-2)]; activate(n);
 //            update(n); chain(n, n+2): D2H of n out of its arena, then H2D of n+2 into it
 //     drain the last two; end
 //   Swappable state lives in one exact-size pinned host arena per dtype, in slot order, so a batch is
-//   a few large copies (one per contiguous host run). The D2H of n and the H2D of n+2 are chained
-//   through an event; the compute stream only ever waits events.
+//   a few large copies (one per contiguous host run). The H2D of n+2 waits the D2H of n out of the
+//   same arena (wait_site::arena_reuse); the compute stream only ever waits events.
+//
+// Ownership (docs/optimizer.md): the state belongs to the optimizer (O::swap_state()). A runtime
+// attaches on construction (a second live runtime over one optimizer is refused), adopts what an
+// earlier runtime handed back, and hands everything back on destruction, so a new runtime with other
+// settings continues from the same bytes. The optimizer refuses new parameters while attached.
 //
 // Guarantees (docs/guarantees.md): results are bit-identical to the same optimizer without swap;
 // device memory holds at most the resident (non-swappable) state plus two batches (per-tensor) or
 // two arenas (packed); every release is stream-ordered behind the copy that reads it. If step()
 // throws, transfers in flight are drained, no piece is left in d2h or h2d, every state is intact, and
 // the next step() resumes the interrupted step from the batch that failed (the same gradients must
-// still be in place) — or discard_interrupted_step() abandons it.
+// still be in place) — or discard_interrupted_step() abandons it. The exception is a step_error that
+// names the batch, its parameters and the operation, with the original nested.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -49,16 +59,17 @@
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/optim/concepts.hpp>
+#include <pipeswap/optim/state.hpp>
 #include <pipeswap/swap/partition.hpp>
 #include <pipeswap/swap/slot.hpp>
 
 namespace pipeswap {
 
-/// Runtime knobs of optimizer_swap (the reference's SwapOptimizerConfig).
+/// Runtime knobs of optimizer_swap.
 struct swap_config {
   /// Number of batches a step is split into (clamped to the number of units); must be positive.
   std::size_t swap_times = 16;
-  /// State keys eligible for swap, by name; empty optional = every supported key.
+  /// State keys eligible for swap, by name, each once; empty optional = every supported key.
   std::optional<std::vector<std::string>> state_keys;
   /// Slots with fewer elements stay on the device.
   std::size_t min_numel = 1024;
@@ -66,13 +77,26 @@ struct swap_config {
   bool packed = true;
 
   void validate() const {
-    if (swap_times == 0) throw invalid_argument("SwapOptimizerConfig.swap_times must be positive.");
+    if (swap_times == 0) throw invalid_argument("swap_config::swap_times must be positive.");
     if (state_keys) (void)validate_state_keys(*state_keys);
   }
 };
 
-/// Which pipeline a runtime runs.
-enum class swap_pipeline : std::uint8_t { per_tensor, packed };
+/// A step failed: names the batch, its parameters and the operation; the original exception (the
+/// backend's, the optimizer's or the listener's) is nested (std::rethrow_if_nested).
+class step_error : public error {
+public:
+  step_error(std::string const& what, std::string op, std::optional<std::size_t> batch)
+      : error(what), op_(std::move(op)), batch_(batch) {}
+  /// The pipeline operation that failed ("prefetch", "update", "offload", "wait_offload", ...).
+  [[nodiscard]] std::string const& operation() const noexcept { return op_; }
+  /// The batch it failed in (none for work outside a batch, e.g. the staging arenas).
+  [[nodiscard]] std::optional<std::size_t> batch() const noexcept { return batch_; }
+
+private:
+  std::string op_;
+  std::optional<std::size_t> batch_;
+};
 
 template <swap_optimizer O, partition_policy P = balanced_partition>
 class optimizer_swap {
@@ -80,27 +104,39 @@ public:
   using optimizer_type = O;
   using backend_type = typename O::backend_type;
   using B = backend_type;
-  using slot_type = swap_slot<B>;
   using buffer = swap_buffer<B>;
   /// Receives "op:batch[:arena]" for every pipeline operation, in order (tests, tracing, progress).
   using listener = std::function<void(std::string_view)>;
 
+  /// Attaches to `opt`'s state and materializes it: adopts what an earlier runtime handed back,
+  /// creates the rest (zeros on the host, masters written and offloaded). Throws state_error when
+  /// another runtime is attached to `opt`, or its state was lost; invalid_argument for a bad config.
   optimizer_swap(transfer_engine<B>& engine, O& opt, swap_config cfg = {}, P policy = {})
-      : x_(engine), b_(engine.backend()), opt_(opt), cfg_(std::move(cfg)), policy_(policy) {
-    cfg_.validate();
-    opt_.validate();
+      : engine_(engine), b_(engine.backend()), opt_(opt), cfg_(std::move(cfg)), policy_(policy) {
     if constexpr (P::splits_units) {
       static_assert(O::splittable, "split_partition needs an optimizer whose update is elementwise");
+    }
+    cfg_.validate();
+    opt_.validate();
+    auto& home = opt_.swap_state();
+    if (home.attached()) {
+      throw state_error("optimizer_swap: the optimizer is already managed by another live optimizer_swap; "
+                        "destroy that runtime first (its state carries over to the next one)");
+    }
+    if (home.lost()) {
+      throw state_error("optimizer_swap: the optimizer's state was lost when an earlier runtime could not "
+                        "hand it back (its backend failed during destruction); build a new optimizer");
     }
     if (cfg_.state_keys) {
       keys_ = validate_state_keys(*cfg_.state_keys);
     } else {
       keys_.assign(supported_state_keys.begin(), supported_state_keys.end());
     }
+    home.set_attached(access(), true);
     try {
-      materialize();
+      adopt();
     } catch (...) {
-      release_all();
+      home.set_attached(access(), false);
       throw;
     }
   }
@@ -108,26 +144,40 @@ public:
   optimizer_swap(optimizer_swap const&) = delete;
   optimizer_swap& operator=(optimizer_swap const&) = delete;
 
-  ~optimizer_swap() { release_all(); }
+  /// Hands the state back to the optimizer (swapped slots in its host arenas, resident slots with
+  /// their device storage) and detaches. An interrupted step is abandoned. Never throws; if the
+  /// backend fails here, the state is marked lost (optimizer_state::lost()) and released.
+  ~optimizer_swap() { hand_back(); }
 
   /// Runs one optimizer step (or completes an interrupted one). See the header comment.
   void step() {
-    evacuate_stranded();
-    if (!pending_) pending_.emplace(step_state{opt_.prepare_step(), nullptr, 0});
-    auto& st = *pending_;
-    if (!st.d) plan_step(st);
-    if (cfg_.packed) {
-      run_packed(st);
-    } else {
-      try {
-        run_per_tensor(st);
-      } catch (...) {
-        recover_per_tensor(st);
-        throw;
+    where_ = {"step", std::nullopt};
+    try {
+      evacuate();
+      if (!pending_) pending_.emplace(step_state{opt_.prepare_step(), nullptr, 0});
+      auto& st = *pending_;
+      if (!st.d) plan_step(st);
+      if (cfg_.packed) {
+        try {
+          run_packed(st);
+        } catch (...) {
+          abort_packed(st);
+          throw;
+        }
+      } else {
+        try {
+          run_per_tensor(st);
+        } catch (...) {
+          recover_per_tensor(st);
+          throw;
+        }
       }
+      where_ = {"finish_step", std::nullopt};
+      opt_.finish_step(st.ctx);
+      pending_.reset();
+    } catch (...) {
+      rethrow_with_context();
     }
-    opt_.finish_step(st.ctx);
-    pending_.reset();
   }
 
   /// True after step() threw: the next step() finishes that step.
@@ -139,19 +189,16 @@ public:
   /// host-synchronized, device storage released (reference synchronize_cpu_mirrors). Must not be
   /// called from inside a step (it is not reentrant).
   void synchronize_cpu_mirrors() {
-    evacuate_stranded();
-    auto bufs = swappable_pieces();
-    x_.synchronize_to_host(bufs);
+    evacuate();
+    auto bufs = pieces(true);
+    engine_.synchronize_to_host(bufs);
   }
 
   void set_listener(listener l) { listener_ = std::move(l); }
 
   [[nodiscard]] O& optimizer() noexcept { return opt_; }
-  [[nodiscard]] transfer_engine<B>& engine() noexcept { return x_; }
+  [[nodiscard]] transfer_engine<B>& engine() noexcept { return engine_; }
   [[nodiscard]] swap_config const& config() const noexcept { return cfg_; }
-  [[nodiscard]] swap_pipeline pipeline() const noexcept {
-    return cfg_.packed ? swap_pipeline::packed : swap_pipeline::per_tensor;
-  }
   /// The batches of the last step.
   [[nodiscard]] batch_plan const& last_plan() const noexcept { return last_plan_; }
   /// Device bytes of state that never leaves the device.
@@ -162,32 +209,55 @@ public:
   [[nodiscard]] std::size_t arena_bytes() const noexcept { return arena_bytes_; }
   /// Bytes of the largest batch of the last step.
   [[nodiscard]] std::size_t max_batch_bytes() const noexcept { return max_batch_bytes_; }
-  /// Pinned bytes of the packed host arenas (0 for per-tensor).
-  [[nodiscard]] std::size_t host_arena_bytes() const noexcept {
-    std::size_t n = 0;
-    for (auto const& [t, a] : host_arenas_) n += a.bytes;
-    return n;
+  /// Pinned bytes of the host arenas that hold the swapped state.
+  [[nodiscard]] std::size_t host_arena_bytes() const noexcept { return opt_.swap_state().host_bytes(); }
+
+  // ----- the placement of one slot (checkpoints, tests) --------------------------------------------
+
+  /// Whether slot i (an index into the optimizer's slots()) is swapped.
+  [[nodiscard]] bool is_swappable(std::size_t i) const { return slot(i).swappable; }
+  /// The host mirror of swappable slot i (its bytes are current after synchronize_cpu_mirrors()).
+  [[nodiscard]] std::span<std::byte> host_mirror(std::size_t i) const {
+    auto const& s = slot(i);
+    if (!s.swappable) throw state_error("optimizer_swap: slot " + name(i) + " is not swapped and has no host mirror");
+    return {s.mirror, s.bytes()};
+  }
+  /// The device storage of non-swappable slot i.
+  [[nodiscard]] device_pointer_t<B> resident_device(std::size_t i) const {
+    auto const& s = slot(i);
+    if (s.swappable) throw state_error("optimizer_swap: slot " + name(i) + " is swapped and has no fixed device storage");
+    return s.pieces.at(0).device();
+  }
+  /// True when every piece of slot i is in `r`.
+  [[nodiscard]] bool slot_in(std::size_t i, residency r) const { return slot(i).all(r); }
+  /// True when no copy of any piece is in flight.
+  [[nodiscard]] bool at_rest() const noexcept {
+    for (auto const& s : slots_) {
+      for (auto const& p : s.pieces) {
+        if (!p.at_rest()) return false;
+      }
+    }
+    return true;
+  }
+
+  /// Checkpoint loads: gives non-swappable slot i the device storage `fresh` (same size, filled and
+  /// ordered before the compute stream's next work); the old one is released stream-ordered.
+  void replace_resident(detail::runtime_access, std::size_t i, device_pointer_t<B> fresh) {
+    auto& s = slots_.at(i);
+    engine_.replace_device(s.pieces.at(0), fresh);
   }
 
 private:
-  struct run {
-    dtype type;
-    std::size_t host_lo, host_hi; ///< byte range in the host arena of `type`
-    std::size_t arena_off;        ///< byte offset in the staging arena
-  };
-  /// Where each piece of a batch sits in the staging arena (packed pipeline).
-  struct packed_layout {
-    std::vector<run> runs;
-    std::vector<std::size_t> piece_run; ///< for bufs[n][i], its run
-    std::vector<std::size_t> piece_lo;  ///< for bufs[n][i], its byte offset in its host arena
-  };
+  using slot_type = detail::slot_storage<B>;
+
   /// A step's partition and the pieces it moves. Immutable once built; shared by every step whose
   /// units and slot layout are the same, so a steady training loop plans once.
   struct plan_data {
     batch_plan plan;
     std::vector<std::vector<buffer*>> bufs; // unique swappable pieces per batch
-    std::vector<std::vector<dtype>> types;  // the dtype of each of them
-    std::vector<packed_layout> packed;      // per batch (packed pipeline only)
+    std::vector<staging_layout> staging;    // per batch (packed pipeline only)
+    std::vector<std::size_t> first_param;   // per batch, the lowest and highest parameter (messages)
+    std::vector<std::size_t> last_param;
     std::size_t arena_size = 0;
     std::size_t max_batch_bytes = 0;
   };
@@ -196,154 +266,331 @@ private:
     std::shared_ptr<plan_data const> d; // null until planned
     std::size_t next = 0;               // first batch not yet updated
   };
+  struct position {
+    char const* op = "step";
+    std::optional<std::size_t> batch;
+  };
 
-  // ----- construction and teardown -----------------------------------------------------------------
+  static detail::runtime_access access() noexcept { return detail::runtime_access{}; }
 
-  [[nodiscard]] bool eligible(slot_type const& s) const {
+  slot_type const& slot(std::size_t i) const {
+    if (i >= slots_.size()) {
+      throw invalid_argument("optimizer_swap: slot index " + std::to_string(i) + " is out of range (" +
+                             std::to_string(slots_.size()) + " slots)");
+    }
+    return slots_[i];
+  }
+  std::string name(std::size_t i) const { return "'" + opt_.slots()[i].name() + "'"; }
+
+  // ----- attaching and handing back ----------------------------------------------------------------
+
+  [[nodiscard]] bool eligible(slot_desc const& s) const {
     return s.numel > 0 && s.numel >= cfg_.min_numel &&
            std::find(keys_.begin(), keys_.end(), s.key) != keys_.end();
   }
 
-  void materialize() {
-    auto slots = opt_.slots();
-    // Packed host arenas: one per dtype, slots in order, exact size.
-    if (cfg_.packed) {
-      std::map<dtype, std::size_t> sizes;
-      for (auto* s : slots) {
-        if (!eligible(*s)) continue;
-        s->packed = true;
-        s->host_offset = sizes[s->type];
-        sizes[s->type] += s->bytes();
-      }
-      for (auto [t, n] : sizes) {
-        auto blk = x_.pool().allocate_for_host(n);
-        host_arenas_[t] = blk;
+  /// Builds the runtime's storage from the optimizer's descriptions and what an earlier runtime
+  /// handed back. Either everything is adopted or nothing of the parked state changes.
+  void adopt() {
+    using rec_t = typename optimizer_state<B>::record;
+    using where = typename optimizer_state<B>::where;
+    auto& home = opt_.swap_state();
+    auto const descs = opt_.slots();
+    auto& recs = home.records(access());
+    auto& old_arenas = home.arenas(access());
+    if (recs.size() > descs.size()) {
+      throw state_error("optimizer_swap: the optimizer describes " + std::to_string(descs.size()) +
+                        " slots but its parked state holds " + std::to_string(recs.size()));
+    }
+    std::vector<rec_t> parked(recs.begin(), recs.end());
+    parked.resize(descs.size());
+    for (std::size_t i = 0; i < descs.size(); ++i) {
+      if (parked[i].at != where::none && parked[i].bytes != descs[i].bytes()) {
+        throw state_error("optimizer_swap: slot " + descs[i].name() + " has " + std::to_string(descs[i].bytes()) +
+                          " bytes but its parked state " + std::to_string(parked[i].bytes));
       }
     }
-    std::vector<buffer*> cold; // device-initialized swappable pieces to offload before step 1
-    for (auto* s : slots) {
-      s->swappable = eligible(*s);
-      s->pieces.assign(1, buffer{});
-      s->piece_begin.assign(1, 0);
-      auto& p = s->pieces[0];
-      p.bytes = s->bytes();
-      if (s->swappable) {
-        swappable_bytes_ += s->bytes();
-        if (s->packed) {
-          s->mirror = {host_arenas_.at(s->type).ptr + s->host_offset, s->bytes()};
-          s->owns_mirror = false;
+    // The host layout: one arena per dtype, eligible slots in order.
+    std::map<dtype, std::size_t> sizes;
+    std::vector<std::size_t> offset(descs.size(), 0);
+    for (std::size_t i = 0; i < descs.size(); ++i) {
+      if (!eligible(descs[i])) continue;
+      offset[i] = sizes[descs[i].type];
+      sizes[descs[i].type] += descs[i].bytes();
+    }
+    bool reuse = old_arenas.size() == sizes.size();
+    for (auto const& [t, n] : sizes) {
+      auto it = old_arenas.find(t);
+      reuse = reuse && it != old_arenas.end() && it->second.bytes == n;
+    }
+    for (std::size_t i = 0; i < descs.size() && reuse; ++i) {
+      if (parked[i].at != where::host) continue;
+      reuse = eligible(descs[i]) && parked[i].host_type == descs[i].type && parked[i].host_offset == offset[i];
+    }
+    auto const bytes_ok = detail::holds_bytes(b_);
+    std::map<dtype, typename optimizer_state<B>::host_arena> arenas;
+    std::vector<device_pointer_t<B>> adopted_devices; // parked device storage now in pieces (rollback)
+    std::vector<std::size_t> copied_back;              // slots whose parked device bytes went to the host
+    try {
+      if (reuse) {
+        arenas = old_arenas;
+      } else {
+        for (auto const& [t, n] : sizes) arenas[t] = {n ? b_.allocate_host(n) : nullptr, n};
+      }
+      slots_.clear();
+      slots_.reserve(descs.size());
+      std::vector<buffer*> cold;             // device-initialized swappable pieces to offload
+      std::vector<host_copy<B>> to_host;     // parked device bytes of now-swappable slots
+      std::vector<host_copy<B>> to_device;   // parked host bytes of now-resident slots
+      for (std::size_t i = 0; i < descs.size(); ++i) {
+        auto const& d = descs[i];
+        auto const& r = parked[i];
+        auto& s = slots_.emplace_back();
+        s.swappable = eligible(d);
+        s.element_bytes = d.element_bytes();
+        s.numel = d.numel;
+        s.pieces.emplace_back(d.bytes());
+        s.piece_begin.assign(1, 0);
+        auto& p = s.pieces[0];
+        std::byte* const old_host =
+            r.at == where::host ? old_arenas.at(r.host_type).ptr + r.host_offset : nullptr;
+        if (s.swappable) {
+          swappable_bytes_ += d.bytes();
+          s.mirror = arenas.at(d.type).ptr + offset[i];
+          engine_.set_mirror(p, s.mirror);
+          if (r.at == where::host) {
+            if (!reuse && bytes_ok && d.bytes()) {
+              detail::note_host_read(b_, old_host, d.bytes());
+              detail::note_host_write(b_, s.mirror, d.bytes());
+              std::memcpy(s.mirror, old_host, d.bytes());
+            }
+          } else if (r.at == where::device) {
+            to_host.push_back({s.mirror, r.device, d.bytes()});
+            copied_back.push_back(i);
+          } else if (d.init == slot_init::zeros) {
+            fill_zero(s.mirror, d.bytes());
+          } else {
+            engine_.allocate(p, engine_.compute());
+            opt_.initialize(i, p.device());
+            cold.push_back(&p);
+          }
         } else {
-          s->mirror = x_.pool().allocate_for_host(s->bytes());
-          s->owns_mirror = true;
+          resident_bytes_ += d.bytes();
+          if (r.at == where::device) {
+            engine_.adopt_device(p, r.device);
+            adopted_devices.push_back(r.device);
+          } else if (r.at == where::host) {
+            auto const fresh = engine_.allocate_device(d.bytes());
+            try {
+              engine_.adopt_device(p, fresh);
+            } catch (...) {
+              engine_.deallocate_device(fresh, d.bytes());
+              throw;
+            }
+            to_device.push_back({old_host, fresh, d.bytes()});
+          } else if (d.init == slot_init::zeros) {
+            zero_on_device(p);
+          } else {
+            engine_.allocate(p, engine_.compute());
+            opt_.initialize(i, p.device());
+          }
         }
-        p.mirror = s->mirror.ptr;
-      } else {
-        resident_bytes_ += s->bytes();
       }
-      if (s->init == slot_init::zeros && s->swappable) {
-        fill_zero(s->mirror);
-        p.state = residency::host;
-      } else if (s->init == slot_init::zeros) {
-        zero_on_device(p);
-      } else {
-        p.device = b_.allocate_device(p.bytes, x_.compute());
-        p.state = residency::device;
-        opt_.initialize(*s);
-        if (s->swappable) cold.push_back(&p);
+      event_handle<B> in_flight;
+      engine_.copy_to_host(to_host, in_flight, "adopt parked state");
+      if (!to_device.empty()) {
+        engine_.copy_to_device(to_device, in_flight, "adopt parked state");
+        b_.synchronize(*in_flight); // the old host arenas are freed below
       }
+      // Cold states leave the device before the first forward (reference offload_initial_slots).
+      engine_.launch_offload(cold, "offload initial");
+      engine_.wait_offload(cold, engine_.compute());
+    } catch (...) {
+      rollback(adopted_devices, reuse ? decltype(arenas){} : arenas);
+      throw;
     }
-    // Cold states leave the device before the first forward (reference offload_initial_slots).
-    offload_initial(cold);
+    // Commit: nothing below throws on a conforming backend.
+    auto const cs = engine_.compute();
+    try {
+      for (auto i : copied_back) b_.deallocate_device(parked[i].device, parked[i].bytes, cs);
+      if (!reuse) {
+        for (auto& [t, a] : old_arenas) {
+          if (a.ptr) b_.deallocate_host(a.ptr, a.bytes);
+        }
+      }
+    } catch (...) { // left with the backend; the state itself is adopted
+    }
+    old_arenas = std::move(arenas);
+    recs.assign(descs.size(), rec_t{});
   }
 
-  /// Packed mirrors are views of the host arena, so the same D2H lands each piece in its place.
-  void offload_initial(std::span<buffer* const> pieces) {
-    x_.launch_offload(pieces, "offload initial");
-    x_.wait_offload(pieces, x_.compute());
+  /// Undoes a failed adopt(): new storage is released, parked device storage is left where it was.
+  void rollback(std::vector<device_pointer_t<B>> const& adopted,
+                std::map<dtype, typename optimizer_state<B>::host_arena> const& fresh_arenas) noexcept {
+    try {
+      auto all = pieces(false);
+      engine_.settle(all);
+      engine_.host_sync(all);
+      for (auto& s : slots_) {
+        for (auto& p : s.pieces) {
+          if (p.state() == residency::device &&
+              std::find(adopted.begin(), adopted.end(), p.device()) != adopted.end()) {
+            (void)engine_.take_device(p); // parked storage: stays with the optimizer's state
+          } else {
+            engine_.discard_device(p, engine_.compute());
+          }
+        }
+      }
+      slots_.clear();
+      for (auto const& [t, a] : fresh_arenas) {
+        if (a.ptr) b_.deallocate_host(a.ptr, a.bytes);
+      }
+    } catch (...) { // what could not be released stays with the backend
+    }
+    resident_bytes_ = swappable_bytes_ = 0;
   }
 
-  void fill_zero(pinned_block blk) {
-    if (blk.bytes == 0 || !detail::holds_bytes(b_)) return;
-    detail::note_host_write(b_, blk.ptr, blk.bytes);
-    std::memset(blk.ptr, 0, blk.bytes);
+  /// Hands the state back to the optimizer (destructor). Never throws.
+  void hand_back() noexcept {
+    using where = typename optimizer_state<B>::where;
+    auto& home = opt_.swap_state();
+    auto& recs = home.records(access());
+    auto const descs = opt_.slots();
+    pending_.reset();
+    try {
+      evacuate();
+      auto all = pieces(false);
+      engine_.settle(all);
+      auto swapped = pieces(true);
+      engine_.synchronize_to_host(swapped, "hand back");
+      auto& arenas = home.arenas(access());
+      recs.assign(slots_.size(), {});
+      for (std::size_t i = 0; i < slots_.size(); ++i) {
+        auto& s = slots_[i];
+        auto& r = recs[i];
+        r.bytes = s.bytes();
+        if (s.swappable) {
+          r.at = where::host;
+          r.host_type = descs[i].type;
+          r.host_offset = static_cast<std::size_t>(s.mirror - arenas.at(descs[i].type).ptr);
+        } else {
+          r.at = where::device;
+          r.device = engine_.take_device(s.pieces.at(0));
+        }
+      }
+      slots_.clear();
+    } catch (...) {
+      home.set_lost(access());
+      try {
+        auto all = pieces(false);
+        engine_.settle(all);
+        for (auto& s : slots_) {
+          for (auto& p : s.pieces) engine_.discard_device(p, engine_.compute());
+        }
+      } catch (...) { // what could not be released stays with the backend
+      }
+      slots_.clear();
+      recs.assign(recs.size(), {});
+    }
+    home.set_attached(access(), false);
+  }
+
+  void fill_zero(std::byte* p, std::size_t n) {
+    if (n == 0 || !detail::holds_bytes(b_)) return;
+    detail::note_host_write(b_, p, n);
+    std::memset(p, 0, n);
   }
 
   /// A non-swappable zero state: device storage filled from a zeroed pinned block.
   void zero_on_device(buffer& p) {
-    if (p.bytes == 0) {
-      p.state = residency::device;
+    if (p.bytes() == 0) {
+      engine_.adopt_device(p, {});
       return;
     }
-    auto blk = x_.pool().allocate_for_host(p.bytes);
-    fill_zero(blk);
-    buffer tmp{p.bytes, {}, blk.ptr, true, residency::host, {}};
+    auto blk = engine_.pool().allocate_for_host(p.bytes());
+    fill_zero(blk.ptr, blk.bytes);
+    buffer tmp(p.bytes());
+    engine_.set_mirror(tmp, blk.ptr);
     buffer* one[] = {&tmp};
+    event_handle<B> used;
     try {
-      x_.launch_load(one, "zero state");
+      engine_.launch_load(one, "zero state");
+      used = tmp.event();
+      engine_.wait_load(one, engine_.compute());
+      engine_.adopt_device(p, engine_.take_device(tmp));
     } catch (...) {
-      x_.release_mirror(tmp);
+      engine_.pool().deallocate(blk, used);
+      if (tmp.state() == residency::device) engine_.discard_device(tmp, engine_.compute());
       throw;
     }
-    auto const used = tmp.event;
-    x_.wait_load(one, x_.compute());
-    x_.release_mirror(tmp, used);
-    p.device = tmp.device;
-    p.state = residency::device;
-  }
-
-  /// Releases every device byte and mirror this runtime holds. Never throws.
-  void release_all() noexcept {
-    try {
-      auto all = all_pieces();
-      x_.settle(all);
-      evacuate_stranded();
-      for (auto* s : opt_.slots()) {
-        for (auto& p : s->pieces) {
-          if (!s->packed) x_.release_device(p, x_.compute());
-          if (p.event) b_.synchronize(*p.event);
-          p = buffer{p.bytes, {}, nullptr, false, residency::host, {}};
-        }
-        if (s->owns_mirror) x_.pool().deallocate(s->mirror);
-        s->mirror = {};
-        s->owns_mirror = false;
-      }
-      for (auto& [t, blk] : host_arenas_) x_.pool().deallocate(blk);
-      host_arenas_.clear();
-    } catch (...) { // destructors never throw; what could not be released stays with the backend
-    }
+    engine_.pool().deallocate(blk, used);
   }
 
   // ----- steps -------------------------------------------------------------------------------------
 
+  void note(char const* op, std::optional<std::size_t> n = std::nullopt) { where_ = {op, n}; }
+
   void emit(char const* op) {
+    note(op);
     if (listener_) listener_(op);
   }
   void emit(char const* op, std::size_t n) {
+    note(op, n);
     if (listener_) listener_(std::string(op) + ":" + std::to_string(n));
   }
+  /// The reference's chain trace: "chain:n:next:arena", next "None" when there is none.
   void emit(char const* op, std::size_t n, std::optional<std::size_t> m, std::size_t a) {
+    note(op, n);
     if (listener_) {
       listener_(std::string(op) + ":" + std::to_string(n) + ":" + (m ? std::to_string(*m) : "None") +
                 ":" + std::to_string(a));
     }
   }
   void emit(char const* op, std::size_t n, std::size_t a) {
+    note(op, n);
     if (listener_) listener_(std::string(op) + ":" + std::to_string(n) + ":" + std::to_string(a));
+  }
+
+  [[noreturn]] void rethrow_with_context() {
+    auto const w = where_;
+    std::string what = "optimizer_swap::step: ";
+    what += w.op;
+    if (w.batch) {
+      what += " of batch " + std::to_string(*w.batch);
+      if (pending_ && pending_->d && *w.batch < pending_->d->first_param.size()) {
+        auto const lo = pending_->d->first_param[*w.batch], hi = pending_->d->last_param[*w.batch];
+        what += lo == hi ? " (parameter " + std::to_string(lo) + ")"
+                         : " (parameters " + std::to_string(lo) + " to " + std::to_string(hi) + ")";
+      }
+    }
+    what += " failed";
+    try {
+      throw;
+    } catch (std::exception const& e) {
+      what += ": ";
+      what += e.what();
+    } catch (...) {
+    }
+    what += pending_ ? "; the step is interrupted: step() resumes it, discard_interrupted_step() abandons it"
+                     : "; no step is pending";
+    std::throw_with_nested(step_error(what, w.op, w.batch));
   }
 
   /// Partitions the step and cuts the slots to match. The step context is created first and kept, so
   /// a failure here retries the same step instead of advancing step counts twice. The plan is reused
   /// while the units, their sizes and the slots' piece layout are unchanged.
   void plan_step(step_state& st) {
+    note("plan");
     auto units = opt_.update_units(st.ctx);
     std::vector<partition_item> items(units.size());
     std::vector<std::size_t> params(units.size());
     std::uint64_t layout = 0;
     for (std::size_t u = 0; u < units.size(); ++u) {
       std::uint64_t bpe = 0;
-      for (auto* s : units[u].slots) {
-        if (s->swappable) bpe += s->element_bytes();
-        layout += s->layout;
+      for (auto si : units[u].slots) {
+        auto const& s = slot(si);
+        if (s.swappable) bpe += s.element_bytes;
+        layout += s.layout;
       }
       items[u] = {units[u].numel, bpe};
       params[u] = units[u].param;
@@ -355,29 +602,42 @@ private:
     auto d = std::make_shared<plan_data>();
     d->plan = policy_(items, cfg_.swap_times);
     segment(units, d->plan);
+    auto const descs = opt_.slots();
     d->bufs.assign(d->plan.size(), {});
-    d->types.assign(d->plan.size(), {});
+    d->first_param.assign(d->plan.size(), 0);
+    d->last_param.assign(d->plan.size(), 0);
+    std::vector<std::vector<std::size_t>> regions(d->plan.size());
     std::unordered_set<buffer const*> seen; // dedup by piece identity, never by address values
     for (std::size_t n = 0; n < d->plan.size(); ++n) {
       std::size_t bytes = 0;
       seen.clear();
+      if (!d->plan[n].empty()) {
+        d->first_param[n] = units[d->plan[n].front().unit].param;
+        d->last_param[n] = units[d->plan[n].back().unit].param;
+      }
       for (auto const& r : d->plan[n]) {
-        for (auto* s : units[r.unit].slots) {
-          if (!s->swappable) continue;
-          auto* p = &s->pieces[s->piece_of(r.begin)];
+        for (auto si : units[r.unit].slots) {
+          auto& s = slots_[si];
+          if (!s.swappable) continue;
+          auto* p = &s.pieces[s.piece_of(r.begin)];
           if (seen.insert(p).second) {
             d->bufs[n].push_back(p);
-            d->types[n].push_back(s->type);
-            bytes += p->bytes;
+            regions[n].push_back(static_cast<std::size_t>(descs[si].type));
+            bytes += p->bytes();
           }
         }
       }
       d->max_batch_bytes = std::max(d->max_batch_bytes, bytes);
     }
-    if (cfg_.packed) layout_packed(*d);
+    if (cfg_.packed) {
+      for (std::size_t n = 0; n < d->plan.size(); ++n) {
+        d->staging.push_back(make_staging_layout<B>(d->bufs[n], regions[n]));
+        d->arena_size = std::max(d->arena_size, d->staging.back().bytes);
+      }
+    }
     layout = 0; // segment() may have re-cut slots
     for (auto const& u : units) {
-      for (auto* s : u.slots) layout += s->layout;
+      for (auto si : u.slots) layout += slots_[si].layout;
     }
     cached_ = d;
     cached_items_ = std::move(items);
@@ -390,7 +650,7 @@ private:
 
   /// Makes every swappable slot's pieces match the cuts of this step's plan. Re-cutting happens only
   /// when the plan changes, on slots at rest on the host (it is bookkeeping over the mirror).
-  void segment(std::span<update_unit<B> const> units, batch_plan const& plan) {
+  void segment(std::span<update_unit const> units, batch_plan const& plan) {
     std::vector<std::vector<std::size_t>> cuts(units.size());
     for (auto const& batch : plan) {
       for (auto const& r : batch) cuts[r.unit].push_back(r.begin);
@@ -400,9 +660,10 @@ private:
       std::sort(c.begin(), c.end());
       c.erase(std::unique(c.begin(), c.end()), c.end());
       if (c.empty()) c.push_back(0);
-      for (auto* s : units[u].slots) {
-        if (!s->swappable || s->piece_begin == c) continue;
-        recut(*s, c);
+      for (auto si : units[u].slots) {
+        auto& s = slots_.at(si);
+        if (!s.swappable || s.piece_begin == c) continue;
+        recut(s, c);
       }
     }
   }
@@ -411,23 +672,42 @@ private:
     std::vector<buffer*> ps;
     for (auto& p : s.pieces) ps.push_back(&p);
     if (!s.all(residency::host)) { // bring it home first (rare: after an interrupted offload)
-      x_.settle(ps);
-      x_.launch_offload(ps, "recut");
-      x_.wait_offload(ps, x_.compute());
+      engine_.settle(ps);
+      engine_.launch_offload(ps, "recut");
+      engine_.wait_offload(ps, engine_.compute());
     }
-    for (auto* p : ps) {
-      if (p->event) b_.synchronize(*p->event);
-    }
-    auto const eb = s.element_bytes();
-    std::vector<buffer> pieces(cuts.size());
+    engine_.host_sync(ps);
+    auto const eb = s.element_bytes;
+    std::vector<buffer> pieces;
+    pieces.reserve(cuts.size());
     for (std::size_t i = 0; i < cuts.size(); ++i) {
       auto const end = i + 1 < cuts.size() ? cuts[i + 1] : s.numel;
-      pieces[i] = buffer{(end - cuts[i]) * eb, {}, s.mirror.ptr + cuts[i] * eb, false,
-                         residency::host, {}};
+      auto& p = pieces.emplace_back((end - cuts[i]) * eb);
+      engine_.set_mirror(p, s.mirror + cuts[i] * eb);
     }
     s.pieces = std::move(pieces);
     s.piece_begin = cuts;
     ++s.layout;
+  }
+
+  /// The device address of element e of slot i, for the optimizer's update() (state_view).
+  static device_pointer_t<B> resolve(void const* self, std::size_t i, std::size_t e) {
+    auto const& rt = *static_cast<optimizer_swap const*>(self);
+    auto const& s = rt.slot(i);
+    if (s.pieces.empty()) throw state_error("optimizer_swap: slot " + rt.name(i) + " has no storage");
+    auto const k = s.piece_of(e);
+    auto const& p = s.pieces[k];
+    if (p.state() != residency::device || (!p.device() && p.bytes() != 0)) {
+      throw state_error("optimizer_swap: slot " + rt.name(i) + " is " + std::string(to_string(p.state())) +
+                        " at element " + std::to_string(e) + ", not on the device");
+    }
+    return p.device() + (e - s.piece_begin[k]) * s.element_bytes;
+  }
+
+  void update(step_state& st, std::size_t n) {
+    emit("update", n);
+    detail::scoped_label<B> l(b_, label("update", n).c_str());
+    opt_.update(st.d->plan[n], st.ctx, state_view<B>(this, &optimizer_swap::resolve));
   }
 
   void run_per_tensor(step_state& st) {
@@ -437,316 +717,169 @@ private:
     auto bufs = [&](std::size_t n) { return std::span<buffer* const>(st.d->bufs[n]); };
     gate_step();
     emit("prefetch", k);
-    x_.launch_load(bufs(k), label("prefetch", k).c_str());
+    engine_.launch_load(bufs(k), label("prefetch", k).c_str());
     for (std::size_t n = k; n < N; ++n) {
       emit("wait_prefetch", n);
-      x_.wait_load(bufs(n), x_.compute());
+      engine_.wait_load(bufs(n), engine_.compute());
       if (n > k) {
         emit("wait_offload", n - 1);
-        x_.wait_offload(bufs(n - 1), x_.h2d());
+        engine_.wait_offload(bufs(n - 1), engine_.h2d());
       }
       if (n + 1 < N) {
         emit("prefetch", n + 1);
-        x_.launch_load(bufs(n + 1), label("prefetch", n + 1).c_str());
+        engine_.launch_load(bufs(n + 1), label("prefetch", n + 1).c_str());
       }
-      emit("update", n);
-      {
-        detail::scoped_label<B> l(b_, label("update", n).c_str());
-        opt_.update(st.d->plan[n], st.ctx);
-      }
+      update(st, n);
       st.next = n + 1;
       emit("offload", n);
-      x_.launch_offload(bufs(n), label("offload", n).c_str());
+      engine_.launch_offload(bufs(n), label("offload", n).c_str());
     }
     emit("wait_offload", N - 1);
-    x_.wait_offload(bufs(N - 1), x_.compute());
+    engine_.wait_offload(bufs(N - 1), engine_.compute());
   }
 
   /// Orders the step's first device allocation after the memory the previous step released: that
   /// release was made visible to the compute stream, and the h2d stream starts behind it.
   void gate_step() {
-    detail::wait_at(detail::wait_site::gate_after_offload, b_, x_.h2d(), b_.record_event(x_.compute()));
+    detail::wait_at(detail::wait_site::gate_after_offload, b_, engine_.h2d(), b_.record_event(engine_.compute()));
   }
-
-  // ----- packed pipeline ---------------------------------------------------------------------------
-
-  struct packed_batch {
-    event_handle<B> ready, offloaded;
-  };
-  struct packed_state {
-    plan_data const* d = nullptr;
-    std::vector<packed_batch> batches;
-    device_pointer_t<B> arena[2]{};
-    std::size_t first = 0; ///< first batch of this run (later batches reuse its arenas)
-  };
-
-  static constexpr std::size_t align512(std::size_t n) { return (n + 511) / 512 * 512; }
-
-  void layout_packed(plan_data& d) {
-    d.packed.assign(d.plan.size(), {});
-    for (std::size_t n = 0; n < d.plan.size(); ++n) {
-      auto& pb = d.packed[n];
-      auto const count = d.bufs[n].size();
-      pb.piece_lo.resize(count);
-      for (std::size_t i = 0; i < count; ++i) {
-        pb.piece_lo[i] = static_cast<std::size_t>(d.bufs[n][i]->mirror - host_arenas_.at(d.types[n][i]).ptr);
-      }
-      // Pieces sorted by (dtype, host offset) → contiguous runs per dtype.
-      std::vector<std::size_t> order(count);
-      for (std::size_t i = 0; i < count; ++i) order[i] = i;
-      std::sort(order.begin(), order.end(), [&](auto a, auto c) {
-        return std::pair{d.types[n][a], pb.piece_lo[a]} < std::pair{d.types[n][c], pb.piece_lo[c]};
-      });
-      pb.piece_run.assign(count, 0);
-      std::size_t off = 0;
-      std::optional<dtype> cur;
-      for (auto i : order) {
-        auto const* p = d.bufs[n][i];
-        auto const t = d.types[n][i];
-        auto const lo = pb.piece_lo[i];
-        if (cur != t) {
-          off = align512(off); // every dtype region starts 512-byte aligned
-          cur = t;
-          pb.runs.push_back({t, lo, lo + p->bytes, off});
-        } else if (pb.runs.back().host_hi == lo) {
-          pb.runs.back().host_hi += p->bytes;
-        } else {
-          pb.runs.push_back({t, lo, lo + p->bytes, off});
-        }
-        off += p->bytes;
-        pb.piece_run[i] = pb.runs.size() - 1;
-      }
-      d.arena_size = std::max(d.arena_size, align512(off));
-    }
-  }
-
-  device_pointer_t<B> piece_view(packed_state const& ps, std::size_t n, std::size_t i,
-                                 device_pointer_t<B> arena) const {
-    auto const& pb = ps.d->packed[n];
-    auto const& r = pb.runs[pb.piece_run[i]];
-    return arena + (r.arena_off + (pb.piece_lo[i] - r.host_lo));
-  }
-
-  /// H2D of batch n into arena a. `announce` is false inside a chain (the reference traces the chain
-  /// as one operation).
-  void packed_prefetch(step_state& st, packed_state& ps, std::size_t n, std::size_t a,
-                       bool announce = true) {
-    if (announce) emit("prefetch", n, a);
-    detail::scoped_label<B> l(b_, label("prefetch", n).c_str());
-    auto& pb = ps.batches[n];
-    auto const& lay = ps.d->packed[n];
-    std::vector<event_handle<B>> events;
-    for (auto* p : st.d->bufs[n]) detail::add_unique<B>(events, p->event);
-    for (auto const& e : events) detail::wait_at(detail::wait_site::load_after_mirror, b_, x_.h2d(), *e);
-    if (n >= ps.first + 2) { // arena a last held batch n-2: load behind its D2H
-      detail::wait_at(detail::wait_site::arena_reuse, b_, x_.h2d(), *ps.batches[n - 2].offloaded);
-    }
-    for (auto const& r : lay.runs) {
-      b_.copy_h2d(ps.arena[a] + r.arena_off, host_arenas_.at(r.type).ptr + r.host_lo,
-                  r.host_hi - r.host_lo, x_.h2d());
-    }
-    pb.ready = record(b_, x_.h2d());
-    for (std::size_t i = 0; i < st.d->bufs[n].size(); ++i) {
-      auto* p = st.d->bufs[n][i];
-      p->state = residency::h2d;
-      p->event = pb.ready;
-      p->device = piece_view(ps, n, i, ps.arena[a]);
-    }
-  }
-
-  void packed_chain(step_state& st, packed_state& ps, std::size_t n, std::optional<std::size_t> next,
-                    std::size_t a) {
-    emit("chain", n, next, a);
-    {
-      detail::scoped_label<B> l(b_, label("offload", n).c_str());
-      auto& pb = ps.batches[n];
-      detail::wait_at(detail::wait_site::offload_after_compute, b_, x_.d2h(),
-                      b_.record_event(x_.compute()));
-      for (auto const& r : ps.d->packed[n].runs) {
-        b_.copy_d2h(host_arenas_.at(r.type).ptr + r.host_lo, ps.arena[a] + r.arena_off,
-                    r.host_hi - r.host_lo, x_.d2h());
-      }
-      pb.offloaded = record(b_, x_.d2h());
-      for (auto* p : st.d->bufs[n]) {
-        p->state = residency::d2h;
-        p->event = pb.offloaded;
-        p->device = {};
-      }
-    }
-    if (next) packed_prefetch(st, ps, *next, a, false);
-  }
-
-  void run_packed(step_state& st) {
-    auto const N = st.d->plan.size();
-    auto const k = st.next;
-    if (k >= N) return;
-    packed_state ps;
-    ps.first = k;
-    ps.d = st.d.get();
-    ps.batches.assign(N, {});
-    arena_bytes_ = ps.d->arena_size;
-    emit("begin", N - k);
-    gate_step();
-    try {
-      auto const arenas = std::min<std::size_t>(2, N - k);
-      for (std::size_t a = 0; a < arenas; ++a) {
-        ps.arena[(k + a) % 2] = b_.allocate_device(ps.d->arena_size, x_.h2d());
-      }
-      packed_prefetch(st, ps, k, k % 2);
-      if (k + 1 < N) packed_prefetch(st, ps, k + 1, (k + 1) % 2);
-      for (std::size_t n = k; n < N; ++n) {
-        auto const a = n % 2;
-        emit("wait_prefetch", n, a);
-        detail::wait_at(detail::wait_site::use_after_load, b_, x_.compute(), *ps.batches[n].ready);
-        if (n >= k + 2) finish_packed_offload(st, ps, n - 2);
-        emit("activate", n, a);
-        for (auto* p : st.d->bufs[n]) {
-          p->state = residency::device;
-          p->event = nullptr;
-        }
-        emit("update", n);
-        {
-          detail::scoped_label<B> l(b_, label("update", n).c_str());
-          opt_.update(st.d->plan[n], st.ctx);
-        }
-        st.next = n + 1;
-        packed_chain(st, ps, n, n + 2 < N ? std::optional<std::size_t>(n + 2) : std::nullopt, a);
-      }
-      for (std::size_t n = std::max(k, N >= 2 ? N - 2 : 0); n < N; ++n) finish_packed_offload(st, ps, n);
-    } catch (...) {
-      abort_packed(st, ps);
-      throw;
-    }
-    emit("end");
-    release_arenas(ps);
-  }
-
-  void finish_packed_offload(step_state& st, packed_state& ps, std::size_t n) {
-    emit("wait_offload", n);
-    b_.wait_event(x_.compute(), *ps.batches[n].offloaded);
-    emit("finish_offload", n);
-    for (auto* p : st.d->bufs[n]) {
-      if (p->state == residency::d2h) p->state = residency::host;
-    }
-  }
-
-  /// Releases the staging arenas behind everything that used them; the compute stream is ordered
-  /// after the release so the next forward can reuse the memory.
-  void release_arenas(packed_state& ps) {
-    b_.wait_event(x_.d2h(), b_.record_event(x_.compute()));
-    b_.wait_event(x_.d2h(), b_.record_event(x_.h2d()));
-    for (auto& a : ps.arena) {
-      if (a) b_.deallocate_device(a, ps.d->arena_size, x_.d2h());
-      a = {};
-    }
-    b_.wait_event(x_.compute(), b_.record_event(x_.d2h()));
-  }
-
-  /// After a failure inside a packed step: copies every activated batch back out of its arena, lets
-  /// loads that were never used fall back to their (unchanged) mirrors, and releases the arenas. If
-  /// a copy-back fails too, the arenas are kept (stranded) with the pieces that still live in them,
-  /// and evacuate_stranded() finishes the job before the next step.
-  void abort_packed(step_state& st, packed_state& ps) noexcept {
-    emit("end");
-    try {
-      for (std::size_t n = 0; n < st.d->plan.size(); ++n) {
-        bool active = false;
-        for (auto* p : st.d->bufs[n]) active = active || p->state == residency::device;
-        if (active) packed_chain(st, ps, n, std::nullopt, n % 2);
-      }
-    } catch (...) {
-      for (auto& a : ps.arena) {
-        if (a) stranded_.push_back({a, ps.d->arena_size});
-        a = {};
-      }
-    }
-    for (std::size_t n = 0; n < st.d->plan.size(); ++n) {
-      for (auto* p : st.d->bufs[n]) {
-        if (p->state == residency::h2d) { // loaded but never used: the mirror is still current
-          p->state = residency::host;
-          p->device = {};
-        } else if (p->state == residency::d2h) {
-          p->state = residency::host;
-        }
-      }
-    }
-    try {
-      release_arenas(ps);
-    } catch (...) {
-      for (auto& a : ps.arena) {
-        if (a) stranded_.push_back({a, ps.d->arena_size});
-        a = {};
-      }
-    }
-  }
-
-  // ----- recovery ----------------------------------------------------------------------------------
 
   void recover_per_tensor(step_state& st) noexcept {
     std::vector<buffer*> all;
     for (auto& v : st.d->bufs) all.insert(all.end(), v.begin(), v.end());
     try {
-      x_.settle(all);
+      engine_.settle(all);
       try { // best effort: offload what is on the device; if that fails it stays there, intact
-        x_.launch_offload(all, "recover");
+        engine_.launch_offload(all, "recover");
       } catch (...) {
       }
-      x_.settle(all);
+      engine_.settle(all);
     } catch (...) { // every piece is still in a consistent state (see transfer_engine)
     }
   }
 
-  /// Packed pieces that a failed copy-back left in a kept arena go home now; then the arenas go.
-  void evacuate_stranded() {
-    if (stranded_.empty()) return;
-    std::vector<buffer*> home;
-    for (auto* s : opt_.slots()) {
-      if (!s->packed) continue;
-      for (auto& p : s->pieces) {
-        if (p.state == residency::device) home.push_back(&p);
-      }
-    }
-    if (!home.empty()) {
-      detail::scoped_label<B> l(b_, "evacuate");
-      b_.wait_event(x_.d2h(), b_.record_event(x_.compute()));
-      for (auto* p : home) b_.copy_d2h(p->mirror, p->device, p->bytes, x_.d2h());
-      auto e = record(b_, x_.d2h());
-      for (auto* p : home) {
-        p->state = residency::host;
-        p->device = {};
-        p->event = e;
-      }
-    }
-    for (auto& [a, n] : stranded_) b_.deallocate_device(a, n, x_.d2h());
-    stranded_.clear();
-    b_.wait_event(x_.compute(), b_.record_event(x_.d2h()));
+  // ----- packed pipeline ---------------------------------------------------------------------------
+
+  arena_storage<B> in_arena(plan_data const& d, std::size_t n) { return {arenas_[n % 2], d.staging[n]}; }
+
+  void packed_prefetch(plan_data const& d, std::size_t n, bool announce = true) {
+    if (announce) emit("prefetch", n, n % 2);
+    note("prefetch", n);
+    auto s = in_arena(d, n);
+    engine_.launch_load(std::span<buffer* const>(d.bufs[n]), s, label("prefetch", n).c_str());
   }
 
-  std::vector<buffer*> swappable_pieces() {
-    std::vector<buffer*> out;
-    for (auto* s : opt_.slots()) {
-      if (!s->swappable) continue;
-      for (auto& p : s->pieces) out.push_back(&p);
-    }
-    return out;
+  /// D2H of batch n out of its arena, then the H2D of `next` into it (the reference's chain).
+  void packed_chain(plan_data const& d, std::size_t n, std::optional<std::size_t> next) {
+    emit("chain", n, next, n % 2);
+    auto s = in_arena(d, n);
+    engine_.launch_offload(std::span<buffer* const>(d.bufs[n]), s, label("offload", n).c_str());
+    if (next) packed_prefetch(d, *next, false);
   }
-  std::vector<buffer*> all_pieces() {
+
+  void run_packed(step_state& st) {
+    auto const& d = *st.d;
+    auto const N = d.plan.size();
+    auto const k = st.next;
+    if (k >= N) return;
+    arena_bytes_ = d.arena_size;
+    arena_plan_ = st.d;
+    emit("begin", N - k);
+    gate_step();
+    auto bufs = [&](std::size_t n) { return std::span<buffer* const>(d.bufs[n]); };
+    for (std::size_t a = 0; a < std::min<std::size_t>(2, N - k); ++a) {
+      engine_.allocate_arena(arenas_[(k + a) % 2], d.arena_size);
+    }
+    packed_prefetch(d, k);
+    if (k + 1 < N) packed_prefetch(d, k + 1);
+    for (std::size_t n = k; n < N; ++n) {
+      emit("wait_prefetch", n, n % 2);
+      engine_.wait_load(bufs(n), engine_.compute());
+      if (n >= k + 2) finish_offload(d, n - 2);
+      emit("activate", n, n % 2);
+      update(st, n);
+      st.next = n + 1;
+      packed_chain(d, n, n + 2 < N ? std::optional<std::size_t>(n + 2) : std::nullopt);
+    }
+    for (std::size_t n = std::max(k, N >= 2 ? N - 2 : 0); n < N; ++n) finish_offload(d, n);
+    emit("end");
+    release_arenas();
+  }
+
+  void finish_offload(plan_data const& d, std::size_t n) {
+    emit("wait_offload", n);
+    engine_.wait_offload(std::span<buffer* const>(d.bufs[n]), engine_.compute());
+    emit("finish_offload", n);
+  }
+
+  void release_arenas() {
+    for (auto& a : arenas_) engine_.release_arena(a);
+    arena_plan_.reset();
+  }
+
+  /// After a failure inside a packed step: loads finish, every batch on the device is copied back out
+  /// of its arena, and the arenas are released. If a copy-back fails too, the arenas are kept
+  /// (stranded) with the pieces that still live in them, and evacuate() finishes the job before the
+  /// next step.
+  void abort_packed(step_state& st) noexcept {
+    (void)st;
+    auto const failed = where_; // the error names what failed, not the clean-up
+    emit_quietly("end");
+    try {
+      evacuate();
+    } catch (...) { // kept: evacuate() runs again first thing in the next call
+    }
+    where_ = failed;
+  }
+
+  void emit_quietly(char const* op) noexcept {
+    try {
+      if (listener_) listener_(op);
+    } catch (...) {
+    }
+  }
+
+  /// Brings home every piece that lives in a staging arena kept by a failed step, and releases the
+  /// arenas. A no-op when no arena is held.
+  void evacuate() {
+    if (!arena_plan_) return;
+    auto const saved = where_;
+    note("evacuate");
+    auto const& d = *arena_plan_;
+    std::vector<buffer*> all;
+    for (auto const& v : d.bufs) all.insert(all.end(), v.begin(), v.end());
+    engine_.settle(all);
+    for (std::size_t n = 0; n < d.bufs.size(); ++n) {
+      bool on_device = false;
+      for (auto* p : d.bufs[n]) on_device = on_device || p->state() == residency::device;
+      if (!on_device) continue;
+      auto s = in_arena(d, n);
+      engine_.launch_offload(std::span<buffer* const>(d.bufs[n]), s, "evacuate");
+    }
+    engine_.settle(all);
+    release_arenas();
+    where_ = saved;
+  }
+
+  /// Every piece (only the swappable ones if `swappable_only`).
+  std::vector<buffer*> pieces(bool swappable_only) {
     std::vector<buffer*> out;
-    for (auto* s : opt_.slots()) {
-      for (auto& p : s->pieces) out.push_back(&p);
+    for (auto& s : slots_) {
+      if (swappable_only && !s.swappable) continue;
+      for (auto& p : s.pieces) out.push_back(&p);
     }
     return out;
   }
 
   static std::string label(char const* op, std::size_t n) { return std::string(op) + " b" + std::to_string(n); }
 
-  transfer_engine<B>& x_;
+  transfer_engine<B>& engine_;
   B& b_;
   O& opt_;
   swap_config cfg_;
   P policy_;
   std::vector<state_key> keys_;
-  std::map<dtype, pinned_block> host_arenas_;
+  std::vector<slot_type> slots_;
   std::optional<step_state> pending_;
   batch_plan last_plan_;
   std::shared_ptr<plan_data const> cached_;
@@ -755,11 +888,10 @@ private:
   std::uint64_t cached_layout_ = 0;
   listener listener_;
   std::size_t resident_bytes_ = 0, swappable_bytes_ = 0, arena_bytes_ = 0, max_batch_bytes_ = 0;
-  struct stranded_arena {
-    device_pointer_t<B> ptr;
-    std::size_t bytes;
-  };
-  std::vector<stranded_arena> stranded_;
+  /// The staging arenas of the packed step in progress (or kept by a failed one) and its plan.
+  std::array<staging_arena<B>, 2> arenas_{};
+  std::shared_ptr<plan_data const> arena_plan_;
+  position where_;
 };
 
 } // namespace pipeswap

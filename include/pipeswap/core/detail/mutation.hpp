@@ -19,6 +19,7 @@ enum class wait_site : std::uint8_t {
   load_after_mirror,     ///< the h2d stream waits the D2H that last filled the mirror
   use_after_load,        ///< the consumer waits the H2D before using the bytes
   arena_reuse,           ///< packed: the H2D into a staging arena waits the D2H out of it
+  arena_release,         ///< packed: the release of a staging arena waits the h2d stream that filled it
   count
 };
 
@@ -29,6 +30,7 @@ constexpr std::string_view to_string(wait_site s) noexcept {
   case wait_site::load_after_mirror: return "load_after_mirror";
   case wait_site::use_after_load: return "use_after_load";
   case wait_site::arena_reuse: return "arena_reuse";
+  case wait_site::arena_release: return "arena_release";
   case wait_site::count: break;
   }
   return "?";
@@ -37,12 +39,15 @@ constexpr std::string_view to_string(wait_site s) noexcept {
 #ifdef PIPESWAP_MUTATION_TESTING
 /// Bit i set: the waits of wait_site i are skipped.
 inline unsigned mutated_sites = 0;
+/// How many waits each site issued (skipped ones included), so a test can show it reached them all.
+inline unsigned long site_hits[static_cast<unsigned>(wait_site::count)] = {};
 #endif
 
 template <class B>
 void wait_at([[maybe_unused]] wait_site site, B& b, typename B::stream_type s,
              typename B::event_type const& e) {
 #ifdef PIPESWAP_MUTATION_TESTING
+  ++site_hits[static_cast<unsigned>(site)];
   if (mutated_sites & (1u << static_cast<unsigned>(site))) return;
 #endif
   b.wait_event(s, e);

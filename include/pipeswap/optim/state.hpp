@@ -1,0 +1,230 @@
+// pipeswap — what an optimizer describes, and the state it keeps across runtimes.
+//
+//   state_key, slot_init     the logical states a slot can hold and how they start
+//   slot_desc                one logical state tensor of one parameter (the optimizer's description)
+//   update_unit, unit_range  one parameter's share of a step (by slot index), an element range of it
+//   state_view<B>            what update() reads slot bytes through: the runtime's current placement
+//   optimizer_state<B>       the optimizer's state while no runtime manages it, and the lock that
+//                            admits one runtime at a time (each optimizer owns one)
+//
+// The optimizer describes; the runtime (optimizer_swap) owns pieces, mirrors and layout while it
+// lives, and hands the state back into optimizer_state when it is destroyed, so the next runtime over
+// the same optimizer continues from the same bytes. Nothing here depends on the swap runtime.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <pipeswap/backend/concepts.hpp>
+#include <pipeswap/core/dtype.hpp>
+#include <pipeswap/error.hpp>
+
+namespace pipeswap {
+
+/// The logical optimizer states a slot can hold (Adam/AdamW, plus the fp32 master of a low-precision
+/// parameter).
+enum class state_key : std::uint8_t { exp_avg, exp_avg_sq, max_exp_avg_sq, master_param };
+
+inline constexpr std::array<state_key, 4> supported_state_keys{
+    state_key::exp_avg, state_key::exp_avg_sq, state_key::max_exp_avg_sq, state_key::master_param};
+
+constexpr std::string_view name_of(state_key k) noexcept {
+  switch (k) {
+  case state_key::exp_avg: return "exp_avg";
+  case state_key::exp_avg_sq: return "exp_avg_sq";
+  case state_key::max_exp_avg_sq: return "max_exp_avg_sq";
+  case state_key::master_param: return "master_param";
+  }
+  return "?";
+}
+
+constexpr std::optional<state_key> parse_state_key(std::string_view s) noexcept {
+  for (auto k : supported_state_keys) {
+    if (name_of(k) == s) return k;
+  }
+  return std::nullopt;
+}
+
+/// Validates user-given state key names, keeping their order. Unknown names are rejected (invalid
+/// names sorted, as the reference does); a name given twice is rejected too.
+inline std::vector<state_key> validate_state_keys(std::span<std::string const> names) {
+  std::vector<std::string> invalid;
+  std::vector<state_key> keys;
+  for (auto const& n : names) {
+    if (auto k = parse_state_key(n)) {
+      if (std::find(keys.begin(), keys.end(), *k) != keys.end()) {
+        throw invalid_argument("swap_config::state_keys names '" + n +
+                               "' twice; give each state key once");
+      }
+      keys.push_back(*k);
+    } else if (std::find(invalid.begin(), invalid.end(), n) == invalid.end()) {
+      invalid.push_back(n);
+    }
+  }
+  if (!invalid.empty()) {
+    std::sort(invalid.begin(), invalid.end());
+    std::string got = "[";
+    for (std::size_t i = 0; i < invalid.size(); ++i) got += (i ? ", '" : "'") + invalid[i] + "'";
+    throw invalid_argument(
+        "swap_config::state_keys only supports Adam/AdamW logical slots ('exp_avg', "
+        "'exp_avg_sq', 'max_exp_avg_sq', 'master_param'), but got " + got + "].");
+  }
+  return keys;
+}
+
+/// How a slot's initial contents are produced.
+enum class slot_init : std::uint8_t {
+  zeros,      ///< all-zero bytes (moments)
+  from_param, ///< written on the device by the optimizer's initialize() (an fp32 master copy)
+};
+
+/// One logical optimizer state tensor of one parameter, as the optimizer describes it.
+struct slot_desc {
+  std::size_t param = 0; ///< index of the parameter in its optimizer
+  state_key key = state_key::exp_avg;
+  dtype type = dtype::f32;
+  std::size_t numel = 0;
+  slot_init init = slot_init::zeros;
+
+  [[nodiscard]] std::size_t bytes() const noexcept { return numel * size_of(type); }
+  [[nodiscard]] std::size_t element_bytes() const noexcept { return size_of(type); }
+  [[nodiscard]] std::string name() const { return std::to_string(param) + "." + std::string(name_of(key)); }
+  friend bool operator==(slot_desc const&, slot_desc const&) = default;
+};
+
+/// One parameter's share of a step: its index in the optimizer, its size, and its state slots as
+/// indices into the optimizer's slots().
+struct update_unit {
+  std::size_t param = 0;
+  std::size_t numel = 0;
+  std::vector<std::size_t> slots;
+};
+
+/// Elements [begin, end) of the unit at index `unit` in the step's unit list. A batch is a list of
+/// ranges; unsplit partitions use whole units.
+struct unit_range {
+  std::size_t unit = 0;
+  std::size_t begin = 0;
+  std::size_t end = 0;
+  friend constexpr bool operator==(unit_range, unit_range) = default;
+};
+
+/// The device placement of the slots during update(): device_at(slot, e) is the device address of
+/// element e of slot `slot` (an index into slots()). Addresses change between batches and steps;
+/// read them inside update() only. Throws state_error when the piece holding e is not on the device.
+template <backend B>
+class state_view {
+public:
+  using resolve_fn = device_pointer_t<B> (*)(void const* self, std::size_t slot, std::size_t element);
+  state_view(void const* self, resolve_fn f) noexcept : self_(self), f_(f) {}
+  [[nodiscard]] device_pointer_t<B> device_at(std::size_t slot, std::size_t element) const {
+    return f_(self_, slot, element);
+  }
+
+private:
+  void const* self_;
+  resolve_fn f_;
+};
+
+namespace detail {
+/// Access to optimizer_state's records, for the swap runtime only.
+struct runtime_access {
+  explicit runtime_access() = default;
+};
+} // namespace detail
+
+/// An optimizer's state while no runtime manages it, and the lock that admits one runtime at a time.
+///
+/// An optimizer owns one (the Optimizer concept's swap_state()). optimizer_swap attaches on
+/// construction (a second live runtime is refused), adopts what a previous runtime handed back, and on
+/// destruction hands the state back: swapped slots stay in this object's pinned host arenas, device-
+/// resident slots keep their device storage here. The next runtime adopts both, whatever its
+/// configuration, so rebuilding a runtime (other swap_times, packed or not, state_keys) loses nothing.
+/// The destructor releases what is held (device storage on the backend's current stream). It must be
+/// destroyed after every runtime over it and before its backend.
+template <backend B>
+class optimizer_state {
+public:
+  /// Where a slot's bytes are while parked.
+  enum class where : std::uint8_t {
+    none,   ///< never materialized: the next runtime initializes it (slot_init)
+    host,   ///< in the host arena of `host_type` at `host_offset`
+    device, ///< in `device` (resident storage handed over by a runtime)
+  };
+  struct record {
+    where at = where::none;
+    dtype host_type = dtype::f32;
+    std::size_t host_offset = 0;
+    device_pointer_t<B> device{};
+    std::size_t bytes = 0;
+  };
+  struct host_arena {
+    std::byte* ptr = nullptr;
+    std::size_t bytes = 0;
+  };
+
+  explicit optimizer_state(B& b) noexcept : b_(b) {}
+  optimizer_state(optimizer_state const&) = delete;
+  optimizer_state& operator=(optimizer_state const&) = delete;
+  ~optimizer_state() { release(); }
+
+  /// True while a runtime manages this state.
+  [[nodiscard]] bool attached() const noexcept { return attached_; }
+  /// True when a runtime could not hand its state back (its backend failed while it was destroyed):
+  /// the values are gone, and building a new runtime is refused.
+  [[nodiscard]] bool lost() const noexcept { return lost_; }
+  /// Throws state_error naming `who` while a runtime is attached: the slots a runtime manages cannot
+  /// change under it.
+  void require_detached(std::string_view who) const {
+    if (attached_) {
+      throw state_error(std::string(who) +
+                        ": an optimizer_swap runtime manages this optimizer's state; destroy the runtime "
+                        "first, make the change, and build a new runtime (the state carries over)");
+    }
+  }
+  /// Bytes of the pinned host arenas held (swapped state at rest).
+  [[nodiscard]] std::size_t host_bytes() const noexcept {
+    std::size_t n = 0;
+    for (auto const& [t, a] : arenas_) n += a.bytes;
+    return n;
+  }
+
+  // ----- the runtime's side ------------------------------------------------------------------------
+  [[nodiscard]] B& backend(detail::runtime_access) const noexcept { return b_; }
+  std::vector<record>& records(detail::runtime_access) noexcept { return records_; }
+  std::map<dtype, host_arena>& arenas(detail::runtime_access) noexcept { return arenas_; }
+  void set_attached(detail::runtime_access, bool a) noexcept { attached_ = a; }
+  void set_lost(detail::runtime_access) noexcept { lost_ = true; }
+
+private:
+  void release() noexcept {
+    try {
+      auto const s = b_.current_stream();
+      for (auto& r : records_) {
+        if (r.at == where::device && r.device) b_.deallocate_device(r.device, r.bytes, s);
+        r = {};
+      }
+      for (auto& [t, a] : arenas_) {
+        if (a.ptr) b_.deallocate_host(a.ptr, a.bytes);
+      }
+      arenas_.clear();
+    } catch (...) { // a destructor never throws; what could not be released stays with the backend
+    }
+  }
+
+  B& b_;
+  std::vector<record> records_;
+  std::map<dtype, host_arena> arenas_;
+  bool attached_ = false;
+  bool lost_ = false;
+};
+
+} // namespace pipeswap
