@@ -47,7 +47,7 @@ struct fault_plan {
 io::atomic_file_options hooked(fault_plan& plan, std::size_t chunk = std::size_t{8} << 20) {
   io::atomic_file_options o;
   o.hook = plan.hook();
-  o.chunk_bytes = chunk;
+  o.max_write_bytes = chunk;
   return o;
 }
 
