@@ -1,11 +1,16 @@
-// pipeswap — umbrella header: every host-side component. The CUDA backend
-// (<pipeswap/backend/cuda.hpp>) and kernels (*.cuh) are included separately.
+// pipeswap — umbrella header: the library. Backend concepts, core, optimizers, the swap runtimes,
+// schedules and activation swapping; needs no JSON library.
+//
+// Included separately: the CUDA backend (<pipeswap/backend/cuda.hpp>) and kernels (*.cuh); the mock
+// backend (<pipeswap/backend/mock.hpp>); optimizer checkpoints (<pipeswap/swap/checkpoint.hpp>) and
+// the safetensors file layer (<pipeswap/io/safetensors.hpp>), which parse JSON headers; the schedule
+// JSON form (<pipeswap/schedule/json.hpp>); the simulator and the command's pieces
+// (<pipeswap/sim.hpp>).
 #pragma once
 
 #include <pipeswap/activation/activation_swap.hpp>
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/backend/device_ptr.hpp>
-#include <pipeswap/backend/mock.hpp>
 #include <pipeswap/config.hpp>
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/core/event_handle.hpp>
@@ -14,31 +19,17 @@
 #include <pipeswap/core/pinned_pool.hpp>
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/error.hpp>
-#include <pipeswap/io/atomic_file.hpp>
-#include <pipeswap/io/error.hpp>
-#include <pipeswap/io/safetensors.hpp>
-#include <pipeswap/io/safetensors_format.hpp>
-#include <pipeswap/io/safetensors_reader.hpp>
-#include <pipeswap/io/safetensors_writer.hpp>
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/optim/adam_math.hpp>
 #include <pipeswap/optim/adam_tensor.hpp>
 #include <pipeswap/optim/concepts.hpp>
 #include <pipeswap/schedule/generate.hpp>
 #include <pipeswap/schedule/inject.hpp>
-#include <pipeswap/schedule/json.hpp>
 #include <pipeswap/schedule/labels.hpp>
 #include <pipeswap/schedule/layout.hpp>
 #include <pipeswap/schedule/step.hpp>
 #include <pipeswap/schedule/text.hpp>
 #include <pipeswap/schedule/validate.hpp>
-#include <pipeswap/sim/model.hpp>
-#include <pipeswap/sim/pipeline.hpp>
-#include <pipeswap/sim/plan.hpp>
-#include <pipeswap/sim/report.hpp>
-#include <pipeswap/sim/scenario_json.hpp>
-#include <pipeswap/sim/svg.hpp>
-#include <pipeswap/swap/checkpoint.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
 #include <pipeswap/swap/partition.hpp>
 #include <pipeswap/swap/slot.hpp>

@@ -1,7 +1,6 @@
 // The semantic rules of docs/backend.md, one template body per rule, run on every backend of
 // support/backend_list.hpp: the mock and the user-written synchronous backend here, the CUDA
 // backend in tests/cuda (same source, built with -DPIPESWAP_TEST_CUDA, skipped without a GPU).
-#define BOOST_TEST_MODULE backend_rules
 #include <boost/test/unit_test.hpp>
 
 #include <cstddef>
@@ -51,6 +50,8 @@ std::size_t check_pattern(B& b, std::byte const* p, std::size_t n, std::uint32_t
 
 using gate = pipeswap::test::skip_unless_available<backends_under_test>;
 BOOST_TEST_GLOBAL_FIXTURE(gate);
+
+BOOST_AUTO_TEST_SUITE(backend_rules)
 
 // Ordering across streams: allocate on compute, upload on one stream, download on another, each
 // linked by an event; the host reads after synchronizing the last one.
@@ -285,3 +286,5 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(optional_capabilities, B, backends_under_test) {
   if constexpr (requires { b.synchronize_device(); }) b.synchronize_device();
   BOOST_TEST(true);
 }
+
+BOOST_AUTO_TEST_SUITE_END() // backend_rules

@@ -1,5 +1,4 @@
 // Conformance of the Backend concept: one minimal model passes; one near-miss per requirement fails.
-#define BOOST_TEST_MODULE backend_concepts
 #include <boost/test/unit_test.hpp>
 
 #include <cstddef>
@@ -178,6 +177,8 @@ static_assert(!pipeswap::host_access_checked<archetype_backend>);
 
 } // namespace
 
+BOOST_AUTO_TEST_SUITE(backend_concepts)
+
 BOOST_AUTO_TEST_CASE(device_ptr_arithmetic_and_order) {
   pipeswap::device_ptr const null;
   pipeswap::device_ptr const p(std::uintptr_t{4096});
@@ -205,3 +206,5 @@ BOOST_AUTO_TEST_CASE(sync_host_backend_round_trip) {
   BOOST_TEST(b.live_allocations() == 0u);
   BOOST_CHECK_THROW(b.deallocate_host(h, 8), std::runtime_error);
 }
+
+BOOST_AUTO_TEST_SUITE_END() // backend_concepts

@@ -1,5 +1,4 @@
 // Fault injection and Chrome trace export of the mock backend.
-#define BOOST_TEST_MODULE mock_faults_trace
 #include <boost/test/unit_test.hpp>
 
 #include <cstring>
@@ -45,6 +44,8 @@ std::string run_program(mock::backend& b) {
 }
 
 } // namespace
+
+BOOST_AUTO_TEST_SUITE(mock_faults_trace)
 
 BOOST_AUTO_TEST_CASE(injected_copy_fault_throws_and_leaves_the_backend_usable) {
   mock::backend b;
@@ -169,3 +170,5 @@ BOOST_AUTO_TEST_CASE(the_program_computes_the_right_bytes) {
   b.deallocate_device(d, 16, cs);
   b.deallocate_host(h, 16);
 }
+
+BOOST_AUTO_TEST_SUITE_END() // mock_faults_trace

@@ -1,6 +1,5 @@
 // The hazard checker: every kind fires on a broken pattern (and the broken pattern really corrupts
 // data when allowed to run), and stays silent on the corrected twin.
-#define BOOST_TEST_MODULE mock_hazards
 #include <boost/test/unit_test.hpp>
 
 #include <cstring>
@@ -64,6 +63,8 @@ void prefetch_then_use(rig& r, pipeswap::device_ptr out, bool fixed) {
 }
 
 } // namespace
+
+BOOST_AUTO_TEST_SUITE(mock_hazards)
 
 BOOST_AUTO_TEST_CASE(read_before_write_fires_and_reads_stale_bytes) {
   for (bool fixed : {false, true}) {
@@ -290,3 +291,5 @@ BOOST_AUTO_TEST_CASE(host_release_while_copy_pending) {
     b.deallocate_device(d, 64, s);
   }
 }
+
+BOOST_AUTO_TEST_SUITE_END() // mock_hazards

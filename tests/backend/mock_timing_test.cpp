@@ -1,6 +1,5 @@
 // The mock backend's timing model: exact simulated times, copy-engine rules, memory accounting and
 // data effects applied in simulated-time order.
-#define BOOST_TEST_MODULE mock_timing
 #include <boost/test/unit_test.hpp>
 
 #include <cstring>
@@ -24,6 +23,8 @@ struct fixture {
 };
 
 } // namespace
+
+BOOST_AUTO_TEST_SUITE(mock_timing)
 
 BOOST_AUTO_TEST_CASE(link_durations_are_exact) {
   mock::link_model const pcie{55'000'000'000, 2'000};
@@ -285,3 +286,5 @@ BOOST_FIXTURE_TEST_CASE(wait_until_models_input_from_another_device, fixture) {
   b.synchronize_device();
   b.deallocate_device(d, 16, cs);
 }
+
+BOOST_AUTO_TEST_SUITE_END() // mock_timing

@@ -1,6 +1,5 @@
 // Atomic replacement: a failure at any system call leaves the previous file intact and no temporary
 // file behind; EINTR and short writes are retried; the saved safetensors file reads back.
-#define BOOST_TEST_MODULE atomic_file
 #include <boost/test/unit_test.hpp>
 
 #include <cerrno>
@@ -48,7 +47,7 @@ struct fault_plan {
 io::atomic_file_options hooked(fault_plan& plan, std::size_t chunk = std::size_t{8} << 20) {
   io::atomic_file_options o;
   o.hook = plan.hook();
-  o.chunk_bytes = chunk;
+  o.max_write_bytes = chunk;
   return o;
 }
 
@@ -77,6 +76,8 @@ struct fixture {
 std::vector<std::string> only(std::string const& name) { return {name}; }
 
 } // namespace
+
+BOOST_AUTO_TEST_SUITE(io_atomic_file)
 
 BOOST_FIXTURE_TEST_CASE(save_replaces_the_target_and_reads_back, fixture) {
   save(io::atomic_file_options());
@@ -289,3 +290,5 @@ BOOST_FIXTURE_TEST_CASE(a_large_file_is_written_in_chunks, fixture) {
   auto const& t = f.at("big");
   BOOST_TEST((std::equal(t.bytes.begin(), t.bytes.end(), as_bytes_of(big).begin())));
 }
+
+BOOST_AUTO_TEST_SUITE_END() // io_atomic_file

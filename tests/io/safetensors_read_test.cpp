@@ -1,6 +1,5 @@
 // The safetensors reader: every rule of the format is enforced, with its message, before anything is
 // returned; valid files from other writers (unsorted, unaligned, padded) are accepted.
-#define BOOST_TEST_MODULE safetensors_read
 #include <boost/test/unit_test.hpp>
 
 #include <cerrno>
@@ -66,6 +65,8 @@ io::open_options with_mode(io::load_mode m) {
 std::string const f32x4 = R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})";
 
 } // namespace
+
+BOOST_AUTO_TEST_SUITE(io_safetensors_read)
 
 BOOST_AUTO_TEST_CASE(accepts_the_small_file_and_exposes_everything) {
   auto const file = small_valid_file();
@@ -402,3 +403,5 @@ BOOST_AUTO_TEST_CASE(open_reports_the_path_and_the_failing_call) {
   BOOST_TEST(thrown_message<pipeswap::invalid_argument>([&] { (void)f.at("nope"); }) ==
              "safetensors: " + (dir / "ok.safetensors").string() + ": no tensor \"nope\"");
 }
+
+BOOST_AUTO_TEST_SUITE_END() // io_safetensors_read

@@ -1,7 +1,6 @@
 // The safetensors writer: byte-exact output (the reference implementation's own test vectors and
 // hand-computed ones), deterministic order and alignment, round trips through the reader, and
 // rejection of input that would make an invalid file.
-#define BOOST_TEST_MODULE safetensors_write
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
@@ -60,6 +59,8 @@ void check_round_trip(bytes const& file, std::vector<io::tensor_source> const& t
 }
 
 } // namespace
+
+BOOST_AUTO_TEST_SUITE(io_safetensors_write)
 
 // The reference implementation's test vectors (safetensors/src/tensor.rs: test_serialization,
 // test_empty, test_serialization_forced_alignement): the same input gives the same bytes.
@@ -236,3 +237,5 @@ BOOST_AUTO_TEST_CASE(rejects_input_that_would_make_an_invalid_file) {
   std::vector<io::tensor_source> const ok{{"x", dtype::f32, {4}, b}};
   BOOST_CHECK_NO_THROW((void)io::serialize(ok, {}, io::write_options{56}));
 }
+
+BOOST_AUTO_TEST_SUITE_END() // io_safetensors_write

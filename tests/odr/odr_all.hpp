@@ -1,8 +1,9 @@
 // Every host-side public header.
 #pragma once
 #include <pipeswap/pipeswap.hpp>
-#include <pipeswap/backend/mock.hpp>
-#include <pipeswap/schedule/json.hpp>
+#include <pipeswap/sim.hpp>
+#include <pipeswap/io/safetensors.hpp>
+#include <pipeswap/swap/checkpoint.hpp>
 
 inline int odr_probe() {
   pipeswap::mock::backend b;

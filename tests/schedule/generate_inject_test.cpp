@@ -1,7 +1,6 @@
 // Order generators and swap injection: exact orders for small pipelines (cross-checked entry by entry
 // against the reference implementation), the upstream expectations of reference §4.1 items 1-6, the
 // placement rules of §2.6 one by one, the eligibility predicate and bad input.
-#define BOOST_TEST_MODULE schedule_generate_inject
 #include <boost/test/unit_test.hpp>
 
 #include "support.hpp"
@@ -77,6 +76,8 @@ std::vector<std::string> texts(ps::rank_orders const& orders) {
 ps::rank_orders interleaved_4x2x8(bool overlap) { return ps::interleaved_1f1b({4, 2, 8, overlap}); }
 
 } // namespace
+
+BOOST_AUTO_TEST_SUITE(schedule_generate_inject)
 
 BOOST_AUTO_TEST_SUITE(generators)
 
@@ -414,3 +415,5 @@ BOOST_AUTO_TEST_CASE(malformed_input_is_rejected_and_left_alone) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE_END() // schedule_generate_inject

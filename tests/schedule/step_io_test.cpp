@@ -1,6 +1,5 @@
 // The step model and its two external forms: the compact text form and JSON. Round trips, the exact
 // spellings, and every class of bad input with the message it must carry.
-#define BOOST_TEST_MODULE schedule_step_io
 #include <boost/test/unit_test.hpp>
 
 #include "support.hpp"
@@ -30,6 +29,8 @@ ps::order sample_order() {
 }
 
 } // namespace
+
+BOOST_AUTO_TEST_SUITE(schedule_step_io)
 
 BOOST_AUTO_TEST_CASE(kind_names_round_trip_and_classify) {
   for (step_kind k : ps::all_step_kinds) BOOST_TEST((ps::step_kind_from_name(ps::step_kind_name(k)) == k));
@@ -186,3 +187,5 @@ BOOST_AUTO_TEST_CASE(bad_json_is_rejected_with_entry_and_reason) {
                "order JSON: malformed at byte 16: [json.exception.parse_error.101] parse error at line 1, column 16: "
                "syntax error while parsing object key - unexpected ']'; expected string literal");
 }
+
+BOOST_AUTO_TEST_SUITE_END() // schedule_step_io

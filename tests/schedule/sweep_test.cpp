@@ -4,7 +4,6 @@
 // order, exactly five swap steps per swapped chunk, each swapped chunk's backward at least four compute
 // slots after its forward, and the whole injected schedule still valid. The totals are pinned to the
 // values the reference implementation produces for the same sweep.
-#define BOOST_TEST_MODULE schedule_sweep
 #include <boost/test/unit_test.hpp>
 
 #include "support/sanitized.hpp"
@@ -158,6 +157,8 @@ void check_family(std::string const& family, std::function<ps::rank_orders(int, 
 // The expected totals are what the reference implementation produces for the same sweeps; the
 // sample run under sanitizers checks everything but these sums.
 bool const full_sweep = !pipeswap::test::sanitized_build;
+BOOST_AUTO_TEST_SUITE(schedule_sweep)
+
 BOOST_AUTO_TEST_CASE(gpipe_sweep) {
   totals t;
   check_family("gpipe", [](int r, int m) { return ps::gpipe(r, m); }, 1, t, true);
@@ -236,3 +237,5 @@ BOOST_AUTO_TEST_CASE(load_lookahead_sweep) {
   }
   BOOST_TEST(moved > 0); // the option changes placements somewhere in the sweep
 }
+
+BOOST_AUTO_TEST_SUITE_END() // schedule_sweep

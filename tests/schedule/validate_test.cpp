@@ -1,6 +1,5 @@
 // Validators: every rule of check_order and check_schedule with its exact report, deadlock cycles,
 // and the reference's label-cycle check (reference §4.1 items 9 and 10).
-#define BOOST_TEST_MODULE schedule_validate
 #include <boost/test/unit_test.hpp>
 
 #include "support.hpp"
@@ -43,6 +42,8 @@ std::vector<std::string> check_all(std::vector<std::string_view> const& texts, p
 using strings = std::vector<std::string>;
 
 } // namespace
+
+BOOST_AUTO_TEST_SUITE(schedule_validate)
 
 BOOST_AUTO_TEST_SUITE(order_rules)
 
@@ -317,3 +318,5 @@ BOOST_AUTO_TEST_CASE(label_cycles_assume_rendezvous_sends) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE_END() // schedule_validate

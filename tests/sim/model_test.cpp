@@ -3,7 +3,6 @@
 // 6 + 12/d bytes per parameter, Narayanan et al.'s FLOPs per iteration with and without
 // recomputation, the 1F1B step (m + p − 1)·(t_f + t_b) on uniform stages; and the collectives and
 // host-link sharing the simulator charges, each pinned to its formula in docs/simulator.md.
-#define BOOST_TEST_MODULE sim_model
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>
@@ -53,6 +52,8 @@ std::uint64_t bytes(sim::model_spec const& m, std::uint32_t tp, bool sp, recompu
 }
 
 } // namespace
+
+BOOST_AUTO_TEST_SUITE(sim_model)
 
 // Every row of Korthikanti et al. 2022 (eq. 1 and 2, Table 2), in exact integers: s·b·h·k/t and
 // 5·a·s²·b/t are whole numbers for these shapes.
@@ -347,3 +348,5 @@ BOOST_AUTO_TEST_CASE(an_end_to_end_mfu_calibrates_the_kernel_efficiency) {
   s.device.end_to_end_mfu = 0.99;                // out of reach with the bubble of 2 ranks, 8 micro-batches
   BOOST_CHECK_THROW((void)sim::calibrated(s), pipeswap::invalid_argument);
 }
+
+BOOST_AUTO_TEST_SUITE_END() // sim_model

@@ -1,7 +1,6 @@
 // The simulator as a checker of the swap runtimes: with any one of their data-ordering waits
 // removed, a simulated step on a real schedule is caught by the mock backend's hazard checker.
 #define PIPESWAP_MUTATION_TESTING
-#define BOOST_TEST_MODULE sim_pipeline_mutation
 #include <boost/test/unit_test.hpp>
 
 #include <pipeswap/core/detail/mutation.hpp>
@@ -51,6 +50,8 @@ bool caught(unsigned sites) {
 
 } // namespace
 
+BOOST_AUTO_TEST_SUITE(sim_pipeline_mutation)
+
 BOOST_AUTO_TEST_CASE(the_correct_runtime_passes) { BOOST_TEST(!caught(0)); }
 
 // load_after_mirror is not in the list: in a simulated step the host issues every load after it
@@ -61,3 +62,5 @@ BOOST_AUTO_TEST_CASE(each_data_wait_is_necessary) {
     BOOST_TEST(caught(1u << static_cast<unsigned>(site)), ps::detail::to_string(site));
   }
 }
+
+BOOST_AUTO_TEST_SUITE_END() // sim_pipeline_mutation

@@ -2,7 +2,6 @@
 // and without activation and optimizer swap, time, bytes moved), saved activations intact after
 // their round trip through host memory across a sweep of schedules, and clear errors for orders it
 // cannot run.
-#define BOOST_TEST_MODULE sim_pipeline
 #include <boost/test/unit_test.hpp>
 
 #include <nlohmann/json.hpp>
@@ -40,6 +39,8 @@ sim::sim_options opts(bool acts, bool optimizer) {
 }
 
 } // namespace
+
+BOOST_AUTO_TEST_SUITE(sim_pipeline)
 
 BOOST_AUTO_TEST_CASE(the_model_of_the_hand_computed_case_is_what_the_comment_says) {
   auto const st = sim::plan_stages(tiny());
@@ -233,3 +234,5 @@ BOOST_AUTO_TEST_CASE(the_default_scenario_needs_swap_and_fits_with_it) {
   BOOST_TEST(plain.ranks[0].peak_bytes - swapped.ranks[0].peak_bytes >
              plain.ranks[7].peak_bytes - swapped.ranks[7].peak_bytes);
 }
+
+BOOST_AUTO_TEST_SUITE_END() // sim_pipeline

@@ -1,9 +1,14 @@
 // pipeswap — the pinned host memory pool shared by the optimizer runtime and the activation manager.
 //
 // Pinned allocations are expensive (a cudaHostAlloc costs milliseconds and may synchronize the device)
-// and a training step needs thousands of host mirrors, so the pool carves small blocks out of large
-// pinned chunks and gives large requests a dedicated allocation of exactly the requested size (no
+// and a training step needs thousands of host mirrors, so the pool carves small blocks out of pinned
+// slabs and gives large requests a dedicated allocation of exactly the requested size (no
 // power-of-two rounding: on a 70B model that rounding would waste hundreds of gigabytes).
+//
+// Slabs grow geometrically: the first is first_slab_bytes (1 MiB), each later one as large as all
+// slabs so far, up to slab_bytes (64 MiB). Slab memory is thus at most about twice what small blocks
+// ever needed at once (plus one first slab), whatever the model's size: a 4 MB model pins a few MiB,
+// not 64.
 //
 // Blocks come back with the event after which their last copy is complete. The next owner of the
 // bytes inherits those events: a device-side user makes its stream wait them (allocate), a host-side
@@ -22,6 +27,7 @@
 #include <vector>
 
 #include <pipeswap/backend/concepts.hpp>
+#include <pipeswap/core/detail/round.hpp>
 #include <pipeswap/core/event_handle.hpp>
 #include <pipeswap/error.hpp>
 
@@ -34,13 +40,17 @@ struct pinned_block {
   [[nodiscard]] explicit operator bool() const noexcept { return ptr != nullptr; }
 };
 
+/// The pool's runtime knobs. Slabs are the pinned allocations small blocks are carved from.
 struct pinned_pool_options {
-  /// Size of the pinned chunks small blocks are carved from.
-  std::size_t chunk_bytes = std::size_t{64} << 20;
-  /// Requests of at least this size get a dedicated, exact-size allocation.
+  /// Largest slab. At least dedicated_threshold, so that every small block fits in one.
+  std::size_t slab_bytes = std::size_t{64} << 20;
+  /// Requests of at least this size get a dedicated, exact-size allocation instead of slab space.
   std::size_t dedicated_threshold = std::size_t{4} << 20;
-  /// Alignment (and granularity) of blocks carved from chunks; a power of two.
+  /// Alignment (and granularity) of blocks carved from slabs; a power of two.
   std::size_t alignment = 512;
+  /// Size of the first slab; each later slab is as large as all slabs so far (at least the block it
+  /// is made for, at most slab_bytes). Capped at slab_bytes.
+  std::size_t first_slab_bytes = std::size_t{1} << 20;
 };
 
 /// Statistics of a pinned_pool.
@@ -48,8 +58,8 @@ struct pinned_pool_stats {
   std::size_t reserved_bytes = 0; ///< pinned bytes obtained from the backend
   std::size_t used_bytes = 0;     ///< bytes in blocks handed out
   std::size_t peak_used_bytes = 0;
-  std::size_t chunks = 0;
-  std::size_t dedicated = 0;
+  std::size_t slabs = 0;          ///< slabs held
+  std::size_t dedicated = 0;      ///< dedicated blocks held (in use or parked for reuse)
 };
 
 template <backend B>
@@ -60,8 +70,13 @@ public:
       throw invalid_argument("pinned_pool: alignment " + std::to_string(opts_.alignment) +
                              " is not a power of two");
     }
-    if (opts_.chunk_bytes < opts_.dedicated_threshold) {
-      throw invalid_argument("pinned_pool: chunk_bytes must be at least dedicated_threshold");
+    if (opts_.slab_bytes < opts_.dedicated_threshold) {
+      throw invalid_argument("pinned_pool: slab_bytes (" + std::to_string(opts_.slab_bytes) +
+                             ") must be at least dedicated_threshold (" +
+                             std::to_string(opts_.dedicated_threshold) + ")");
+    }
+    if (opts_.first_slab_bytes == 0) {
+      throw invalid_argument("pinned_pool: first_slab_bytes must be positive");
     }
   }
   pinned_pool(pinned_pool const&) = delete;
@@ -74,7 +89,7 @@ public:
         sync(d.pending);
         b_.deallocate_host(base, d.bytes);
       }
-      for (auto& c : chunks_) {
+      for (auto& c : slabs_) {
         for (auto& [off, r] : c->free) sync(r.pending);
         b_.deallocate_host(c->base, c->bytes);
       }
@@ -113,7 +128,7 @@ public:
     give_back(blk, std::move(pending));
   }
 
-  /// Gives fully free chunks and parked dedicated blocks back to the backend (synchronizing their
+  /// Gives fully free slabs and parked dedicated blocks back to the backend (synchronizing their
   /// pending events).
   void trim() {
     for (auto it = dedicated_.begin(); it != dedicated_.end();) {
@@ -127,14 +142,15 @@ public:
       --stats_.dedicated;
       it = dedicated_.erase(it);
     }
-    for (auto it = chunks_.begin(); it != chunks_.end();) {
+    for (auto it = slabs_.begin(); it != slabs_.end();) {
       auto& c = **it;
       if (c.free.size() == 1 && c.free.begin()->second.bytes == c.bytes) {
         sync(c.free.begin()->second.pending);
         b_.deallocate_host(c.base, c.bytes);
         stats_.reserved_bytes -= c.bytes;
-        --stats_.chunks;
-        it = chunks_.erase(it);
+        slab_bytes_held_ -= c.bytes;
+        --stats_.slabs;
+        it = slabs_.erase(it);
       } else {
         ++it;
       }
@@ -142,14 +158,14 @@ public:
   }
 
   [[nodiscard]] pinned_pool_stats stats() const noexcept { return stats_; }
-  [[nodiscard]] B& backend_ref() const noexcept { return b_; }
+  [[nodiscard]] pinned_pool_options const& options() const noexcept { return opts_; }
 
 private:
   struct free_range {
     std::size_t bytes = 0;
     std::vector<event_handle<B>> pending;
   };
-  struct chunk {
+  struct slab {
     std::byte* base = nullptr;
     std::size_t bytes = 0;
     std::map<std::size_t, free_range> free; // offset → range
@@ -160,8 +176,13 @@ private:
     bool in_use = true;
   };
 
-  [[nodiscard]] std::size_t round(std::size_t n) const {
-    return (n + opts_.alignment - 1) & ~(opts_.alignment - 1);
+  [[nodiscard]] std::size_t round(std::size_t n) const { return detail::round_up(n, opts_.alignment); }
+
+  /// The size of the next slab, made for a block of `need` bytes.
+  [[nodiscard]] std::size_t next_slab_size(std::size_t need) const {
+    auto const cap = opts_.slab_bytes;
+    auto const grown = std::max(std::min(opts_.first_slab_bytes, cap), slab_bytes_held_);
+    return round(std::max(std::min(grown, cap), need));
   }
 
   void sync(std::vector<event_handle<B>>& pending) {
@@ -194,13 +215,14 @@ private:
       auto const need = round(n);
       blk = carve(need, pending);
       if (!blk) {
-        auto c = std::make_unique<chunk>();
-        c->bytes = opts_.chunk_bytes;
+        auto c = std::make_unique<slab>();
+        c->bytes = next_slab_size(need);
         c->base = b_.allocate_host(c->bytes);
         c->free.emplace(0, free_range{c->bytes, {}});
         stats_.reserved_bytes += c->bytes;
-        ++stats_.chunks;
-        chunks_.push_back(std::move(c));
+        slab_bytes_held_ += c->bytes;
+        ++stats_.slabs;
+        slabs_.push_back(std::move(c));
         blk = carve(need, pending);
       }
       blk.bytes = n;
@@ -210,11 +232,11 @@ private:
     return blk;
   }
 
-  /// Best fit over all chunks; splits the chosen range.
+  /// Best fit over all slabs; splits the chosen range.
   pinned_block carve(std::size_t need, std::vector<event_handle<B>>& pending) {
-    chunk* best = nullptr;
+    slab* best = nullptr;
     std::size_t best_off = 0, best_size = 0;
-    for (auto& c : chunks_) {
+    for (auto& c : slabs_) {
       for (auto const& [off, r] : c->free) {
         if (r.bytes >= need && (best == nullptr || r.bytes < best_size)) {
           best = c.get();
@@ -244,7 +266,7 @@ private:
       it->second.pending = std::move(pending);
       return;
     }
-    for (auto& c : chunks_) {
+    for (auto& c : slabs_) {
       if (blk.ptr < c->base || blk.ptr >= c->base + c->bytes) continue;
       auto off = static_cast<std::size_t>(blk.ptr - c->base);
       auto size = round(blk.bytes);
@@ -273,7 +295,8 @@ private:
 
   B& b_;
   pinned_pool_options opts_;
-  std::vector<std::unique_ptr<chunk>> chunks_;
+  std::vector<std::unique_ptr<slab>> slabs_;
+  std::size_t slab_bytes_held_ = 0;
   std::map<std::byte*, dedicated_block> dedicated_;
   pinned_pool_stats stats_;
 };

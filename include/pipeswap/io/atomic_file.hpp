@@ -43,7 +43,7 @@ struct atomic_file_options {
   /// without it a crash may leave an empty or partial file at the target.
   bool sync = true;
   /// Largest single write(2), so one call never blocks for long on a huge buffer.
-  std::size_t chunk_bytes = std::size_t{8} << 20;
+  std::size_t max_write_bytes = std::size_t{8} << 20;
   /// Test hook, see syscall_hook.
   syscall_hook hook;
 };
@@ -70,7 +70,7 @@ public:
     if (target_.filename().empty() || target_.filename() == "." || target_.filename() == "..") {
       throw invalid_argument("atomic write of \"" + target_.native() + "\": the path names no file");
     }
-    if (options_.chunk_bytes == 0) options_.chunk_bytes = 1;
+    if (options_.max_write_bytes == 0) options_.max_write_bytes = 1;
     dir_ = target_.parent_path();
     if (dir_.empty()) dir_ = ".";
     create_temp();
@@ -87,12 +87,12 @@ public:
   /// Removes the temporary file unless committed. Never throws.
   ~atomic_file() { discard(); }
 
-  /// Appends `bytes` to the temporary file, in chunks of at most options.chunk_bytes, retrying
+  /// Appends `bytes` to the temporary file, in writes of at most options.max_write_bytes, retrying
   /// short writes and EINTR.
   void write(std::span<std::byte const> bytes) {
     require_open("write");
     while (!bytes.empty()) {
-      std::size_t n = std::min(bytes.size(), options_.chunk_bytes);
+      std::size_t n = std::min(bytes.size(), options_.max_write_bytes);
       syscall_fault const f = ask("write");
       if (f.error == EINTR) continue;
       if (f.error != 0) fail("write", temp_, f.error);

@@ -39,7 +39,7 @@ struct write_options {
 /// Runtime knobs of save_file.
 struct save_options {
   std::uint64_t max_header_size = default_max_header_size;
-  /// Durability, write chunk size and the test hook of the atomic replacement.
+  /// Durability, largest single write and the test hook of the atomic replacement.
   atomic_file_options file;
 };
 

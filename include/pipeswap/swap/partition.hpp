@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include <pipeswap/core/detail/round.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/swap/slot.hpp>
 
@@ -125,7 +126,7 @@ struct split_partition {
     std::uint64_t granules = 0;
     for (auto const& it : items) {
       total += it.bytes();
-      if (it.bytes_per_element) granules += (it.numel + granularity - 1) / granularity;
+      if (it.bytes_per_element) granules += detail::ceil_div(it.numel, granularity);
     }
     auto const k = static_cast<std::size_t>(
         std::max<std::uint64_t>(1, std::min<std::uint64_t>(swap_times, granules)));
@@ -133,7 +134,7 @@ struct split_partition {
     std::size_t b = 0;
     detail::uint128 start = 0; // bytes before the current unit
     // End (exclusive, in bytes) of batch b: ceil(T·(b+1)/k).
-    auto batch_end = [&](std::size_t bb) { return (total * (bb + 1) + k - 1) / k; };
+    auto batch_end = [&](std::size_t bb) { return detail::ceil_div(total * (bb + 1), detail::uint128{k}); };
     for (std::size_t u = 0; u < items.size(); ++u) {
       auto const& it = items[u];
       auto const n = static_cast<std::size_t>(it.numel);
@@ -150,10 +151,10 @@ struct split_partition {
             ++b;
             continue;
           }
-          auto const need = static_cast<std::uint64_t>((end_bytes - start + it.bytes_per_element - 1) /
-                                                       it.bytes_per_element);
+          auto const need = static_cast<std::uint64_t>(
+              detail::ceil_div(end_bytes - start, detail::uint128{it.bytes_per_element}));
           if (e + need < n) { // the batch ends inside this unit, on the next granule boundary
-            cut = static_cast<std::size_t>((e + need + granularity - 1) / granularity * granularity);
+            cut = static_cast<std::size_t>(detail::round_up(std::uint64_t{e + need}, granularity));
             cut = std::clamp<std::size_t>(cut, e + 1, n);
           }
         }

@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <pipeswap/core/detail/round.hpp>
+
 namespace pipeswap::mock {
 
 /// Simulated time in nanoseconds. Time starts at 0 when a mock backend is constructed.
@@ -22,7 +24,7 @@ struct link_model {
   [[nodiscard]] constexpr sim_time duration(std::size_t bytes) const noexcept {
     if (bytes == 0) return 0;
     auto const num = static_cast<detail::uint128>(bytes) * 1'000'000'000u;
-    auto const ns = (num + bytes_per_second - 1) / bytes_per_second;
+    auto const ns = pipeswap::detail::ceil_div(num, detail::uint128{bytes_per_second});
     return latency_ns + static_cast<sim_time>(ns);
   }
 };

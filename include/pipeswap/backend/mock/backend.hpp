@@ -1,0 +1,667 @@
+// pipeswap — the mock backend's model of one accelerator: the Backend concept, its optional
+// capabilities, kernels, peek and poke for tests, accounting. The hazard checker (checker.hpp), the
+// trace export (trace.hpp), fault injection (faults.hpp) and the effect queue (detail/storage.hpp) are
+// its parts; <pipeswap/backend/mock.hpp> describes the whole.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <span>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <pipeswap/backend/concepts.hpp>
+#include <pipeswap/backend/device_ptr.hpp>
+#include <pipeswap/backend/mock/checker.hpp>
+#include <pipeswap/backend/mock/detail/op_log.hpp>
+#include <pipeswap/backend/mock/detail/storage.hpp>
+#include <pipeswap/backend/mock/detail/vector_clock.hpp>
+#include <pipeswap/backend/mock/faults.hpp>
+#include <pipeswap/backend/mock/hazard.hpp>
+#include <pipeswap/backend/mock/timing.hpp>
+#include <pipeswap/backend/mock/trace.hpp>
+#include <pipeswap/backend/mock/types.hpp>
+#include <pipeswap/core/detail/round.hpp>
+
+namespace pipeswap::mock {
+
+class backend;
+
+/// What a kernel body sees: typed views of the regions its launch declared. Asking for bytes outside
+/// the declared regions throws mock_error (the launch must declare everything it touches).
+class kernel_context {
+public:
+  template <class T>
+  [[nodiscard]] std::span<T const> read(device_ptr p, std::size_t count) const {
+    static_assert(std::is_trivially_copyable_v<T>);
+    return {reinterpret_cast<T const*>(bytes(p, count * sizeof(T), false)), count};
+  }
+  template <class T>
+  [[nodiscard]] std::span<T> write(device_ptr p, std::size_t count) const {
+    static_assert(std::is_trivially_copyable_v<T>);
+    return {reinterpret_cast<T*>(bytes(p, count * sizeof(T), true)), count};
+  }
+
+private:
+  friend class backend;
+  struct bound {
+    device_ptr ptr;
+    std::size_t bytes;
+    bool writable;
+    std::byte* data;
+  };
+  std::byte* bytes(device_ptr p, std::size_t n, bool writable) const;
+  std::string name_;
+  std::vector<bound> regions_;
+};
+
+/// The mock backend. See the header comment.
+class backend {
+public:
+  using backend_concept = pipeswap::backend_tag;
+  using error_type = mock_error;
+  using stream_type = stream;
+  using event_type = event;
+  using device_pointer = device_ptr;
+
+  explicit backend(options opts = {}) : opts_(opts) {
+    new_stream("stream 0 (compute)");
+  }
+  backend(backend const&) = delete;
+  backend& operator=(backend const&) = delete;
+  ~backend() {
+    for (;;) { // a throwing kernel body must not escape a destructor: skip it and go on
+      try {
+        effects_.drain(std::numeric_limits<sim_time>::max());
+        return;
+      } catch (...) {
+      }
+    }
+  }
+
+  // ----- Backend concept ---------------------------------------------------------------------------
+
+  [[nodiscard]] stream current_stream() const noexcept { return current_; }
+
+  stream new_stream() { return new_stream("stream " + std::to_string(streams_.size())); }
+
+  event record_event(stream s) {
+    auto& st = state_of(s, "record_event");
+    event e;
+    e.id = ++event_ids_;
+    e.stream = s.id;
+    e.time = std::max(st.ready, host_now_);
+    e.clock = st.clock;
+    e.clock.join(host_clock_);
+    log_op(op_kind::record, agent_of(s), st.seq, e.time, e.time, 0, engine::none,
+           "record event " + std::to_string(e.id));
+    return e;
+  }
+
+  void wait_event(stream s, event const& e) {
+    auto& st = state_of(s, "wait_event");
+    if (!e.recorded()) throw mock_error("mock::backend::wait_event: the event was never recorded");
+    st.ready = std::max(st.ready, e.time);
+    st.clock.join(e.clock);
+    log_op(op_kind::wait, agent_of(s), st.seq, std::max(st.ready, host_now_),
+           std::max(st.ready, host_now_), 0, engine::none,
+           "wait event " + std::to_string(e.id) + " (" + log_.stream_lane(e.stream) + ")");
+  }
+
+  void synchronize(event const& e) {
+    if (!e.recorded()) throw mock_error("mock::backend::synchronize: the event was never recorded");
+    host_wait(e.time, e.clock, "synchronize event " + std::to_string(e.id));
+  }
+
+  device_ptr allocate_device(std::size_t n, stream s) {
+    state_of(s, "allocate_device");
+    if (n == 0) return device_ptr{};
+    faults_.attempt(fault_site::allocation, "allocate_device", n);
+    auto const p = plan(s, 0, engine::none);
+    if (opts_.device_capacity != std::numeric_limits<std::size_t>::max()) {
+      auto const live = device_bytes_at(p.start);
+      if (live + n > opts_.device_capacity) {
+        throw mock_error("mock::backend::allocate_device: out of device memory allocating " +
+                         std::to_string(n) + " bytes on " + log_.stream_lane(s.id) + " (" +
+                         std::to_string(live) + " of " + std::to_string(opts_.device_capacity) +
+                         " bytes live)");
+      }
+    }
+    auto a = std::make_shared<allocation>();
+    a->id = ++alloc_ids_;
+    a->device = true;
+    a->size = n;
+    a->base = next_device_address_;
+    // A gap of one alignment unit catches off-by-one neighbours.
+    next_device_address_ += pipeswap::detail::round_up(n, detail::allocation_alignment) +
+                            detail::allocation_alignment;
+    if (opts_.materialize) a->fill_poison();
+    auto const op = commit(s, p, op_kind::allocate, n, engine::none, label("allocate"));
+    a->shadow.emplace(n, detail::access_ref{p.agent, p.seq, op});
+    device_allocs_.emplace(a->base, a);
+    mem_events_.push_back({p.start, static_cast<std::int64_t>(n), op});
+    device_live_ += n;
+    ++live_device_allocations_;
+    return device_ptr(a->base);
+  }
+
+  void deallocate_device(device_ptr d, std::size_t n, stream s) {
+    state_of(s, "deallocate_device");
+    if (!d) return;
+    auto a = find_device(d, "deallocate_device");
+    if (a->base != d.address() || a->size != n) {
+      throw mock_error("mock::backend::deallocate_device: " + describe_ptr(d) + " with " +
+                       std::to_string(n) + " bytes does not name a whole allocation (allocation #" +
+                       std::to_string(a->id) + " has " + std::to_string(a->size) + " bytes)");
+    }
+    auto const p = plan(s, 0, engine::none);
+    touches t;
+    t.add(a, 0, n, detail::access_mode::release);
+    detail::check_touches(t, p, op_kind::release, label("release"), log_, opts_, hazards_);
+    auto const op = commit(s, p, op_kind::release, n, engine::none, label("release"));
+    a->released = true;
+    a->release_op = op;
+    mem_events_.push_back({p.start, -static_cast<std::int64_t>(n), op});
+    device_live_ -= n;
+    --live_device_allocations_;
+    effects_.push(p.end, op, [a] { a->free_storage(); });
+  }
+
+  std::byte* allocate_host(std::size_t n) {
+    if (n == 0) return nullptr;
+    faults_.attempt(fault_site::allocation, "allocate_host", n);
+    auto a = std::make_shared<allocation>();
+    a->id = ++alloc_ids_;
+    a->device = false;
+    a->size = n;
+    if (opts_.materialize) {
+      a->fill_poison();
+      a->base = reinterpret_cast<std::uintptr_t>(a->data);
+    } else {
+      // Timing-only: a unique address range with no bytes behind it (never dereferenced).
+      a->base = next_host_address_;
+      next_host_address_ += pipeswap::detail::round_up(n, detail::allocation_alignment) +
+                          detail::allocation_alignment;
+    }
+    auto const op = host_op(op_kind::host_allocate, n, label("allocate pinned"));
+    a->shadow.emplace(n, detail::access_ref{0, host_clock_.get(0), op});
+    host_allocs_.emplace(a->base, a);
+    host_live_ += n;
+    host_peak_ = std::max(host_peak_, host_live_);
+    return reinterpret_cast<std::byte*>(a->base);
+  }
+
+  void deallocate_host(std::byte* h, std::size_t n) {
+    if (h == nullptr) return;
+    auto a = find_host(h, "deallocate_host");
+    if (a->base != reinterpret_cast<std::uintptr_t>(h) || a->size != n) {
+      throw mock_error("mock::backend::deallocate_host: the pointer with " + std::to_string(n) +
+                       " bytes does not name a whole pinned allocation (allocation #" +
+                       std::to_string(a->id) + " has " + std::to_string(a->size) + " bytes)");
+    }
+    effects_.drain(host_now_);
+    auto c = host_clock_;
+    c.set(0, host_clock_.get(0) + 1);
+    touches t;
+    t.add(a, 0, n, detail::access_mode::release);
+    planned p{0, c.get(0), host_now_, host_now_, c};
+    detail::check_touches(t, p, op_kind::host_release, label("release pinned"), log_, opts_, hazards_);
+    host_clock_ = c;
+    auto const op = log_op(op_kind::host_release, 0, c.get(0), host_now_, host_now_, n, engine::none,
+                           label("release pinned"));
+    a->released = true;
+    a->release_op = op;
+    a->storage_gone = true; // the host frees at once; a racing copy finds nothing to write
+    host_allocs_.erase(a->base);
+    host_live_ -= n;
+    effects_.keep_until_drained(std::move(a)); // bytes outlive pending effects
+  }
+
+  void copy_h2d(device_ptr d, std::byte const* h, std::size_t n, stream s) {
+    copy(op_kind::h2d, d, h, n, s);
+  }
+
+  void copy_d2h(std::byte* h, device_ptr d, std::size_t n, stream s) {
+    copy(op_kind::d2h, d, h, n, s);
+  }
+
+  // ----- Optional capabilities ---------------------------------------------------------------------
+
+  /// Names the operations enqueued next (until the next call). An empty label clears it.
+  void set_label(std::string_view l) { label_.assign(l); }
+
+  /// Declares that the host is about to read pinned bytes: brings the simulation up to the host's
+  /// clock and checks that every write to them is ordered before (synchronized with) the host.
+  void note_host_read(std::byte const* h, std::size_t n) { host_access(h, n, false); }
+
+  /// Declares that the host is about to write pinned bytes: checks that no unsynchronized copy still
+  /// reads or writes them.
+  void note_host_write(std::byte const* h, std::size_t n) { host_access(h, n, true); }
+
+  /// Blocks the host until all work on all streams is complete.
+  void synchronize_device() {
+    sim_time t = host_now_;
+    detail::vector_clock c;
+    for (auto const& st : streams_) {
+      t = std::max(t, st.ready);
+      c.join(st.clock);
+    }
+    host_wait(t, c, "synchronize device");
+  }
+
+  /// False in timing-only runs: pinned allocations are then addresses with no bytes behind them.
+  [[nodiscard]] bool holds_bytes() const noexcept { return opts_.materialize; }
+
+  // ----- Mock-specific -----------------------------------------------------------------------------
+
+  /// Work enqueued on `s` after this call starts no earlier than simulated time `t`: data arriving
+  /// from outside this device (a receive from another pipeline rank) at `t`.
+  void wait_until(stream s, sim_time t, std::string_view what = "wait for input") {
+    auto& st = state_of(s, "wait_until");
+    st.ready = std::max(st.ready, t);
+    log_op(op_kind::wait, agent_of(s), st.seq, std::max(st.ready, host_now_), std::max(st.ready, host_now_),
+           0, engine::none, std::string(what));
+  }
+
+  /// A new stream with a name for traces and reports.
+  stream new_stream(std::string name) {
+    streams_.emplace_back();
+    return stream{log_.add_stream(std::move(name))};
+  }
+
+  void set_current_stream(stream s) {
+    state_of(s, "set_current_stream");
+    current_ = s;
+  }
+
+  /// Enqueues a kernel on `s`. `body` runs when the simulation reaches the kernel's end, with views
+  /// of exactly the declared regions. Declared regions are checked like copies: reads must be ordered
+  /// after their writes; writes after every unordered use.
+  void launch(stream s, kernel_desc desc, std::function<void(kernel_context const&)> body = {}) {
+    state_of(s, "launch");
+    faults_.attempt(fault_site::kernel, "launch '" + desc.name + "'", 0);
+    touches t;
+    std::size_t touched = 0;
+    kernel_context ctx;
+    ctx.name_ = desc.name;
+    auto bind = [&](region const& r, bool writable) {
+      if (r.bytes == 0) return;
+      auto a = find_device(r.ptr, "launch '" + desc.name + "' region");
+      auto const off = range_in(*a, r.ptr.address(), r.bytes, "launch '" + desc.name + "' region");
+      t.add(a, off, off + r.bytes,
+            writable ? detail::access_mode::read_write : detail::access_mode::read);
+      ctx.regions_.push_back({r.ptr, r.bytes, writable, nullptr});
+      touched += r.bytes;
+    };
+    for (auto const& r : desc.reads) bind(r, false);
+    for (auto const& r : desc.writes) bind(r, true);
+    auto const cost = desc.cost ? *desc.cost : opts_.timing.kernel_duration(touched);
+    auto const p = plan(s, cost, opts_.timing.concurrent_kernels ? engine::none : engine::compute);
+    detail::check_touches(t, p, op_kind::kernel, label(desc.name), log_, opts_, hazards_);
+    auto const op = commit(s, p, op_kind::kernel, touched,
+                           opts_.timing.concurrent_kernels ? engine::none : engine::compute,
+                           label(desc.name));
+    detail::record_touches(t, p, op);
+    if (opts_.materialize && body) {
+      auto allocs = t.allocations();
+      effects_.push(p.end, op, [allocs = std::move(allocs), ctx = std::move(ctx),
+                              body = std::move(body)]() mutable {
+        for (std::size_t i = 0; i < allocs.size(); ++i) {
+          if (allocs[i]->storage_gone) return; // a hazard already reported this; nothing to run on
+          ctx.regions_[i].data = allocs[i]->data + (ctx.regions_[i].ptr.address() - allocs[i]->base);
+        }
+        body(ctx);
+      });
+    }
+  }
+
+  /// Advances the host clock by `ns` of host-side work.
+  void host_compute(sim_time ns, std::string_view what = "host work") {
+    auto const start = host_now_;
+    host_now_ += ns;
+    host_clock_.set(0, host_clock_.get(0) + 1);
+    log_op(op_kind::host_sync, 0, host_clock_.get(0), start, host_now_, 0, engine::none,
+           std::string(what));
+  }
+
+  /// Test peek: synchronizes the device, then returns a copy of device bytes.
+  [[nodiscard]] std::vector<std::byte> read_device(device_ptr d, std::size_t n) {
+    synchronize_device();
+    if (n == 0) return {};
+    auto a = find_device(d, "read_device");
+    auto const off = range_in(*a, d.address(), n, "read_device");
+    if (a->released) throw mock_error("mock::backend::read_device: allocation was released");
+    if (!opts_.materialize) throw mock_error("mock::backend::read_device: backend holds no bytes");
+    return {a->data + off, a->data + off + n};
+  }
+
+  /// Test poke: synchronizes the device, then writes device bytes from the host (like a blocking
+  /// cudaMemcpy). Later work on any stream is ordered after it.
+  void write_device(device_ptr d, std::span<std::byte const> bytes) {
+    synchronize_device();
+    if (bytes.empty()) return;
+    auto a = find_device(d, "write_device");
+    auto const off = range_in(*a, d.address(), bytes.size(), "write_device");
+    if (a->released) throw mock_error("mock::backend::write_device: allocation was released");
+    host_clock_.set(0, host_clock_.get(0) + 1);
+    auto const op = log_op(op_kind::host_write, 0, host_clock_.get(0), host_now_, host_now_,
+                           bytes.size(), engine::none, label("write_device"));
+    a->shadow->record(off, off + bytes.size(), detail::access_mode::write,
+                      {0, host_clock_.get(0), op}, host_clock_);
+    if (opts_.materialize) std::memcpy(a->data + off, bytes.data(), bytes.size());
+  }
+
+  /// Makes the operation of class `site` that comes after the next `n` such operations throw
+  /// mock_error, once. The failing call has no effect.
+  void fail_after(fault_site site, std::size_t n) noexcept { faults_.fail_after(site, n); }
+  void clear_faults() noexcept { faults_.clear(); }
+  /// Number of operations of class `site` attempted so far (including failed ones).
+  [[nodiscard]] std::size_t attempts(fault_site site) const noexcept {
+    return faults_.attempts(site);
+  }
+
+  [[nodiscard]] std::vector<hazard> const& hazards() const noexcept { return hazards_; }
+  void clear_hazards() noexcept { hazards_.clear(); }
+  void set_hazard_policy(hazard_policy p) noexcept { opts_.hazards = p; }
+  [[nodiscard]] options const& config() const noexcept { return opts_; }
+
+  /// The host thread's simulated clock.
+  [[nodiscard]] sim_time now() const noexcept { return host_now_; }
+  /// When everything enqueued on `s` so far is complete (the start of its next operation, unless
+  /// the host is later).
+  [[nodiscard]] sim_time ready_time(stream s) const { return state_of(s, "ready_time").ready; }
+  /// When everything enqueued so far is complete.
+  [[nodiscard]] sim_time makespan() const noexcept {
+    sim_time t = host_now_;
+    for (auto const& st : streams_) t = std::max(t, st.ready);
+    return t;
+  }
+
+  /// Device bytes allocated and not yet released, counting in enqueue order.
+  [[nodiscard]] std::size_t device_bytes_in_use() const noexcept { return device_live_; }
+  [[nodiscard]] std::size_t live_device_allocations() const noexcept {
+    return live_device_allocations_;
+  }
+  /// Highest device bytes live at any simulated instant (allocations and releases placed at their
+  /// simulated times; at equal times in the order they were enqueued).
+  [[nodiscard]] std::size_t peak_device_bytes() const {
+    std::int64_t live = 0, peak = 0;
+    for (auto const& e : sorted_mem_events()) peak = std::max(peak, live += e.delta);
+    return static_cast<std::size_t>(peak);
+  }
+  /// (time, live bytes) after the changes at each instant, in simulated-time order.
+  [[nodiscard]] std::vector<std::pair<sim_time, std::size_t>> device_memory_timeline() const {
+    auto ev = sorted_mem_events();
+    std::vector<std::pair<sim_time, std::size_t>> out;
+    std::int64_t live = 0;
+    for (auto const& e : ev) {
+      live += e.delta;
+      if (!out.empty() && out.back().first == e.time) out.back().second = static_cast<std::size_t>(live);
+      else out.emplace_back(e.time, static_cast<std::size_t>(live));
+    }
+    return out;
+  }
+  [[nodiscard]] std::size_t host_bytes_in_use() const noexcept { return host_live_; }
+  [[nodiscard]] std::size_t peak_host_bytes() const noexcept { return host_peak_; }
+  [[nodiscard]] std::size_t bytes_copied_h2d() const noexcept { return bytes_h2d_; }
+  [[nodiscard]] std::size_t bytes_copied_d2h() const noexcept { return bytes_d2h_; }
+
+  [[nodiscard]] std::vector<op_record> const& ops() const noexcept { return log_.ops(); }
+
+  /// Writes the timeline as Chrome trace JSON (Perfetto and chrome://tracing open it): one lane per
+  /// stream, one per copy engine and the compute engine, a host lane, and a device-memory counter.
+  /// Output depends only on the sequence of calls, never on host addresses or wall time.
+  void write_chrome_trace(std::ostream& os) const {
+    detail::write_chrome_trace(os, log_, sorted_mem_events());
+  }
+
+  /// Writes this device's trace events (no enclosing object) as process `pid` named `name`, so that
+  /// several simulated devices can share one trace. `first` is true until an event was written.
+  void write_trace_events(std::ostream& os, bool& first, int pid, std::string_view name) const {
+    detail::write_trace_events(os, log_, sorted_mem_events(), first, pid, name);
+  }
+
+  /// The op trace that ends at operation `op` (at most `count` entries), one line per operation.
+  [[nodiscard]] std::string format_trace(std::uint64_t op, std::size_t count) const {
+    return log_.format_trace(op, count);
+  }
+
+  /// One operation of the log: `#i kind 'name' on lane t=[start,end)`.
+  [[nodiscard]] std::string describe_op(std::uint64_t i) const { return log_.describe(i); }
+
+private:
+  struct stream_state {
+    sim_time ready = 0;
+    std::uint64_t seq = 0;
+    detail::vector_clock clock;
+  };
+  using allocation = detail::allocation;
+  using alloc_ptr = detail::alloc_ptr;
+  using planned = detail::planned;
+  using touches = detail::touches;
+  using mem_event = detail::mem_event;
+
+  static std::uint32_t agent_of(stream s) noexcept { return s.id + 1; }
+  static std::string bytes_text(std::size_t n) { return std::to_string(n) + " B"; }
+
+  std::string label(std::string what) const {
+    return label_.empty() ? what : what + " · " + label_;
+  }
+
+  stream_state& state_of(stream s, char const* call) {
+    if (s.id >= streams_.size()) {
+      throw mock_error(std::string("mock::backend::") + call + ": unknown stream " +
+                       std::to_string(s.id));
+    }
+    return streams_[s.id];
+  }
+  stream_state const& state_of(stream s, char const* call) const {
+    return const_cast<backend*>(this)->state_of(s, call);
+  }
+
+  /// copy_h2d and copy_d2h: `dir` says which side is the source.
+  template <class HostPtr>
+  void copy(op_kind dir, device_ptr d, HostPtr h, std::size_t n, stream s) {
+    bool const up = dir == op_kind::h2d;
+    std::string const call = up ? "copy_h2d" : "copy_d2h";
+    state_of(s, call.c_str());
+    if (n == 0) return;
+    auto const host = reinterpret_cast<std::uintptr_t>(h);
+    auto src = up ? find_host(h, call + " source") : find_device(d, call + " source");
+    auto dst = up ? find_device(d, call + " destination") : find_host(h, call + " destination");
+    auto const so = range_in(*src, up ? host : d.address(), n, call + " source");
+    auto const dof = range_in(*dst, up ? d.address() : host, n, call + " destination");
+    faults_.attempt(fault_site::copy, call, n);
+    auto const eng = up ? engine::h2d : engine::d2h;
+    auto const p = plan(s, (up ? opts_.timing.h2d : opts_.timing.d2h).duration(n), eng);
+    touches t;
+    t.add(src, so, so + n, detail::access_mode::read);
+    t.add(dst, dof, dof + n, detail::access_mode::write);
+    auto const name = label((up ? "H2D " : "D2H ") + bytes_text(n));
+    detail::check_touches(t, p, dir, name, log_, opts_, hazards_);
+    auto const op = commit(s, p, dir, n, eng, name);
+    detail::record_touches(t, p, op);
+    (up ? bytes_h2d_ : bytes_d2h_) += n;
+    if (opts_.materialize) {
+      effects_.push(p.end, op, [src, dst, so, dof, n] {
+        if (!src->storage_gone && !dst->storage_gone) std::memcpy(dst->data + dof, src->data + so, n);
+      });
+    }
+  }
+
+  planned plan(stream s, sim_time duration, engine e) const {
+    auto const& st = streams_[s.id];
+    planned p;
+    p.agent = agent_of(s);
+    p.seq = st.seq + 1;
+    p.start = std::max(st.ready, host_now_);
+    if (e != engine::none) p.start = std::max(p.start, engine_free_[static_cast<int>(e)]);
+    p.end = p.start + duration;
+    p.clock = st.clock;
+    p.clock.join(host_clock_);
+    p.clock.set(p.agent, p.seq);
+    return p;
+  }
+
+  std::uint64_t commit(stream s, planned const& p, op_kind k, std::size_t bytes, engine e,
+                       std::string name) {
+    auto& st = streams_[s.id];
+    st.seq = p.seq;
+    st.ready = p.end;
+    st.clock = p.clock;
+    if (e != engine::none) engine_free_[static_cast<int>(e)] = p.end;
+    return log_op(k, p.agent, p.seq, p.start, p.end, bytes, e, std::move(name));
+  }
+
+  std::uint64_t log_op(op_kind k, std::uint32_t agent, std::uint64_t seq, sim_time start,
+                       sim_time end, std::size_t bytes, engine e, std::string name) {
+    return log_.push(op_record{k, agent, seq, start, end, bytes, e, std::move(name)});
+  }
+
+  std::uint64_t host_op(op_kind k, std::size_t bytes, std::string name) {
+    host_clock_.set(0, host_clock_.get(0) + 1);
+    return log_op(k, 0, host_clock_.get(0), host_now_, host_now_, bytes, engine::none,
+                  std::move(name));
+  }
+
+  void host_wait(sim_time t, detail::vector_clock const& c, std::string what) {
+    auto const start = host_now_;
+    host_now_ = std::max(host_now_, t);
+    host_clock_.join(c);
+    host_clock_.set(0, host_clock_.get(0) + 1);
+    log_op(op_kind::host_sync, 0, host_clock_.get(0), start, host_now_, 0, engine::none,
+           std::move(what));
+    effects_.drain(host_now_);
+  }
+
+  void host_access(std::byte const* h, std::size_t n, bool write) {
+    if (n == 0) return;
+    auto a = find_host(h, write ? "note_host_write" : "note_host_read");
+    auto const off = range_in(*a, reinterpret_cast<std::uintptr_t>(h), n,
+                              write ? "note_host_write" : "note_host_read");
+    effects_.drain(host_now_);
+    auto c = host_clock_;
+    c.set(0, host_clock_.get(0) + 1);
+    planned p{0, c.get(0), host_now_, host_now_, c};
+    touches t;
+    t.add(a, off, off + n, write ? detail::access_mode::write : detail::access_mode::read);
+    auto const kind = write ? op_kind::host_write : op_kind::host_read;
+    detail::check_touches(t, p, kind, label(write ? "host write" : "host read"), log_, opts_,
+                          hazards_);
+    host_clock_ = c;
+    auto const op = log_op(kind, 0, c.get(0), host_now_, host_now_, n, engine::none,
+                           label(write ? "host write" : "host read"));
+    detail::record_touches(t, p, op);
+  }
+
+  alloc_ptr find_device(device_ptr d, std::string const& what) const {
+    auto it = device_allocs_.upper_bound(d.address());
+    if (it != device_allocs_.begin()) {
+      --it;
+      if (d.address() < it->second->base + it->second->size) return it->second;
+    }
+    throw mock_error("mock::backend::" + what + ": " + describe_ptr(d) +
+                     " is not device memory allocated by this backend");
+  }
+
+  alloc_ptr find_host(std::byte const* h, std::string const& what) const {
+    auto const addr = reinterpret_cast<std::uintptr_t>(h);
+    auto it = host_allocs_.upper_bound(addr);
+    if (it != host_allocs_.begin()) {
+      --it;
+      if (addr < it->second->base + it->second->size) return it->second;
+    }
+    throw mock_error("mock::backend::" + what +
+                     ": the host pointer is not pinned memory allocated by this backend (pageable "
+                     "memory would make the copy synchronous)");
+  }
+
+  static std::string describe_ptr(device_ptr d) {
+    std::ostringstream os;
+    os << "device address 0x" << std::hex << d.address();
+    return os.str();
+  }
+
+  std::size_t range_in(allocation const& a, std::uintptr_t addr, std::size_t n,
+                       std::string const& what) const {
+    auto const off = static_cast<std::size_t>(addr - a.base);
+    if (off + n > a.size) {
+      throw mock_error("mock::backend::" + what + ": bytes [" + std::to_string(off) + ", " +
+                       std::to_string(off + n) + ") exceed " + (a.device ? "device" : "pinned") +
+                       " allocation #" + std::to_string(a.id) + " of " + std::to_string(a.size) +
+                       " bytes");
+    }
+    return off;
+  }
+
+  std::vector<mem_event> sorted_mem_events() const {
+    auto ev = mem_events_;
+    std::stable_sort(ev.begin(), ev.end(), [](mem_event const& a, mem_event const& b) {
+      return a.time != b.time ? a.time < b.time : a.op < b.op;
+    });
+    return ev;
+  }
+
+  std::size_t device_bytes_at(sim_time t) const {
+    std::int64_t live = 0;
+    for (auto const& e : mem_events_) if (e.time <= t) live += e.delta;
+    return static_cast<std::size_t>(std::max<std::int64_t>(live, 0));
+  }
+
+  options opts_;
+  std::vector<stream_state> streams_;
+  stream current_{};
+  sim_time host_now_ = 0;
+  detail::vector_clock host_clock_;
+  sim_time engine_free_[4] = {0, 0, 0, 0};
+  std::uint64_t event_ids_ = 0;
+  std::uint64_t alloc_ids_ = 0;
+  std::uintptr_t next_device_address_ = std::uintptr_t{1} << 40;
+  std::uintptr_t next_host_address_ = std::uintptr_t{1} << 46;
+  std::map<std::uintptr_t, alloc_ptr> device_allocs_;
+  std::map<std::uintptr_t, alloc_ptr> host_allocs_;
+  detail::op_log log_;
+  std::vector<hazard> hazards_;
+  std::vector<mem_event> mem_events_;
+  detail::effect_queue effects_;
+  std::string label_;
+  std::size_t device_live_ = 0;
+  std::size_t live_device_allocations_ = 0;
+  std::size_t host_live_ = 0;
+  std::size_t host_peak_ = 0;
+  std::size_t bytes_h2d_ = 0;
+  std::size_t bytes_d2h_ = 0;
+  detail::fault_injector faults_;
+};
+
+static_assert(pipeswap::backend<backend>);
+
+// ----- out-of-line members -------------------------------------------------------------------------
+
+inline std::byte* kernel_context::bytes(device_ptr p, std::size_t n, bool writable) const {
+  if (n == 0) return nullptr;
+  for (auto const& r : regions_) {
+    if (p.address() >= r.ptr.address() && p.address() + n <= r.ptr.address() + r.bytes) {
+      if (writable && !r.writable) {
+        throw mock_error("mock kernel '" + name_ + "' writes bytes it declared as read-only");
+      }
+      return r.data + (p.address() - r.ptr.address());
+    }
+  }
+  throw mock_error("mock kernel '" + name_ + "' touches " + std::to_string(n) +
+                   " bytes outside the regions its launch declared");
+}
+
+} // namespace pipeswap::mock

@@ -1,0 +1,44 @@
+// pipeswap — fault injection of the mock backend: the n-th copy, allocation or kernel launch from now
+// throws mock_error, once, and has no effect.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+
+#include <pipeswap/backend/mock/hazard.hpp>
+#include <pipeswap/backend/mock/types.hpp>
+
+namespace pipeswap::mock::detail {
+
+class fault_injector {
+public:
+  void fail_after(fault_site site, std::size_t n) noexcept {
+    faults_[index(site)] = attempts_[index(site)] + n;
+  }
+  void clear() noexcept {
+    for (auto& f : faults_) f.reset();
+  }
+  [[nodiscard]] std::size_t attempts(fault_site site) const noexcept {
+    return attempts_[index(site)];
+  }
+  /// Counts one attempt of class `site`; throws mock_error if it is the one to fail. `what` names
+  /// the call, `n` its bytes (0: none).
+  void attempt(fault_site site, std::string const& what, std::size_t n) {
+    auto const i = index(site);
+    auto const nth = attempts_[i]++;
+    if (faults_[i] && *faults_[i] == nth) {
+      faults_[i].reset();
+      constexpr char const* names[] = {"copy", "allocation", "kernel"};
+      throw mock_error("mock::backend: injected fault in " + what + " (" + names[i] + " #" +
+                       std::to_string(nth) + (n ? ", " + std::to_string(n) + " bytes" : "") + ")");
+    }
+  }
+
+private:
+  static constexpr std::size_t index(fault_site s) noexcept { return static_cast<std::size_t>(s); }
+  std::size_t attempts_[3] = {0, 0, 0};
+  std::optional<std::size_t> faults_[3];
+};
+
+} // namespace pipeswap::mock::detail

@@ -1,0 +1,69 @@
+// The runtime translation unit of scripts/compile_times.py: what an engine that swaps AdamW over its
+// own backend compiles. A synchronous host backend, its Adam kernel policy, optimizer_swap over
+// adamw, one step.
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+#include <stdexcept>
+
+#include <pipeswap/backend/concepts.hpp>
+#include <pipeswap/core/transfer.hpp>
+#include <pipeswap/optim/adam.hpp>
+#include <pipeswap/swap/optimizer_swap.hpp>
+
+struct host_backend {
+  using backend_concept = pipeswap::backend_tag;
+  using error_type = std::runtime_error;
+  using stream_type = int;
+  struct event_type {};
+  using device_pointer = pipeswap::device_ptr;
+
+  int current_stream() { return 0; }
+  int new_stream() { return 1; }
+  event_type record_event(int) { return {}; }
+  void wait_event(int, event_type const&) {}
+  void synchronize(event_type const&) {}
+  device_pointer allocate_device(std::size_t n, int) { return device_pointer(std::malloc(n)); }
+  void deallocate_device(device_pointer d, std::size_t, int) { std::free(d.get()); }
+  std::byte* allocate_host(std::size_t n) { return static_cast<std::byte*>(std::malloc(n)); }
+  void deallocate_host(std::byte* h, std::size_t) { std::free(h); }
+  void copy_h2d(device_pointer d, std::byte const* h, std::size_t n, int) { std::memcpy(d.get(), h, n); }
+  void copy_d2h(std::byte* h, device_pointer d, std::size_t n, int) { std::memcpy(h, d.get(), n); }
+};
+
+template <>
+struct pipeswap::adam_kernels<host_backend> {
+  void update(host_backend&, int, std::span<adam_tensor<host_backend> const> ts,
+              std::span<adam_step_scalars const> scalars) const {
+    validate_adam_batch(ts, scalars);
+    for (auto const& t : ts) {
+      auto const& s = scalars[t.scalars];
+      detail::adam_range_unchecked(s, t.param_type, t.grad_type, t.param.get(), t.grad.get(),
+                                   t.exp_avg.template get<float>(), t.exp_avg_sq.template get<float>(),
+                                   s.amsgrad ? t.max_exp_avg_sq.template get<float>() : nullptr,
+                                   t.master ? t.master.template get<float>() : nullptr, t.numel);
+    }
+  }
+  void init_master(host_backend&, int, device_ptr param, device_ptr master, std::size_t numel,
+                   dtype) const {
+    std::memcpy(master.get(), param.get(), numel * sizeof(float));
+  }
+};
+
+int main() {
+  host_backend b;
+  pipeswap::transfer_engine<host_backend> x(b);
+  pipeswap::adamw<host_backend> opt(b);
+  auto p = b.allocate_device(64 * sizeof(float), 0);
+  auto g = b.allocate_device(64 * sizeof(float), 0);
+  std::memset(p.get(), 0, 64 * sizeof(float));
+  std::memset(g.get(), 0, 64 * sizeof(float));
+  opt.add_param({p, g, 64, pipeswap::dtype::f32, pipeswap::dtype::f32, false});
+  {
+    pipeswap::optimizer_swap<pipeswap::adamw<host_backend>> rt(x, opt, pipeswap::swap_config{});
+    rt.step();
+  }
+  b.deallocate_device(g, 64 * sizeof(float), 0);
+  b.deallocate_device(p, 64 * sizeof(float), 0);
+}

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Time compiling a one-line TU per public header, and the runtime TU, at -O0.
+
+    python3 scripts/compile_times.py [--cxx g++] [--repeat 3] [--only PATTERN] [--markdown]
+
+Each TU is `#include <pipeswap/HEADER>`, compiled with `-std=c++20 -O0 -c` (no link). The runtime TU
+is scripts/compile_time/runtime_tu.cpp: optimizer_swap<adamw<B>> over a user-written backend, one
+step(). The figure is the compiler's CPU time (user + system, from getrusage), the least of
+--repeat runs, so that other work on a shared machine inflates it as little as possible. Headers
+that need the CUDA Toolkit are skipped when it is not found; *.cuh need nvcc and are skipped.
+"""
+import argparse
+import os
+import pathlib
+import resource
+import subprocess
+import sys
+import tempfile
+
+root = pathlib.Path(__file__).resolve().parent.parent
+include = root / "include"
+
+
+def cpu_seconds(cmd):
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if r.returncode != 0:
+        sys.exit(f"compile failed: {' '.join(cmd)}\n{r.stderr[-4000:]}")
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def cuda_include():
+    for d in [os.environ.get("CUDA_PATH", ""), "/usr/local/cuda"]:
+        if d and (pathlib.Path(d) / "include" / "cuda_runtime_api.h").is_file():
+            return str(pathlib.Path(d) / "include")
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cxx", default=os.environ.get("CXX", "g++"))
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--only", default="", help="time only headers whose path contains this")
+    ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    args = ap.parse_args()
+
+    headers = sorted(p.relative_to(include).as_posix() for p in include.rglob("*.hpp")
+                     if "detail" not in p.relative_to(include).parts)
+    cuda_inc = cuda_include()
+    base = [args.cxx, "-std=c++20", "-O0", "-c", "-o", os.devnull, "-I", str(include)]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tus = []
+        for h in headers:
+            if args.only not in h:
+                continue
+            extra = []
+            if h.startswith(("pipeswap/backend/cuda", "pipeswap/optim/cuda")):
+                if cuda_inc is None:
+                    continue
+                extra = ["-I", cuda_inc]
+            tu = pathlib.Path(tmp) / (h.replace("/", "_") + ".cpp")
+            tu.write_text(f"#include <{h}>\n")
+            tus.append((f"<{h}>", [*base, *extra, str(tu)]))
+        if args.only in "runtime":
+            tus.append(("runtime TU (optimizer_swap<adamw<B>>, step)",
+                        [*base, str(root / "scripts" / "compile_time" / "runtime_tu.cpp")]))
+        for name, cmd in tus:
+            t = min(cpu_seconds(cmd) for _ in range(max(1, args.repeat)))
+            rows.append((name, t))
+            if not args.markdown:
+                print(f"{t:6.2f} s  {name}", flush=True)
+    if args.markdown:
+        print("| translation unit | -O0 CPU s |\n|---|---:|")
+        for name, t in rows:
+            print(f"| `{name}` | {t:.2f} |" if name.startswith("<") else f"| {name} | {t:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

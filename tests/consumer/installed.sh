@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs this build into a staging tree (meson install --destdir) and builds the consumer against
+# it twice: a CMake project through find_package(pipeswap CONFIG), and a plain compiler command
+# through pkg-config. Both programs must run.
+#   installed.sh BUILD_DIR CONSUMER_SRC WORK_DIR CXX...
+set -euo pipefail
+build=$1 src=$2 work=$3
+shift 3
+rm -rf "$work"
+mkdir -p "$work"
+meson install -C "$build" --no-rebuild --quiet --destdir "$work/stage" >/dev/null
+prefix=$(meson introspect "$build" --buildoptions |
+  python3 -c 'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"]=="prefix"))')
+root="$work/stage$prefix"
+
+echo "== CMake: find_package(pipeswap CONFIG) from $root"
+cmake -S "$src/cmake" -B "$work/cmake-build" -G Ninja -DCMAKE_PREFIX_PATH="$root" \
+  -DCMAKE_CXX_COMPILER="${!#}" -DCMAKE_BUILD_TYPE= >/dev/null
+cmake --build "$work/cmake-build" >/dev/null
+"$work/cmake-build/consumer"
+
+echo "== pkg-config pipeswap from $root"
+pcdir=$(dirname "$(find "$root" -name pipeswap.pc | head -n 1)")
+flags=$(PKG_CONFIG_PATH="$pcdir" pkg-config --define-variable=prefix="$root" --cflags --libs pipeswap)
+# shellcheck disable=SC2086
+"$@" -std=c++20 "$src/main.cpp" $flags -o "$work/pkgconfig-consumer"
+"$work/pkgconfig-consumer"
