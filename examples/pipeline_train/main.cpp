@@ -19,6 +19,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include <fstream>
+#include <sstream>
+
+#include <pipeswap/schedule/json.hpp>
+#include <pipeswap/schedule/validate.hpp>
+
 #include <pipeswap/exec/mpi_comm.hpp>
 #include <pipeswap/exec/thread_comm.hpp>
 
@@ -121,6 +127,14 @@ std::vector<std::optional<pt::rank_outcome>> gather(C& c, pt::rank_outcome const
   return all;
 }
 
+/// Rank 0, before training on given orders: what the validator predicts for them.
+void print_verdict(pt::train_options const& o) {
+  if (!o.orders) return;
+  auto const verdict = pipeswap::schedule::check_schedule(*o.orders, pt::layout_of(o));
+  std::printf("orders: %s\n", verdict.ok() ? "valid, deadlock-free" : pipeswap::schedule::to_string(verdict).c_str());
+  std::fflush(stdout);
+}
+
 /// Rank 0's report; returns the exit status.
 int report(pt::train_options const& o, std::vector<std::optional<pt::rank_outcome>> const& outs, char const* how) {
   auto const swap = o.swap_activations ? (o.swap_optimizer ? "both" : "activations") : (o.swap_optimizer ? "optimizer" : "none");
@@ -161,6 +175,7 @@ int main(int argc, char** argv) {
   long long fail_at = -1;
   int fail_rank = -1;
   std::size_t fail_kernel = 0;
+  std::string orders_file;
   long long timeout_ms = 60000;
   app.add_option("--schedule", kind, "gpipe, 1f1b or interleaved")->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
   app.add_option("--chunks", o.chunks, "stages per rank (interleaved)")->check(CLI::Range(1, 64));
@@ -175,6 +190,8 @@ int main(int argc, char** argv) {
   app.add_option("--fail-rank", fail_rank, "fault injection: the rank that fails");
   app.add_option("--fail-at", fail_at, "fault injection: the order position it fails at (its length: the optimizer step)");
   app.add_option("--fail-kernel", fail_kernel, "fault injection: fail the rank's (N+1)-th kernel launch instead");
+  app.add_option("--orders", orders_file,
+                 "run these orders (a JSON array of rank orders, swap steps as given) instead of --schedule");
   CLI11_PARSE(app, argc, argv);
   o.kind = kind == "gpipe" ? pt::schedule_kind::gpipe : kind == "1f1b" ? pt::schedule_kind::one_f_one_b
                                                                        : pt::schedule_kind::interleaved;
@@ -195,9 +212,26 @@ int main(int argc, char** argv) {
   }
   auto per_rank = o; // fail_at applies on fail_rank only
   try {
+    if (!orders_file.empty()) {
+      std::ifstream in(orders_file);
+      if (!in) throw pipeswap::invalid_argument("pipeline_train: cannot read --orders file '" + orders_file + "'");
+      std::stringstream text;
+      text << in.rdbuf();
+      o.orders = pipeswap::schedule::rank_orders_from_json_text(text.str());
+      int micro = 0;
+      for (auto const& r : *o.orders)
+        for (auto const& e : r)
+          if (e) {
+            micro = std::max(micro, e->micro + 1);
+            for (auto const& l : e->sub) micro = std::max(micro, l.micro + 1);
+          }
+      o.model.micro = micro;
+      if (ranks == 0 && !PIPESWAP_HAS_MPI) ranks = static_cast<int>(o.orders->size());
+    }
     if (ranks > 0 || !PIPESWAP_HAS_MPI) {
       o.ranks = ranks > 0 ? ranks : 1;
       auto run_opts = o;
+      print_verdict(o);
       pipeswap::exec::thread_world w(o.ranks);
       pt::threaded_run r;
       r.outcomes.resize(std::size_t(o.ranks));
@@ -233,6 +267,7 @@ int main(int argc, char** argv) {
       o.ranks = c.size();
       per_rank = o;
       if (fail_rank != c.rank()) per_rank.exec.fail_at.reset();
+      if (c.rank() == 0) print_verdict(o);
       try {
         auto const mine = pt::train_rank(c, per_rank);
         auto const all = gather(c, mine, o.exec.wait_timeout);

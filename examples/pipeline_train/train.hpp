@@ -135,6 +135,10 @@ rank_outcome train_rank(C& comm, train_options const& o) {
   auto const layout = layout_of(o);
   auto const cfg = model_of(o);
   int const rank = comm.rank();
+  if (o.orders && o.orders->size() != static_cast<std::size_t>(o.ranks)) {
+    throw ps::invalid_argument("pipeline_train: " + std::to_string(o.orders->size()) + " orders for " +
+                               std::to_string(o.ranks) + " ranks");
+  }
   mock::backend b{mock_options()};
   ps::transfer_engine<mock::backend> x(b, pool_options());
   std::vector<std::unique_ptr<mlp_stage>> owned;
@@ -186,9 +190,25 @@ struct reference_result {
   std::map<int, std::vector<std::byte>> stage_params;
 };
 
-inline reference_result reference(train_options const& o,
-                                  std::map<int, std::vector<int>> const& backward_order = {}) {
+/// Each stage's micro-batches in the order the orders run their backwards (leaves of composites
+/// included).
+inline std::map<int, std::vector<int>> backward_orders(ps::schedule::rank_orders const& orders) {
+  std::map<int, std::vector<int>> out;
+  for (auto const& o : orders) {
+    for (auto const& e : o) {
+      if (!e) continue;
+      if (e->kind == ps::schedule::step_kind::bwd) out[e->stage].push_back(e->micro);
+      for (auto const& l : e->sub) {
+        if (l.kind == ps::schedule::step_kind::bwd) out[l.stage].push_back(l.micro);
+      }
+    }
+  }
+  return out;
+}
+
+inline reference_result reference(train_options const& o) {
   auto const cfg = model_of(o);
+  auto const backward_order = backward_orders(orders_of(o));
   mock::backend b{mock_options()};
   ps::transfer_engine<mock::backend> x(b, pool_options());
   std::vector<std::unique_ptr<mlp_stage>> st;

@@ -171,6 +171,10 @@ public:
   /// step(): the optimizer-swap runtime). Throws rank_failure (see the header comment).
   template <class Finish>
   void run_step(schedule::order const& o, Finish&& finish) {
+    if (o_.fail_at && *o_.fail_at > o.size()) {
+      throw invalid_argument("pipeline_executor: fail_at " + std::to_string(*o_.fail_at) + " is past the order's " +
+                             std::to_string(o.size()) + " entries and its optimizer step");
+    }
     pc_ = 0;
     size_ = o.size();
     current_ = "posting receives";
