@@ -82,6 +82,7 @@ struct rank_outcome {
   std::vector<std::byte> params; ///< every parameter byte of the rank's stages, stage by stage
   std::map<int, std::vector<std::byte>> stage_params;
   std::size_t peak_device_bytes = 0; ///< during the steps (set-up excluded)
+  std::size_t pipeline_peak_bytes = 0; ///< during the schedules' entries (optimizer steps excluded)
   std::size_t swapped_chunks = 0; ///< over all steps
   std::size_t hazards = 0;
 };
@@ -129,6 +130,21 @@ inline std::size_t peak_since(mock::backend const& b, mock::sim_time t0) {
   return peak;
 }
 
+/// Device bytes at their peak within the intervals [from, to) (live at each `from` included).
+inline std::size_t peak_within(mock::backend const& b, std::vector<std::pair<mock::sim_time, mock::sim_time>> const& spans) {
+  auto const tl = b.device_memory_timeline();
+  std::size_t peak = 0;
+  for (auto const& [from, to] : spans) {
+    std::size_t live = 0;
+    for (auto const& [t, n] : tl) {
+      if (t <= from) live = n;
+      else if (t < to) peak = std::max(peak, n);
+    }
+    peak = std::max(peak, live);
+  }
+  return peak;
+}
+
 /// Trains on one rank of `comm`. Throws rank_failure when this or another rank fails.
 template <class C>
 rank_outcome train_rank(C& comm, train_options const& o) {
@@ -153,6 +169,7 @@ rank_outcome train_rank(C& comm, train_options const& o) {
   rank_outcome out;
   out.rank = rank;
   mock::sim_time start = 0;
+  std::vector<std::pair<mock::sim_time, mock::sim_time>> phases;
   {
     ps::optimizer_swap<opt_type> osw(x, opt, swap_config_of(o.swap_optimizer));
     ps::exec::pipeline_executor<mock::backend, C, mlp_stage> ex(x, comm, layout, stages, o.exec);
@@ -161,7 +178,11 @@ rank_outcome train_rank(C& comm, train_options const& o) {
     start = b.now(); // the steps' peak, after the set-up (weights, optimizer state materialized)
     if (o.fault_rank && *o.fault_rank == rank) b.fail_after(o.fault_site, o.fault_after);
     for (int step = 0; step < o.steps; ++step) {
-      ex.run_step(orders.at(static_cast<std::size_t>(rank)), osw);
+      auto const begin = b.now();
+      ex.run_step(orders.at(static_cast<std::size_t>(rank)), [&] {
+        phases.emplace_back(begin, b.now()); // the host synchronized the pipeline's compute work
+        osw.step();
+      });
       out.swapped_chunks += ex.last_stats().swapped_chunks;
       for (auto const& s : owned) {
         if (s->last()) out.losses.push_back(mean_loss(read_losses(b, *s, cfg.micro)));
@@ -177,6 +198,7 @@ rank_outcome train_rank(C& comm, train_options const& o) {
     out.params.insert(out.params.end(), v.begin(), v.end());
   }
   out.peak_device_bytes = peak_since(b, start);
+  out.pipeline_peak_bytes = peak_within(b, phases);
   out.hazards = b.hazards().size();
   return out;
 }

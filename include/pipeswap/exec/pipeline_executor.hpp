@@ -91,6 +91,11 @@ struct executor_options {
   /// Injected fault site: run_step throws injected_fault before the entry at this position (the
   /// order's size: before the optimizer step).
   std::optional<std::size_t> fail_at;
+  /// The host issues each compute entry (FWD, BWD, composite) only when the previous one finished on
+  /// the device: one entry of lookahead, so the swap steps between two compute entries go out while
+  /// the first runs, and allocations never run ahead of the offloads that free memory for them.
+  /// Off: the host enqueues as fast as it can (peak memory then depends on host speed).
+  bool host_paced = true;
 };
 
 /// What the last run_step did.
@@ -177,6 +182,7 @@ public:
     }
     pc_ = 0;
     size_ = o.size();
+    last_compute_.reset();
     current_ = "posting receives";
     stats_ = {};
     try {
@@ -334,15 +340,23 @@ private:
   void run(schedule::step const& e) {
     using schedule::step_kind;
     switch (e.kind) {
-    case step_kind::fwd: forward(e); return;
-    case step_kind::bwd: backward(e); return;
+    case step_kind::fwd:
+    case step_kind::bwd:
     case step_kind::overlap_f_b:
     case step_kind::overlap_b_f:
-      for (auto const& l : e.sub) {
-        if (l.kind == step_kind::fwd) forward(l);
-        else if (l.kind == step_kind::bwd) backward(l);
-        else throw invalid_argument("pipeline_executor: " + where() + ": a composite may hold only FWD and BWD");
+      if (o_.host_paced && last_compute_) b_.synchronize(*last_compute_);
+      if (e.kind == step_kind::fwd) {
+        forward(e);
+      } else if (e.kind == step_kind::bwd) {
+        backward(e);
+      } else {
+        for (auto const& l : e.sub) {
+          if (l.kind == step_kind::fwd) forward(l);
+          else if (l.kind == step_kind::bwd) backward(l);
+          else throw invalid_argument("pipeline_executor: " + where() + ": a composite may hold only FWD and BWD");
+        }
       }
+      last_compute_ = b_.record_event(b_.current_stream());
       return;
     case step_kind::fwd_send: send(e, 0); return;
     case step_kind::bwd_send: send(e, 1); return;
@@ -601,6 +615,7 @@ private:
   std::vector<pending_send> sends_;
   std::vector<std::pair<std::byte*, std::size_t>> staging_;
   std::optional<chunk_id> group_;
+  std::optional<event_t<B>> last_compute_;
   std::size_t pc_ = 0, size_ = 0;
   std::string current_;
   step_stats stats_;
