@@ -1,5 +1,6 @@
 // pipeswap — umbrella header: every host-side component. The CUDA backend
-// (<pipeswap/backend/cuda.hpp>) and kernels (*.cuh) are included separately.
+// (<pipeswap/backend/cuda.hpp>), kernels (*.cuh) and the MPI and NCCL comms
+// (<pipeswap/exec/mpi_comm.hpp>, <pipeswap/exec/nccl_comm.hpp>) are included separately.
 #pragma once
 
 #include <pipeswap/activation/activation_swap.hpp>
@@ -14,6 +15,10 @@
 #include <pipeswap/core/pinned_pool.hpp>
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/error.hpp>
+#include <pipeswap/exec/comm.hpp>
+#include <pipeswap/exec/pipeline_executor.hpp>
+#include <pipeswap/exec/stage.hpp>
+#include <pipeswap/exec/thread_comm.hpp>
 #include <pipeswap/io/atomic_file.hpp>
 #include <pipeswap/io/error.hpp>
 #include <pipeswap/io/safetensors.hpp>
