@@ -182,6 +182,7 @@ int main(int argc, char** argv) {
   app.add_option("--micro", o.model.micro, "micro-batches per step")->check(CLI::Range(1, 4096));
   app.add_option("--swap", swap, "none, activations, optimizer or both")
       ->check(CLI::IsMember({"none", "activations", "optimizer", "both"}));
+  app.add_flag("--overlap", o.overlap_b_f, "interleaved: OVERLAP_B_F composites in the steady state");
   app.add_option("--steps", o.steps, "training steps")->check(CLI::Range(1, 1000));
   app.add_option("--seed", o.model.seed, "seed of weights and data");
   app.add_option("--ranks", ranks, "run N ranks as threads of this process (thread_comm) instead of MPI")
@@ -195,8 +196,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   o.kind = kind == "gpipe" ? pt::schedule_kind::gpipe : kind == "1f1b" ? pt::schedule_kind::one_f_one_b
                                                                        : pt::schedule_kind::interleaved;
-  if (o.kind != pt::schedule_kind::interleaved && o.chunks != 1) {
-    std::fprintf(stderr, "pipeline_train: --chunks %d needs --schedule interleaved\n", o.chunks);
+  if (o.kind != pt::schedule_kind::interleaved && (o.chunks != 1 || o.overlap_b_f)) {
+    std::fprintf(stderr, "pipeline_train: --chunks and --overlap need --schedule interleaved\n");
     return 2;
   }
   o.swap_activations = swap == "activations" || swap == "both";

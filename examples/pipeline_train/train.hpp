@@ -36,6 +36,7 @@ struct train_options {
   int ranks = 2;
   int chunks = 1; ///< stages per rank (interleaved only; 1 otherwise)
   int steps = 3;
+  bool overlap_b_f = false; ///< interleaved: steady-state backward/forward pairs as OVERLAP_B_F
   bool swap_activations = false;
   bool swap_optimizer = false;
   model_config model;      ///< stages and micro are set from ranks, chunks and micro
@@ -67,7 +68,7 @@ inline ps::schedule::rank_orders orders_of(train_options const& o) {
   switch (o.kind) {
   case schedule_kind::gpipe: r = sch::gpipe(o.ranks, o.model.micro); break;
   case schedule_kind::one_f_one_b: r = sch::one_f_one_b(o.ranks, o.model.micro); break;
-  case schedule_kind::interleaved: r = sch::interleaved_1f1b({o.ranks, o.chunks, o.model.micro, false}); break;
+  case schedule_kind::interleaved: r = sch::interleaved_1f1b({o.ranks, o.chunks, o.model.micro, o.overlap_b_f}); break;
   }
   if (o.swap_activations) {
     for (auto& x : r) x = sch::inject_swap_steps(x);

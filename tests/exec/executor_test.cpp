@@ -67,7 +67,8 @@ std::string all_errors(pt::threaded_run const& r) {
 std::string name_of(pt::train_options const& o) {
   char const* k = o.kind == pt::schedule_kind::gpipe ? "gpipe" : o.kind == pt::schedule_kind::one_f_one_b ? "1f1b" : "interleaved";
   return std::string(k) + " R" + std::to_string(o.ranks) + " V" + std::to_string(o.chunks) + " M" +
-         std::to_string(o.model.micro) + " swap " + (o.swap_activations ? "A" : "-") + (o.swap_optimizer ? "O" : "-");
+         std::to_string(o.model.micro) + (o.overlap_b_f ? " overlap" : "") + " swap " +
+         (o.swap_activations ? "A" : "-") + (o.swap_optimizer ? "O" : "-");
 }
 
 } // namespace
@@ -76,9 +77,11 @@ BOOST_AUTO_TEST_CASE(schedule_matrix_is_bit_identical_and_swap_lowers_peaks) {
   struct shape {
     pt::schedule_kind kind;
     int chunks;
+    bool overlap = false;
   };
-  std::vector<shape> const shapes{{pt::schedule_kind::gpipe, 1}, {pt::schedule_kind::one_f_one_b, 1},
-                                  {pt::schedule_kind::interleaved, 1}, {pt::schedule_kind::interleaved, 2}};
+  std::vector<shape> const shapes{{pt::schedule_kind::gpipe, 1},       {pt::schedule_kind::one_f_one_b, 1},
+                                  {pt::schedule_kind::interleaved, 1}, {pt::schedule_kind::interleaved, 2},
+                                  {pt::schedule_kind::interleaved, 2, true}};
   std::vector<int> const micros = sampled ? std::vector<int>{1, 3, 8} : std::vector<int>{1, 2, 3, 5, 8};
   std::size_t runs = 0, lowered_by_activations = 0;
   for (auto const& sh : shapes) {
@@ -87,6 +90,7 @@ BOOST_AUTO_TEST_CASE(schedule_matrix_is_bit_identical_and_swap_lowers_peaks) {
         // Sanitizers: every shape and rank count, a rotating micro-batch count.
         if (sampled && micro != micros[std::size_t(ranks + sh.chunks + int(sh.kind)) % micros.size()]) continue;
         auto base = small(sh.kind, ranks, sh.chunks, micro);
+        base.overlap_b_f = sh.overlap;
         auto const ref = pt::reference(base);
         std::map<std::pair<bool, bool>, pt::threaded_run> by_swap;
         for (int sw = 0; sw < 4; ++sw) {
