@@ -355,6 +355,25 @@ BOOST_AUTO_TEST_CASE(bad_input_is_rejected_naming_the_rule) {
   ex::executor_options late;
   late.fail_at = 3;
   run({sch::fwd(0, 0)}, "fail_at 3 is past the order's 1 entries and its optimizer step", false, late);
+
+  // One rank running both stages: a swapped chunk whose backward comes before its load fails at the
+  // backward, and releases the incoming gradient it had already received from stage 1.
+  cfg.stages = 2;
+  pt::mlp_stage t0(b, cfg, 0), t1(b, cfg, 1);
+  b.synchronize_device();
+  auto const base1 = b.live_device_allocations();
+  {
+    ex::thread_world w(1);
+    auto c = w.comm(0);
+    ex::pipeline_executor<pipeswap::mock::backend, ex::thread_comm, pt::mlp_stage> e(x, c, sch::stage_layout(1, 2),
+                                                                                  {{0, &t0}, {1, &t1}});
+    sch::order const o{sch::leaf(step_kind::swap_set_group, 0, 0), sch::fwd(0, 0),
+                       sch::leaf(step_kind::swap_launch_offload, 0, 0), sch::leaf(step_kind::swap_wait_offload, 0, 0),
+                       sch::fwd(1, 0), sch::bwd(1, 0), sch::bwd(0, 0)};
+    BOOST_CHECK_EXCEPTION(e.run_step(o, [] {}), ex::rank_failure, says("position 6 (B0.0): activation 0 of SwapGroup"));
+    b.synchronize_device();
+    BOOST_TEST(b.live_device_allocations() == base1);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(each_executor_wait_is_necessary) {

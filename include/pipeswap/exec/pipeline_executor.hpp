@@ -134,7 +134,7 @@ public:
   /// stage of this rank or holds one of another rank.
   pipeline_executor(transfer_engine<B>& x, C& c, schedule::stage_layout layout, std::map<index_type, S*> stages,
                     executor_options o = {})
-      : x_(x), b_(x.backend()), c_(c), layout_(layout), stages_(std::move(stages)), o_(o), acts_(x),
+      : b_(x.backend()), c_(c), layout_(layout), stages_(std::move(stages)), o_(o), acts_(x),
         send_(b_.new_stream()), recv_(b_.new_stream()) {
     if (layout_.ranks() != c_.size()) {
       throw invalid_argument("pipeline_executor: the layout has " + std::to_string(layout_.ranks()) +
@@ -437,6 +437,13 @@ private:
     key const k{e.stage, e.micro};
     auto it = saved_.find(k);
     if (it == saved_.end()) throw invalid_argument("pipeline_executor: " + where() + ": its forward did not run");
+    auto& sc = it->second;
+    std::vector<buffer> bufs; // first: a group that was not loaded fails before anything moves
+    if (sc.swapped) {
+      for (std::size_t i = 0; i < sc.handles.size(); ++i) bufs.push_back({acts_.ptr(sc.handles[i]), sc.bytes[i]});
+    } else {
+      bufs = sc.raw;
+    }
     std::optional<ready_buffer> gin;
     if (!last(e.stage)) {
       auto g = grads_in_.find(k);
@@ -447,13 +454,6 @@ private:
       gin = g->second;
       grads_in_.erase(g);
       wait_ready(cs, *gin, pipeswap::detail::wait_site::exec_use_after_receive);
-    }
-    auto& sc = it->second;
-    std::vector<buffer> bufs;
-    if (sc.swapped) {
-      for (std::size_t i = 0; i < sc.handles.size(); ++i) bufs.push_back({acts_.ptr(sc.handles[i]), sc.bytes[i]});
-    } else {
-      bufs = sc.raw;
     }
     buffer gout{};
     if (e.stage > 0) gout = {alloc(st.input_bytes(), cs), st.input_bytes()};
@@ -600,7 +600,6 @@ private:
     free_staging();
   }
 
-  transfer_engine<B>& x_;
   B& b_;
   C& c_;
   schedule::stage_layout layout_;

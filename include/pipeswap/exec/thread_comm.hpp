@@ -118,7 +118,7 @@ public:
     if (!q.empty()) {
       auto s = q.front();
       q.pop_front();
-      match(*s, *o, rank_, tag, peer);
+      match(*s, *o, rank_, tag);
       w_->cv_.notify_all();
     } else {
       w_->recvs_[{peer, rank_, tag}].push_back(o);
@@ -166,9 +166,8 @@ private:
     if (w_->abort_) throw comm_aborted(*w_->abort_);
   }
 
-  // Called with the lock held. `to` and `from` name the ranks for the size-mismatch message.
-  static void match(thread_world::op& s, thread_world::op& r, int to, int tag, int from = -1) {
-    (void)from;
+  // Called with the lock held. `to` names the receiving rank for the size-mismatch message.
+  static void match(thread_world::op& s, thread_world::op& r, int to, int tag) {
     if (s.bytes != r.bytes) {
       auto const what = "thread_comm: a send of " + std::to_string(s.bytes) + " bytes to rank " +
                         std::to_string(to) + " with tag " + std::to_string(tag) +
