@@ -4,8 +4,8 @@
 // Included separately: the CUDA backend (<pipeswap/backend/cuda.hpp>) and kernels (*.cuh); the mock
 // backend (<pipeswap/backend/mock.hpp>); optimizer checkpoints (<pipeswap/swap/checkpoint.hpp>) and
 // the safetensors file layer (<pipeswap/io/safetensors.hpp>), which parse JSON headers; the schedule
-// JSON form (<pipeswap/schedule/json.hpp>); the simulator and the command's pieces
-// (<pipeswap/sim.hpp>).
+// JSON form (<pipeswap/schedule/json.hpp>); the MPI and NCCL comms (<pipeswap/exec/mpi_comm.hpp>,
+// <pipeswap/exec/nccl_comm.hpp>); the simulator and the command's pieces (<pipeswap/sim.hpp>).
 #pragma once
 
 #include <pipeswap/activation/activation_swap.hpp>
@@ -19,10 +19,16 @@
 #include <pipeswap/core/pinned_pool.hpp>
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/error.hpp>
+#include <pipeswap/exec/comm.hpp>
+#include <pipeswap/exec/pipeline_executor.hpp>
+#include <pipeswap/exec/stage.hpp>
+#include <pipeswap/exec/thread_comm.hpp>
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/optim/adam_math.hpp>
 #include <pipeswap/optim/adam_tensor.hpp>
 #include <pipeswap/optim/concepts.hpp>
+#include <pipeswap/optim/host_adam_kernels.hpp>
+#include <pipeswap/optim/state.hpp>
 #include <pipeswap/schedule/generate.hpp>
 #include <pipeswap/schedule/inject.hpp>
 #include <pipeswap/schedule/labels.hpp>

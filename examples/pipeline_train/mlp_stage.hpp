@@ -1,0 +1,283 @@
+// A small real model for the pipeline executor: a stack of residual MLP blocks,
+//   y = x + W2 · tanh(W1 · x + b1) + b2,
+// split into pipeline stages of `blocks` blocks each, with a mean-squared-error loss on the last
+// stage. Forward and backward are real float math, enqueued as kernels on the mock backend (each
+// kernel declares the bytes it reads and writes, so the hazard checker sees every byte move).
+// Every value (weights, inputs, targets) is a pure function of the seed, the step, the stage and the
+// micro-batch, so a run on any number of ranks trains exactly the same model on the same data.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <pipeswap/backend/mock.hpp>
+#include <pipeswap/exec/stage.hpp>
+
+namespace pipeline_train {
+
+namespace ps = pipeswap;
+namespace mock = pipeswap::mock;
+
+struct model_config {
+  std::size_t dim = 64;    ///< width of the residual stream (the stage boundary)
+  std::size_t hidden = 128; ///< width of each block's hidden layer
+  std::size_t rows = 32;   ///< rows of one micro-batch
+  int blocks = 2;          ///< blocks per stage
+  int stages = 4;          ///< stages of the model
+  int micro = 8;           ///< micro-batches per step
+  std::uint64_t seed = 1;
+};
+
+/// A reproducible value in [-0.5, 0.5) for (seed, a, b, c, i).
+inline float noise(std::uint64_t seed, std::uint64_t a, std::uint64_t b, std::uint64_t c, std::uint64_t i) {
+  std::uint64_t z = seed * 0x9E3779B97F4A7C15ull ^ (a + 1) * 0xBF58476D1CE4E5B9ull ^ (b + 7) * 0x94D049BB133111EBull ^
+                    (c + 13) * 0xD6E8FEB86659FD93ull ^ (i + 0x632BE59BD9B4E019ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) / 16777216.0f - 0.5f;
+}
+
+/// One pipeline stage of the model: its blocks' weights and gradients on the device.
+class mlp_stage {
+public:
+  using stage_concept = ps::exec::stage_tag;
+  using fwd_args = ps::exec::forward_args<mock::backend>;
+  using bwd_args = ps::exec::backward_args<mock::backend>;
+
+  /// A weight tensor and its gradient.
+  struct tensor {
+    ps::device_ptr param, grad;
+    std::size_t numel = 0;
+  };
+
+  mlp_stage(mock::backend& b, model_config cfg, int stage) : b_(b), c_(cfg), stage_(stage) {
+    auto const s = b_.current_stream();
+    for (int j = 0; j < c_.blocks; ++j) {
+      for (std::size_t n : {c_.hidden * c_.dim, c_.hidden, c_.dim * c_.hidden, c_.dim}) {
+        tensor t{b_.allocate_device(4 * n, s), b_.allocate_device(4 * n, s), n};
+        std::vector<float> v(n);
+        auto const k = tensors_.size();
+        float const scale = (k % 2 == 0) ? 1.0f / std::sqrt(static_cast<float>(k % 4 == 0 ? c_.dim : c_.hidden)) : 0.1f;
+        for (std::size_t i = 0; i < n; ++i) v[i] = scale * noise(c_.seed, 1000 + stage_, k, 0, i);
+        b_.write_device(t.param, std::as_bytes(std::span(v)));
+        tensors_.push_back(t);
+      }
+    }
+    if (last()) loss_ = b_.allocate_device(4 * static_cast<std::size_t>(c_.micro), s);
+  }
+  mlp_stage(mlp_stage const&) = delete;
+  mlp_stage& operator=(mlp_stage const&) = delete;
+  ~mlp_stage() {
+    try {
+      auto const s = b_.current_stream();
+      for (auto& t : tensors_) {
+        b_.deallocate_device(t.param, 4 * t.numel, s);
+        b_.deallocate_device(t.grad, 4 * t.numel, s);
+      }
+      if (loss_) b_.deallocate_device(loss_, 4 * static_cast<std::size_t>(c_.micro), s);
+    } catch (...) {
+    }
+  }
+
+  [[nodiscard]] std::size_t input_bytes() const { return 4 * c_.rows * c_.dim; }
+  [[nodiscard]] std::size_t output_bytes() const { return 4 * c_.rows * c_.dim; }
+  [[nodiscard]] std::vector<tensor> const& tensors() const noexcept { return tensors_; }
+  [[nodiscard]] int index() const noexcept { return stage_; }
+  [[nodiscard]] bool last() const noexcept { return stage_ + 1 == c_.stages; }
+  /// Last stage: the device buffer of per-micro-batch losses of the current step.
+  [[nodiscard]] ps::device_ptr losses() const noexcept { return loss_; }
+
+  /// Zeroes the gradients and advances the data to the next step.
+  void begin_step(mock::backend& b, mock::stream s) {
+    ++step_;
+    mock::kernel_desc d{"zero grads s" + std::to_string(stage_), {}, {}, {}};
+    for (auto const& t : tensors_) d.writes.push_back({t.grad, 4 * t.numel});
+    auto ts = tensors_;
+    b.launch(s, std::move(d), [ts](mock::kernel_context const& k) {
+      for (auto const& t : ts) {
+        auto g = k.write<float>(t.grad, t.numel);
+        std::fill(g.begin(), g.end(), 0.0f);
+      }
+    });
+  }
+
+  void forward(fwd_args& f) {
+    auto& b = f.backend;
+    auto const s = f.stream;
+    std::size_t const R = c_.rows, D = c_.dim, H = c_.hidden;
+    ps::device_ptr x = f.input.ptr;
+    if (stage_ == 0) { // data loading: the micro-batch's input rows
+      x = b.allocate_device(4 * R * D, s);
+      b.launch(s, {label("load", f.micro), {}, {{x, 4 * R * D}}, {}},
+               [x, n = R * D, seed = c_.seed, step = step_, m = f.micro](mock::kernel_context const& k) {
+                 auto v = k.write<float>(x, n);
+                 for (std::size_t i = 0; i < n; ++i) v[i] = 2.0f * noise(seed, 1, step, static_cast<std::uint64_t>(m), i);
+               });
+      f.save(x, 4 * R * D);
+    }
+    for (int j = 0; j < c_.blocks; ++j) {
+      auto const& w1 = tensors_[4 * j];
+      auto const& b1 = tensors_[4 * j + 1];
+      auto const& w2 = tensors_[4 * j + 2];
+      auto const& b2 = tensors_[4 * j + 3];
+      auto const a = b.allocate_device(4 * R * H, s);
+      bool const to_output = j + 1 == c_.blocks && f.output.ptr;
+      auto const y = to_output ? f.output.ptr : b.allocate_device(4 * R * D, s);
+      mock::kernel_desc d{label("fwd b" + std::to_string(j), f.micro),
+                          {{x, 4 * R * D}, {w1.param, 4 * H * D}, {b1.param, 4 * H}, {w2.param, 4 * D * H}, {b2.param, 4 * D}},
+                          {{a, 4 * R * H}, {y, 4 * R * D}},
+                          {}};
+      b.launch(s, std::move(d), [=](mock::kernel_context const& k) {
+        auto X = k.read<float>(x, R * D);
+        auto W1 = k.read<float>(w1.param, H * D);
+        auto B1 = k.read<float>(b1.param, H);
+        auto W2 = k.read<float>(w2.param, D * H);
+        auto B2 = k.read<float>(b2.param, D);
+        auto A = k.write<float>(a, R * H);
+        auto Y = k.write<float>(y, R * D);
+        for (std::size_t r = 0; r < R; ++r) {
+          for (std::size_t h = 0; h < H; ++h) {
+            float acc = B1[h];
+            for (std::size_t i = 0; i < D; ++i) acc += W1[h * D + i] * X[r * D + i];
+            A[r * H + h] = std::tanh(acc);
+          }
+          for (std::size_t o = 0; o < D; ++o) {
+            float acc = B2[o];
+            for (std::size_t h = 0; h < H; ++h) acc += W2[o * H + h] * A[r * H + h];
+            Y[r * D + o] = X[r * D + o] + acc;
+          }
+        }
+      });
+      f.save(a, 4 * R * H);
+      if (!to_output) f.save(y, 4 * R * D);
+      x = y;
+    }
+    if (last()) { // the loss of this micro-batch
+      auto const slot = loss_ + 4 * static_cast<std::size_t>(f.micro);
+      b.launch(s, {label("loss", f.micro), {{x, 4 * R * D}}, {{slot, 4}}, {}},
+               [=, seed = c_.seed, step = step_, m = f.micro](mock::kernel_context const& k) {
+                 auto Y = k.read<float>(x, R * D);
+                 float sum = 0;
+                 for (std::size_t i = 0; i < R * D; ++i) {
+                   float const e = Y[i] - target(seed, step, m, i);
+                   sum += e * e;
+                 }
+                 k.write<float>(slot, 1)[0] = sum / static_cast<float>(R * D);
+               });
+    }
+  }
+
+  void backward(bwd_args& g) {
+    auto& b = g.backend;
+    auto const s = g.stream;
+    std::size_t const R = c_.rows, D = c_.dim, H = c_.hidden;
+    // The saved buffers, in save order: [x0 on stage 0], then per block a_j and y_j (the last block's
+    // y only on the last stage).
+    std::size_t at = 0;
+    ps::device_ptr const x0 = stage_ == 0 ? g.saved[at++].ptr : g.input.ptr;
+    std::vector<ps::device_ptr> xs{x0}, as;
+    for (int j = 0; j < c_.blocks; ++j) {
+      as.push_back(g.saved[at++].ptr);
+      if (j + 1 < c_.blocks || last()) xs.push_back(g.saved[at++].ptr);
+    }
+    std::vector<ps::device_ptr> temps;
+    ps::device_ptr dy = g.grad_output.ptr;
+    if (last()) { // d loss / d y of the mean over micro-batches of the per-micro-batch MSE
+      dy = b.allocate_device(4 * R * D, s);
+      temps.push_back(dy);
+      auto const y = xs.back();
+      float const scale = 2.0f / static_cast<float>(R * D) / static_cast<float>(c_.micro);
+      b.launch(s, {label("loss grad", g.micro), {{y, 4 * R * D}}, {{dy, 4 * R * D}}, {}},
+               [=, seed = c_.seed, step = step_, m = g.micro](mock::kernel_context const& k) {
+                 auto Y = k.read<float>(y, R * D);
+                 auto G = k.write<float>(dy, R * D);
+                 for (std::size_t i = 0; i < R * D; ++i) G[i] = scale * (Y[i] - target(seed, step, m, i));
+               });
+    }
+    for (int j = c_.blocks - 1; j >= 0; --j) {
+      auto const& w1 = tensors_[4 * j];
+      auto const& b1 = tensors_[4 * j + 1];
+      auto const& w2 = tensors_[4 * j + 2];
+      auto const& b2 = tensors_[4 * j + 3];
+      auto const x = xs[static_cast<std::size_t>(j)];
+      auto const a = as[static_cast<std::size_t>(j)];
+      ps::device_ptr dx{};
+      if (j > 0) {
+        dx = b.allocate_device(4 * R * D, s);
+        temps.push_back(dx);
+      } else if (g.grad_input.ptr) {
+        dx = g.grad_input.ptr;
+      }
+      mock::kernel_desc d{label("bwd b" + std::to_string(j), g.micro),
+                          {{x, 4 * R * D}, {a, 4 * R * H}, {dy, 4 * R * D}, {w1.param, 4 * H * D}, {w2.param, 4 * D * H}},
+                          {{w1.grad, 4 * H * D}, {b1.grad, 4 * H}, {w2.grad, 4 * D * H}, {b2.grad, 4 * D}},
+                          {}};
+      if (dx) d.writes.push_back({dx, 4 * R * D});
+      b.launch(s, std::move(d), [=](mock::kernel_context const& k) {
+        auto X = k.read<float>(x, R * D);
+        auto A = k.read<float>(a, R * H);
+        auto DY = k.read<float>(dy, R * D);
+        auto W1 = k.read<float>(w1.param, H * D);
+        auto W2 = k.read<float>(w2.param, D * H);
+        auto GW1 = k.write<float>(w1.grad, H * D);
+        auto GB1 = k.write<float>(b1.grad, H);
+        auto GW2 = k.write<float>(w2.grad, D * H);
+        auto GB2 = k.write<float>(b2.grad, D);
+        std::vector<float> dh(R * H);
+        for (std::size_t r = 0; r < R; ++r) {
+          for (std::size_t h = 0; h < H; ++h) {
+            float da = 0;
+            for (std::size_t o = 0; o < D; ++o) da += DY[r * D + o] * W2[o * H + h];
+            float const av = A[r * H + h];
+            dh[r * H + h] = da * (1.0f - av * av);
+          }
+        }
+        for (std::size_t r = 0; r < R; ++r) {
+          for (std::size_t o = 0; o < D; ++o) {
+            GB2[o] += DY[r * D + o];
+            for (std::size_t h = 0; h < H; ++h) GW2[o * H + h] += DY[r * D + o] * A[r * H + h];
+          }
+          for (std::size_t h = 0; h < H; ++h) {
+            GB1[h] += dh[r * H + h];
+            for (std::size_t i = 0; i < D; ++i) GW1[h * D + i] += dh[r * H + h] * X[r * D + i];
+          }
+        }
+        if (dx) {
+          auto DX = k.write<float>(dx, R * D);
+          for (std::size_t r = 0; r < R; ++r) {
+            for (std::size_t i = 0; i < D; ++i) {
+              float acc = DY[r * D + i];
+              for (std::size_t h = 0; h < H; ++h) acc += dh[r * H + h] * W1[h * D + i];
+              DX[r * D + i] = acc;
+            }
+          }
+        }
+      });
+      dy = dx;
+    }
+    for (auto t : temps) b.deallocate_device(t, 4 * R * D, s);
+  }
+
+private:
+  static float target(std::uint64_t seed, std::uint64_t step, int m, std::size_t i) {
+    return noise(seed, 2, step, static_cast<std::uint64_t>(m), i);
+  }
+  std::string label(std::string what, int micro) const {
+    return what + " s" + std::to_string(stage_) + " m" + std::to_string(micro);
+  }
+
+  mock::backend& b_;
+  model_config c_;
+  int stage_;
+  std::uint64_t step_ = 0;
+  std::vector<tensor> tensors_;
+  ps::device_ptr loss_{};
+};
+
+static_assert(ps::exec::stage<mlp_stage, mock::backend>);
+
+} // namespace pipeline_train

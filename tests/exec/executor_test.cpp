@@ -1,0 +1,394 @@
+// The pipeline executor on thread_comm with the mock backend (hazard checker raising):
+//  * every schedule kind over 2-4 ranks, chunks 1-2, micro-batches 1-8, with each swap setting:
+//    bit-identical to single-process training, hazard-free, swap lowering each rank's peak where
+//    groups swap (activations) and on every rank (optimizer state);
+//  * randomized valid schedules (generated, then sends and receives moved at random, swap steps
+//    injected at random): each runs to its end exactly when the validator predicts no deadlock, and
+//    a predicted deadlock ends, bounded, with every rank's error saying what it waited on;
+//  * faults at injected sites (executor positions, mock kernels, copies, allocations): every rank
+//    goes down, the failing one named with its site, no watchdog needed, no rank succeeds;
+//  * bad input, and the executor's waits proven necessary (mutation).
+// Under sanitizers the matrix and the random sweep run a documented sample.
+#define PIPESWAP_MUTATION_TESTING
+#define BOOST_TEST_MODULE exec_executor
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <pipeswap/core/detail/mutation.hpp>
+#include <pipeswap/exec/pipeline_executor.hpp>
+#include <pipeswap/exec/thread_comm.hpp>
+#include <pipeswap/schedule/inject.hpp>
+#include <pipeswap/schedule/text.hpp>
+#include <pipeswap/schedule/validate.hpp>
+
+#include "support/sanitized.hpp"
+#include "train.hpp"
+
+namespace pt = pipeline_train;
+namespace ex = pipeswap::exec;
+namespace sch = pipeswap::schedule;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr bool sampled = pipeswap::test::sanitized_build;
+
+pt::train_options small(pt::schedule_kind k, int ranks, int chunks, int micro) {
+  pt::train_options o;
+  o.kind = k;
+  o.ranks = ranks;
+  o.chunks = chunks;
+  o.steps = 2;
+  o.model.dim = 16;
+  o.model.hidden = 32;
+  o.model.rows = 8;
+  o.model.blocks = 1;
+  o.model.micro = micro;
+  o.model.seed = 7 + static_cast<std::uint64_t>(ranks * 100 + chunks * 10 + micro);
+  o.exec.wait_timeout = 60s;
+  return o;
+}
+
+std::string all_errors(pt::threaded_run const& r) {
+  std::string s;
+  for (std::size_t k = 0; k < r.errors.size(); ++k) {
+    if (!r.errors[k].empty()) s += "\n  rank " + std::to_string(k) + ": " + r.errors[k];
+  }
+  return s;
+}
+
+std::string name_of(pt::train_options const& o) {
+  char const* k = o.kind == pt::schedule_kind::gpipe ? "gpipe" : o.kind == pt::schedule_kind::one_f_one_b ? "1f1b" : "interleaved";
+  return std::string(k) + " R" + std::to_string(o.ranks) + " V" + std::to_string(o.chunks) + " M" +
+         std::to_string(o.model.micro) + (o.overlap_b_f ? " overlap" : "") + " swap " +
+         (o.swap_activations ? "A" : "-") + (o.swap_optimizer ? "O" : "-");
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(schedule_matrix_is_bit_identical_and_swap_lowers_peaks) {
+  struct shape {
+    pt::schedule_kind kind;
+    int chunks;
+    bool overlap = false;
+  };
+  std::vector<shape> const shapes{{pt::schedule_kind::gpipe, 1},       {pt::schedule_kind::one_f_one_b, 1},
+                                  {pt::schedule_kind::interleaved, 1}, {pt::schedule_kind::interleaved, 2},
+                                  {pt::schedule_kind::interleaved, 2, true}};
+  std::vector<int> const micros = sampled ? std::vector<int>{1, 3, 8} : std::vector<int>{1, 2, 3, 5, 8};
+  std::size_t runs = 0, lowered_by_activations = 0;
+  for (auto const& sh : shapes) {
+    for (int ranks = 2; ranks <= 4; ++ranks) {
+      for (int micro : micros) {
+        // Sanitizers: every shape and rank count, a rotating micro-batch count.
+        if (sampled && micro != micros[std::size_t(ranks + sh.chunks + int(sh.kind)) % micros.size()]) continue;
+        auto base = small(sh.kind, ranks, sh.chunks, micro);
+        base.overlap_b_f = sh.overlap;
+        auto const ref = pt::reference(base);
+        std::map<std::pair<bool, bool>, pt::threaded_run> by_swap;
+        for (int sw = 0; sw < 4; ++sw) {
+          auto o = base;
+          o.swap_activations = sw & 1;
+          o.swap_optimizer = sw & 2;
+          BOOST_TEST_CONTEXT(name_of(o)) {
+            auto r = pt::train_threads(o);
+            ++runs;
+            BOOST_TEST_REQUIRE(r.ok(), all_errors(r));
+            BOOST_TEST(pt::bit_identical(r.outcomes, ref));
+            std::size_t swapped = 0;
+            for (auto const& out : r.outcomes) {
+              BOOST_TEST(out->hazards == 0u);
+              swapped += out->swapped_chunks;
+              if (!out->losses.empty()) BOOST_TEST(out->losses == ref.losses);
+            }
+            if (!o.swap_activations) BOOST_TEST(swapped == 0u);
+            by_swap.emplace(std::pair{o.swap_activations, o.swap_optimizer}, std::move(r));
+          }
+        }
+        // Peaks: activation swap lowers a rank's peak where groups swap; optimizer swap lowers every rank's.
+        for (bool opt : {false, true}) {
+          auto const& plain = by_swap.at({false, opt});
+          auto const& acts = by_swap.at({true, opt});
+          for (int k = 0; k < ranks; ++k) {
+            auto const& p = *plain.outcomes[std::size_t(k)];
+            auto const& a = *acts.outcomes[std::size_t(k)];
+            BOOST_TEST_CONTEXT(name_of(base) << " rank " << k << (opt ? " with" : " without") << " optimizer swap") {
+              // Activation swap never raises a rank's peak over the pipeline's entries. Where every
+              // chunk is held at once (GPipe) or chunks interleave (V = 2) it lowers it on every rank
+              // that swaps; in 1F1B a rank holds few chunks and its peak may be the working set of a
+              // backward, which swap cannot remove (the values are exact: the mock is deterministic).
+              BOOST_TEST(a.pipeline_peak_bytes <= p.pipeline_peak_bytes);
+              BOOST_TEST(a.peak_device_bytes <= p.peak_device_bytes);
+              bool const must_lower = a.swapped_chunks > 0 && (sh.kind == pt::schedule_kind::gpipe || sh.chunks == 2);
+              if (must_lower) BOOST_TEST(a.pipeline_peak_bytes < p.pipeline_peak_bytes);
+              if (a.pipeline_peak_bytes < p.pipeline_peak_bytes) ++lowered_by_activations;
+            }
+          }
+        }
+        for (bool acts : {false, true}) {
+          for (int k = 0; k < ranks; ++k) {
+            BOOST_TEST(by_swap.at({acts, true}).outcomes[std::size_t(k)]->peak_device_bytes <
+                       by_swap.at({acts, false}).outcomes[std::size_t(k)]->peak_device_bytes);
+          }
+        }
+      }
+    }
+  }
+  BOOST_TEST_MESSAGE(runs << " runs, " << lowered_by_activations << " rank peaks lowered by activation swap");
+  BOOST_TEST(lowered_by_activations > 0u);
+}
+
+namespace {
+
+/// Moves one P2P leaf of one rank's order to another position of that order.
+sch::rank_orders perturb(sch::rank_orders o, std::mt19937& rng) {
+  std::uniform_int_distribution<std::size_t> pick_rank(0, o.size() - 1);
+  auto& ord = o[pick_rank(rng)];
+  std::vector<std::size_t> p2p;
+  for (std::size_t i = 0; i < ord.size(); ++i) {
+    if (ord[i] && sch::is_p2p(ord[i]->kind)) p2p.push_back(i);
+  }
+  if (p2p.empty()) return o;
+  auto const from = p2p[std::uniform_int_distribution<std::size_t>(0, p2p.size() - 1)(rng)];
+  auto e = ord[from];
+  ord.erase(ord.begin() + std::ptrdiff_t(from));
+  auto const to = std::uniform_int_distribution<std::size_t>(0, ord.size())(rng);
+  ord.insert(ord.begin() + std::ptrdiff_t(to), e);
+  return o;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(random_schedules_run_exactly_when_the_validator_predicts_no_deadlock) {
+  std::mt19937 rng(20261201);
+  int const trials = sampled ? 14 : 48;
+  int ran = 0, deadlocked = 0, tries = 0;
+  while (ran + deadlocked < trials && tries < 20 * trials) {
+    ++tries;
+    int const ranks = std::uniform_int_distribution<int>(2, 4)(rng);
+    int const micro = std::uniform_int_distribution<int>(1, 6)(rng);
+    int const kind = std::uniform_int_distribution<int>(0, 2)(rng);
+    int const chunks = kind == 2 ? std::uniform_int_distribution<int>(1, 2)(rng) : 1;
+    auto o = small(pt::schedule_kind(kind), ranks, chunks, micro);
+    o.steps = 1;
+    auto orders = pt::orders_of(o);
+    int const moves = std::uniform_int_distribution<int>(1, 3)(rng);
+    for (int i = 0; i < moves; ++i) orders = perturb(std::move(orders), rng);
+    auto const layout = pt::layout_of(o);
+    if (!sch::check_schedule(orders, layout).problems.empty()) continue; // not a valid schedule
+    if (std::bernoulli_distribution(0.5)(rng)) {
+      for (auto& ord : orders) {
+        ord = sch::inject_swap_steps(ord, [&](sch::chunk) { return std::bernoulli_distribution(0.7)(rng); });
+      }
+      o.swap_activations = true;
+    }
+    o.swap_optimizer = std::bernoulli_distribution(0.5)(rng);
+    auto const report = sch::check_schedule(orders, layout);
+    BOOST_TEST_REQUIRE(report.problems.empty(), sch::to_string(report));
+    bool const predicted_deadlock = !report.deadlock.empty();
+    if (predicted_deadlock && deadlocked >= trials / 4) continue; // each costs a watchdog period
+    // A deadlock costs one watchdog period; a schedule predicted to run gets a generous one.
+    o.exec.wait_timeout = predicted_deadlock ? 300ms : 60s;
+    o.orders = orders;
+    BOOST_TEST_CONTEXT(name_of(o) << " trial " << tries << "\n" << sch::to_string(report)) {
+      auto const r = pt::train_threads(o);
+      if (!predicted_deadlock) {
+        ++ran;
+        BOOST_TEST_REQUIRE(r.ok(), all_errors(r));
+        BOOST_TEST(pt::bit_identical(r.outcomes, pt::reference(o)));
+      } else {
+        ++deadlocked;
+        BOOST_TEST(!r.ok());
+        std::size_t waited = 0;
+        for (std::size_t k = 0; k < r.errors.size(); ++k) {
+          BOOST_TEST(!r.errors[k].empty(), "rank " << k << " reported success in a deadlock");
+          BOOST_TEST(r.errors[k].rfind("rank ", 0) == 0u);
+          if (r.errors[k].find(" waited 300 ms at position ") != std::string::npos) ++waited;
+        }
+        BOOST_TEST(waited > 0u, "no rank said what it waited on:" << all_errors(r));
+        // Every rank of the validator's cycle names the receive it is blocked at: the first to time
+        // out says it waited there, the others that they stopped there when it aborted.
+        for (auto const& b : report.deadlock) {
+          auto const& e = r.errors.at(std::size_t(b.rank));
+          BOOST_TEST(e.find("at position " + std::to_string(b.position) + " (" + b.step + ")") != std::string::npos,
+                     "rank " << b.rank << " at " << b.position << " (" << b.step << ") not named: " << e);
+        }
+      }
+    }
+  }
+  BOOST_TEST_MESSAGE(ran << " random schedules ran, " << deadlocked << " deadlocked as predicted, " << tries << " tried");
+  BOOST_TEST(ran >= trials / 2);
+  BOOST_TEST(deadlocked >= 2);
+}
+
+BOOST_AUTO_TEST_CASE(a_fault_on_one_rank_brings_every_rank_down_naming_rank_and_site) {
+  auto base = small(pt::schedule_kind::one_f_one_b, 3, 1, 4);
+  base.swap_activations = base.swap_optimizer = true;
+  base.exec.wait_timeout = 30s; // far above the run: the abort, not the watchdog, must end it
+  auto const orders = pt::orders_of(base);
+  struct fault {
+    int rank;
+    std::optional<std::size_t> at;
+    pipeswap::mock::fault_site site;
+    std::size_t after;
+    std::string want; // in the failing rank's message
+  };
+  std::vector<fault> faults;
+  for (int r = 0; r < 3; ++r) {
+    auto const n = orders[std::size_t(r)].size();
+    for (std::size_t at : {std::size_t{0}, n / 2, n - 1, n}) {
+      std::string const site = at == n ? "optimizer step" : "position " + std::to_string(at) + " (" +
+                                                                 sch::to_text(*orders[std::size_t(r)][at]) + ")";
+      faults.push_back({r, at, {}, 0, "rank " + std::to_string(r) + " failed at " + site + ": injected fault at " + site});
+    }
+  }
+  faults.push_back({1, {}, pipeswap::mock::fault_site::kernel, 5, "rank 1 failed at position"});
+  faults.push_back({2, {}, pipeswap::mock::fault_site::copy, 3, "rank 2 failed at position"});
+  faults.push_back({0, {}, pipeswap::mock::fault_site::allocation, 9, "rank 0 failed at position"});
+  for (auto const& f : faults) {
+    BOOST_TEST_CONTEXT("fault on rank " << f.rank << ": " << f.want) {
+      pt::threaded_run r;
+      std::vector<int> named(3, -1);
+      std::vector<char> by_peer(3, 0);
+      auto const t0 = std::chrono::steady_clock::now();
+      // fail_at is per rank: run the threads by hand so only the failing rank injects it.
+      {
+        ex::thread_world w(base.ranks);
+        r.outcomes.resize(3);
+        r.errors.resize(3);
+        std::vector<std::thread> ts;
+        for (int k = 0; k < 3; ++k) {
+          ts.emplace_back([&, k] {
+            auto o = base;
+            if (k == f.rank && f.at) o.exec.fail_at = f.at;
+            if (k == f.rank && !f.at) {
+              o.fault_rank = k;
+              o.fault_site = f.site;
+              o.fault_after = f.after;
+            }
+            try {
+              auto c = w.comm(k);
+              r.outcomes[std::size_t(k)] = pt::train_rank(c, o);
+            } catch (ex::rank_failure const& e) { // Boost.Test is not thread-safe: checked after the join
+              r.errors[std::size_t(k)] = e.what();
+              named[std::size_t(k)] = e.rank();
+              by_peer[std::size_t(k)] = e.aborted_by_peer();
+            } catch (std::exception const& e) {
+              r.errors[std::size_t(k)] = std::string("not a rank_failure: ") + e.what();
+            }
+          });
+        }
+        for (auto& t : ts) t.join();
+      }
+      auto const took = std::chrono::steady_clock::now() - t0;
+      for (int k = 0; k < 3; ++k) {
+        auto const& e = r.errors[std::size_t(k)];
+        BOOST_TEST(!r.outcomes[std::size_t(k)].has_value(), "rank " << k << " reported success");
+        BOOST_TEST(named[std::size_t(k)] == k);
+        BOOST_TEST(bool(by_peer[std::size_t(k)]) == (k != f.rank));
+        BOOST_TEST(e.find(f.want) != std::string::npos, "rank " << k << ": " << e);
+        if (k != f.rank) BOOST_TEST(e.rfind("rank " + std::to_string(k) + " stopped at ", 0) == 0u, e);
+        BOOST_TEST(e.find("waited") == std::string::npos, "the watchdog, not the abort, ended rank " << k << ": " << e);
+      }
+      BOOST_TEST(took < 30s);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(bad_input_is_rejected_naming_the_rule) {
+  using exe = ex::pipeline_executor<pipeswap::mock::backend, ex::thread_comm, pt::mlp_stage>;
+  using sch::step_kind;
+  pipeswap::mock::backend b;
+  pipeswap::transfer_engine<pipeswap::mock::backend> x(b);
+  pt::model_config cfg;
+  cfg.stages = 4;
+  cfg.dim = cfg.hidden = 8;
+  cfg.rows = 2;
+  cfg.micro = 2;
+  cfg.blocks = 1;
+  pt::mlp_stage s0(b, cfg, 0), s1(b, cfg, 1), s2(b, cfg, 2);
+  auto says = [](std::string part) {
+    return [part](std::exception const& e) {
+      bool const ok = std::string(e.what()).find(part) != std::string::npos;
+      if (!ok) BOOST_TEST_MESSAGE("got: " << e.what());
+      return ok;
+    };
+  };
+  sch::stage_layout const two(2, 2); // rank 0 runs stages 0 and 2
+  {
+    ex::thread_world w(2);
+    auto c = w.comm(0);
+    BOOST_CHECK_EXCEPTION(exe(x, c, sch::stage_layout(3, 1), {{0, &s0}}), pipeswap::invalid_argument,
+                          says("the layout has 3 ranks, the comm 2"));
+    BOOST_CHECK_EXCEPTION(exe(x, c, two, {{0, &s0}}), pipeswap::invalid_argument,
+                          says("rank 0 runs stage 2 but was given no stage object"));
+    BOOST_CHECK_EXCEPTION(exe(x, c, two, {{0, &s0}, {1, &s1}, {2, &s2}}), pipeswap::invalid_argument,
+                          says("stage 1 runs on rank 1, not on rank 0"));
+  }
+  b.synchronize_device();
+  auto const baseline = b.live_device_allocations();
+  // Each case on a fresh world: a failed step aborts its comm.
+  auto run = [&](sch::order const& o, std::string part, bool aborts = true, ex::executor_options opts = {}) {
+    ex::thread_world w(2);
+    auto c = w.comm(0);
+    exe e(x, c, two, {{0, &s0}, {2, &s2}}, opts);
+    BOOST_CHECK_EXCEPTION(e.run_step(o, [] {}), pipeswap::error, says(part));
+    BOOST_TEST(w.aborted().has_value() == aborts);
+    b.synchronize_device();
+    BOOST_TEST(b.live_device_allocations() == baseline, "the failed step left device memory behind: " << part);
+  };
+  run({sch::bwd(0, 0)}, "rank 0 failed at position 0 (B0.0): pipeline_executor: rank 0, position 0 (B0.0): its forward did not run");
+  run({sch::fwd(2, 0)}, "position 0 (F2.0): no input (the FWD_RECV or the previous stage's FWD did not come first)");
+  run({sch::fwd(0, 1), sch::leaf(step_kind::bwd_input, 0, 1)}, "position 1 (BI0.1): the executor does not run BWD_INPUT steps");
+  run({sch::fwd(0, 0), sch::leaf(step_kind::fwd_send, 0, 0), sch::leaf(step_kind::fwd_send, 0, 0)},
+      "position 2 (FS0.0): nothing to send (its FWD did not run on this rank first)");
+  run({sch::fwd(0, 0)}, "ended its order with 2 boundaries or saved chunks not consumed");
+  run({sch::leaf(step_kind::swap_wait_load, 0, 0)}, "position 0");
+  run({sch::leaf(step_kind::fwd_recv, 2, 0), sch::leaf(step_kind::fwd_recv, 2, 0)}, "FR2.0 appears twice in the order");
+  ex::executor_options late;
+  late.fail_at = 3;
+  run({sch::fwd(0, 0)}, "fail_at 3 is past the order's 1 entries and its optimizer step", false, late);
+
+  // One rank running both stages: a swapped chunk whose backward comes before its load fails at the
+  // backward, and releases the incoming gradient it had already received from stage 1.
+  cfg.stages = 2;
+  pt::mlp_stage t0(b, cfg, 0), t1(b, cfg, 1);
+  b.synchronize_device();
+  auto const base1 = b.live_device_allocations();
+  {
+    ex::thread_world w(1);
+    auto c = w.comm(0);
+    ex::pipeline_executor<pipeswap::mock::backend, ex::thread_comm, pt::mlp_stage> e(x, c, sch::stage_layout(1, 2),
+                                                                                  {{0, &t0}, {1, &t1}});
+    sch::order const o{sch::leaf(step_kind::swap_set_group, 0, 0), sch::fwd(0, 0),
+                       sch::leaf(step_kind::swap_launch_offload, 0, 0), sch::leaf(step_kind::swap_wait_offload, 0, 0),
+                       sch::fwd(1, 0), sch::bwd(1, 0), sch::bwd(0, 0)};
+    BOOST_CHECK_EXCEPTION(e.run_step(o, [] {}), ex::rank_failure, says("position 6 (B0.0): activation 0 of SwapGroup"));
+    b.synchronize_device();
+    BOOST_TEST(b.live_device_allocations() == base1);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(each_executor_wait_is_necessary) {
+  using pipeswap::detail::wait_site;
+  auto o = small(pt::schedule_kind::one_f_one_b, 2, 1, 2);
+  o.steps = 1;
+  for (auto site : {wait_site::exec_send_after_compute, wait_site::exec_use_after_receive}) {
+    BOOST_TEST_CONTEXT(to_string(site)) {
+      pipeswap::detail::mutated_sites = 1u << static_cast<unsigned>(site);
+      auto const r = pt::train_threads(o);
+      pipeswap::detail::mutated_sites = 0;
+      BOOST_TEST(!r.ok());
+      BOOST_TEST(all_errors(r).find("read-before-write") != std::string::npos, all_errors(r));
+    }
+  }
+  auto const r = pt::train_threads(o);
+  BOOST_TEST(r.ok(), all_errors(r));
+}
