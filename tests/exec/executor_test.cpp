@@ -370,7 +370,7 @@ BOOST_AUTO_TEST_CASE(bad_input_is_rejected_naming_the_rule) {
     sch::order const o{sch::leaf(step_kind::swap_set_group, 0, 0), sch::fwd(0, 0),
                        sch::leaf(step_kind::swap_launch_offload, 0, 0), sch::leaf(step_kind::swap_wait_offload, 0, 0),
                        sch::fwd(1, 0), sch::bwd(1, 0), sch::bwd(0, 0)};
-    BOOST_CHECK_EXCEPTION(e.run_step(o, [] {}), ex::rank_failure, says("position 6 (B0.0): activation 0 of SwapGroup"));
+    BOOST_CHECK_EXCEPTION(e.run_step(o, [] {}), ex::rank_failure, says("position 6 (B0.0): activation_swap::ptr: activation 0 of group"));
     b.synchronize_device();
     BOOST_TEST(b.live_device_allocations() == base1);
   }
