@@ -70,6 +70,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 
 #include <pipeswap/error.hpp>
@@ -139,5 +140,23 @@ concept comm = enable_comm<C> && comm_world<C> && comm_post<C> && comm_complete<
     };
 
 template <comm C> using request_t = typename C::request_type;
+
+namespace detail {
+
+/// wait_for() of a comm whose completion can only be tested (MPI_Test, cudaEventQuery): polls
+/// `done()` until it holds or `t` has passed, backing off from 5 µs to 0.5 ms between polls.
+template <class Done>
+bool poll_for(std::chrono::milliseconds t, Done&& done) {
+  auto const deadline = std::chrono::steady_clock::now() + t;
+  auto pause = std::chrono::microseconds(5);
+  for (;;) {
+    if (done()) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(pause);
+    if (pause < std::chrono::microseconds(500)) pause *= 2;
+  }
+}
+
+} // namespace detail
 
 } // namespace pipeswap::exec

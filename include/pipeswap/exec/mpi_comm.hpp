@@ -194,14 +194,7 @@ public:
   }
 
   bool wait_for(request_type& r, std::chrono::milliseconds t) {
-    auto const deadline = std::chrono::steady_clock::now() + t;
-    auto pause = std::chrono::microseconds(5);
-    for (;;) {
-      if (test(r)) return true;
-      if (std::chrono::steady_clock::now() >= deadline) return false;
-      std::this_thread::sleep_for(pause);
-      if (pause < std::chrono::microseconds(500)) pause *= 2;
-    }
+    return detail::poll_for(t, [&] { return test(r); });
   }
 
   /// Tells every other rank `why` and waits up to a second for the notices to leave.

@@ -46,7 +46,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 
 #include <pipeswap/exec/comm.hpp>
@@ -122,14 +121,7 @@ public:
   }
 
   bool wait_for(request_type& r, std::chrono::milliseconds t) {
-    auto const deadline = std::chrono::steady_clock::now() + t;
-    auto pause = std::chrono::microseconds(5);
-    for (;;) {
-      if (test(r)) return true;
-      if (std::chrono::steady_clock::now() >= deadline) return false;
-      std::this_thread::sleep_for(pause);
-      if (pause < std::chrono::microseconds(500)) pause *= 2;
-    }
+    return detail::poll_for(t, [&] { return test(r); });
   }
 
   /// Work enqueued on `s` after this call starts after the operation of `r` (no host wait).
