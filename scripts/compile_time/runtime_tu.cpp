@@ -32,24 +32,9 @@ struct host_backend {
   void copy_d2h(std::byte* h, device_pointer d, std::size_t n, int) { std::memcpy(h, d.get(), n); }
 };
 
+// The library's host policy: the backend's device pointers are host-addressable and synchronous.
 template <>
-struct pipeswap::adam_kernels<host_backend> {
-  void update(host_backend&, int, std::span<adam_tensor<host_backend> const> ts,
-              std::span<adam_step_scalars const> scalars) const {
-    validate_adam_batch(ts, scalars);
-    for (auto const& t : ts) {
-      auto const& s = scalars[t.scalars];
-      detail::adam_range_unchecked(s, t.param_type, t.grad_type, t.param.get(), t.grad.get(),
-                                   t.exp_avg.template get<float>(), t.exp_avg_sq.template get<float>(),
-                                   s.amsgrad ? t.max_exp_avg_sq.template get<float>() : nullptr,
-                                   t.master ? t.master.template get<float>() : nullptr, t.numel);
-    }
-  }
-  void init_master(host_backend&, int, device_ptr param, device_ptr master, std::size_t numel,
-                   dtype) const {
-    std::memcpy(master.get(), param.get(), numel * sizeof(float));
-  }
-};
+struct pipeswap::adam_kernels<host_backend> : pipeswap::host_adam_kernels<host_backend> {};
 
 int main() {
   host_backend b;
