@@ -140,7 +140,8 @@ BOOST_AUTO_TEST_CASE(the_distributed_optimizer_shards_what_the_rank_holds_and_sw
   s.parallel.dp = 4;
   s.parallel.distributed_optimizer = true;
   std::uint64_t shards = 0, swapped = 0;
-  for (auto const& t : sim::plan_stages(s)[0].tensors) {
+  auto const stages = sim::plan_stages(s); // a range-for over a temporary's member would dangle
+  for (auto const& t : stages[0].tensors) {
     shards += (t.numel + 3) / 4;
     if (t.numel >= 1024) swapped += (t.numel + 3) / 4; // smaller tensors stay (swap_config::min_numel)
   }
