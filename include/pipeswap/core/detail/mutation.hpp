@@ -6,6 +6,10 @@
 // exist and wait_at is a plain wait.
 #pragma once
 
+#ifdef PIPESWAP_MUTATION_TESTING
+#include <atomic>
+#endif
+
 #include <cstdint>
 #include <string_view>
 
@@ -41,10 +45,11 @@ constexpr std::string_view to_string(wait_site s) noexcept {
 }
 
 #ifdef PIPESWAP_MUTATION_TESTING
+// Atomic: the executor's tests issue waits from several rank threads at once.
 /// Bit i set: the waits of wait_site i are skipped.
-inline unsigned mutated_sites = 0;
+inline std::atomic<unsigned> mutated_sites = 0;
 /// How many waits each site issued (skipped ones included), so a test can show it reached them all.
-inline unsigned long site_hits[static_cast<unsigned>(wait_site::count)] = {};
+inline std::atomic<unsigned long> site_hits[static_cast<unsigned>(wait_site::count)] = {};
 #endif
 
 template <class B>
