@@ -12,15 +12,6 @@
 #include <string>
 #include <vector>
 
-#include <range/v3/algorithm/max.hpp>
-#include <range/v3/range/conversion.hpp>
-#include <range/v3/view/concat.hpp>
-#include <range/v3/view/iota.hpp>
-#include <range/v3/view/partial_sum.hpp>
-#include <range/v3/view/single.hpp>
-#include <range/v3/view/stride.hpp>
-#include <range/v3/view/transform.hpp>
-
 #include <pipeswap/error.hpp>
 #include <pipeswap/schedule/detail/shape.hpp>
 #include <pipeswap/schedule/layout.hpp>
@@ -93,6 +84,7 @@ inline rank_orders insert_p2p(rank_orders const& compute, stage_layout const& la
     int leaf;
   };
   std::vector<std::vector<vslot>> slots(compute.size());
+  std::size_t columns = 0;
   for (std::size_t r = 0; r < compute.size(); ++r) {
     for (std::size_t i = 0; i < compute[r].size(); ++i) {
       entry const& e = compute[r][i];
@@ -116,13 +108,8 @@ inline rank_orders insert_p2p(rank_orders const& compute, stage_layout const& la
         slots[r].push_back({i, -1});
       }
     }
+    columns = std::max(columns, slots[r].size());
   }
-  // Not empty: the layout has at least one rank.
-  auto const columns = ranges::max(slots | ranges::views::transform([](auto const& v) { return v.size(); }));
-  // Within a column: every rank's own entry first, then the P2P of the even ranks, then the odd ones.
-  auto const n = compute.size();
-  auto const even_then_odd = ranges::views::concat(ranges::views::iota(std::size_t{0}, n) | ranges::views::stride(2),
-                                                   ranges::views::iota(std::size_t{1}, n) | ranges::views::stride(2));
 
   rank_orders out(compute.size());
   for (std::size_t r = 0; r < compute.size(); ++r) out[r].reserve(compute[r].size() * 2);
@@ -135,9 +122,12 @@ inline rank_orders insert_p2p(rank_orders const& compute, stage_layout const& la
     for (std::size_t r = 0; r < compute.size(); ++r) {
       if (t < slots[r].size() && slots[r][t].leaf <= 0) out[r].push_back(compute[r][slots[r][t].entry]);
     }
-    for (std::size_t const r : even_then_odd) {
-      if (t >= slots[r].size()) continue;
-      if (step const* s = item(r, slots[r][t])) detail::add_p2p_for(*s, index_type(r), layout, out);
+    // Within a column: every rank's own entry first, then the P2P of the even ranks, then the odd ones.
+    for (std::size_t parity = 0; parity < 2; ++parity) {
+      for (std::size_t r = parity; r < compute.size(); r += 2) {
+        if (t >= slots[r].size()) continue;
+        if (step const* s = item(r, slots[r][t])) detail::add_p2p_for(*s, index_type(r), layout, out);
+      }
     }
   }
   return out;
@@ -252,14 +242,12 @@ inline rank_orders interleaved_1f1b(interleaved_options const& opt) {
     base = (M % R) / rounds;
     rem = (M % R) % rounds;
   }
-  auto const per_round = ranges::views::iota(std::int64_t{0}, rounds) |
-                         ranges::views::transform([&](std::int64_t i) { return R + base + (i < rem ? 1 : 0); }) |
-                         ranges::to<std::vector>();
-  // The op index at which each round starts: 0, then the running total of the rounds' ops.
-  auto const accu = ranges::views::concat(ranges::views::single(std::int64_t{0}),
-                                          per_round | ranges::views::transform([&](std::int64_t c) { return c * V; }) |
-                                              ranges::views::partial_sum) |
-                    ranges::to<std::vector>();
+  std::vector<std::int64_t> per_round(static_cast<std::size_t>(rounds));
+  std::vector<std::int64_t> accu{0}; // op index at which each round starts
+  for (std::int64_t i = 0; i < rounds; ++i) {
+    per_round[std::size_t(i)] = R + base + (i < rem ? 1 : 0);
+    accu.push_back(accu.back() + per_round[std::size_t(i)] * V);
+  }
   auto local_chunk = [&](std::int64_t op) {
     auto const round = std::size_t(std::upper_bound(accu.begin(), accu.end(), op) - accu.begin() - 1);
     return (op - accu[round]) / per_round[round];

@@ -41,16 +41,6 @@
 #include <utility>
 #include <vector>
 
-#include <range/v3/algorithm/find_if.hpp>
-#include <range/v3/range/conversion.hpp>
-#include <range/v3/view/filter.hpp>
-#include <range/v3/view/iota.hpp>
-#include <range/v3/view/join.hpp>
-#include <range/v3/view/reverse.hpp>
-#include <range/v3/view/slice.hpp>
-#include <range/v3/view/take.hpp>
-#include <range/v3/view/transform.hpp>
-
 #include <pipeswap/error.hpp>
 #include <pipeswap/schedule/detail/chunk_table.hpp>
 #include <pipeswap/schedule/detail/shape.hpp>
@@ -117,7 +107,7 @@ inline std::string chunk_text(chunk c) {
 
 inline std::string problems_text(std::vector<problem> const& ps, std::size_t most = 20) {
   std::string out;
-  for (problem const& p : ps | ranges::views::take(most)) out += "\n  " + to_string(p);
+  for (std::size_t i = 0; i < ps.size() && i < most; ++i) out += "\n  " + to_string(ps[i]);
   if (ps.size() > most) out += "\n  ... and " + std::to_string(ps.size() - most) + " more";
   return out;
 }
@@ -133,19 +123,6 @@ constexpr int lifecycle_index(step_kind k) noexcept {
     if (lifecycle[i] == k) return i;
   }
   return -1;
-}
-
-/// The leaves of the steps of `o` that `keep`, in order; a composite contributes its leaves.
-template <class Keep>
-auto leaves_where(order const& o, Keep keep) {
-  return o | ranges::views::filter([keep](entry const& e) { return e && keep(*e); }) |
-         ranges::views::transform([](entry const& e) { return leaves_of(*e); }) | ranges::views::join;
-}
-/// Every leaf of the well-formed steps of `o` (bubbles have none; shape-broken steps are skipped).
-inline auto well_formed_leaves(order const& o) { return leaves_where(o, shape_ok); }
-/// Every leaf of every step of `o`.
-inline auto all_leaves(order const& o) {
-  return leaves_where(o, [](step const&) { return true; });
 }
 
 constexpr bool is_backward_leaf(step_kind k) noexcept { return k == step_kind::bwd || k == step_kind::bwd_input; }
@@ -230,17 +207,21 @@ private:
   // The box of the chunks the life-cycle steps name, and the chunks of the swap steps (with repeats).
   static chunk_box scan(order const& o, std::vector<chunk>& swap_keys) {
     chunk_box box;
-    for (step const& l : well_formed_leaves(o)) {
-      if (lifecycle_index(l.kind) < 0) continue;
-      box.add(l.stage, l.micro);
-      if (is_swap(l.kind)) swap_keys.push_back({l.stage, l.micro});
+    for (entry const& e : o) {
+      if (!e || !shape_ok(*e)) continue;
+      for (step const& l : leaves_of(*e)) {
+        if (lifecycle_index(l.kind) < 0) continue;
+        box.add(l.stage, l.micro);
+        if (is_swap(l.kind)) swap_keys.push_back({l.stage, l.micro});
+      }
     }
     return box;
   }
 
   static std::string lifecycle_names(int first, int end) {
-    return lifecycle | ranges::views::slice(first, end) | ranges::views::transform(step_kind_name) |
-           ranges::views::join(std::string_view(", ")) | ranges::to<std::string>();
+    std::string out;
+    for (int k = first; k < end; ++k) out += (out.empty() ? "" : ", ") + std::string(step_kind_name(lifecycle[k]));
+    return out;
   }
 
   void add(rule r, std::size_t position, step const& s, std::string message) {
@@ -401,8 +382,11 @@ private:
     chunk_box box;
     box.stages = layout.stages();
     for (order const& o : orders) {
-      for (step const& l : all_leaves(o)) {
-        if (done_bit(l.kind) || is_p2p(l.kind)) box.add(0, l.micro);
+      for (entry const& e : o) {
+        if (!e) continue;
+        for (step const& l : leaves_of(*e)) {
+          if (done_bit(l.kind) || is_p2p(l.kind)) box.add(0, l.micro);
+        }
       }
     }
     return box;
@@ -518,8 +502,8 @@ private:
     }
     std::vector<std::size_t> pc(n, 0), next_wait(n, 0);
     std::vector<std::vector<std::size_t>> waiting_on(n);
-    // A stack of ranks to advance, rank 0 on top.
-    auto work = ranges::views::iota(std::size_t{0}, n) | ranges::views::reverse | ranges::to<std::vector>();
+    std::vector<std::size_t> work(n);
+    for (std::size_t r = 0; r < n; ++r) work[r] = n - 1 - r;
     auto sender = [&](wait const& w) -> p2p_ref const& { return refs_[refs_[w.recv].paired_send]; };
     while (!work.empty()) {
       std::size_t const r = work.back();
@@ -544,10 +528,9 @@ private:
     }
     // Every blocked rank waits for a rank that has not reached its send, hence is blocked too: from the
     // lowest blocked rank, following the waits closes a cycle.
-    auto const ranks = ranges::views::iota(std::size_t{0}, n);
-    auto const lowest_blocked = ranges::find_if(ranks, [&](std::size_t q) { return pc[q] != orders_[q].size(); });
-    if (lowest_blocked == ranks.end()) return;
-    std::size_t r = *lowest_blocked;
+    std::size_t r = 0;
+    while (r < n && pc[r] == orders_[r].size()) ++r;
+    if (r == n) return;
     std::vector<std::size_t> seen_at(n, no_id);
     std::vector<std::size_t> path;
     while (seen_at[r] == no_id) {
