@@ -1,17 +1,21 @@
-// pipeswap — integer rounding, the one helper every size computation uses (internal).
+// pipeswap — integer rounding, the one helper every size computation uses (internal). Host and
+// device: the CUDA kernels' grid and stride computations use it too, so it includes nothing but
+// config.hpp (no range-v3, no standard header nvcc could choke on).
 #pragma once
+
+#include <pipeswap/config.hpp>
 
 namespace pipeswap::detail {
 
 /// ⌈n / d⌉ for unsigned n and d > 0 (n + d - 1 must not overflow).
 template <class T>
-constexpr T ceil_div(T n, T d) noexcept {
+PIPESWAP_HOST_DEVICE constexpr T ceil_div(T n, T d) noexcept {
   return (n + d - 1) / d;
 }
 
 /// The least multiple of `a` that is at least `n` (a > 0).
 template <class T>
-constexpr T round_up(T n, T a) noexcept {
+PIPESWAP_HOST_DEVICE constexpr T round_up(T n, T a) noexcept {
   return ceil_div(n, a) * a;
 }
 

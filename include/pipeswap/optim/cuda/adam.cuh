@@ -66,6 +66,7 @@ nvcc. Host code uses <pipeswap/optim/cuda/adam_kernels.hpp>."
 #include <pipeswap/backend/cuda/backend.hpp>
 #include <pipeswap/backend/cuda/device.hpp>
 #include <pipeswap/backend/cuda/error.hpp>
+#include <pipeswap/core/detail/round.hpp>
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/core/half.hpp>
 #include <pipeswap/error.hpp>
@@ -180,7 +181,8 @@ inline void enqueue_init_master(backend& b, stream_ref s, device_ptr param, devi
   if (numel == 0) return;
   if (!param || !master) throw invalid_argument("pipeswap::cuda::enqueue_init_master: null pointer");
   auto const blocks = static_cast<unsigned>(
-      std::min<std::uint64_t>((numel + block_threads - 1) / block_threads, std::uint64_t{1} << 16));
+      std::min<std::uint64_t>(pipeswap::detail::ceil_div(std::uint64_t{numel}, std::uint64_t{block_threads}),
+                              std::uint64_t{1} << 16));
   std::string const what = "pipeswap::cuda::enqueue_init_master(" + std::to_string(numel) + " elements)";
   device_guard const g(b.device(), what);
   std::uint64_t const n = numel;

@@ -32,6 +32,7 @@
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/backend/device_ptr.hpp>
 #include <pipeswap/config.hpp>
+#include <pipeswap/core/detail/round.hpp>
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/core/half.hpp>
 #include <pipeswap/error.hpp>
@@ -152,7 +153,7 @@ table build_table(std::span<adam_tensor<B> const> tensors, std::span<adam_step_s
     std::uint64_t const peel = common >= 0 ? (4 - static_cast<std::uint64_t>(common)) % 4 : 0;
     d.peel = common >= 0 && t.numel >= peel + 4 ? static_cast<std::uint8_t>(peel) : scalar_path;
 
-    blocks += (t.numel + chunk_elements - 1) / chunk_elements;
+    blocks += pipeswap::detail::ceil_div(std::uint64_t{t.numel}, chunk_elements);
     if (blocks > static_cast<std::uint64_t>(std::numeric_limits<int>::max())) {
       fail("brings the batch over 2^31 - 1 blocks of " + std::to_string(chunk_elements) + " elements");
     }
@@ -296,7 +297,7 @@ PIPESWAP_HOST_DEVICE std::uint32_t locate(unsigned char const* t, std::uint32_t 
   desc const* const ds = descs_of(t);
   std::uint32_t lo = 0, n = header_of(t).ranges;
   while (n > 1) {
-    std::uint32_t const stride = (n + block_threads - 1) / block_threads;
+    std::uint32_t const stride = pipeswap::detail::ceil_div(n, std::uint32_t{block_threads});
     auto const below = [&](unsigned thread) {
       return thread * stride < n && ds[lo + thread * stride].first_block <= block;
     };
