@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds pipeswap and runs its test suite; prints `N passed, N failed` last.
 #
-#   bash scripts/test.sh                  # build/ with CUDA if the toolkit is present
+#   bash scripts/test.sh                  # build/ (-O1, no debug info) with CUDA if the toolkit is present
 #   BUILD_DIR=build-asan bash scripts/test.sh -Db_sanitize=address,undefined -Dbuildtype=debug
 #
 # Extra arguments go to `meson setup`. The script installs missing Debian packages first.
@@ -11,7 +11,13 @@ source scripts/deps.sh
 build=${BUILD_DIR:-build}
 if [ ! -f "$build/build.ninja" ]; then
   # No debug info by default: it costs a third of the compile time (pass -Ddebug=true to get it).
-  meson setup "$build" -Ddebug=false "$@" >/dev/null
+  # The tests build at -O1 unless the arguments choose a buildtype or optimization: the heaviest test
+  # program compiles in 21 % less CPU time than at -O2 and runs as fast (one run: 10.2 s vs 10.1 s).
+  opt=(-Doptimization=1)
+  for a in "$@"; do
+    case "$a" in -Dbuildtype=* | -Doptimization=* | --buildtype* | --optimization*) opt=() ;; esac
+  done
+  meson setup "$build" -Ddebug=false "${opt[@]}" "$@" >/dev/null
 elif [ $# -gt 0 ]; then
   # --reconfigure also knows options added since the directory was set up.
   meson setup --reconfigure "$build" "$@" >/dev/null
