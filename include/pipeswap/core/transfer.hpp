@@ -241,6 +241,14 @@ public:
     }
   }
   [[nodiscard]] device_budget* budget() const noexcept { return link_.budget; }
+  /// Throws state_error when the engine's budget was destroyed under it (`op` names the caller).
+  void check_budget(std::string_view op) const {
+    if (link_.orphaned) {
+      throw state_error(std::string(op) +
+                        ": the engine's device_budget was destroyed while the engine still used it; a budget "
+                        "must outlive its engines (call set_budget(nullptr) or set_budget(other) first)");
+    }
+  }
   /// Bytes this engine holds reserved in its budget for `c`.
   [[nodiscard]] std::uint64_t reserved_bytes(budget_client c) const noexcept { return held_[static_cast<int>(c)]; }
   /// Sets the client a buffer without device storage is counted for.
@@ -251,12 +259,12 @@ public:
   /// Whether an optional allocation of `bytes` (an optimizer prefetch) may start now: always without
   /// a budget; with one, when the bytes fit its optional_room() (reload demand left free).
   [[nodiscard]] bool admits_optional(std::uint64_t bytes) {
-    check_budget("admits_optional");
+    check_budget("transfer_engine::admits_optional");
     return !link_.budget || link_.budget->admits(bytes);
   }
   /// Reload demand of offloaded activations (device_budget::add_reload_demand), counted per engine.
   void add_reload_demand(std::uint64_t bytes) {
-    check_budget("add_reload_demand");
+    check_budget("transfer_engine::add_reload_demand");
     if (!link_.budget) return;
     link_.budget->add_reload_demand(bytes);
     demand_ += bytes;
@@ -288,7 +296,7 @@ public:
   /// device-resident.
   void allocate(buffer& x, stream_type s) {
     require_empty(x, "allocate");
-    check_budget("allocate");
+    check_budget("transfer_engine::allocate");
     x.device_ = x.bytes_ ? b_.allocate_device(x.bytes_, s) : device_pointer_t<B>{};
     x.reserved_ = x.device_ && reserve(x.client_, x.bytes_);
     x.state_ = residency::device;
@@ -427,7 +435,7 @@ public:
   void launch_load(std::span<buffer* const> bufs, Storage& storage, char const* label = "load") {
     auto targets = select(bufs, residency::host, residency::device);
     if (targets.empty()) return;
-    check_budget("launch_load");
+    check_budget("transfer_engine::launch_load");
     detail::scoped_label<B> l(b_, label);
     try {
       for (auto* x : targets) {
@@ -530,7 +538,7 @@ public:
   /// Allocates `bytes` for an arena on the h2d stream (its first user).
   void allocate_arena(staging_arena<B>& a, std::size_t bytes) {
     if (a.base) throw state_error("allocate_arena: the staging arena is already allocated");
-    check_budget("allocate_arena");
+    check_budget("transfer_engine::allocate_arena");
     a.base = bytes ? b_.allocate_device(bytes, h2d_) : device_pointer_t<B>{};
     a.bytes = bytes;
     a.fence = nullptr;
@@ -734,16 +742,9 @@ private:
     x.reserved_ = false;
   }
 
-  void check_budget(char const* op) const {
-    if (link_.orphaned) {
-      throw state_error(std::string("transfer_engine::") + op +
-                        ": the engine's device_budget was destroyed while the engine still used it; a budget "
-                        "must outlive its engines (set_budget(nullptr) or set_budget(other) first)");
-    }
-  }
   /// A required reservation; true when a budget counted it.
   bool reserve(budget_client c, std::uint64_t n) {
-    check_budget("reserve");
+    check_budget("transfer_engine::reserve");
     if (!link_.budget || n == 0) return false;
     link_.budget->reserve(c, n);
     held_[static_cast<int>(c)] += n;

@@ -142,6 +142,7 @@ public:
     }
     cfg_.validate();
     opt_.validate();
+    engine_.check_budget("optimizer_swap::optimizer_swap");
     auto& home = opt_.swap_state();
     if (home.attached()) {
       throw state_error("optimizer_swap: the optimizer is already managed by another live optimizer_swap; "
@@ -176,6 +177,7 @@ public:
   /// Runs one optimizer step (or completes an interrupted one). See the header comment.
   void step() {
     reentrancy_guard guard(*this, "step");
+    engine_.check_budget("optimizer_swap::step");
     where_ = {"step", std::nullopt};
     try {
       finish_deferred(engine_.h2d());
@@ -238,11 +240,12 @@ public:
   /// step is pending or from inside step(); a failing copy or allocation throws step_error
   /// (operation "prefetch"), and every batch it had kept is back on the host, nothing lost.
   std::size_t prefetch(std::size_t max_batches = std::numeric_limits<std::size_t>::max()) {
+    reentrancy_guard guard(*this, "prefetch");
     if (pending_) {
       throw state_error("optimizer_swap::prefetch: a step is interrupted; call step() to resume it or "
                         "discard_interrupted_step() before prefetching the next one");
     }
-    reentrancy_guard guard(*this, "prefetch");
+    engine_.check_budget("optimizer_swap::prefetch");
     where_ = {"prefetch", std::nullopt};
     std::shared_ptr<plan_data const> plan;
     try {
@@ -570,6 +573,7 @@ private:
     auto& recs = home.records(access());
     auto const descs = opt_.slots();
     pending_.reset();
+    listener_ = {}; // nothing to trace any more, and nothing here may throw
     try {
       finish_deferred(engine_.compute());
       evict_kept();
