@@ -94,6 +94,8 @@ public:
     reserve(c, bytes);
     return true;
   }
+  /// Whether an optional reservation of `bytes` would fit now (nothing counted).
+  [[nodiscard]] bool fits(std::uint64_t bytes) const noexcept { return bytes <= optional_room(); }
   /// Whether an optional reservation of `bytes` would be made now (a refusal is counted).
   [[nodiscard]] bool admits(std::uint64_t bytes) noexcept {
     if (bytes <= optional_room()) return true;

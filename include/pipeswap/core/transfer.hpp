@@ -262,6 +262,16 @@ public:
     check_budget("transfer_engine::admits_optional");
     return !link_.budget || link_.budget->admits(bytes);
   }
+  /// Keeps `bytes` reserved for `c` although no allocation of the engine holds them (a required
+  /// reservation): storage whose release is issued but not yet ordered before the next allocation (a
+  /// deferred offload). Returns whether a budget counted it; give it back with unhold().
+  bool hold(budget_client c, std::uint64_t bytes) { return reserve(c, bytes); }
+  void unhold(budget_client c, std::uint64_t bytes) noexcept { unreserve(c, bytes); }
+  /// As admits_optional(), counting nothing.
+  [[nodiscard]] bool fits_optional(std::uint64_t bytes) const {
+    check_budget("transfer_engine::fits_optional");
+    return !link_.budget || link_.budget->fits(bytes);
+  }
   /// Reload demand of offloaded activations (device_budget::add_reload_demand), counted per engine.
   void add_reload_demand(std::uint64_t bytes) {
     check_budget("transfer_engine::add_reload_demand");

@@ -33,10 +33,14 @@
 //                    called after each backward of the pipeline's cool-down. Never blocks the host.
 //   step()           takes the resident and prefetched batches first (waiting only their loads), then
 //                    streams the rest through the two-batch window as above.
-//   defer_offload    step() returns with the D2H of its last batches in flight (their storage held);
-//                    prefetch(), finish_offload(), synchronize_cpu_mirrors(), the next step() or the
-//                    destructor finish it: the next user of the memory waits the D2Hs and the storage
-//                    is released stream-ordered. No call here blocks the host at the forward boundary.
+//   defer_offload    step() returns with the D2H of its last batches in flight (their storage held
+//                    and still counted in the budget); finish_offload(), synchronize_cpu_mirrors(),
+//                    the next step(), the destructor, or a prefetch() that needs its room finish it:
+//                    the next user of the memory waits the D2Hs and the storage is released
+//                    stream-ordered. A prefetch of one of its batches waits only that batch's D2H
+//                    (packed: into the own arena it leaves). No call blocks the host at the forward
+//                    boundary. Within a step, prefetched batches are offloaded after the streamed ones
+//                    (same-direction copies run in enqueue order).
 //
 // Ownership (docs/optimizer.md): the state belongs to the optimizer (O::swap_state()). A runtime
 // attaches on construction (a second live runtime over one optimizer is refused), adopts what an
@@ -95,8 +99,9 @@ struct swap_config {
   /// Bytes of swappable state (whole batches, from the front of the step's batch order) that stay on
   /// the device across steps. Rounded down to whole batches; 0 = none (every batch streams).
   std::size_t resident_share = 0;
-  /// step() returns with the D2H of its last batches in flight; prefetch(), finish_offload(),
-  /// synchronize_cpu_mirrors(), the next step() or the destructor finish it.
+  /// step() returns with the D2H of its last batches in flight; finish_offload(),
+  /// synchronize_cpu_mirrors(), the next step(), the destructor, or a prefetch() that needs its room
+  /// finish it.
   bool defer_offload = false;
 
   void validate() const {
@@ -232,9 +237,10 @@ public:
   /// Starts the H2D of the next step's first batches that are neither resident nor in flight, in
   /// step order, into their own device storage, at most `max_batches` of them, each only while the
   /// engine's budget admits it as an optional reservation (its bytes plus the step's streaming window,
-  /// with the activations' reload demand left free; no budget: no limit). Finishes a deferred offload
-  /// first, stream-ordered (the h2d stream waits its D2Hs; the compute stream is left alone). Never
-  /// blocks the host. Returns the batches resident or in flight for the next step (resident share
+  /// with the activations' reload demand left free; no budget: no limit). A deferred offload is
+  /// finished, stream-ordered (the h2d stream waits its D2Hs; the compute stream is left alone), as
+  /// soon as a batch needs its room or is one of its batches; batches that fit next to its held
+  /// storage load while its D2Hs still run. Never blocks the host. Returns the batches resident or in flight for the next step (resident share
   /// included); before the first step no batch order is known and it returns 0. Safe to call
   /// repeatedly (after every backward of the cool-down). Throws state_error while an interrupted
   /// step is pending or from inside step(); a failing copy or allocation throws step_error
@@ -249,13 +255,15 @@ public:
     where_ = {"prefetch", std::nullopt};
     std::shared_ptr<plan_data const> plan;
     try {
-      bool const gated = finish_deferred(engine_.h2d());
       if (must_evict_) evict_kept();
       evacuate();
-      if (!cached_) return kept_count_;
+      if (!cached_) {
+        finish_deferred(engine_.h2d());
+        return kept_count_;
+      }
       plan = cached_;
       if (kept_plan_ && kept_plan_ != plan) evict_kept();
-      prefetch_batches(*plan, max_batches, gated);
+      prefetch_batches(*plan, max_batches);
       return kept_count_;
     } catch (...) {
       auto const failed = where_;
@@ -603,6 +611,7 @@ private:
       try {
         for (auto& a : own_) engine_.release_arena(a);
         for (auto& a : deferred_arenas_) engine_.release_arena(a);
+        unhold_all();
         auto all = pieces(false);
         engine_.settle(all);
         for (auto& s : slots_) {
@@ -869,7 +878,7 @@ private:
     for (std::size_t n = k; n < N; ++n) {
       emit("wait_prefetch", n);
       engine_.wait_load(bufs(n), engine_.compute());
-      if (n > k) {
+      if (n > k && n - 1 >= own) { // the window's memory gate; own batches were reserved with the window
         emit("wait_offload", n - 1);
         engine_.wait_offload(bufs(n - 1), engine_.h2d());
       }
@@ -883,18 +892,39 @@ private:
         emit("keep", n);
         continue;
       }
+      if (n < own) continue; // offloaded behind the streamed batches, below
       emit("offload", n);
       engine_.launch_offload(bufs(n), label("offload", n).c_str());
     }
+    // The prefetched batches leave after the streamed ones: a streamed load waits the D2H that freed
+    // its window, and copies of one direction run in enqueue order. Their storage is released behind
+    // their D2Hs, which nothing waits before the step's end: the budget keeps counting it until then.
+    for (std::size_t n = resident; n < own; ++n) {
+      emit("offload", n);
+      engine_.launch_offload(bufs(n), label("offload", n).c_str());
+      hold_batch(n, d.batch_bytes[n]);
+    }
     kept_count_ = resident;
-    if (N - 1 < resident) return;
+    // Offloads nothing has waited yet: the own batches after the resident share, and the last batch.
+    std::vector<std::size_t> open;
+    for (std::size_t n = resident; n < own; ++n) open.push_back(n);
+    if (N - 1 >= std::max(resident, own)) open.insert(open.begin(), N - 1);
+    if (open.empty()) return;
     if (cfg_.defer_offload) {
-      emit("defer", N - 1);
+      for (auto n : open) emit("defer", n);
       deferred_ = true;
+      // The last batch's storage was released behind its D2H, before anything orders a reuse: the
+      // budget keeps counting it until the deferred offload is finished.
+      if (open.front() >= own) {
+        hold_batch(N - 1, d.batch_bytes[N - 1]);
+      }
       return;
     }
-    emit("wait_offload", N - 1);
-    engine_.wait_offload(bufs(N - 1), engine_.compute());
+    for (auto n : open) {
+      emit("wait_offload", n);
+      engine_.wait_offload(bufs(n), engine_.compute());
+    }
+    unhold_all();
   }
 
   /// Orders the step's first device allocation after the memory the previous step released: that
@@ -916,6 +946,7 @@ private:
       engine_.settle(all);
     } catch (...) { // every piece is still in a consistent state (see transfer_engine)
     }
+    unhold_all(); // the compute stream waited every offload
     try { // resident and prefetched batches are among them; what stayed on the device goes home next
       evict_kept();
     } catch (...) {
@@ -974,13 +1005,7 @@ private:
         emit("activate", n, "own");
         update(st, n);
         st.next = n + 1;
-        if (n < resident) {
-          emit("keep", n, "own");
-        } else {
-          emit("offload", n, "own");
-          arena_storage<B> s{own_[n], d.staging[n]};
-          engine_.launch_offload(bufs(n), s, label("offload", n).c_str());
-        }
+        if (n < resident) emit("keep", n, "own"); // others leave behind the streamed batches, below
         continue;
       }
       emit("wait_prefetch", n, n % 2);
@@ -991,13 +1016,22 @@ private:
       st.next = n + 1;
       packed_chain(d, n, n + 2 < N ? std::optional<std::size_t>(n + 2) : std::nullopt);
     }
+    // The prefetched batches leave after the streamed ones: the streamed loads wait the D2Hs out of
+    // their arenas, and copies of one direction run in enqueue order.
+    for (std::size_t n = resident; n < own; ++n) {
+      emit("offload", n, "own");
+      arena_storage<B> s{own_[n], d.staging[n]};
+      engine_.launch_offload(bufs(n), s, label("offload", n).c_str());
+    }
     auto const tail = s0 < N ? std::max(s0, N >= 2 ? N - 2 : 0) : N;
     if (cfg_.defer_offload) {
       for (std::size_t n = resident; n < own; ++n) emit("defer", n);
       for (std::size_t n = tail; n < N; ++n) emit("defer", n);
       emit("end");
-      for (std::size_t n = resident; n < own; ++n) hold_for_deferral(own_[n]);
+      // Own arenas stay where they are: the next prefetch() loads the same batch into the same arena
+      // behind its D2H (arena_reuse), or finish_deferred() releases them.
       for (auto& a : arenas_) hold_for_deferral(a);
+      deferred_ = deferred_ || own > resident;
       arena_plan_.reset();
       kept_count_ = resident;
       return;
@@ -1021,6 +1055,20 @@ private:
     engine_.launch_load(std::span<buffer* const>(d.bufs[n]), s, label("prefetch", n).c_str());
   }
 
+  void hold_batch(std::size_t n, std::uint64_t bytes) {
+    if (engine_.hold(budget_client::optimizer, bytes)) held_[n] += bytes;
+  }
+  void unhold_batch(std::size_t n) noexcept {
+    auto it = held_.find(n);
+    if (it == held_.end()) return;
+    engine_.unhold(budget_client::optimizer, it->second);
+    held_.erase(it);
+  }
+  void unhold_all() noexcept {
+    for (auto const& [n, bytes] : held_) engine_.unhold(budget_client::optimizer, bytes);
+    held_.clear();
+  }
+
   void hold_for_deferral(staging_arena<B>& a) {
     if (!a.base) return;
     deferred_arenas_.push_back(std::move(a));
@@ -1029,13 +1077,41 @@ private:
   }
 
   /// The prefetch loop (see prefetch()).
-  void prefetch_batches(plan_data const& d, std::size_t max_batches, bool gated) {
+  ///
+  /// With a deferred offload pending, its storage is still counted in the budget (held) and every
+  /// release of the step before it is already ordered before the h2d stream, so batches that fit
+  /// next to it are loaded without waiting its D2Hs: the two directions of the link stay busy at
+  /// once. The deferred offload is finished (the h2d stream waits its D2Hs) only when the next batch
+  /// needs its room or is one of its batches.
+  void prefetch_batches(plan_data const& d, std::size_t max_batches) {
     auto const N = d.plan.size();
     auto const window_unit = cfg_.packed ? d.arena_size : d.max_batch_bytes;
+    bool gated = deferred_;
     for (std::size_t launched = 0; kept_count_ < N && launched < max_batches; ++launched) {
       auto const n = kept_count_;
       auto const rest = N - n - 1;
-      auto const need = d.own_bytes(n, cfg_.packed) + std::min<std::size_t>(2, rest) * window_unit;
+      if (deferred_) {
+        bool in_flight = false;
+        for (auto* p : d.bufs[n]) in_flight = in_flight || p->state() == residency::d2h;
+        if (in_flight) { // its own D2H only; the rest of the deferred offload keeps running
+          emit("finish_deferred", n);
+          engine_.wait_offload(std::span<buffer* const>(d.bufs[n]), engine_.h2d(), detail::wait_site::finish_deferred);
+          unhold_batch(n); // per tensor: its storage's release is ordered before the h2d stream now
+        }
+      }
+      // An own arena the deferred offload left for this batch is reused (its bytes are counted), and
+      // the staging arenas it holds are the step's window (released before the step allocates).
+      std::size_t held_window = 0;
+      for (auto const& a : deferred_arenas_) held_window += a.bytes;
+      auto const full_window = std::min<std::size_t>(2, rest) * window_unit;
+      auto const window = full_window > held_window ? full_window - held_window : 0;
+      bool reuse = cfg_.packed && n < own_.size() && own_[n].base;
+      auto need = (reuse ? 0 : d.own_bytes(n, cfg_.packed)) + window;
+      if (deferred_ && !engine_.fits_optional(need)) { // the room the deferred offload holds is needed
+        finish_deferred(engine_.h2d());
+        reuse = cfg_.packed && n < own_.size() && own_[n].base;
+        need = (reuse ? 0 : d.own_bytes(n, cfg_.packed)) + full_window;
+      }
       if (!engine_.admits_optional(need)) break;
       if (!gated) { // the storage it takes may be what the d2h stream just released
         detail::wait_at(detail::wait_site::prefetch_after_release, b_, engine_.h2d(), b_.record_event(engine_.d2h()));
@@ -1062,6 +1138,9 @@ private:
     engine_.wait_offload(all, next_user, detail::wait_site::finish_deferred);
     for (auto& a : deferred_arenas_) engine_.release_arena(a, next_user);
     deferred_arenas_.clear();
+    unhold_all();
+    // Own arenas the deferred offload left and no prefetch took again.
+    for (std::size_t n = kept_count_; n < own_.size(); ++n) engine_.release_arena(own_[n], next_user);
     deferred_ = false;
     return true;
   }
@@ -1225,6 +1304,8 @@ private:
   /// A deferred offload: its D2Hs are in flight, its arenas held until finish_deferred().
   bool deferred_ = false;
   std::vector<staging_arena<B>> deferred_arenas_;
+  /// Budget bytes held per batch for per-tensor storage released behind D2Hs nothing waited yet.
+  std::map<std::size_t, std::uint64_t> held_;
   char const* busy_ = nullptr; ///< the public call in progress (reentrancy)
 };
 
