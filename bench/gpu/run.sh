@@ -66,12 +66,16 @@ build_with_nvcc() {
   local p2=$!
   nvcc "${nvcc_flags[@]}" "$root/tests/optim/cuda_adam_check.cu" -o "$out/cuda_adam_check" &
   local p3=$!
+  nvcc "${nvcc_flags[@]}" -c "$here/overlap_check.cpp" -o "$out/obj/overlap_check.o" &
+  local p4=$!
   local ok=1
   wait $p1 || ok=0
   wait $p2 || ok=0
   wait $p3 || ok=0
+  wait $p4 || ok=0
   ((ok)) || die "nvcc build failed"
   nvcc -Xcompiler=-pthread "$out/obj/gpu_check.o" "$out/obj/adam_cuda.o" -o "$out/gpu_check" || die "link of gpu_check failed"
+  nvcc -Xcompiler=-pthread "$out/obj/overlap_check.o" "$out/obj/adam_cuda.o" -o "$out/overlap_check" || die "link of overlap_check failed"
   echo "run.sh: built in $(($(date +%s) - t0)) s"
 }
 
@@ -90,7 +94,7 @@ if ((prepare)); then
   else
     echo "run.sh: no Meson build in $build_dir: only gpu_check and cuda_adam_check are prebuilt"
   fi
-  strip "$prebuilt/gpu_check" "$prebuilt/cuda_adam_check"
+  strip "$prebuilt/gpu_check" "$prebuilt/cuda_adam_check" "$prebuilt/overlap_check"
   du -sh "$prebuilt"
   echo "run.sh: carry bench/gpu/prebuilt to the GPU machine"
   exit 0
@@ -156,6 +160,17 @@ set +e
 status=${PIPESTATUS[0]}
 set -e
 [ "$status" -eq 0 ] || failed=1
+
+# The overlapped optimizer step (#15): prefetch under a stand-in backward, deferred offload.
+if [ -x "$bin/overlap_check" ] && (($(left) > 60)); then
+  oargs=(--out "$out/overlap_figures.json")
+  ((quick)) && oargs+=(--params 33554432)
+  set +e
+  "$bin/overlap_check" "${oargs[@]}" 2>&1 | tee "$out/overlap_check.log"
+  status=${PIPESTATUS[0]}
+  set -e
+  [ "$status" -eq 0 ] || failed=1
+fi
 
 # The Markdown part of gpu_check's output, for the docs.
 sed -n '/^## GPU figures/,$p' "$out/gpu_check.log" | grep -v '^gpu_check:' > "$out/summary.md" || true

@@ -11,6 +11,7 @@
 #include <iterator>
 
 #include <pipeswap/activation/activation_swap.hpp>
+#include <pipeswap/core/budget.hpp>
 #include <pipeswap/core/detail/mutation.hpp>
 #include <pipeswap/swap/checkpoint.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
@@ -251,6 +252,120 @@ BOOST_AUTO_TEST_CASE(activation_data_waits_are_necessary) {
       b.set_hazard_policy(mock::hazard_policy::ignore);
       m.release(c);
       ps::detail::mutated_sites = 0;
+    }
+  }
+}
+
+// ----- the phases around the step: prefetch, resident share, deferred offload, budget -------------
+
+namespace {
+
+struct phased_outcome {
+  std::size_t hazards = 0;
+  std::size_t swap_peak = 0;  ///< the mock's device peak above parameters and gradients
+  std::uint64_t counted = 0;  ///< the budget's high-water mark
+};
+
+/// Three steps, each preceded by prefetch() of every batch, with a budget large enough to count
+/// everything and refuse nothing. The gradients are uploaded once, as in run().
+phased_outcome run_phased(bool packed, bool defer, std::size_t resident, std::initializer_list<wait_site> mutated) {
+  mutate(mutated);
+  // Offloads ten times slower than loads: a release on the d2h stream lands long after the h2d
+  // stream could allocate again, so a missing order shows in the device timeline.
+  auto t = mock::timing_model::unit();
+  t.d2h = {100'000'000, 0};
+  mock::options o{t};
+  o.hazards = mock::hazard_policy::record;
+  mock::backend b{o};
+  ps::transfer_engine<mock::backend> x(b, {1 << 20, 1 << 18, 512});
+  ps::device_budget budget(1u << 30);
+  x.set_budget(&budget);
+  ps::test::model<mock::backend, toy> m(b, {4000, 4000, 4000, 4000}, 3, true);
+  ps::swap_config cfg;
+  cfg.swap_times = 4;
+  cfg.packed = packed;
+  cfg.min_numel = 0;
+  cfg.defer_offload = defer;
+  cfg.resident_share = resident;
+  m.set_grads(0);
+  phased_outcome r;
+  {
+    ps::optimizer_swap<toy> rt(x, m.opt, cfg);
+    auto const base = b.device_bytes_in_use();
+    for (int s = 0; s < 3; ++s) {
+      (void)rt.prefetch();
+      rt.step();
+    }
+    rt.finish_offload();
+    std::size_t peak = 0;
+    for (auto const& [t, live] : b.device_memory_timeline()) peak = std::max(peak, live);
+    r.swap_peak = peak - base;
+    r.counted = budget.high_water();
+    r.hazards = b.hazards().size();
+    b.set_hazard_policy(mock::hazard_policy::ignore);
+  }
+  ps::detail::mutated_sites = 0;
+  return r;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(the_phased_runtimes_are_clean_and_reach_the_new_waits) {
+  for (bool packed : {false, true}) {
+    for (bool defer : {false, true}) {
+      for (std::size_t resident : {0u, 40000u}) {
+        BOOST_TEST_CONTEXT("packed " << packed << " defer " << defer << " resident " << resident) {
+          reset_hits();
+          auto const r = run_phased(packed, defer, resident, {});
+          BOOST_TEST(r.hazards == 0u);
+          BOOST_TEST(r.swap_peak <= r.counted);
+          BOOST_TEST(r.counted > 0u);
+          // Deferred: prefetch() finishes the offload (finish_deferred orders the h2d stream).
+          // Not deferred: prefetch() orders the h2d stream behind the d2h stream's releases.
+          BOOST_TEST((hits(wait_site::finish_deferred) > 0u) == defer);
+          BOOST_TEST((hits(wait_site::prefetch_after_release) > 0u) == !defer);
+        }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(the_prefetch_gate_keeps_the_device_within_what_the_budget_counted) {
+  // Without it the first prefetched allocation lands on the device before the step's last releases
+  // (the staging arenas, or the last batch's storage) complete on the d2h stream: the device holds
+  // more than the budget counted. It carries no data: no hazard.
+  for (bool packed : {false, true}) {
+    BOOST_TEST_CONTEXT("packed " << packed) {
+      auto const r = run_phased(packed, false, 0, {wait_site::prefetch_after_release});
+      BOOST_TEST(r.hazards == 0u);
+      BOOST_TEST(r.swap_peak > r.counted);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(the_deferred_finish_orders_the_reuse_of_the_deferred_storage) {
+  // Per tensor, the deferred batch's storage is released on the d2h stream behind its D2H; the
+  // finish_deferred wait is the only thing ordering the next prefetch's allocations behind it.
+  auto const r = run_phased(false, true, 0, {wait_site::finish_deferred});
+  BOOST_TEST(r.hazards == 0u);
+  BOOST_TEST(r.swap_peak > r.counted);
+  // Packed, a prefetch loads each batch into the own arena its deferred D2H leaves, so the load
+  // also waits that D2H out of the arena (arena_reuse): the finish wait is a second line there;
+  // without both, the load overwrites bytes the D2H is still reading.
+  auto const packed = run_phased(true, true, 0, {wait_site::finish_deferred});
+  BOOST_TEST(packed.hazards == 0u);
+  BOOST_TEST(packed.swap_peak <= packed.counted);
+  BOOST_TEST(run_phased(true, true, 0, {wait_site::finish_deferred, wait_site::arena_reuse}).hazards > 0u);
+}
+
+BOOST_AUTO_TEST_CASE(every_data_wait_is_necessary_with_the_phases_on) {
+  // Prefetched and resident batches are consumed through the same waits: without any one of them
+  // the hazard checker fires.
+  for (bool packed : {false, true}) {
+    for (auto site : {wait_site::offload_after_compute, wait_site::use_after_load}) {
+      BOOST_TEST_CONTEXT("packed " << packed << " without " << ps::detail::to_string(site)) {
+        BOOST_TEST(run_phased(packed, true, 40000, {site}).hazards > 0u);
+      }
     }
   }
 }

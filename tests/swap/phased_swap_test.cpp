@@ -1,0 +1,609 @@
+// The phases around the optimizer step (docs/optimizer.md, "Phases") on the mock: prefetch during a
+// stand-in backward, the resident share, the deferred offload and the device budget, on both
+// pipelines. Bit-exact against no swap over several steps with every phase in play; the hazard
+// checker silent over sweeps of budgets, resident shares and swap_times; the budget's accounting
+// against the mock's device timeline; a fault at every copy and allocation of every phase and at
+// every phase boundary leaves nothing lost; lifetime misuse fails at the call.
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <pipeswap/activation/activation_swap.hpp>
+#include <pipeswap/core/budget.hpp>
+#include <pipeswap/swap/checkpoint.hpp>
+#include <pipeswap/swap/optimizer_swap.hpp>
+
+#include "support/sanitized.hpp"
+#include "support/toy_optimizer.hpp"
+#include "support/world.hpp"
+
+namespace ps = pipeswap;
+namespace mock = pipeswap::mock;
+using ps::test::toy_optimizer;
+
+namespace {
+
+using toy = toy_optimizer<mock::backend>;
+using mock_model = ps::test::model<mock::backend, toy>;
+using runtime = ps::optimizer_swap<toy>;
+
+ps::pinned_pool_options small_pool() { return {1 << 20, 1 << 18, 512}; }
+
+mock::options recording(mock::timing_model t = mock::timing_model::unit()) {
+  mock::options o{t};
+  o.hazards = mock::hazard_policy::record;
+  return o;
+}
+
+std::vector<std::size_t> const sizes{5000, 1, 0, 3, 2048, 1024, 777, 4096, 64, 1500, 2, 9000};
+
+/// How a training loop drives the phases.
+struct phases {
+  std::size_t resident_share = 0;
+  bool defer = false;
+  /// prefetch(max) after each backward; nullopt = never called.
+  std::optional<std::size_t> prefetch;
+  /// The budget's capacity; nullopt = no budget.
+  std::optional<std::uint64_t> budget;
+  /// How the loop ends a deferred offload before the next forward: 0 = leave it to prefetch()/step(),
+  /// 1 = finish_offload() right after the step, 2 = a checkpoint save after the step.
+  int finish = 0;
+};
+
+ps::swap_config config(std::size_t times, bool packed, phases const& p) {
+  ps::swap_config c;
+  c.swap_times = times;
+  c.packed = packed;
+  c.min_numel = 0;
+  c.resident_share = p.resident_share;
+  c.defer_offload = p.defer;
+  return c;
+}
+
+ps::swap_config no_swap() {
+  ps::swap_config c;
+  c.state_keys = std::vector<std::string>{};
+  c.packed = false;
+  return c;
+}
+
+/// A stand-in forward or backward: a kernel on the compute stream that reads the parameters.
+void stand_in(mock::backend& b, mock_model& m, char const* name, mock::sim_time cost) {
+  mock::kernel_desc k{name, {}, {}, cost};
+  for (std::size_t i = 0; i < m.sizes.size(); ++i) {
+    if (m.sizes[i]) k.reads.push_back({m.params[i], m.sizes[i] * 4});
+  }
+  b.launch(b.current_stream(), k);
+}
+
+struct result {
+  std::vector<std::vector<std::byte>> bytes;
+  std::size_t hazards = 0;
+  std::uint64_t high_water = 0;
+  std::uint64_t over_budget = 0;
+  std::size_t swap_peak = 0; ///< the mock's device peak above parameters, gradients and resident state
+  std::size_t prefetched = 0; ///< the largest prefetch() result
+  std::size_t resident = 0;   ///< resident_share_bytes()
+  std::size_t window = 0;     ///< the streaming window: two arenas (packed) or two batches
+};
+
+/// `steps` steps of forward, backward (gradients written, prefetch() in its middle), step(): every
+/// parameter and state byte at the end.
+result train(std::vector<std::size_t> const& sz, ps::swap_config cfg, phases const& p, int steps,
+             bool masters = true) {
+  mock::backend b{recording()};
+  ps::transfer_engine<mock::backend> x(b, small_pool());
+  std::optional<ps::device_budget> budget;
+  if (p.budget) {
+    budget.emplace(*p.budget);
+    x.set_budget(&*budget);
+  }
+  mock_model m(b, sz, 7, masters);
+  result r;
+  {
+    runtime rt(x, m.opt, cfg);
+    auto const base = b.device_bytes_in_use();
+    for (int s = 0; s < steps; ++s) {
+      stand_in(b, m, "forward", 20000);
+      m.set_grads(static_cast<std::uint64_t>(s));
+      stand_in(b, m, "backward", 20000);
+      if (p.prefetch) r.prefetched = std::max(r.prefetched, rt.prefetch(*p.prefetch));
+      stand_in(b, m, "backward tail", 20000);
+      rt.step();
+      if (p.defer && cfg.state_keys != std::vector<std::string>{}) {
+        BOOST_TEST(rt.offload_pending() == (rt.swappable_bytes() > rt.resident_share_bytes()));
+      }
+      if (p.finish == 1) rt.finish_offload();
+      if (p.finish == 2) (void)ps::checkpoint_to_bytes(rt);
+      if (p.finish) BOOST_TEST(!rt.offload_pending());
+    }
+    std::size_t peak = 0;
+    for (auto const& [t, live] : b.device_memory_timeline()) peak = std::max(peak, live);
+    r.swap_peak = peak > base ? peak - base : 0;
+    r.resident = rt.resident_share_bytes();
+    r.window = 2 * (cfg.packed ? rt.arena_bytes() : rt.max_batch_bytes());
+    r.bytes = m.snapshot(rt);
+    BOOST_TEST(!rt.offload_pending());
+    BOOST_TEST(rt.prefetched_batches() == 0u); // the snapshot brought everything home
+  }
+  r.hazards = b.hazards().size();
+  if (budget) {
+    r.high_water = budget->high_water();
+    r.over_budget = budget->over_budget_count();
+    BOOST_TEST(budget->used() == 0u); // every reserved byte came back
+  }
+  return r;
+}
+
+void check_equal(std::vector<std::vector<std::byte>> const& got, std::vector<std::vector<std::byte>> const& ref) {
+  BOOST_TEST_REQUIRE(got.size() == ref.size());
+  for (std::size_t i = 0; i < ref.size(); ++i) BOOST_TEST((got[i] == ref[i]), "tensor " << i);
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(phased)
+
+BOOST_AUTO_TEST_CASE(every_phase_is_bit_exact_against_no_swap) {
+  auto const ref = train(sizes, no_swap(), {}, 4);
+  BOOST_TEST(ref.hazards == 0u);
+  std::vector<phases> const ps_list{
+      {0, false, 0, std::nullopt, 0},          // prefetch(0): nothing
+      {0, false, std::size_t{1}, std::nullopt, 0},
+      {0, true, std::nullopt, std::nullopt, 0}, // deferred, finished by the next step
+      {0, true, std::size_t{2}, std::nullopt, 0},
+      {0, true, std::nullopt, std::nullopt, 1},
+      {0, true, std::nullopt, std::nullopt, 2},
+      {20000, false, std::nullopt, std::nullopt, 0},
+      {20000, true, ~std::size_t{0}, std::nullopt, 0},
+      {1 << 30, true, ~std::size_t{0}, std::nullopt, 0}, // everything resident
+      {0, true, ~std::size_t{0}, std::nullopt, 0},       // everything prefetched
+      {30000, true, ~std::size_t{0}, std::uint64_t{90000}, 0},
+  };
+  for (bool packed : {false, true}) {
+    for (std::size_t k : {1u, 3u, 7u}) {
+      for (std::size_t i = 0; i < ps_list.size(); ++i) {
+        BOOST_TEST_CONTEXT("packed " << packed << " swap_times " << k << " phases #" << i) {
+          auto const got = train(sizes, config(k, packed, ps_list[i]), ps_list[i], 4);
+          BOOST_TEST(got.hazards == 0u);
+          check_equal(got.bytes, ref.bytes);
+        }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(phased)
+
+BOOST_AUTO_TEST_CASE(the_budget_bounds_prefetch_and_matches_the_device_timeline) {
+  auto const ref = train(sizes, no_swap(), {}, 3);
+  std::vector<std::uint64_t> const capacities{0, 12000, 30000, 60000, 120000, 1u << 30};
+  for (bool packed : {false, true}) {
+    for (std::size_t k : {3u, 7u}) {
+      for (std::size_t share : {0u, 16000u}) {
+        for (bool defer : {false, true}) {
+          for (auto cap : capacities) {
+            if (ps::test::sanitized_build && (k == 7 || cap == 12000 || cap == 60000)) continue; // sampled
+            BOOST_TEST_CONTEXT("packed " << packed << " swap_times " << k << " share " << share << " defer "
+                                         << defer << " capacity " << cap) {
+              phases p{share, defer, ~std::size_t{0}, cap, 0};
+              auto const got = train(sizes, config(k, packed, p), p, 3);
+              BOOST_TEST(got.hazards == 0u);
+              check_equal(got.bytes, ref.bytes);
+              // What the budget counted bounds what the device held at every simulated instant.
+              BOOST_TEST(got.swap_peak <= got.high_water);
+              if (cap >= got.resident + got.window) { // the required part fits: so does everything
+                BOOST_TEST(got.over_budget == 0u);
+                BOOST_TEST(got.high_water <= cap);
+              }
+              if (cap == 0) { // nothing optional starts; what is required proceeds and is counted
+                BOOST_TEST(got.prefetched == 0u);
+                BOOST_TEST(got.over_budget > 0u);
+                BOOST_TEST(got.high_water >= got.resident + got.window / 2);
+              }
+              if (cap == (1u << 30)) BOOST_TEST(got.prefetched == k); // everything when it fits
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+namespace {
+
+/// f() throws a step_error whose nested exception is an E; returns the step_error's message.
+template <class E, class F>
+std::string throws_step_error(F f) {
+  try {
+    f();
+  } catch (ps::step_error const& e) {
+    try {
+      std::rethrow_if_nested(e);
+      BOOST_ERROR("step_error without a nested exception: " << e.what());
+    } catch (E const&) {
+    } catch (...) {
+      BOOST_ERROR("step_error nests an unexpected exception: " << e.what());
+    }
+    return e.what();
+  }
+  BOOST_ERROR("no step_error thrown");
+  return {};
+}
+
+/// One training world driven through three steps with every phase on; `arm` is called before the
+/// second step's prefetch() to inject a fault, and the loop recovers as a user would.
+struct fault_world {
+  mock::backend b{recording()};
+  ps::transfer_engine<mock::backend> x{b, small_pool()};
+  ps::device_budget budget{1u << 30};
+  mock_model m{b, {3000, 64, 5000, 2048, 1, 4000}, 7, true};
+  std::optional<runtime> rt;
+
+  explicit fault_world(bool packed) {
+    x.set_budget(&budget);
+    phases p{45000, true, std::size_t{2}, std::nullopt, 0};
+    rt.emplace(x, m.opt, config(4, packed, p));
+  }
+  void one_step(std::uint64_t s) {
+    m.set_grads(s);
+    (void)rt->prefetch(2);
+    rt->step();
+  }
+  /// The second step with a fault armed: whichever call fails, nothing is lost and the loop goes on.
+  std::string faulty_step(std::uint64_t s) {
+    m.set_grads(s);
+    std::string what;
+    try {
+      (void)rt->prefetch(2);
+    } catch (ps::step_error const& e) {
+      what = e.what();
+      BOOST_TEST(what.find("optimizer_swap::prefetch: ") == 0u, what);
+      BOOST_TEST(what.find("nothing was lost") != std::string::npos, what);
+      BOOST_TEST(!rt->has_interrupted_step());
+      BOOST_TEST(rt->prefetched_batches() == 0u); // everything it kept went home
+    }
+    try {
+      rt->step();
+    } catch (ps::step_error const& e) {
+      BOOST_TEST(what.empty()); // one fault, one failure
+      what = e.what();
+      BOOST_TEST(what.find("optimizer_swap::step: ") == 0u, what);
+      if (rt->has_interrupted_step()) {
+        BOOST_TEST(rt->at_rest()); // nothing in flight
+        BOOST_TEST(!rt->offload_pending());
+      } else { // it failed finishing the last step's deferred offload, before this step began
+        BOOST_TEST(what.find("finish_deferred") != std::string::npos, what);
+        BOOST_TEST(what.find("no step is pending") != std::string::npos, what);
+        BOOST_TEST(rt->offload_pending());
+      }
+      rt->step(); // resumes, or runs the step
+    }
+    BOOST_TEST(!rt->has_interrupted_step());
+    return what;
+  }
+};
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(a_fault_at_every_copy_and_allocation_of_every_phase_loses_nothing) {
+  std::vector<std::size_t> const fsizes{3000, 64, 5000, 2048, 1, 4000};
+  auto const ref = train(fsizes, no_swap(), {}, 3);
+  for (bool packed : {false, true}) {
+    for (auto site : {mock::fault_site::copy, mock::fault_site::allocation}) {
+      std::size_t count = 0;
+      {
+        fault_world w(packed);
+        w.one_step(0);
+        auto const before = w.b.attempts(site);
+        w.one_step(1);
+        count = w.b.attempts(site) - before;
+      }
+      BOOST_TEST(count > 0u);
+      for (std::size_t i = 0; i < count; ++i) {
+        if (ps::test::sanitized_build && i % 3 != 0) continue; // sampled
+        BOOST_TEST_CONTEXT("packed " << packed << " site " << static_cast<int>(site) << " index " << i) {
+          fault_world w(packed);
+          w.one_step(0);
+          w.b.fail_after(site, i);
+          auto const what = w.faulty_step(1);
+          BOOST_TEST(!what.empty());
+          w.one_step(2);
+          auto const got = w.m.snapshot(*w.rt);
+          BOOST_TEST(w.b.hazards().empty());
+          BOOST_TEST(w.budget.used() == 0u);
+          check_equal(got, ref.bytes);
+        }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_failure_at_every_phase_boundary_loses_nothing) {
+  // The listener fails once at each operation of the second step (the deferred finish, prefetches
+  // into own arenas, resident keeps, own offloads, deferrals among them).
+  std::vector<std::size_t> const fsizes{3000, 64, 5000, 2048, 1, 4000};
+  auto const ref = train(fsizes, no_swap(), {}, 3);
+  for (bool packed : {false, true}) {
+    std::vector<std::string> ops;
+    {
+      fault_world w(packed);
+      w.one_step(0);
+      w.rt->set_listener([&](std::string_view op) { ops.emplace_back(op); });
+      w.one_step(1);
+      w.rt->set_listener({});
+    }
+    for (std::string want : {"finish_deferred", "keep:0", "defer:3"}) {
+      if (!packed) BOOST_TEST((std::find(ops.begin(), ops.end(), want) != ops.end()), want);
+    }
+    for (std::string want : {"finish_deferred", "prefetch:2:own", "keep:0:own", "offload:2:own", "defer:3"}) {
+      if (packed) BOOST_TEST((std::find(ops.begin(), ops.end(), want) != ops.end()), want);
+    }
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (ps::test::sanitized_build && i % 4 != 0) continue; // sampled
+      BOOST_TEST_CONTEXT("packed " << packed << " failing at " << ops[i] << " (#" << i << ")") {
+        fault_world w(packed);
+        w.one_step(0);
+        bool thrown = false;
+        std::size_t seen = 0;
+        w.rt->set_listener([&](std::string_view) {
+          if (seen++ == i && !thrown) {
+            thrown = true;
+            throw std::runtime_error("listener failed");
+          }
+        });
+        auto const what = w.faulty_step(1);
+        BOOST_TEST(thrown);
+        BOOST_TEST(what.find("listener failed") != std::string::npos, what);
+        w.rt->set_listener({});
+        w.one_step(2);
+        auto const got = w.m.snapshot(*w.rt);
+        BOOST_TEST(w.b.hazards().empty());
+        BOOST_TEST(w.budget.used() == 0u);
+        check_equal(got, ref.bytes);
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(lifetime_misuse_fails_at_the_call) {
+  auto has = [](std::string const& needle) {
+    return [needle](ps::error const& e) { return std::string(e.what()).find(needle) != std::string::npos; };
+  };
+  for (bool packed : {false, true}) {
+    BOOST_TEST_CONTEXT("packed " << packed) {
+      mock::backend b{recording()};
+      ps::transfer_engine<mock::backend> x(b, small_pool());
+      ps::device_budget budget(1u << 30);
+      x.set_budget(&budget);
+      mock_model m(b, {3000, 5000, 2048}, 7, false);
+      phases p{0, true, std::nullopt, std::nullopt, 0};
+      runtime rt(x, m.opt, config(3, packed, p));
+      BOOST_TEST(rt.prefetch() == 0u); // no batch order before the first step
+      m.set_grads(0);
+      rt.step();
+      BOOST_TEST(rt.offload_pending());
+      // Everything fits next to the deferred storage; each batch waits only its own deferred D2H.
+      BOOST_TEST(rt.prefetch() == 3u);
+      rt.finish_offload();
+      BOOST_TEST(!rt.offload_pending());
+      // A parameter cannot join while its optimizer's state is managed, prefetched or not.
+      auto extra_p = b.allocate_device(400, b.current_stream());
+      auto extra_g = b.allocate_device(400, b.current_stream());
+      BOOST_CHECK_EXCEPTION(m.opt.add_param(extra_p, extra_g, 100), ps::state_error,
+                            has("toy_optimizer::add_param: an optimizer_swap runtime manages"));
+      BOOST_TEST(rt.prefetched_batches() == 3u); // nothing changed
+      // The budget cannot change while the runtime holds storage reserved in it.
+      ps::device_budget other(1u << 30);
+      BOOST_CHECK_EXCEPTION(x.set_budget(&other), ps::state_error,
+                            has("transfer_engine::set_budget: the engine holds"));
+      BOOST_TEST(x.budget() == &budget);
+      // From inside a step (a listener) the runtime refuses to be called.
+      rt.set_listener([&](std::string_view op) {
+        if (op == "update:1") {
+          BOOST_CHECK_EXCEPTION(rt.prefetch(), ps::state_error,
+                                has("optimizer_swap::prefetch: called from inside step (a listener)"));
+          BOOST_CHECK_EXCEPTION(rt.finish_offload(), ps::state_error,
+                                has("optimizer_swap::finish_offload: called from inside step"));
+        }
+      });
+      m.set_grads(1);
+      rt.step();
+      rt.set_listener({});
+      // While an interrupted step is pending, prefetch() is refused; finishing the step first works.
+      b.fail_after(mock::fault_site::copy, 1);
+      BOOST_CHECK_THROW(rt.step(), ps::step_error);
+      BOOST_TEST(rt.has_interrupted_step());
+      BOOST_CHECK_EXCEPTION(rt.prefetch(), ps::state_error,
+                            has("optimizer_swap::prefetch: a step is interrupted; call step() to resume it"));
+      rt.step();
+      BOOST_TEST(rt.prefetch() == 3u);
+      rt.synchronize_cpu_mirrors();
+      BOOST_TEST(rt.prefetched_batches() == 0u);
+      BOOST_TEST(budget.used() == 0u);
+      BOOST_TEST(b.hazards().empty());
+      b.deallocate_device(extra_p, 400, b.current_stream());
+      b.deallocate_device(extra_g, 400, b.current_stream());
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_budget_destroyed_under_its_engine_is_detected) {
+  mock::backend b{recording()};
+  ps::transfer_engine<mock::backend> x(b, small_pool());
+  mock_model m(b, {3000, 5000}, 7, false);
+  {
+    ps::device_budget budget(1u << 20);
+    x.set_budget(&budget);
+    BOOST_TEST(budget.engines() == 1u);
+  } // destroyed while the engine still points at it
+  BOOST_TEST(x.budget() == nullptr);
+  auto const orphaned = [](ps::state_error const& e) {
+    return std::string(e.what()).find("the engine's device_budget was destroyed while the engine still used it") !=
+           std::string::npos;
+  };
+  BOOST_CHECK_EXCEPTION((runtime(x, m.opt, config(2, true, {}))), ps::state_error, orphaned);
+  BOOST_TEST(!m.opt.swap_state().attached()); // the refused runtime left nothing behind
+  ps::activation_swap<mock::backend> acts(x);
+  acts.begin_run();
+  {
+    auto scope = acts.forward({0, 0});
+    (void)acts.save(b.allocate_device(256, b.current_stream()), 256);
+  }
+  acts.launch_offload({0, 0});
+  acts.wait_offload({0, 0});
+  BOOST_CHECK_EXCEPTION(acts.launch_load({0, 0}), ps::state_error, orphaned);
+  BOOST_TEST((acts.state({0, 0}) == ps::group_state::offloaded)); // nothing changed
+  acts.end_run();
+  // Setting a budget again (or none) makes the engine usable.
+  ps::device_budget fresh(1u << 20);
+  x.set_budget(&fresh);
+  {
+    runtime rt(x, m.opt, config(2, true, {}));
+    m.set_grads(0);
+    rt.step();
+    BOOST_TEST(fresh.high_water() > 0u);
+  }
+  BOOST_TEST(fresh.used() == 0u);
+  BOOST_TEST(b.hazards().empty());
+}
+
+BOOST_AUTO_TEST_CASE(budget_accounting_rules) {
+  ps::device_budget d(1000);
+  d.reserve(ps::budget_client::activation, 300);
+  BOOST_TEST(d.try_reserve(ps::budget_client::optimizer, 700));
+  BOOST_TEST(!d.try_reserve(ps::budget_client::optimizer, 1));
+  BOOST_TEST(d.refused_count() == 1u);
+  d.reserve(ps::budget_client::activation, 100); // required: proceeds, counted
+  BOOST_TEST(d.over_budget_count() == 1u);
+  BOOST_TEST(d.used() == 1100u);
+  BOOST_TEST(d.available() == 0u);
+  BOOST_TEST(d.high_water() == 1100u);
+  BOOST_CHECK_EXCEPTION(d.release(ps::budget_client::activation, 500), ps::state_error, [](auto const& e) {
+    return std::string(e.what()) == "device_budget::release: the activation client returns 500 bytes but holds "
+                                    "400; release only what was reserved";
+  });
+  d.release(ps::budget_client::optimizer, 700);
+  d.release(ps::budget_client::activation, 400);
+  BOOST_TEST(d.used() == 0u);
+  // Reload demand stays free for activation loads: an optional reservation leaves it.
+  d.add_reload_demand(600);
+  BOOST_TEST(d.optional_room() == 400u);
+  BOOST_TEST(!d.try_reserve(ps::budget_client::optimizer, 401));
+  BOOST_TEST(d.try_reserve(ps::budget_client::optimizer, 400));
+  d.drop_reload_demand(600);
+  d.set_capacity(100); // below used(): nothing optional fits
+  BOOST_TEST(d.optional_room() == 0u);
+  BOOST_TEST(d.high_water() == 1100u);
+  d.reset_high_water();
+  BOOST_TEST(d.high_water() == 400u);
+  BOOST_TEST(d.high_water(ps::budget_client::optimizer) == 400u);
+}
+
+BOOST_AUTO_TEST_CASE(activation_loads_take_precedence_over_prefetch) {
+  // One engine, one budget, both jobs: while an activation group is offloaded, prefetch() leaves its
+  // bytes free; once the group is loaded and released, the room comes back.
+  for (bool packed : {false, true}) {
+    BOOST_TEST_CONTEXT("packed " << packed) {
+      mock::backend b{recording()};
+      ps::transfer_engine<mock::backend> x(b, small_pool());
+      mock_model m(b, {4000, 4000, 4000, 4000}, 7, false); // 32000 state bytes per batch
+      runtime rt(x, m.opt, config(4, packed, {}));
+      m.set_grads(0);
+      rt.step(); // the batch order is known from here on
+      auto const batch = packed ? rt.arena_bytes() : rt.max_batch_bytes();
+      // Room for the streaming window and exactly two prefetched batches.
+      ps::device_budget budget(2 * batch + 2 * batch + batch / 2);
+      x.set_budget(&budget);
+      ps::activation_swap<mock::backend> acts(x);
+      acts.begin_run();
+      ps::chunk_id const c{0, 0};
+      auto const act_bytes = 2 * batch;
+      {
+        auto scope = acts.forward(c);
+        (void)acts.save(b.allocate_device(act_bytes, b.current_stream()), act_bytes);
+      }
+      acts.launch_offload(c);
+      acts.wait_offload(c);
+      BOOST_TEST(budget.reload_demand() == act_bytes);
+      BOOST_TEST(acts.reload_demand() == act_bytes);
+      // The window (two batches) and the demand leave half a batch: nothing optional starts.
+      BOOST_TEST(rt.prefetch() == 0u);
+      BOOST_TEST(budget.refused_count() == 1u);
+      acts.launch_load(c); // required: reserved now, the demand is gone
+      BOOST_TEST(budget.reload_demand() == 0u);
+      BOOST_TEST(budget.used(ps::budget_client::activation) == act_bytes);
+      acts.wait_load(c);
+      BOOST_TEST(rt.prefetch() == 0u); // the loaded activations hold the room now
+      acts.release(c);
+      BOOST_TEST(budget.used(ps::budget_client::activation) == 0u);
+      // Each prefetch leaves the window of the batches still to stream: 1 + 2, 2 + 2, 3 + 1, 4 + 0
+      // batches, all within 4.5.
+      BOOST_TEST(rt.prefetch() == 4u);
+      BOOST_TEST(budget.used(ps::budget_client::optimizer) == 4 * batch);
+      m.set_grads(1);
+      rt.step();
+      BOOST_TEST(budget.over_budget_count() == 0u);
+      BOOST_TEST(budget.high_water() <= budget.capacity());
+      BOOST_TEST(budget.high_water(ps::budget_client::activation) == act_bytes);
+      rt.synchronize_cpu_mirrors();
+      BOOST_TEST(budget.used() == 0u);
+      BOOST_TEST(b.hazards().empty());
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(phased_call_traces) {
+  for (bool packed : {false, true}) {
+    mock::backend b;
+    ps::transfer_engine<mock::backend> x(b, small_pool());
+    mock_model m(b, std::vector<std::size_t>(4, 16), 1, false);
+    phases p;
+    p.resident_share = packed ? 1024 : 128; // the first batch (two 64-byte slots; 512-byte arena)
+    p.defer = true;
+    runtime rt(x, m.opt, config(4, packed, p));
+    std::vector<std::string> trace;
+    rt.set_listener([&](std::string_view s) { trace.emplace_back(s); });
+    for (int s = 0; s < 2; ++s) {
+      m.set_grads(static_cast<std::uint64_t>(s));
+      auto const n = rt.prefetch(1);
+      trace.push_back("=> " + std::to_string(n));
+      rt.step();
+      trace.push_back("--");
+    }
+    std::string all;
+    for (auto& t : trace) all += t + " ";
+    // Step 1: no plan yet, nothing prefetched; the resident share is loaded into its own storage and
+    // kept, the last offloads are deferred. Step 2: prefetch() loads the first batch after the
+    // resident share (packed: into the own arena its deferred D2H leaves, waiting only that D2H); the
+    // step finishes the rest of the deferred offload, takes the resident and prefetched batches
+    // first, and offloads the prefetched ones behind the streamed ones.
+    std::string const per_tensor =
+        "=> 0 prefetch:0 wait_prefetch:0 prefetch:1 update:0 keep:0 wait_prefetch:1 prefetch:2 update:1 "
+        "offload:1 wait_prefetch:2 wait_offload:1 prefetch:3 update:2 offload:2 wait_prefetch:3 "
+        "wait_offload:2 update:3 offload:3 defer:3 -- prefetch:1 => 2 finish_deferred wait_prefetch:0 "
+        "update:0 keep:0 wait_prefetch:1 prefetch:2 update:1 wait_prefetch:2 prefetch:3 update:2 offload:2 "
+        "wait_prefetch:3 wait_offload:2 update:3 offload:3 offload:1 defer:3 defer:1 -- ";
+    std::string const packed_trace =
+        "=> 0 begin:4 prefetch:0:own prefetch:1:own prefetch:2:0 prefetch:3:1 wait_prefetch:0:own "
+        "activate:0:own update:0 keep:0:own wait_prefetch:1:own activate:1:own update:1 keep:1:own "
+        "wait_prefetch:2:0 activate:2:0 update:2 chain:2:None:0 wait_prefetch:3:1 activate:3:1 update:3 "
+        "chain:3:None:1 defer:2 defer:3 end -- finish_deferred:2 prefetch:2:own => 3 finish_deferred begin:4 "
+        "prefetch:3:1 wait_prefetch:0:own activate:0:own update:0 keep:0:own wait_prefetch:1:own "
+        "activate:1:own update:1 keep:1:own wait_prefetch:2:own activate:2:own update:2 wait_prefetch:3:1 "
+        "activate:3:1 update:3 chain:3:None:1 offload:2:own defer:2 defer:3 end -- ";
+    BOOST_TEST(all == (packed ? packed_trace : per_tensor));
+    // A 16-element slot is 64 bytes: per tensor a batch is 128 bytes, packed a 512-byte arena.
+    BOOST_TEST(rt.resident_share_bytes() == (packed ? 1024u : 128u));
+    BOOST_TEST(rt.resident_batches() == (packed ? 2u : 1u));
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
