@@ -31,6 +31,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -83,9 +84,43 @@ struct sim_options {
   /// Per rank: whether optimizer state swaps (empty: swap_optimizer on every rank).
   std::vector<bool> optimizer_ranks;
 
+  /// The overlapped swap (docs/simulator.md, "Overlap"): two consecutive steps run and the second is
+  /// reported (the steady state); with optimizer swap, each rank's runtime keeps its resident share
+  /// on the device, prefetches the next step's first batches during the rank's backward tail as its
+  /// device budget allows, and leaves the last offloads to drain into the next step's forward.
+  /// false: one step, every copy of the optimizer state inside the step (the reference behaviour).
+  bool overlap = false;
+  /// Steps to run (the last one is reported); 0: two with overlap, one without.
+  std::uint32_t steps = 0;
+  /// Compute slots between an activation load's launch and its backward (inject_options; 1: the
+  /// reference placement).
+  std::size_t load_lookahead = 1;
+  /// With overlap: bytes of each rank's swappable optimizer state that stay on the device.
+  std::uint64_t resident_share = 0;
+
+  /// What may differ per rank (unset fields take the uniform values above).
+  struct rank_settings {
+    std::optional<std::uint32_t> swap_times;
+    std::optional<std::size_t> load_lookahead;
+    std::optional<std::uint64_t> resident_share;
+    friend bool operator==(rank_settings const&, rank_settings const&) = default;
+  };
+  /// Per rank (empty: every rank takes the uniform values; else one entry per rank).
+  std::vector<rank_settings> ranks;
+
   [[nodiscard]] bool swaps_optimizer(std::uint32_t rank) const {
     return optimizer_ranks.empty() ? swap_optimizer : rank < optimizer_ranks.size() && optimizer_ranks[rank];
   }
+  [[nodiscard]] std::uint32_t swap_times_of(std::uint32_t rank) const {
+    return rank < ranks.size() && ranks[rank].swap_times ? *ranks[rank].swap_times : swap_times;
+  }
+  [[nodiscard]] std::size_t load_lookahead_of(std::uint32_t rank) const {
+    return rank < ranks.size() && ranks[rank].load_lookahead ? *ranks[rank].load_lookahead : load_lookahead;
+  }
+  [[nodiscard]] std::uint64_t resident_share_of(std::uint32_t rank) const {
+    return rank < ranks.size() && ranks[rank].resident_share ? *ranks[rank].resident_share : resident_share;
+  }
+  [[nodiscard]] std::uint32_t steps_to_run() const { return steps ? steps : overlap ? 2u : 1u; }
 };
 
 struct rank_result {
@@ -134,14 +169,41 @@ inline schedule::rank_orders schedule_of(scenario const& s) {
   throw invalid_argument("scenario: unknown pipeline.schedule");
 }
 
-/// Injects swap steps into every rank's own order, for the chunks `filter` accepts (all when empty).
+/// Injects swap steps into every rank's own order, for the chunks `filter` accepts (all when empty),
+/// each rank's loads `lookahead(rank)` compute slots ahead of their backward (the reference placement
+/// when `lookahead` is empty).
 inline schedule::rank_orders inject_all(schedule::rank_orders orders,
-                                        std::function<bool(std::uint32_t, schedule::chunk)> const& filter) {
+                                        std::function<bool(std::uint32_t, schedule::chunk)> const& filter,
+                                        std::function<std::size_t(std::uint32_t)> const& lookahead = {}) {
   for (std::size_t r = 0; r < orders.size(); ++r) {
     auto const rank = static_cast<std::uint32_t>(r);
-    orders[r] = schedule::inject_swap_steps(orders[r], [&](schedule::chunk c) { return !filter || filter(rank, c); });
+    auto const eligible = [&](schedule::chunk c) { return !filter || filter(rank, c); };
+    orders[r] = lookahead ? schedule::inject_swap_steps(orders[r], eligible, schedule::inject_options{lookahead(rank)})
+                          : schedule::inject_swap_steps(orders[r], eligible);
   }
   return orders;
+}
+
+/// The load lookahead (inject_options::load_lookahead) that gives each activation load of `rank`
+/// the time it needs: the fewest compute slots whose duration covers the copy of the rank's largest
+/// swapped chunk over its host link, counting each slot as the rank's shortest forward (the slot
+/// just before a backward in the 1F1B steady state is a forward). 1 (the reference) when one slot is
+/// enough; at most `most`. A setting derived from the model's sizes; the simulation then shows what
+/// it gives (the planner also tries its neighbours).
+inline std::size_t load_lookahead_for(scenario const& s, std::vector<stage_spec> const& stages, std::uint32_t rank,
+                                      link_rates const& link, std::size_t most = 8) {
+  auto const layout = layout_of(s);
+  std::uint64_t bytes = 0;
+  mock::sim_time slot = 0;
+  for (auto const& st : stages) {
+    if (layout.rank_of(static_cast<schedule::index_type>(st.stage)) != static_cast<schedule::index_type>(rank)) continue;
+    bytes = std::max(bytes, st.activation_bytes - st.boundary_bytes);
+    slot = slot == 0 ? st.fwd_ns : std::min(slot, st.fwd_ns);
+  }
+  if (bytes == 0 || slot <= 0 || !(link.h2d_gbps > 0)) return 1;
+  double const copy_ns = s.device.copy_latency_us * 1e3 + static_cast<double>(bytes) / link.h2d_gbps;
+  auto const k = static_cast<std::size_t>(std::ceil(copy_ns / static_cast<double>(slot)));
+  return std::clamp<std::size_t>(k, 1, most);
 }
 
 namespace detail {
@@ -201,12 +263,13 @@ public:
     swap_config cfg;
     // Without optimizer swap the step is one batch: one fused update of every parameter.
     bool const swap_opt = o.swaps_optimizer(rank);
-    cfg.swap_times = swap_opt ? o.swap_times : 1;
+    cfg.swap_times = swap_opt ? o.swap_times_of(rank) : 1;
     cfg.packed = o.packed;
     if (!swap_opt) cfg.state_keys = std::vector<std::string>{};
     // The runtime materializes every slot (zeroed moments, master copies) at construction; with
     // nothing swappable it keeps them all on the device.
     osw_.emplace(x_, opt_, cfg);
+    overlap_ = o.overlap;
   }
 
   rank_sim(rank_sim const&) = delete;
@@ -234,12 +297,16 @@ public:
     return b_.now();
   }
 
-  /// Starts the measured step at `t0` (not before this rank's setup ended).
+  /// Starts a step at `t0` (the host idles until then if it is earlier than now). The first step
+  /// starts at the common T0; without overlap every later one at the time the previous step ended on
+  /// every rank, with overlap each rank's host goes on as soon as its own previous step returned.
   void start(sim_time t0) {
     if (t0 > b_.now()) b_.host_compute(t0 - b_.now(), "wait for the other ranks");
-    t0_ = t0;
+    start_ = b_.now();
     h2d0_ = b_.bytes_copied_h2d();
     d2h0_ = b_.bytes_copied_d2h();
+    pc_ = 0;
+    swapped_chunks_ = 0;
     acts_.begin_run();
   }
 
@@ -256,25 +323,41 @@ public:
     return n;
   }
 
-  /// After the order: the optimizer step, and the result.
-  rank_result finish() {
+  /// After the order: the optimizer step and the collectives around it. Returns the time the step
+  /// ended: without overlap when every copy has finished, with overlap when the host returns from
+  /// the step (the deferred offloads still in flight drain into the next step's forward).
+  sim_time end_step() {
     if (!inputs_.empty() || !grads_in_.empty() || !outbox_.empty() || !saved_.empty()) {
       throw state_error("simulate: rank " + std::to_string(rank_) + " ended its order with " +
                         std::to_string(inputs_.size() + grads_in_.size() + outbox_.size() + saved_.size()) +
                         " buffers not consumed (an unmatched send, receive, forward or backward)");
     }
-    rank_result r;
-    r.rank = rank_;
-    r.pipeline_ns = b_.makespan() - t0_;
     auto const cs = b_.current_stream();
+    pipeline_end_ = overlap_ ? std::max({b_.ready_time(cs), b_.ready_time(send_), b_.ready_time(recv_)})
+                             : b_.makespan();
     // Data parallelism: the gradients are reduced (scattered) before the step, on their own link.
     if (auto const ns = dp_grad_sync_ns(s_, stage_params_); ns > 0) collective_kernel("DP grad sync", ns, false);
     b_.synchronize(b_.record_event(cs)); // the gradient-norm reduction before the step
     osw_->step();
     if (auto const ns = dp_param_gather_ns(s_, stage_params_); ns > 0) collective_kernel("DP param all-gather", ns, true);
-    b_.synchronize_device();
+    if (overlap_) {
+      b_.synchronize(b_.record_event(cs));
+      end_ = b_.now();
+    } else {
+      b_.synchronize_device();
+      end_ = b_.makespan();
+    }
     acts_.end_run();
-    r.step_ns = b_.makespan() - t0_;
+    return end_;
+  }
+
+  /// The last step's result, its times from `t0` (the time every rank's previous step had ended, or
+  /// T0). Its memory is the rank's from its own start of the step (never later than `t0`).
+  rank_result finish(sim_time t0) {
+    rank_result r;
+    r.rank = rank_;
+    r.pipeline_ns = pipeline_end_ - t0;
+    r.step_ns = end_ - t0;
     r.h2d_bytes = b_.bytes_copied_h2d() - h2d0_;
     r.d2h_bytes = b_.bytes_copied_d2h() - d2h0_;
     r.swapped_chunks = swapped_chunks_;
@@ -285,13 +368,14 @@ public:
     r.corrupt_buffers = corrupt_;
     auto const reserved = s_.device.reserved_bytes;
     auto const timeline = b_.device_memory_timeline();
-    auto it = std::lower_bound(timeline.begin(), timeline.end(), t0_,
+    auto const from = std::min(start_, t0);
+    auto it = std::lower_bound(timeline.begin(), timeline.end(), from,
                                [](auto const& p, sim_time t) { return p.first < t; });
-    std::uint64_t const at_t0 = it == timeline.begin() ? 0 : std::prev(it)->second;
-    std::uint64_t peak = at_t0;
-    r.memory.emplace_back(0, at_t0 + reserved);
-    for (; it != timeline.end(); ++it) {
-      r.memory.emplace_back(it->first - t0_, it->second + reserved);
+    std::uint64_t const at_from = it == timeline.begin() ? 0 : std::prev(it)->second;
+    std::uint64_t peak = at_from;
+    r.memory.emplace_back(0, at_from + reserved);
+    for (; it != timeline.end() && it->first <= end_; ++it) {
+      r.memory.emplace_back(std::max<sim_time>(it->first - t0, 0), it->second + reserved);
       peak = std::max<std::uint64_t>(peak, it->second);
     }
     r.memory.emplace_back(r.step_ns, r.memory.back().second);
@@ -626,8 +710,9 @@ private:
   std::map<key, saved_chunk> saved_;
   std::optional<chunk_id> group_;
   std::optional<mock::event> last_compute_;
+  bool overlap_ = false;
   std::size_t pc_ = 0;
-  sim_time t0_ = 0;
+  sim_time start_ = 0, pipeline_end_ = 0, end_ = 0;
   std::size_t h2d0_ = 0, d2h0_ = 0;
   std::uint32_t swapped_chunks_ = 0;
   std::uint64_t resident_param_bytes_ = 0, optimizer_state_bytes_ = 0, corrupt_ = 0, stage_params_ = 0;
@@ -670,36 +755,44 @@ inline sim_result simulate_orders(scenario const& s, schedule::rank_orders const
     ranks.push_back(std::make_unique<detail::rank_sim>(s, stages, layout, r, orders[r], o, links[r]));
     t0 = std::max(t0, ranks.back()->finish_setup());
   }
+  auto const steps = o.steps_to_run();
   std::size_t total = 0, done = 0, reported = 0;
   for (auto const& r : orders) total += r.size();
-  for (auto& r : ranks) r->start(t0);
-  detail::mailbox mb;
-  for (;;) {
-    std::size_t progressed = 0;
-    bool all_done = true;
-    for (auto& r : ranks) {
-      progressed += r->advance(mb);
-      all_done = all_done && r->done();
-    }
-    done += progressed;
-    if (o.progress && (done - reported) * 100 >= total) {
-      o.progress(total ? static_cast<double>(done) / static_cast<double>(total) : 1.0);
-      reported = done;
-    }
-    if (all_done) break;
-    if (progressed == 0) {
-      std::string what = "simulate: deadlock: ";
-      for (std::uint32_t r = 0; r < ranks.size(); ++r) {
-        if (ranks[r]->done()) continue;
-        what += "rank " + std::to_string(r) + " waits at " + ranks[r]->waiting_for() + "; ";
+  total *= steps;
+  mock::sim_time t_report = t0; // when every rank's previous step had ended (T0 for the first)
+  for (std::uint32_t k = 0; k < steps; ++k) {
+    for (auto& r : ranks) r->start(k == 0 || !o.overlap ? t_report : mock::sim_time{0});
+    detail::mailbox mb;
+    for (;;) {
+      std::size_t progressed = 0;
+      bool all_done = true;
+      for (auto& r : ranks) {
+        progressed += r->advance(mb);
+        all_done = all_done && r->done();
       }
-      throw state_error(what.substr(0, what.size() - 2));
+      done += progressed;
+      if (o.progress && (done - reported) * 100 >= total) {
+        o.progress(total ? static_cast<double>(done) / static_cast<double>(total) : 1.0);
+        reported = done;
+      }
+      if (all_done) break;
+      if (progressed == 0) {
+        std::string what = "simulate: deadlock" + (steps > 1 ? " in step " + std::to_string(k + 1) : std::string()) + ": ";
+        for (std::uint32_t r = 0; r < ranks.size(); ++r) {
+          if (ranks[r]->done()) continue;
+          what += "rank " + std::to_string(r) + " waits at " + ranks[r]->waiting_for() + "; ";
+        }
+        throw state_error(what.substr(0, what.size() - 2));
+      }
     }
+    mock::sim_time ended = 0;
+    for (auto& r : ranks) ended = std::max(ended, r->end_step());
+    if (k + 1 < steps) t_report = ended;
   }
   sim_result out;
   out.fits = true;
   for (auto& r : ranks) {
-    out.ranks.push_back(r->finish());
+    out.ranks.push_back(r->finish(t_report));
     auto const& rr = out.ranks.back();
     out.step_ns = std::max(out.step_ns, rr.step_ns);
     out.peak_bytes = std::max(out.peak_bytes, rr.peak_bytes);
@@ -723,7 +816,13 @@ inline sim_result simulate_orders(scenario const& s, schedule::rank_orders const
 /// rank's order when o.swap_activations (for the chunks o.activation_filter accepts).
 inline sim_result simulate(scenario const& s, sim_options const& o) {
   auto orders = schedule_of(s);
-  if (o.swap_activations) orders = inject_all(std::move(orders), o.activation_filter);
+  if (o.swap_activations) {
+    bool reference = true; // every rank at the reference placement: inject exactly as the reference does
+    for (std::uint32_t r = 0; r < s.pipeline.ranks; ++r) reference = reference && o.load_lookahead_of(r) == 1;
+    orders = reference ? inject_all(std::move(orders), o.activation_filter)
+                       : inject_all(std::move(orders), o.activation_filter,
+                                    [&o](std::uint32_t r) { return o.load_lookahead_of(r); });
+  }
   return simulate_orders(s, orders, o);
 }
 

@@ -56,12 +56,20 @@ constexpr std::string_view config_title(swapping c) noexcept {
 
 /// The simulator options of a configuration: activation swap of every eligible group, optimizer swap
 /// with the scenario's swap_times and packing.
+/// With swap.overlap, each rank's activation loads go out load_lookahead_for() slots ahead.
 inline sim_options options_for(swapping c, scenario const& s) {
   sim_options o;
   o.swap_activations = c == swapping::activations || c == swapping::both;
   o.swap_optimizer = c == swapping::optimizer || c == swapping::both;
   o.swap_times = s.swap.swap_times;
   o.packed = s.swap.packed;
+  o.overlap = s.swap.overlap;
+  if (o.overlap && o.swap_activations) {
+    auto const stages = plan_stages(s);
+    auto const links = host_link_rates(s, std::vector<bool>(s.pipeline.ranks, true));
+    o.ranks.resize(s.pipeline.ranks);
+    for (std::uint32_t r = 0; r < s.pipeline.ranks; ++r) o.ranks[r].load_lookahead = load_lookahead_for(s, stages, r, links[r]);
+  }
   return o;
 }
 
