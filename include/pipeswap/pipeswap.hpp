@@ -12,6 +12,7 @@
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/backend/device_ptr.hpp>
 #include <pipeswap/config.hpp>
+#include <pipeswap/core/budget.hpp>
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/core/event_handle.hpp>
 #include <pipeswap/core/half.hpp>

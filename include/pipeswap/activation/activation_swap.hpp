@@ -18,6 +18,11 @@
 //  * Device storage is released on the d2h stream behind its D2H; the compute stream waits the
 //    offload (wait_offload) only so the memory is reusable by the next forward.
 //
+// Device budget (core/budget.hpp, docs/activation.md): the storage a load brings back is a required
+// reservation of the engine's budget (client activation), returned when the group is released. From
+// launch_offload until its launch_load (or release), a group's bytes are reload demand: an optional
+// reservation (an optimizer prefetch) leaves them free, so activation loads take precedence.
+//
 // Ownership: save() takes ownership of device memory allocated with the backend; the manager frees
 // it in release() (after the backward used it), abort() or end_run(). Pointers change across a swap:
 // read them with ptr() after wait_load(). The manager enforces this on every backend, at the call:
@@ -148,6 +153,7 @@ public:
     auto& e = g.entries.emplace_back();
     e.buf = std::make_unique<buffer>(bytes);
     try {
+      engine_.set_client(*e.buf, budget_client::activation);
       engine_.adopt_device(*e.buf, d);
       e.keep = covered(g, d, bytes);
       if (bytes > 0 && d) live_.emplace(d, live_range{d, bytes, *current_, g.entries.size() - 1});
@@ -199,7 +205,14 @@ public:
     forget_ranges(c, g, false);
     engine_.launch_offload(bufs, ("offload " + group_name(c)).c_str());
     g.state = group_state::offloading;
-    for (auto* x : bufs) offloaded_bytes_ += x->bytes();
+    std::uint64_t n = 0;
+    for (auto* x : bufs) n += x->bytes();
+    offloaded_bytes_ += n;
+    try {
+      engine_.add_reload_demand(n);
+      g.demand = n;
+    } catch (...) { // the offload is launched; only the precedence bookkeeping failed (orphaned budget)
+    }
   }
 
   void wait_offload(chunk_id c) {
@@ -220,6 +233,8 @@ public:
     }
     engine_.launch_load(movable(g), ("load " + group_name(c)).c_str());
     g.state = group_state::loading;
+    engine_.drop_reload_demand(g.demand); // the load's storage is reserved now
+    g.demand = 0;
   }
 
   /// The compute stream waits the loads; the mirrors go back to the pool behind them.
@@ -268,6 +283,7 @@ public:
       engine_.release_mirror(*x, last);
     }
     if (current_ && *current_ == c) current_.reset();
+    engine_.drop_reload_demand(g.demand);
     groups_.erase(it);
   }
 
@@ -286,6 +302,12 @@ public:
     return n;
   }
   [[nodiscard]] std::size_t offloaded_bytes() const noexcept { return offloaded_bytes_; }
+  /// Bytes of this manager's offloaded groups that will be loaded again (the budget's reload demand).
+  [[nodiscard]] std::uint64_t reload_demand() const noexcept {
+    std::uint64_t n = 0;
+    for (auto const& [c, g] : groups_) n += g.demand;
+    return n;
+  }
 
   static constexpr std::string_view to_string(group_state s) noexcept {
     switch (s) {
@@ -311,6 +333,7 @@ private:
     group_state state = group_state::collecting;
     std::vector<entry_t> entries;
     std::vector<range> guarded; ///< protect()ed ranges
+    std::uint64_t demand = 0;   ///< reload demand reported to the budget (offloading/offloaded)
   };
   /// A device range the manager owns, keyed by its address.
   struct live_range {

@@ -35,9 +35,12 @@
 // Every device byte a swap job acquires or gives back passes through the engine: launch_load
 // (per-buffer storage), allocate_arena / allocate_device on the way in; launch_offload, wait_offload,
 // release_arena, discard_device / deallocate_device on the way out. That is where a per-device
-// budget reserves bytes before an allocation and returns them behind the stream-ordered release,
-// and launch_load / wait_load are already separate calls, so a load can be launched as early as the
-// budget allows and waited only by its user.
+// budget (core/budget.hpp, set_budget) reserves bytes before an allocation and returns them when the
+// stream-ordered release is issued; launch_load / wait_load are separate calls, so a load can be
+// launched as early as the budget allows and waited only by its user. Each buffer carries the budget
+// client it is counted for (set_client; optimizer unless told otherwise); staging arenas are the
+// optimizer's. Storage handed in (adopt_device) or allocated for the caller (allocate_device) is not
+// counted: it is state that never swaps.
 #pragma once
 
 #include <algorithm>
@@ -51,6 +54,7 @@
 #include <vector>
 
 #include <pipeswap/backend/concepts.hpp>
+#include <pipeswap/core/budget.hpp>
 #include <pipeswap/core/detail/mutation.hpp>
 #include <pipeswap/core/event_handle.hpp>
 #include <pipeswap/core/pinned_pool.hpp>
@@ -105,10 +109,16 @@ public:
   [[nodiscard]] event_handle<B> const& event() const noexcept { return event_; }
   /// At rest: no copy in flight (device or host).
   [[nodiscard]] bool at_rest() const noexcept { return state_ == residency::device || state_ == residency::host; }
+  /// The budget client its storage is counted for.
+  [[nodiscard]] budget_client client() const noexcept { return client_; }
+  /// Whether its current device storage is reserved in the engine's budget.
+  [[nodiscard]] bool reserved() const noexcept { return reserved_; }
 
 private:
   friend class transfer_engine<B>;
   std::size_t bytes_ = 0;
+  bool reserved_ = false;
+  budget_client client_ = budget_client::optimizer;
   device_pointer_t<B> device_{};
   std::byte* mirror_ = nullptr;
   bool owns_mirror_ = false;
@@ -126,6 +136,8 @@ struct staging_arena {
   std::size_t bytes = 0;
   /// The last D2H out of the arena: a load into it waits this (wait_site::arena_reuse).
   event_handle<B> fence;
+  /// Bytes reserved for it in the engine's budget (0 when it has none).
+  std::uint64_t reserved = 0;
 };
 
 /// Where the buffers of one batch sit in a staging arena, and the merged copies that move them.
@@ -200,6 +212,60 @@ public:
       : b_(b), pool_(b, pool), h2d_(b.new_stream()), d2h_(b.new_stream()) {}
   transfer_engine(transfer_engine const&) = delete;
   transfer_engine& operator=(transfer_engine const&) = delete;
+  ~transfer_engine() {
+    if (link_.budget) link_.budget->detach(link_);
+  }
+
+  // ----- the device budget ------------------------------------------------------------------------
+
+  /// Counts the swap jobs' device storage in `b` from now on (nullptr: unlimited, nothing counted).
+  /// Throws state_error, changing nothing, while the engine holds bytes reserved in its current
+  /// budget or reload demand there: set the budget before the runtimes allocate (before building an
+  /// optimizer_swap with a resident share), or after everything went home.
+  void set_budget(device_budget* b) {
+    if (b == link_.budget && !link_.orphaned) return;
+    if (held_[0] + held_[1] + demand_ > 0 && !link_.orphaned) {
+      throw state_error("transfer_engine::set_budget: the engine holds " + std::to_string(held_[0] + held_[1]) +
+                        " reserved bytes and " + std::to_string(demand_) +
+                        " bytes of reload demand in its current budget; change budgets only while the swap jobs "
+                        "hold no device storage");
+    }
+    if (link_.budget) link_.budget->detach(link_);
+    link_.budget = nullptr;
+    link_.orphaned = false;
+    held_[0] = held_[1] = 0;
+    demand_ = 0;
+    if (b) {
+      b->attach(link_);
+      link_.budget = b;
+    }
+  }
+  [[nodiscard]] device_budget* budget() const noexcept { return link_.budget; }
+  /// Bytes this engine holds reserved in its budget for `c`.
+  [[nodiscard]] std::uint64_t reserved_bytes(budget_client c) const noexcept { return held_[static_cast<int>(c)]; }
+  /// Sets the client a buffer without device storage is counted for.
+  void set_client(buffer& x, budget_client c) {
+    if (x.reserved_) throw state_error("set_client: the swap buffer holds reserved device storage");
+    x.client_ = c;
+  }
+  /// Whether an optional allocation of `bytes` (an optimizer prefetch) may start now: always without
+  /// a budget; with one, when the bytes fit its optional_room() (reload demand left free).
+  [[nodiscard]] bool admits_optional(std::uint64_t bytes) {
+    check_budget("admits_optional");
+    return !link_.budget || link_.budget->admits(bytes);
+  }
+  /// Reload demand of offloaded activations (device_budget::add_reload_demand), counted per engine.
+  void add_reload_demand(std::uint64_t bytes) {
+    check_budget("add_reload_demand");
+    if (!link_.budget) return;
+    link_.budget->add_reload_demand(bytes);
+    demand_ += bytes;
+  }
+  void drop_reload_demand(std::uint64_t bytes) noexcept {
+    bytes = std::min(bytes, demand_);
+    if (link_.budget) link_.budget->drop_reload_demand(bytes);
+    demand_ -= bytes;
+  }
 
   [[nodiscard]] B& backend() const noexcept { return b_; }
   [[nodiscard]] pinned_pool<B>& pool() noexcept { return pool_; }
@@ -213,6 +279,7 @@ public:
   /// device-resident and owns `d`.
   void adopt_device(buffer& x, device_pointer_t<B> d) {
     require_empty(x, "adopt_device");
+    x.reserved_ = false;
     x.device_ = d;
     x.state_ = residency::device;
   }
@@ -221,7 +288,9 @@ public:
   /// device-resident.
   void allocate(buffer& x, stream_type s) {
     require_empty(x, "allocate");
+    check_budget("allocate");
     x.device_ = x.bytes_ ? b_.allocate_device(x.bytes_, s) : device_pointer_t<B>{};
+    x.reserved_ = x.device_ && reserve(x.client_, x.bytes_);
     x.state_ = residency::device;
   }
 
@@ -235,6 +304,8 @@ public:
     auto const d = x.device_;
     x.device_ = {};
     x.state_ = residency::host;
+    if (x.reserved_) unreserve(x.client_, x.bytes_);
+    x.reserved_ = false;
     return d;
   }
 
@@ -326,8 +397,10 @@ public:
   }
 
   /// d2h → host for the buffers in `d2h` state: `next_user` (the stream that will use the freed
-  /// memory next) waits the offload events. The events stay on the buffers to guard their mirrors.
-  void wait_offload(std::span<buffer* const> bufs, stream_type next_user) {
+  /// memory next) waits the offload events (at `site`). The events stay on the buffers to guard
+  /// their mirrors.
+  void wait_offload(std::span<buffer* const> bufs, stream_type next_user,
+                    detail::wait_site site = detail::wait_site::gate_after_offload) {
     std::vector<buffer*> targets;
     std::vector<event_handle<B>> events;
     for (auto* x : bufs) {
@@ -337,7 +410,7 @@ public:
       detail::add_unique<B>(events, x->event_);
       targets.push_back(x);
     }
-    for (auto const& e : events) detail::wait_at(detail::wait_site::gate_after_offload, b_, next_user, *e);
+    for (auto const& e : events) detail::wait_at(site, b_, next_user, *e);
     for (auto* x : targets) x->state_ = residency::host;
   }
 
@@ -354,6 +427,7 @@ public:
   void launch_load(std::span<buffer* const> bufs, Storage& storage, char const* label = "load") {
     auto targets = select(bufs, residency::host, residency::device);
     if (targets.empty()) return;
+    check_budget("launch_load");
     detail::scoped_label<B> l(b_, label);
     try {
       for (auto* x : targets) {
@@ -363,7 +437,10 @@ public:
         }
       }
       if constexpr (!is_arena<Storage>) {
-        for (auto* x : targets) x->device_ = b_.allocate_device(x->bytes_, h2d_);
+        for (auto* x : targets) {
+          x->device_ = b_.allocate_device(x->bytes_, h2d_);
+          x->reserved_ = reserve(x->client_, x->bytes_);
+        }
       }
       std::vector<event_handle<B>> events;
       for (auto* x : targets) detail::add_unique<B>(events, x->event_);
@@ -453,9 +530,11 @@ public:
   /// Allocates `bytes` for an arena on the h2d stream (its first user).
   void allocate_arena(staging_arena<B>& a, std::size_t bytes) {
     if (a.base) throw state_error("allocate_arena: the staging arena is already allocated");
+    check_budget("allocate_arena");
     a.base = bytes ? b_.allocate_device(bytes, h2d_) : device_pointer_t<B>{};
     a.bytes = bytes;
     a.fence = nullptr;
+    a.reserved = a.base && reserve(budget_client::optimizer, bytes) ? bytes : 0;
   }
 
   /// Releases an arena, stream-ordered on the d2h stream behind the h2d stream's work so far (the
@@ -464,12 +543,17 @@ public:
   /// Precondition: no buffer views the arena any more, every buffer loaded into it having been
   /// offloaded out of it (its D2Hs precede the release on the d2h stream, each behind the compute work
   /// that used the bytes: offload_after_compute).
-  void release_arena(staging_arena<B>& a) {
+  void release_arena(staging_arena<B>& a) { release_arena(a, compute()); }
+  /// As release_arena(a), with `next_user` (the stream that reuses the memory next) ordered behind
+  /// the release instead of the compute stream: a deferred offload finished from prefetch() orders
+  /// the h2d stream and leaves the compute stream alone.
+  void release_arena(staging_arena<B>& a, stream_type next_user) {
     if (!a.base) return;
     detail::wait_at(detail::wait_site::arena_release, b_, d2h_, b_.record_event(h2d_));
     b_.deallocate_device(a.base, a.bytes, d2h_);
+    if (a.reserved) unreserve(budget_client::optimizer, a.reserved);
     a = staging_arena<B>{};
-    detail::wait_at(detail::wait_site::gate_after_offload, b_, compute(), b_.record_event(d2h_));
+    detail::wait_at(detail::wait_site::gate_after_offload, b_, next_user, b_.record_event(d2h_));
   }
 
   // ----- copies of bytes that do not move ---------------------------------------------------------
@@ -646,9 +730,40 @@ private:
       x.device_ = d;
       throw;
     }
+    if (x.reserved_) unreserve(x.client_, x.bytes_);
+    x.reserved_ = false;
+  }
+
+  void check_budget(char const* op) const {
+    if (link_.orphaned) {
+      throw state_error(std::string("transfer_engine::") + op +
+                        ": the engine's device_budget was destroyed while the engine still used it; a budget "
+                        "must outlive its engines (set_budget(nullptr) or set_budget(other) first)");
+    }
+  }
+  /// A required reservation; true when a budget counted it.
+  bool reserve(budget_client c, std::uint64_t n) {
+    check_budget("reserve");
+    if (!link_.budget || n == 0) return false;
+    link_.budget->reserve(c, n);
+    held_[static_cast<int>(c)] += n;
+    return true;
+  }
+  void unreserve(budget_client c, std::uint64_t n) noexcept {
+    auto& h = held_[static_cast<int>(c)];
+    n = std::min<std::uint64_t>(n, h);
+    h -= n;
+    if (!link_.budget) return; // orphaned: the budget is gone
+    try {
+      link_.budget->release(c, n);
+    } catch (...) { // cannot happen: the engine returns only what it reserved
+    }
   }
 
   B& b_;
+  detail::budget_link link_;
+  std::uint64_t held_[2] = {0, 0};
+  std::uint64_t demand_ = 0;
   pinned_pool<B> pool_;
   stream_type h2d_;
   stream_type d2h_;

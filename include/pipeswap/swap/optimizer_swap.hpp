@@ -22,6 +22,22 @@
 //   a few large copies (one per contiguous host run). The H2D of n+2 waits the D2H of n out of the
 //   same arena (wait_site::arena_reuse); the compute stream only ever waits events.
 //
+// Phases around the step (docs/optimizer.md, "Phases"): all optional, all off by default, and with
+// them off the two pipelines above run op for op.
+//   resident share   swap_config::resident_share bytes of whole batches from the front of the step's
+//                    batch order stay on the device across steps, in their own storage (an own arena
+//                    per batch in the packed pipeline), reserved from the engine's budget.
+//   prefetch()       starts the H2D of the next step's first batches that are not resident, in step
+//                    order, into their own storage, while the budget's optional room allows (it leaves
+//                    the activations' reload demand and the step's streaming window free). Typically
+//                    called after each backward of the pipeline's cool-down. Never blocks the host.
+//   step()           takes the resident and prefetched batches first (waiting only their loads), then
+//                    streams the rest through the two-batch window as above.
+//   defer_offload    step() returns with the D2H of its last batches in flight (their storage held);
+//                    prefetch(), finish_offload(), synchronize_cpu_mirrors(), the next step() or the
+//                    destructor finish it: the next user of the memory waits the D2Hs and the storage
+//                    is released stream-ordered. No call here blocks the host at the forward boundary.
+//
 // Ownership (docs/optimizer.md): the state belongs to the optimizer (O::swap_state()). A runtime
 // attaches on construction (a second live runtime over one optimizer is refused), adopts what an
 // earlier runtime handed back, and hands everything back on destruction, so a new runtime with other
@@ -42,6 +58,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -75,6 +92,12 @@ struct swap_config {
   std::size_t min_numel = 1024;
   /// Use the packed pipeline (two staging arenas) instead of per-tensor storage.
   bool packed = true;
+  /// Bytes of swappable state (whole batches, from the front of the step's batch order) that stay on
+  /// the device across steps. Rounded down to whole batches; 0 = none (every batch streams).
+  std::size_t resident_share = 0;
+  /// step() returns with the D2H of its last batches in flight; prefetch(), finish_offload(),
+  /// synchronize_cpu_mirrors(), the next step() or the destructor finish it.
+  bool defer_offload = false;
 
   void validate() const {
     if (swap_times == 0) throw invalid_argument("swap_config::swap_times must be positive.");
@@ -107,6 +130,7 @@ public:
   using buffer = swap_buffer<B>;
   /// Receives "op:batch[:arena]" for every pipeline operation, in order (tests, tracing, progress).
   using listener = std::function<void(std::string_view)>;
+  using stream_type_t = stream_t<B>;
 
   /// Attaches to `opt`'s state and materializes it: adopts what an earlier runtime handed back,
   /// creates the rest (zeros on the host, masters written and offloaded). Throws state_error when
@@ -151,8 +175,11 @@ public:
 
   /// Runs one optimizer step (or completes an interrupted one). See the header comment.
   void step() {
+    reentrancy_guard guard(*this, "step");
     where_ = {"step", std::nullopt};
     try {
+      finish_deferred(engine_.h2d());
+      if (must_evict_) evict_kept();
       evacuate();
       if (!pending_) pending_.emplace(step_state{opt_.prepare_step(), nullptr, 0});
       auto& st = *pending_;
@@ -186,13 +213,77 @@ public:
   void discard_interrupted_step() noexcept { pending_.reset(); }
 
   /// Quiesces for a checkpoint: every swappable piece ends host-resident with its mirror complete and
-  /// host-synchronized, device storage released (reference synchronize_cpu_mirrors). Must not be
-  /// called from inside a step (it is not reentrant).
+  /// host-synchronized, device storage released (reference synchronize_cpu_mirrors). A deferred
+  /// offload is finished first; prefetched and resident-share batches go home too (the next step
+  /// brings the resident share back). Must not be called from inside a step (it is not reentrant).
   void synchronize_cpu_mirrors() {
+    reentrancy_guard guard(*this, "synchronize_cpu_mirrors");
+    finish_deferred(engine_.compute());
+    evict_kept();
     evacuate();
     auto bufs = pieces(true);
     engine_.synchronize_to_host(bufs);
   }
+
+  // ----- phases around the step (docs/optimizer.md, "Phases") -------------------------------------
+
+  /// Starts the H2D of the next step's first batches that are neither resident nor in flight, in
+  /// step order, into their own device storage, at most `max_batches` of them, each only while the
+  /// engine's budget admits it as an optional reservation (its bytes plus the step's streaming window,
+  /// with the activations' reload demand left free; no budget: no limit). Finishes a deferred offload
+  /// first, stream-ordered (the h2d stream waits its D2Hs; the compute stream is left alone). Never
+  /// blocks the host. Returns the batches resident or in flight for the next step (resident share
+  /// included); before the first step no batch order is known and it returns 0. Safe to call
+  /// repeatedly (after every backward of the cool-down). Throws state_error while an interrupted
+  /// step is pending or from inside step(); a failing copy or allocation throws step_error
+  /// (operation "prefetch"), and every batch it had kept is back on the host, nothing lost.
+  std::size_t prefetch(std::size_t max_batches = std::numeric_limits<std::size_t>::max()) {
+    if (pending_) {
+      throw state_error("optimizer_swap::prefetch: a step is interrupted; call step() to resume it or "
+                        "discard_interrupted_step() before prefetching the next one");
+    }
+    reentrancy_guard guard(*this, "prefetch");
+    where_ = {"prefetch", std::nullopt};
+    std::shared_ptr<plan_data const> plan;
+    try {
+      bool const gated = finish_deferred(engine_.h2d());
+      if (must_evict_) evict_kept();
+      evacuate();
+      if (!cached_) return kept_count_;
+      plan = cached_;
+      if (kept_plan_ && kept_plan_ != plan) evict_kept();
+      prefetch_batches(*plan, max_batches, gated);
+      return kept_count_;
+    } catch (...) {
+      auto const failed = where_;
+      try {
+        evict_kept();
+      } catch (...) { // kept: retried first thing in the next call
+      }
+      where_ = failed;
+      rethrow_phase("prefetch", plan.get(), "every batch it had kept is back on the host, nothing was lost");
+    }
+  }
+
+  /// Finishes a deferred offload: the compute stream waits its D2Hs and its storage is released
+  /// (stream-ordered, behind the copies). No-op when none is pending. Never blocks the host.
+  void finish_offload() {
+    reentrancy_guard guard(*this, "finish_offload");
+    where_ = {"finish_offload", std::nullopt};
+    try {
+      finish_deferred(engine_.compute());
+    } catch (...) {
+      rethrow_phase("finish_offload", cached_.get(), "the offload stays pending; call finish_offload() again");
+    }
+  }
+  /// True while a deferred offload is in flight (step() with defer_offload returned).
+  [[nodiscard]] bool offload_pending() const noexcept { return deferred_; }
+  /// Batches resident or in flight for the next step (resident share included).
+  [[nodiscard]] std::size_t prefetched_batches() const noexcept { return kept_count_; }
+  /// Bytes of the resident share actually kept by the last plan (rounded down to whole batches).
+  [[nodiscard]] std::size_t resident_share_bytes() const noexcept { return cached_ ? cached_->resident_bytes : 0; }
+  /// Batches of the resident share in the last plan.
+  [[nodiscard]] std::size_t resident_batches() const noexcept { return cached_ ? cached_->resident : 0; }
 
   void set_listener(listener l) { listener_ = std::move(l); }
 
@@ -260,6 +351,13 @@ private:
     std::vector<std::size_t> last_param;
     std::size_t arena_size = 0;
     std::size_t max_batch_bytes = 0;
+    std::vector<std::size_t> batch_bytes;   // per batch: its pieces' bytes
+    std::size_t resident = 0;               // batches of the resident share (from the front)
+    std::size_t resident_bytes = 0;         // their device bytes (own arenas, packed)
+    /// Device bytes batch n occupies in its own storage.
+    [[nodiscard]] std::size_t own_bytes(std::size_t n, bool packed) const {
+      return packed ? staging[n].bytes : batch_bytes[n];
+    }
   };
   struct step_state {
     typename O::step_context ctx;
@@ -272,6 +370,21 @@ private:
   };
 
   static detail::runtime_access access() noexcept { return detail::runtime_access{}; }
+
+  /// Refuses a call from inside another (a listener calling back into the runtime).
+  struct reentrancy_guard {
+    optimizer_swap& rt;
+    reentrancy_guard(optimizer_swap& r, char const* op) : rt(r) {
+      if (rt.busy_) {
+        throw state_error(std::string("optimizer_swap::") + op + ": called from inside " + rt.busy_ +
+                          " (a listener); the runtime is not reentrant");
+      }
+      rt.busy_ = op;
+    }
+    ~reentrancy_guard() { rt.busy_ = nullptr; }
+    reentrancy_guard(reentrancy_guard const&) = delete;
+    reentrancy_guard& operator=(reentrancy_guard const&) = delete;
+  };
 
   slot_type const& slot(std::size_t i) const {
     if (i >= slots_.size()) {
@@ -458,6 +571,8 @@ private:
     auto const descs = opt_.slots();
     pending_.reset();
     try {
+      finish_deferred(engine_.compute());
+      evict_kept();
       evacuate();
       auto all = pieces(false);
       engine_.settle(all);
@@ -482,6 +597,8 @@ private:
     } catch (...) {
       home.set_lost(access());
       try {
+        for (auto& a : own_) engine_.release_arena(a);
+        for (auto& a : deferred_arenas_) engine_.release_arena(a);
         auto all = pieces(false);
         engine_.settle(all);
         for (auto& s : slots_) {
@@ -550,6 +667,11 @@ private:
     note(op, n);
     if (listener_) listener_(std::string(op) + ":" + std::to_string(n) + ":" + std::to_string(a));
   }
+  /// "op:batch:own" for a batch in its own arena (resident share, prefetch).
+  void emit(char const* op, std::size_t n, char const* tag) {
+    note(op, n);
+    if (listener_) listener_(std::string(op) + ":" + std::to_string(n) + ":" + tag);
+  }
 
   [[noreturn]] void rethrow_with_context() {
     auto const w = where_;
@@ -599,6 +721,7 @@ private:
       st.d = cached_;
       return;
     }
+    if (kept_plan_) evict_kept(); // the batch order changed: what was kept goes home first
     auto d = std::make_shared<plan_data>();
     d->plan = policy_(items, cfg_.swap_times);
     segment(units, d->plan);
@@ -628,11 +751,20 @@ private:
         }
       }
       d->max_batch_bytes = std::max(d->max_batch_bytes, bytes);
+      d->batch_bytes.push_back(bytes);
     }
     if (cfg_.packed) {
       for (std::size_t n = 0; n < d->plan.size(); ++n) {
         d->staging.push_back(make_staging_layout<B>(d->bufs[n], regions[n]));
         d->arena_size = std::max(d->arena_size, d->staging.back().bytes);
+      }
+    }
+    if (cfg_.resident_share > 0) {
+      for (std::size_t n = 0; n < d->plan.size(); ++n) {
+        auto const b = d->own_bytes(n, cfg_.packed);
+        if (d->resident_bytes + b > cfg_.resident_share) break;
+        d->resident_bytes += b;
+        d->resident = n + 1;
       }
     }
     layout = 0; // segment() may have re-cut slots
@@ -711,13 +843,25 @@ private:
   }
 
   void run_per_tensor(step_state& st) {
-    auto const N = st.d->plan.size();
+    auto const& d = *st.d;
+    auto const N = d.plan.size();
     auto const k = st.next;
     if (k >= N) return;
-    auto bufs = [&](std::size_t n) { return std::span<buffer* const>(st.d->bufs[n]); };
+    auto bufs = [&](std::size_t n) { return std::span<buffer* const>(d.bufs[n]); };
+    // Own batches [k, own): resident or prefetched, in their own storage; only a whole step keeps any.
+    auto const resident = k == 0 ? d.resident : 0;
+    auto const own = k == 0 ? std::max(kept_count_, resident) : 0;
     gate_step();
-    emit("prefetch", k);
-    engine_.launch_load(bufs(k), label("prefetch", k).c_str());
+    kept_plan_ = st.d;
+    for (std::size_t n = kept_count_; n < own; ++n) { // resident batches not on the device yet
+      kept_count_ = n + 1;
+      emit("prefetch", n);
+      engine_.launch_load(bufs(n), label("prefetch", n).c_str());
+    }
+    if (k >= own) {
+      emit("prefetch", k);
+      engine_.launch_load(bufs(k), label("prefetch", k).c_str());
+    }
     for (std::size_t n = k; n < N; ++n) {
       emit("wait_prefetch", n);
       engine_.wait_load(bufs(n), engine_.compute());
@@ -725,14 +869,25 @@ private:
         emit("wait_offload", n - 1);
         engine_.wait_offload(bufs(n - 1), engine_.h2d());
       }
-      if (n + 1 < N) {
+      if (n + 1 < N && n + 1 >= own) {
         emit("prefetch", n + 1);
         engine_.launch_load(bufs(n + 1), label("prefetch", n + 1).c_str());
       }
       update(st, n);
       st.next = n + 1;
+      if (n < resident) {
+        emit("keep", n);
+        continue;
+      }
       emit("offload", n);
       engine_.launch_offload(bufs(n), label("offload", n).c_str());
+    }
+    kept_count_ = resident;
+    if (N - 1 < resident) return;
+    if (cfg_.defer_offload) {
+      emit("defer", N - 1);
+      deferred_ = true;
+      return;
     }
     emit("wait_offload", N - 1);
     engine_.wait_offload(bufs(N - 1), engine_.compute());
@@ -747,6 +902,7 @@ private:
   void recover_per_tensor(step_state& st) noexcept {
     std::vector<buffer*> all;
     for (auto& v : st.d->bufs) all.insert(all.end(), v.begin(), v.end());
+    auto const failed = where_;
     try {
       engine_.settle(all);
       try { // best effort: offload what is on the device; if that fails it stays there, intact
@@ -756,6 +912,11 @@ private:
       engine_.settle(all);
     } catch (...) { // every piece is still in a consistent state (see transfer_engine)
     }
+    try { // resident and prefetched batches are among them; what stayed on the device goes home next
+      evict_kept();
+    } catch (...) {
+    }
+    where_ = failed;
   }
 
   // ----- packed pipeline ---------------------------------------------------------------------------
@@ -784,26 +945,180 @@ private:
     if (k >= N) return;
     arena_bytes_ = d.arena_size;
     arena_plan_ = st.d;
+    // Own batches [k, own): resident or prefetched, each in its own arena; only a whole step keeps any.
+    auto const resident = k == 0 ? d.resident : 0;
+    auto const own = k == 0 ? std::max(kept_count_, resident) : 0;
+    auto const s0 = std::max(k, own); // the first batch streamed through the two staging arenas
     emit("begin", N - k);
     gate_step();
     auto bufs = [&](std::size_t n) { return std::span<buffer* const>(d.bufs[n]); };
-    for (std::size_t a = 0; a < std::min<std::size_t>(2, N - k); ++a) {
-      engine_.allocate_arena(arenas_[(k + a) % 2], d.arena_size);
+    kept_plan_ = st.d;
+    if (own_.size() != N) own_.resize(N);
+    for (std::size_t n = kept_count_; n < own; ++n) { // resident batches not on the device yet
+      kept_count_ = n + 1;
+      own_load(d, n);
     }
-    packed_prefetch(d, k);
-    if (k + 1 < N) packed_prefetch(d, k + 1);
+    for (std::size_t a = 0; a < std::min<std::size_t>(2, N - s0); ++a) {
+      engine_.allocate_arena(arenas_[(s0 + a) % 2], d.arena_size);
+    }
+    if (s0 < N) packed_prefetch(d, s0);
+    if (s0 + 1 < N) packed_prefetch(d, s0 + 1);
     for (std::size_t n = k; n < N; ++n) {
+      if (n < own) {
+        emit("wait_prefetch", n, "own");
+        engine_.wait_load(bufs(n), engine_.compute());
+        emit("activate", n, "own");
+        update(st, n);
+        st.next = n + 1;
+        if (n < resident) {
+          emit("keep", n, "own");
+        } else {
+          emit("offload", n, "own");
+          arena_storage<B> s{own_[n], d.staging[n]};
+          engine_.launch_offload(bufs(n), s, label("offload", n).c_str());
+        }
+        continue;
+      }
       emit("wait_prefetch", n, n % 2);
       engine_.wait_load(bufs(n), engine_.compute());
-      if (n >= k + 2) finish_offload(d, n - 2);
+      if (n >= s0 + 2) finish_offload(d, n - 2);
       emit("activate", n, n % 2);
       update(st, n);
       st.next = n + 1;
       packed_chain(d, n, n + 2 < N ? std::optional<std::size_t>(n + 2) : std::nullopt);
     }
-    for (std::size_t n = std::max(k, N >= 2 ? N - 2 : 0); n < N; ++n) finish_offload(d, n);
+    auto const tail = s0 < N ? std::max(s0, N >= 2 ? N - 2 : 0) : N;
+    if (cfg_.defer_offload) {
+      for (std::size_t n = resident; n < own; ++n) emit("defer", n);
+      for (std::size_t n = tail; n < N; ++n) emit("defer", n);
+      emit("end");
+      for (std::size_t n = resident; n < own; ++n) hold_for_deferral(own_[n]);
+      for (auto& a : arenas_) hold_for_deferral(a);
+      arena_plan_.reset();
+      kept_count_ = resident;
+      return;
+    }
+    for (std::size_t n = tail; n < N; ++n) finish_offload(d, n);
+    for (std::size_t n = resident; n < own; ++n) {
+      emit("wait_offload", n);
+      engine_.wait_offload(bufs(n), engine_.compute());
+      engine_.release_arena(own_[n]);
+    }
+    kept_count_ = resident;
     emit("end");
     release_arenas();
+  }
+
+  /// H2D of batch n into its own arena (resident share, prefetch).
+  void own_load(plan_data const& d, std::size_t n) {
+    emit("prefetch", n, "own");
+    if (!own_[n].base) engine_.allocate_arena(own_[n], d.staging[n].bytes);
+    arena_storage<B> s{own_[n], d.staging[n]};
+    engine_.launch_load(std::span<buffer* const>(d.bufs[n]), s, label("prefetch", n).c_str());
+  }
+
+  void hold_for_deferral(staging_arena<B>& a) {
+    if (!a.base) return;
+    deferred_arenas_.push_back(std::move(a));
+    a = staging_arena<B>{};
+    deferred_ = true;
+  }
+
+  /// The prefetch loop (see prefetch()).
+  void prefetch_batches(plan_data const& d, std::size_t max_batches, bool gated) {
+    auto const N = d.plan.size();
+    auto const window_unit = cfg_.packed ? d.arena_size : d.max_batch_bytes;
+    for (std::size_t launched = 0; kept_count_ < N && launched < max_batches; ++launched) {
+      auto const n = kept_count_;
+      auto const rest = N - n - 1;
+      auto const need = d.own_bytes(n, cfg_.packed) + std::min<std::size_t>(2, rest) * window_unit;
+      if (!engine_.admits_optional(need)) break;
+      if (!gated) { // the storage it takes may be what the d2h stream just released
+        detail::wait_at(detail::wait_site::prefetch_after_release, b_, engine_.h2d(), b_.record_event(engine_.d2h()));
+        gated = true;
+      }
+      kept_plan_ = cached_;
+      if (cfg_.packed && own_.size() != N) own_.resize(N);
+      kept_count_ = n + 1; // counted before the copies, so a failure brings it home
+      if (cfg_.packed) {
+        own_load(d, n);
+      } else {
+        emit("prefetch", n);
+        engine_.launch_load(std::span<buffer* const>(d.bufs[n]), label("prefetch", n).c_str());
+      }
+    }
+  }
+
+  /// Finishes a deferred offload with `next_user` ordered behind its D2Hs and releases (see
+  /// finish_offload()). Returns whether there was one.
+  bool finish_deferred(stream_type_t next_user) {
+    if (!deferred_) return false;
+    emit("finish_deferred");
+    auto all = pieces(true); // only the pieces in d2h are touched
+    engine_.wait_offload(all, next_user, detail::wait_site::finish_deferred);
+    for (auto& a : deferred_arenas_) engine_.release_arena(a, next_user);
+    deferred_arenas_.clear();
+    deferred_ = false;
+    return true;
+  }
+
+  /// Brings every resident and prefetched batch home and releases its own storage. Idempotent: if a
+  /// copy fails, what is left stays kept and the next call (every entry point retries) finishes.
+  void evict_kept() {
+    if (!kept_plan_) {
+      must_evict_ = false;
+      return;
+    }
+    must_evict_ = true;
+    auto const saved = where_;
+    note("evict");
+    auto const& d = *kept_plan_;
+    auto const upto = std::max(kept_count_, cfg_.packed ? own_.size() : 0);
+    for (std::size_t n = 0; n < upto && n < d.bufs.size(); ++n) {
+      auto bs = std::span<buffer* const>(d.bufs[n]);
+      if (cfg_.packed) {
+        if (n >= own_.size() || !own_[n].base) continue;
+        engine_.settle(bs);
+        arena_storage<B> s{own_[n], d.staging[n]};
+        engine_.launch_offload(bs, s, "evict");
+        engine_.settle(bs);
+        engine_.release_arena(own_[n]);
+      } else {
+        engine_.settle(bs);
+        engine_.launch_offload(bs, "evict");
+        engine_.settle(bs);
+      }
+    }
+    own_.clear();
+    kept_count_ = 0;
+    kept_plan_.reset();
+    must_evict_ = false;
+    where_ = saved;
+  }
+
+  /// A failed phase outside the step: a step_error naming the phase, its batch and what became of it.
+  [[noreturn]] void rethrow_phase(char const* phase, plan_data const* d, char const* outcome) {
+    auto const w = where_;
+    std::string what = std::string("optimizer_swap::") + phase + ": " + w.op;
+    if (w.batch) {
+      what += " of batch " + std::to_string(*w.batch);
+      if (d && *w.batch < d->first_param.size()) {
+        auto const lo = d->first_param[*w.batch], hi = d->last_param[*w.batch];
+        what += lo == hi ? " (parameter " + std::to_string(lo) + ")"
+                         : " (parameters " + std::to_string(lo) + " to " + std::to_string(hi) + ")";
+      }
+    }
+    what += " failed";
+    try {
+      throw;
+    } catch (std::exception const& e) {
+      what += ": ";
+      what += e.what();
+    } catch (...) {
+    }
+    what += "; ";
+    what += outcome;
+    std::throw_with_nested(step_error(what, w.op, w.batch));
   }
 
   void finish_offload(plan_data const& d, std::size_t n) {
@@ -825,6 +1140,10 @@ private:
     (void)st;
     auto const failed = where_; // the error names what failed, not the clean-up
     emit_quietly("end");
+    try {
+      evict_kept(); // own arenas first: evacuate() copies only out of the staging arenas
+    } catch (...) { // kept: evict_kept() runs again first thing in the next call
+    }
     try {
       evacuate();
     } catch (...) { // kept: evacuate() runs again first thing in the next call
@@ -850,6 +1169,7 @@ private:
     for (auto const& v : d.bufs) all.insert(all.end(), v.begin(), v.end());
     engine_.settle(all);
     for (std::size_t n = 0; n < d.bufs.size(); ++n) {
+      if (kept_plan_ == arena_plan_ && n < own_.size() && own_[n].base) continue; // own arena: evict_kept()
       bool on_device = false;
       for (auto* p : d.bufs[n]) on_device = on_device || p->state() == residency::device;
       if (!on_device) continue;
@@ -892,6 +1212,16 @@ private:
   std::array<staging_arena<B>, 2> arenas_{};
   std::shared_ptr<plan_data const> arena_plan_;
   position where_;
+  /// Batches [0, kept_count_) of kept_plan_ are resident or prefetched, in their own storage (own_[n]
+  /// in the packed pipeline).
+  std::shared_ptr<plan_data const> kept_plan_;
+  std::size_t kept_count_ = 0;
+  std::vector<staging_arena<B>> own_;
+  bool must_evict_ = false; ///< an eviction failed part-way; every entry point retries it first
+  /// A deferred offload: its D2Hs are in flight, its arenas held until finish_deferred().
+  bool deferred_ = false;
+  std::vector<staging_arena<B>> deferred_arenas_;
+  char const* busy_ = nullptr; ///< the public call in progress (reentrancy)
 };
 
 } // namespace pipeswap
