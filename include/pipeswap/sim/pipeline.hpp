@@ -48,6 +48,7 @@
 #include <pipeswap/activation/activation_swap.hpp>
 #include <pipeswap/backend/mock.hpp>
 #include <pipeswap/backend/mock/adam_kernels.hpp>
+#include <pipeswap/core/budget.hpp>
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/optim/adam.hpp>
@@ -136,6 +137,14 @@ struct rank_result {
   std::uint64_t peak_host_bytes = 0;          ///< pinned host memory at its peak
   link_rates link;                            ///< the host-link rates this rank's copies got
   std::uint64_t corrupt_buffers = 0;          ///< materialize: saved activations that came back wrong
+  /// With overlap and optimizer swap: optimizer batches on the device or in flight when the step
+  /// began (resident share and prefetch), of `optimizer_batches`; the resident share's bytes; the
+  /// budget's high-water mark over the run and its required reservations that went over it.
+  std::size_t prefetched_batches = 0, optimizer_batches = 0;
+  /// Peak device bytes (reserved included) from the step's start to the end of the rank's last
+  /// forward: what the resident share must fit beside (the backward tail then only gives back).
+  std::uint64_t peak_before_tail = 0;
+  std::uint64_t resident_share_bytes = 0, budget_high_water = 0, over_budget = 0;
   /// Device bytes (reserved included) over the step: (time since T0, bytes) after each change.
   std::vector<std::pair<mock::sim_time, std::uint64_t>> memory;
 };
@@ -188,10 +197,12 @@ inline schedule::rank_orders inject_all(schedule::rank_orders orders,
 /// the time it needs: the fewest compute slots whose duration covers the copy of the rank's largest
 /// swapped chunk over its host link, counting each slot as the rank's shortest forward (the slot
 /// just before a backward in the 1F1B steady state is a forward). 1 (the reference) when one slot is
-/// enough; at most `most`. A setting derived from the model's sizes; the simulation then shows what
-/// it gives (the planner also tries its neighbours).
+/// enough; at most half the rank's shortest forward-to-backward gap, so that a swapped chunk still
+/// spends at least half of its life off the device (a link too slow for that cannot hide the load
+/// by launching it earlier; it only gives the memory back). A setting derived from the model's
+/// sizes; the simulation then shows what it gives.
 inline std::size_t load_lookahead_for(scenario const& s, std::vector<stage_spec> const& stages, std::uint32_t rank,
-                                      link_rates const& link, std::size_t most = 8) {
+                                      link_rates const& link) {
   auto const layout = layout_of(s);
   std::uint64_t bytes = 0;
   mock::sim_time slot = 0;
@@ -200,10 +211,13 @@ inline std::size_t load_lookahead_for(scenario const& s, std::vector<stage_spec>
     bytes = std::max(bytes, st.activation_bytes - st.boundary_bytes);
     slot = slot == 0 ? st.fwd_ns : std::min(slot, st.fwd_ns);
   }
-  if (bytes == 0 || slot <= 0 || !(link.h2d_gbps > 0)) return 1;
+  auto const orders = schedule_of(s);
+  std::size_t gap = 0;
+  for (auto const& c : schedule::swap_candidates(orders.at(rank))) gap = gap == 0 ? c.gap() : std::min(gap, c.gap());
+  if (bytes == 0 || slot <= 0 || !(link.h2d_gbps > 0) || gap == 0) return 1;
   double const copy_ns = s.device.copy_latency_us * 1e3 + static_cast<double>(bytes) / link.h2d_gbps;
   auto const k = static_cast<std::size_t>(std::ceil(copy_ns / static_cast<double>(slot)));
-  return std::clamp<std::size_t>(k, 1, most);
+  return std::clamp<std::size_t>(k, 1, std::max<std::size_t>(1, gap / 2));
 }
 
 namespace detail {
@@ -238,8 +252,12 @@ public:
   rank_sim(scenario const& s, std::vector<stage_spec> const& stages, schedule::stage_layout const& layout,
            std::uint32_t rank, schedule::order ord, sim_options const& o, link_rates const& link)
       : s_(s), stages_(stages), layout_(layout), rank_(rank), order_(std::move(ord)),
-        link_(link), b_(mock_options(s, o, link)), x_(b_, pool_options(o)),
+        link_(link), b_(mock_options(s, o, link)), budget_(room_of(s)), x_(b_, pool_options(o)),
         acts_(x_), opt_(b_), send_(b_.new_stream("p2p send")), recv_(b_.new_stream("p2p recv")) {
+    overlap_ = o.overlap;
+    // With overlap one budget governs both swap jobs of the device; it is attached before any
+    // runtime allocates, and its capacity follows the room the rest of the step leaves.
+    if (overlap_) x_.set_budget(&budget_);
     auto const cs = b_.current_stream();
     auto const es = size_of(s.model.param_dtype);
     auto const gtype = grad_dtype_of(s.model);
@@ -266,10 +284,21 @@ public:
     cfg.swap_times = swap_opt ? o.swap_times_of(rank) : 1;
     cfg.packed = o.packed;
     if (!swap_opt) cfg.state_keys = std::vector<std::string>{};
+    phased_ = overlap_ && swap_opt;
+    batches_ = cfg.swap_times;
+    if (phased_) {
+      cfg.resident_share = static_cast<std::size_t>(o.resident_share_of(rank));
+      cfg.defer_offload = true;
+    }
+    for (auto const& st : stages_) {
+      if (layout_.rank_of(static_cast<index_type>(st.stage)) != static_cast<index_type>(rank_)) continue;
+      // What one compute entry may still allocate outside the budget: a backward's outgoing gradient,
+      // its workspace, a received gradient and a forward's output, twice over (two entries in flight).
+      transient_ = std::max<std::uint64_t>(transient_, 2 * (st.boundary_bytes + st.backward_workspace_bytes + 2 * st.p2p_bytes));
+    }
     // The runtime materializes every slot (zeroed moments, master copies) at construction; with
     // nothing swappable it keeps them all on the device.
     osw_.emplace(x_, opt_, cfg);
-    overlap_ = o.overlap;
   }
 
   rank_sim(rank_sim const&) = delete;
@@ -307,7 +336,16 @@ public:
     d2h0_ = b_.bytes_copied_d2h();
     pc_ = 0;
     swapped_chunks_ = 0;
+    forwards_left_ = 0;
+    for (auto const& e : order_) {
+      if (!e) continue;
+      if (e->kind == step_kind::fwd) ++forwards_left_;
+      for (auto const& l : e->sub) forwards_left_ += l.kind == step_kind::fwd ? 1 : 0;
+    }
     acts_.begin_run();
+    // The previous step's deferred offload drains into this step's forward: finished stream-ordered
+    // (the h2d stream waits its copies, its storage is released behind them), the host goes on.
+    if (phased_ && osw_->offload_pending()) osw_->prefetch(0);
   }
 
   /// Runs entries until the order ends or a receive waits for data not sent yet. Returns the number
@@ -338,6 +376,8 @@ public:
     // Data parallelism: the gradients are reduced (scattered) before the step, on their own link.
     if (auto const ns = dp_grad_sync_ns(s_, stage_params_); ns > 0) collective_kernel("DP grad sync", ns, false);
     b_.synchronize(b_.record_event(cs)); // the gradient-norm reduction before the step
+    if (phased_) prefetch_now();         // the room the last backward gave back
+    prefetched_ = phased_ ? osw_->prefetched_batches() : 0;
     osw_->step();
     if (auto const ns = dp_param_gather_ns(s_, stage_params_); ns > 0) collective_kernel("DP param all-gather", ns, true);
     if (overlap_) {
@@ -366,6 +406,13 @@ public:
     r.peak_host_bytes = b_.peak_host_bytes();
     r.link = link_;
     r.corrupt_buffers = corrupt_;
+    if (phased_) {
+      r.prefetched_batches = prefetched_;
+      r.optimizer_batches = batches_;
+      r.resident_share_bytes = osw_->resident_share_bytes();
+      r.budget_high_water = budget_.high_water();
+      r.over_budget = budget_.over_budget_count();
+    }
     auto const reserved = s_.device.reserved_bytes;
     auto const timeline = b_.device_memory_timeline();
     auto const from = std::min(start_, t0);
@@ -374,10 +421,13 @@ public:
     std::uint64_t const at_from = it == timeline.begin() ? 0 : std::prev(it)->second;
     std::uint64_t peak = at_from;
     r.memory.emplace_back(0, at_from + reserved);
+    std::uint64_t before_tail = at_from;
     for (; it != timeline.end() && it->first <= end_; ++it) {
       r.memory.emplace_back(std::max<sim_time>(it->first - t0, 0), it->second + reserved);
       peak = std::max<std::uint64_t>(peak, it->second);
+      if (it->first <= tail_from_) before_tail = std::max<std::uint64_t>(before_tail, it->second);
     }
+    r.peak_before_tail = before_tail + reserved;
     r.memory.emplace_back(r.step_ns, r.memory.back().second);
     r.peak_bytes = peak + reserved;
     r.fits = r.peak_bytes <= s_.device.memory_bytes;
@@ -485,6 +535,9 @@ private:
   /// issued while the first one runs, as a training loop paced by its device does.
   void compute(step const& e) {
     if (last_compute_) b_.synchronize(*last_compute_);
+    // The backward tail: after the rank's last forward every backward gives memory back, so each
+    // compute entry from then on starts the next step's optimizer batches the budget has room for.
+    if (phased_ && forwards_left_ == 0) prefetch_now();
     if (e.kind == step_kind::fwd) {
       forward(e);
     } else if (e.kind == step_kind::bwd) {
@@ -518,6 +571,24 @@ private:
     } else {
       forward_in_scope(e, false);
     }
+  }
+
+  /// The budget's capacity: the device's room for the job less what lives outside the budget now
+  /// (weights, gradients, state that never swaps, activations not swapped, pipeline buffers) and the
+  /// transient bytes the next compute entries may allocate outside it.
+  void update_budget() {
+    auto const outside = b_.device_bytes_in_use() - std::min<std::uint64_t>(b_.device_bytes_in_use(), budget_.used());
+    auto const room = room_of(s_);
+    budget_.set_capacity(room > outside + transient_ ? room - outside - transient_ : 0);
+  }
+
+  void prefetch_now() {
+    update_budget();
+    osw_->prefetch();
+  }
+
+  static std::uint64_t room_of(scenario const& s) {
+    return s.device.memory_bytes > s.device.reserved_bytes ? s.device.memory_bytes - s.device.reserved_bytes : 0;
   }
 
   void forward_in_scope(step const& e, bool swapped) {
@@ -583,6 +654,7 @@ private:
     }
     saved_.emplace(k, std::move(sc));
     if (!last) hand_over(0, e.stage, e.micro, out);
+    if (forwards_left_ > 0 && --forwards_left_ == 0) tail_from_ = b_.ready_time(cs); // the backward tail begins
   }
 
   /// An output (direction 0: activations forward, 1: gradients backward) of stage `st`: kept for the
@@ -699,6 +771,7 @@ private:
   schedule::order order_;
   link_rates link_;
   mock::backend b_;
+  device_budget budget_; ///< with overlap: the swap runtimes' share of the device (update_budget)
   transfer_engine<mock::backend> x_;
   activation_swap<mock::backend> acts_;
   opt_type opt_;
@@ -710,9 +783,11 @@ private:
   std::map<key, saved_chunk> saved_;
   std::optional<chunk_id> group_;
   std::optional<mock::event> last_compute_;
-  bool overlap_ = false;
+  bool overlap_ = false, phased_ = false;
+  std::uint64_t transient_ = 0;
+  std::size_t forwards_left_ = 0, prefetched_ = 0, batches_ = 0;
   std::size_t pc_ = 0;
-  sim_time start_ = 0, pipeline_end_ = 0, end_ = 0;
+  sim_time start_ = 0, pipeline_end_ = 0, end_ = 0, tail_from_ = 0;
   std::size_t h2d0_ = 0, d2h0_ = 0;
   std::uint32_t swapped_chunks_ = 0;
   std::uint64_t resident_param_bytes_ = 0, optimizer_state_bytes_ = 0, corrupt_ = 0, stage_params_ = 0;
@@ -824,6 +899,65 @@ inline sim_result simulate(scenario const& s, sim_options const& o) {
                                     [&o](std::uint32_t r) { return o.load_lookahead_of(r); });
   }
   return simulate_orders(s, orders, o);
+}
+
+/// The overlapped run of a configuration, sized per rank (with overlap; else simulate()):
+///  * each rank that swaps optimizer state keeps on the device the share of it that its free memory
+///    allows (rank_settings::resident_share, where not set already). The share is measured, not
+///    derived: a first run without it gives the rank's peak before its backward tail (the tail only
+///    gives memory back, and the prefetch there stays within the budget), and the share is the
+///    device capacity less that peak and a margin of 0.5 % of the capacity;
+///  * a rank that then goes over the capacity has its share cut by the excess and the margin, or,
+///    with no share left, its load lookahead halved (an earlier load holds its chunk longer), and the
+///    run is repeated, at most `refinements` times. When none of the runs fits, the first (as sized,
+///    and the fastest) is the result.
+inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t refinements = 3) {
+  if (!o.overlap) return simulate(s, o);
+  auto const R = s.pipeline.ranks;
+  if (o.ranks.empty()) o.ranks.resize(R);
+  if (o.ranks.size() != R)
+    throw invalid_argument("simulate: " + std::to_string(o.ranks.size()) + " rank settings for " + std::to_string(R) +
+                           " ranks");
+  auto const progress = o.progress;
+  o.progress = {};
+  std::vector<std::uint32_t> sized;
+  for (std::uint32_t r = 0; r < R; ++r)
+    if (o.swaps_optimizer(r) && !o.ranks[r].resident_share) sized.push_back(r);
+  for (auto r : sized) o.ranks[r].resident_share = 0;
+  auto const capacity = s.device.memory_bytes, margin = capacity / 200;
+  sim_result res;
+  if (!sized.empty()) {
+    res = simulate(s, o);
+    for (auto r : sized) {
+      auto const peak = res.ranks[r].peak_before_tail;
+      o.ranks[r].resident_share = capacity > peak + margin ? capacity - peak - margin : 0;
+    }
+  }
+  std::optional<sim_result> first;
+  for (std::uint32_t k = 0;; ++k) {
+    if (k == 0) o.progress = progress;
+    res = simulate(s, o);
+    o.progress = {};
+    if (res.fits) return res;
+    if (!first) first = res;
+    if (k == refinements) break;
+    bool changed = false;
+    for (std::uint32_t r = 0; r < R; ++r) {
+      auto const peak = res.ranks[r].peak_bytes;
+      if (peak <= capacity) continue;
+      auto& x = o.ranks[r];
+      if (x.resident_share && *x.resident_share > 0) {
+        auto const cut = peak - capacity + margin;
+        x.resident_share = *x.resident_share > cut ? *x.resident_share - cut : 0;
+        changed = true;
+      } else if (o.swap_activations && o.load_lookahead_of(r) > 1) {
+        x.load_lookahead = std::max<std::size_t>(1, o.load_lookahead_of(r) / 2);
+        changed = true;
+      }
+    }
+    if (!changed) break;
+  }
+  return std::move(*first); // no refinement fits: the run as sized, the fastest of them
 }
 
 } // namespace pipeswap::sim

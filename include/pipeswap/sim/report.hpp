@@ -93,7 +93,7 @@ inline report run_report(scenario const& given, std::function<void(double)> cons
     auto o = options_for(all_swappings[i], s);
     o.record_trace = trace_config == all_swappings[i];
     if (progress) o.progress = [&progress, i](double f) { progress((static_cast<double>(i) + f) / 4.0); };
-    r.results[i] = simulate(s, o);
+    r.results[i] = simulate_sized(s, o);
     if (r.results[i].ranks.size() != s.pipeline.ranks)
       throw error("simulate returned " + std::to_string(r.results[i].ranks.size()) + " ranks for a scenario of " +
                   std::to_string(s.pipeline.ranks));
