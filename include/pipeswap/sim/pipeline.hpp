@@ -104,6 +104,9 @@ struct sim_options {
     std::optional<std::uint32_t> swap_times;
     std::optional<std::size_t> load_lookahead;
     std::optional<std::uint64_t> resident_share;
+    /// With overlap: false runs this rank's optimizer step as without overlap (no prefetch, no
+    /// deferred offload, no resident share); unset: true.
+    std::optional<bool> phased;
     friend bool operator==(rank_settings const&, rank_settings const&) = default;
   };
   /// Per rank (empty: every rank takes the uniform values; else one entry per rank).
@@ -144,6 +147,9 @@ struct rank_result {
   /// Peak device bytes (reserved included) from the step's start to the end of the rank's last
   /// forward: what the resident share must fit beside (the backward tail then only gives back).
   std::uint64_t peak_before_tail = 0;
+  /// The compute slots its activation loads went out ahead of their backward (simulate(); 1: the
+  /// reference placement).
+  std::size_t load_lookahead = 1;
   std::uint64_t resident_share_bytes = 0, budget_high_water = 0, over_budget = 0;
   /// Device bytes (reserved included) over the step: (time since T0, bytes) after each change.
   std::vector<std::pair<mock::sim_time, std::uint64_t>> memory;
@@ -220,6 +226,22 @@ inline std::size_t load_lookahead_for(scenario const& s, std::vector<stage_spec>
   return std::clamp<std::size_t>(k, 1, std::max<std::size_t>(1, gap / 2));
 }
 
+/// Sets every rank's load lookahead that `o` leaves unset to load_lookahead_for() (the link rate
+/// taken as when every rank swaps).
+inline void set_load_lookaheads(sim_options& o, scenario const& s) {
+  auto const stages = plan_stages(s, o.recompute.empty() ? std::vector<recompute_kind>{} : [&] {
+    auto const layout = layout_of(s);
+    std::vector<recompute_kind> per_stage;
+    for (std::uint32_t st = 0; st < s.pipeline.ranks * s.pipeline.chunks; ++st)
+      per_stage.push_back(o.recompute.at(static_cast<std::size_t>(layout.rank_of(static_cast<schedule::index_type>(st)))));
+    return per_stage;
+  }());
+  auto const links = host_link_rates(s, std::vector<bool>(s.pipeline.ranks, true));
+  if (o.ranks.empty()) o.ranks.resize(s.pipeline.ranks);
+  for (std::uint32_t r = 0; r < s.pipeline.ranks && r < o.ranks.size(); ++r)
+    if (!o.ranks[r].load_lookahead) o.ranks[r].load_lookahead = load_lookahead_for(s, stages, r, links[r]);
+}
+
 namespace detail {
 
 using mock::sim_time;
@@ -284,7 +306,7 @@ public:
     cfg.swap_times = swap_opt ? o.swap_times_of(rank) : 1;
     cfg.packed = o.packed;
     if (!swap_opt) cfg.state_keys = std::vector<std::string>{};
-    phased_ = overlap_ && swap_opt;
+    phased_ = overlap_ && swap_opt && !(rank < o.ranks.size() && o.ranks[rank].phased == false);
     batches_ = cfg.swap_times;
     if (phased_) {
       cfg.resident_share = static_cast<std::size_t>(o.resident_share_of(rank));
@@ -805,6 +827,9 @@ inline sim_result simulate_orders(scenario const& s, schedule::rank_orders const
     throw invalid_argument("simulate: " + std::to_string(orders.size()) + " orders for " +
                            std::to_string(s.pipeline.ranks) + " ranks");
   }
+  if (!o.ranks.empty() && o.ranks.size() != s.pipeline.ranks)
+    throw invalid_argument("simulate: " + std::to_string(o.ranks.size()) + " rank settings for " +
+                           std::to_string(s.pipeline.ranks) + " ranks");
   if (!o.recompute.empty() && o.recompute.size() != s.pipeline.ranks)
     throw invalid_argument("simulate: " + std::to_string(o.recompute.size()) + " recomputation settings for " +
                            std::to_string(s.pipeline.ranks) + " ranks");
@@ -898,7 +923,11 @@ inline sim_result simulate(scenario const& s, sim_options const& o) {
                        : inject_all(std::move(orders), o.activation_filter,
                                     [&o](std::uint32_t r) { return o.load_lookahead_of(r); });
   }
-  return simulate_orders(s, orders, o);
+  auto res = simulate_orders(s, orders, o);
+  if (o.swap_activations)
+    for (auto& r : res.ranks)
+      if (r.swapped_chunks > 0) r.load_lookahead = o.load_lookahead_of(r.rank);
+  return res;
 }
 
 /// The overlapped run of a configuration, sized per rank (with overlap; else simulate()):
@@ -908,10 +937,11 @@ inline sim_result simulate(scenario const& s, sim_options const& o) {
 ///    gives memory back, and the prefetch there stays within the budget), and the share is the
 ///    device capacity less that peak and a margin of 0.5 % of the capacity;
 ///  * a rank that then goes over the capacity has its share cut by the excess and the margin, or,
-///    with no share left, its load lookahead halved (an earlier load holds its chunk longer), and the
-///    run is repeated, at most `refinements` times. When none of the runs fits, the first (as sized,
+///    with no share left, its load lookahead halved (an earlier load holds its chunk longer), or
+///    last its optimizer step run without the phases (rank_settings::phased), and the run is
+///    repeated, at most `refinements` times. When none of the runs fits, the first (as sized,
 ///    and the fastest) is the result.
-inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t refinements = 3) {
+inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t refinements = 4) {
   if (!o.overlap) return simulate(s, o);
   auto const R = s.pipeline.ranks;
   if (o.ranks.empty()) o.ranks.resize(R);
@@ -952,6 +982,9 @@ inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t
         changed = true;
       } else if (o.swap_activations && o.load_lookahead_of(r) > 1) {
         x.load_lookahead = std::max<std::size_t>(1, o.load_lookahead_of(r) / 2);
+        changed = true;
+      } else if (o.swaps_optimizer(r) && x.phased != false) {
+        x.phased = false; // the prefetch and the deferred offload's storage do not fit beside the rest
         changed = true;
       }
     }
