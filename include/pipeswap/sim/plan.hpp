@@ -593,7 +593,9 @@ inline plan_result plan(scenario const& given, std::uint64_t budget, std::functi
   double done = 0, bound = 1;
   auto evaluate = [&](swap_choice const& c) {
     auto o = options_for(c, gaps, s.swap);
-    auto const sc = scenario_for(c, s);
+    auto sc = scenario_for(c, s);
+    // The overlap sizes each rank's resident share and prefetch against the budget, not the device.
+    if (o.overlap && budget > sc.device.reserved_bytes) sc.device.memory_bytes = std::min(sc.device.memory_bytes, budget);
     if (o.overlap && o.swap_activations) set_load_lookaheads(o, sc);
     if (progress) o.progress = [&](double f) { progress(std::min(1.0, (done + f) / bound)); };
     return outcome_of(simulate_sized(sc, o));
