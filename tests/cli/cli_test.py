@@ -34,7 +34,7 @@ TINY = {
               "vocab": 1000, "seq_len": 512},
     "device": {"name": "small", "memory_bytes": 120_000_000, "reserved_bytes": 10_000_000},
     "pipeline": {"ranks": 4, "micro_batches": 8},
-    "swap": {"swap_times": 4},
+    "swap": {"swap_times": 4, "overlap": False},  # the reference step: the hand computations below
 }
 
 
@@ -669,7 +669,62 @@ class DefaultScenario(unittest.TestCase):
 MULTI = {
     "parallel": {"tp": 8, "sequence_parallel": True, "dp": 4, "distributed_optimizer": True},
     "pipeline": {"ranks": 4, "micro_batches": 16},
+    "swap": {"overlap": False},  # the reference step: the hand computations below
 }
+
+
+class Overlap(unittest.TestCase):
+    """swap.overlap through the command: the field is read and reported, and a configuration that
+    fits without overlap still fits with it, at no more step time for the optimizer swap."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        cls.reports = {}
+        for overlap in (False, True):
+            scenario = json.loads(json.dumps(TINY))
+            scenario["swap"]["overlap"] = overlap
+            path = os.path.join(cls.dir.name, f"overlap_{overlap}.json")
+            with open(path, "w") as f:
+                json.dump(scenario, f)
+            _, out, _ = run("simulate", "--scenario", path, "--json", "--trace", "", "--svg", "", check=0)
+            cls.reports[overlap] = json.loads(out)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.dir.cleanup()
+
+    def test_the_field_is_read_and_reported(self):
+        for overlap, r in self.reports.items():
+            self.assertIs(r["scenario"]["swap"]["overlap"], overlap)
+            self.assertTrue(all(c["overlap"] is overlap for c in r["configurations"]))
+        _, out, _ = run("scenario", check=0)
+        self.assertIs(json.loads(out)["swap"]["overlap"], True)  # the default
+
+    def test_what_fits_without_overlap_fits_with_it(self):
+        off = {c["name"]: c for c in self.reports[False]["configurations"]}
+        on = {c["name"]: c for c in self.reports[True]["configurations"]}
+        for name in off:
+            if off[name]["fits"]:
+                self.assertTrue(on[name]["fits"], name)
+        self.assertEqual(on["none"]["step_ns"], off["none"]["step_ns"])
+        self.assertLessEqual(on["optimizer"]["overhead"], off["optimizer"]["overhead"])
+        for x in on["optimizer"]["ranks"]:
+            # 0: the rank's phases were turned off to keep it within the device (simulate_sized).
+            self.assertIn(x["optimizer_batches"], (0, TINY["swap"]["swap_times"]))
+            self.assertLessEqual(x["prefetched_batches"], x["optimizer_batches"])
+            self.assertLessEqual(x["resident_share_bytes"], x["optimizer_state_bytes"])
+        for x in off["optimizer"]["ranks"]:
+            self.assertEqual((x["prefetched_batches"], x["resident_share_bytes"]), (0, 0))
+
+    def test_bad_overlap_values_exit_2(self):
+        path = os.path.join(self.dir.name, "bad.json")
+        with open(path, "w") as f:
+            json.dump({"swap": {"overlap": "yes"}}, f)
+        status, out, err = run("simulate", "--scenario", path)
+        self.assertEqual(status, 2)
+        self.assertEqual(out, "")
+        self.assertIn('scenario: swap.overlap: expected true or false, got string "yes"', err)
 
 
 class MultiParallelScenario(unittest.TestCase):
@@ -688,6 +743,7 @@ class MultiParallelScenario(unittest.TestCase):
         cls.dir.cleanup()
 
     def test_rank_0_by_hand(self):
+        self.assertFalse(self.report["scenario"]["swap"]["overlap"])  # the reference step
         T, h, f, kv, t, d = 4096, 8192, 28672, 1024, 8, 4
         # Per device of the tp group: every matrix split by 8, the norms whole; the embedding's
         # vocabulary split by 8. 20 layers on rank 0.

@@ -151,6 +151,7 @@ sim::scenario small_scenario() {
   s.pipeline.ranks = 4;
   s.pipeline.micro_batches = 8;
   s.device.memory_bytes = 4'000'000'000;
+  s.swap.overlap = false; // the oracle below simulates each candidate as the reference step
   s.device.reserved_bytes = 100'000'000;
   s.swap.swap_times = 4; // the batches of the optimizer step when it is swapped
   return s;

@@ -47,7 +47,7 @@ json every_field() {
     "node": {"gpus": 4, "host_gbps": 100},
     "parallel": {"tp": 2, "sequence_parallel": true, "dp": 4, "distributed_optimizer": true},
     "pipeline": {"schedule": "interleaved", "ranks": 3, "micro_batches": 6, "chunks": 2, "overlap_b_f": true},
-    "swap": {"swap_times": 5, "packed": false}
+    "swap": {"swap_times": 5, "packed": false, "overlap": false}
   })");
 }
 
@@ -112,6 +112,7 @@ BOOST_AUTO_TEST_CASE(every_field_is_read_into_its_member) {
   BOOST_TEST(p.overlap_b_f);
   BOOST_TEST(s.swap.swap_times == 5u);
   BOOST_TEST(!s.swap.packed);
+  BOOST_TEST(!s.swap.overlap);
 }
 
 BOOST_AUTO_TEST_CASE(written_json_has_every_field_and_reads_back) {
@@ -157,6 +158,11 @@ BOOST_AUTO_TEST_CASE(absent_fields_keep_the_defaults) {
                                             sim::scenario_from_json(every_field()));
   BOOST_TEST(!back.model.activation_bytes_per_layer.has_value());
   BOOST_TEST(back.model.name == "tiny"); // the base's other fields stay
+  // swap.overlap defaults to true; false is the reference step, for comparison.
+  BOOST_TEST(sim::scenario{}.swap.overlap);
+  BOOST_TEST(d["swap"]["overlap"] == true);
+  BOOST_TEST(!sim::scenario_from_json_text(R"({"swap": {"overlap": false}})").swap.overlap);
+  BOOST_TEST(sim::scenario_from_json_text(R"({"swap": {"overlap": true}})").swap.overlap);
 }
 
 BOOST_AUTO_TEST_CASE(integer_fields_accept_integral_floats_and_signed_numbers) {
@@ -182,6 +188,8 @@ BOOST_AUTO_TEST_CASE(unknown_keys_are_rejected_with_their_path) {
   expect_rejected(R"({"swap": {"swap_time": 3}})",
                   "scenario: swap: unknown key 'swap_time' (did you mean 'swap_times'?)");
   expect_rejected(R"({"extra": 1})", "scenario: top level: unknown key 'extra'");
+  expect_rejected(R"({"swap": {"overlaps": true}})",
+                  "scenario: swap: unknown key 'overlaps' (did you mean 'overlap'?)");
 }
 
 BOOST_AUTO_TEST_CASE(negative_and_fractional_sizes_are_rejected) {
@@ -238,6 +246,9 @@ BOOST_AUTO_TEST_CASE(wrong_types_are_rejected) {
   expect_rejected(R"({"model": {"grad_dtype": "I8"}})",
                   "scenario: model.grad_dtype: expected \"FP32\", \"BF16\", \"F16\" or null, got string \"I8\"");
   expect_rejected(R"({"model": {"dropout": "no"}})", "scenario: model.dropout: expected true or false, got string \"no\"");
+  expect_rejected(R"({"swap": {"overlap": 1}})", "scenario: swap.overlap: expected true or false, got number 1");
+  expect_rejected(R"({"swap": {"overlap": "yes"}})",
+                  "scenario: swap.overlap: expected true or false, got string \"yes\"");
   expect_rejected(R"({"parallel": {"sequence_parallel": 1}})",
                   "scenario: parallel.sequence_parallel: expected true or false, got number 1");
   expect_rejected(R"({"parallel": {"pp": 2}})", "scenario: parallel: unknown key 'pp' (did you mean 'tp'?)");

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -47,6 +48,7 @@
 #include <pipeswap/activation/activation_swap.hpp>
 #include <pipeswap/backend/mock.hpp>
 #include <pipeswap/backend/mock/adam_kernels.hpp>
+#include <pipeswap/core/budget.hpp>
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/optim/adam.hpp>
@@ -83,9 +85,46 @@ struct sim_options {
   /// Per rank: whether optimizer state swaps (empty: swap_optimizer on every rank).
   std::vector<bool> optimizer_ranks;
 
+  /// The overlapped swap (docs/simulator.md, "Overlap"): two consecutive steps run and the second is
+  /// reported (the steady state); with optimizer swap, each rank's runtime keeps its resident share
+  /// on the device, prefetches the next step's first batches during the rank's backward tail as its
+  /// device budget allows, and leaves the last offloads to drain into the next step's forward.
+  /// false: one step, every copy of the optimizer state inside the step (the reference behaviour).
+  bool overlap = false;
+  /// Steps to run (the last one is reported); 0: two with overlap, one without.
+  std::uint32_t steps = 0;
+  /// Compute slots between an activation load's launch and its backward (inject_options; 1: the
+  /// reference placement).
+  std::size_t load_lookahead = 1;
+  /// With overlap: bytes of each rank's swappable optimizer state that stay on the device.
+  std::uint64_t resident_share = 0;
+
+  /// What may differ per rank (unset fields take the uniform values above).
+  struct rank_settings {
+    std::optional<std::uint32_t> swap_times;
+    std::optional<std::size_t> load_lookahead;
+    std::optional<std::uint64_t> resident_share;
+    /// With overlap: false runs this rank's optimizer step as without overlap (no prefetch, no
+    /// deferred offload, no resident share); unset: true.
+    std::optional<bool> phased;
+    friend bool operator==(rank_settings const&, rank_settings const&) = default;
+  };
+  /// Per rank (empty: every rank takes the uniform values; else one entry per rank).
+  std::vector<rank_settings> ranks;
+
   [[nodiscard]] bool swaps_optimizer(std::uint32_t rank) const {
     return optimizer_ranks.empty() ? swap_optimizer : rank < optimizer_ranks.size() && optimizer_ranks[rank];
   }
+  [[nodiscard]] std::uint32_t swap_times_of(std::uint32_t rank) const {
+    return rank < ranks.size() && ranks[rank].swap_times ? *ranks[rank].swap_times : swap_times;
+  }
+  [[nodiscard]] std::size_t load_lookahead_of(std::uint32_t rank) const {
+    return rank < ranks.size() && ranks[rank].load_lookahead ? *ranks[rank].load_lookahead : load_lookahead;
+  }
+  [[nodiscard]] std::uint64_t resident_share_of(std::uint32_t rank) const {
+    return rank < ranks.size() && ranks[rank].resident_share ? *ranks[rank].resident_share : resident_share;
+  }
+  [[nodiscard]] std::uint32_t steps_to_run() const { return steps ? steps : overlap ? 2u : 1u; }
 };
 
 struct rank_result {
@@ -101,6 +140,17 @@ struct rank_result {
   std::uint64_t peak_host_bytes = 0;          ///< pinned host memory at its peak
   link_rates link;                            ///< the host-link rates this rank's copies got
   std::uint64_t corrupt_buffers = 0;          ///< materialize: saved activations that came back wrong
+  /// With overlap and optimizer swap: optimizer batches on the device or in flight when the step
+  /// began (resident share and prefetch), of `optimizer_batches`; the resident share's bytes; the
+  /// budget's high-water mark over the run and its required reservations that went over it.
+  std::size_t prefetched_batches = 0, optimizer_batches = 0;
+  /// Peak device bytes (reserved included) from the step's start to the end of the rank's last
+  /// forward: what the resident share must fit beside (the backward tail then only gives back).
+  std::uint64_t peak_before_tail = 0;
+  /// The compute slots its activation loads went out ahead of their backward (simulate(); 1: the
+  /// reference placement).
+  std::size_t load_lookahead = 1;
+  std::uint64_t resident_share_bytes = 0, budget_high_water = 0, over_budget = 0;
   /// Device bytes (reserved included) over the step: (time since T0, bytes) after each change.
   std::vector<std::pair<mock::sim_time, std::uint64_t>> memory;
 };
@@ -134,14 +184,62 @@ inline schedule::rank_orders schedule_of(scenario const& s) {
   throw invalid_argument("scenario: unknown pipeline.schedule");
 }
 
-/// Injects swap steps into every rank's own order, for the chunks `filter` accepts (all when empty).
+/// Injects swap steps into every rank's own order, for the chunks `filter` accepts (all when empty),
+/// each rank's loads `lookahead(rank)` compute slots ahead of their backward (the reference placement
+/// when `lookahead` is empty).
 inline schedule::rank_orders inject_all(schedule::rank_orders orders,
-                                        std::function<bool(std::uint32_t, schedule::chunk)> const& filter) {
+                                        std::function<bool(std::uint32_t, schedule::chunk)> const& filter,
+                                        std::function<std::size_t(std::uint32_t)> const& lookahead = {}) {
   for (std::size_t r = 0; r < orders.size(); ++r) {
     auto const rank = static_cast<std::uint32_t>(r);
-    orders[r] = schedule::inject_swap_steps(orders[r], [&](schedule::chunk c) { return !filter || filter(rank, c); });
+    auto const eligible = [&](schedule::chunk c) { return !filter || filter(rank, c); };
+    orders[r] = lookahead ? schedule::inject_swap_steps(orders[r], eligible, schedule::inject_options{lookahead(rank)})
+                          : schedule::inject_swap_steps(orders[r], eligible);
   }
   return orders;
+}
+
+/// The load lookahead (inject_options::load_lookahead) that gives each activation load of `rank`
+/// the time it needs: the fewest compute slots whose duration covers the copy of the rank's largest
+/// swapped chunk over its host link, counting each slot as the rank's shortest forward (the slot
+/// just before a backward in the 1F1B steady state is a forward). 1 (the reference) when one slot is
+/// enough; at most half the rank's shortest forward-to-backward gap, so that a swapped chunk still
+/// spends at least half of its life off the device (a link too slow for that cannot hide the load
+/// by launching it earlier; it only gives the memory back). A setting derived from the model's
+/// sizes; the simulation then shows what it gives.
+inline std::size_t load_lookahead_for(scenario const& s, std::vector<stage_spec> const& stages, std::uint32_t rank,
+                                      link_rates const& link) {
+  auto const layout = layout_of(s);
+  std::uint64_t bytes = 0;
+  mock::sim_time slot = 0;
+  for (auto const& st : stages) {
+    if (layout.rank_of(static_cast<schedule::index_type>(st.stage)) != static_cast<schedule::index_type>(rank)) continue;
+    bytes = std::max(bytes, st.activation_bytes - st.boundary_bytes);
+    slot = slot == 0 ? st.fwd_ns : std::min(slot, st.fwd_ns);
+  }
+  auto const orders = schedule_of(s);
+  std::size_t gap = 0;
+  for (auto const& c : schedule::swap_candidates(orders.at(rank))) gap = gap == 0 ? c.gap() : std::min(gap, c.gap());
+  if (bytes == 0 || slot <= 0 || !(link.h2d_gbps > 0) || gap == 0) return 1;
+  double const copy_ns = s.device.copy_latency_us * 1e3 + static_cast<double>(bytes) / link.h2d_gbps;
+  auto const k = static_cast<std::size_t>(std::ceil(copy_ns / static_cast<double>(slot)));
+  return std::clamp<std::size_t>(k, 1, std::max<std::size_t>(1, gap / 2));
+}
+
+/// Sets every rank's load lookahead that `o` leaves unset to load_lookahead_for() (the link rate
+/// taken as when every rank swaps).
+inline void set_load_lookaheads(sim_options& o, scenario const& s) {
+  auto const stages = plan_stages(s, o.recompute.empty() ? std::vector<recompute_kind>{} : [&] {
+    auto const layout = layout_of(s);
+    std::vector<recompute_kind> per_stage;
+    for (std::uint32_t st = 0; st < s.pipeline.ranks * s.pipeline.chunks; ++st)
+      per_stage.push_back(o.recompute.at(static_cast<std::size_t>(layout.rank_of(static_cast<schedule::index_type>(st)))));
+    return per_stage;
+  }());
+  auto const links = host_link_rates(s, std::vector<bool>(s.pipeline.ranks, true));
+  if (o.ranks.empty()) o.ranks.resize(s.pipeline.ranks);
+  for (std::uint32_t r = 0; r < s.pipeline.ranks && r < o.ranks.size(); ++r)
+    if (!o.ranks[r].load_lookahead) o.ranks[r].load_lookahead = load_lookahead_for(s, stages, r, links[r]);
 }
 
 namespace detail {
@@ -176,8 +274,12 @@ public:
   rank_sim(scenario const& s, std::vector<stage_spec> const& stages, schedule::stage_layout const& layout,
            std::uint32_t rank, schedule::order ord, sim_options const& o, link_rates const& link)
       : s_(s), stages_(stages), layout_(layout), rank_(rank), order_(std::move(ord)),
-        link_(link), b_(mock_options(s, o, link)), x_(b_, pool_options(o)),
+        link_(link), b_(mock_options(s, o, link)), budget_(room_of(s)), x_(b_, pool_options(o)),
         acts_(x_), opt_(b_), send_(b_.new_stream("p2p send")), recv_(b_.new_stream("p2p recv")) {
+    overlap_ = o.overlap;
+    // With overlap one budget governs both swap jobs of the device; it is attached before any
+    // runtime allocates, and its capacity follows the room the rest of the step leaves.
+    if (overlap_) x_.set_budget(&budget_);
     auto const cs = b_.current_stream();
     auto const es = size_of(s.model.param_dtype);
     auto const gtype = grad_dtype_of(s.model);
@@ -201,9 +303,21 @@ public:
     swap_config cfg;
     // Without optimizer swap the step is one batch: one fused update of every parameter.
     bool const swap_opt = o.swaps_optimizer(rank);
-    cfg.swap_times = swap_opt ? o.swap_times : 1;
+    cfg.swap_times = swap_opt ? o.swap_times_of(rank) : 1;
     cfg.packed = o.packed;
     if (!swap_opt) cfg.state_keys = std::vector<std::string>{};
+    phased_ = overlap_ && swap_opt && !(rank < o.ranks.size() && o.ranks[rank].phased == false);
+    batches_ = cfg.swap_times;
+    if (phased_) {
+      cfg.resident_share = static_cast<std::size_t>(o.resident_share_of(rank));
+      cfg.defer_offload = true;
+    }
+    for (auto const& st : stages_) {
+      if (layout_.rank_of(static_cast<index_type>(st.stage)) != static_cast<index_type>(rank_)) continue;
+      // What one compute entry may still allocate outside the budget: a backward's outgoing gradient,
+      // its workspace, a received gradient and a forward's output, twice over (two entries in flight).
+      transient_ = std::max<std::uint64_t>(transient_, 2 * (st.boundary_bytes + st.backward_workspace_bytes + 2 * st.p2p_bytes));
+    }
     // The runtime materializes every slot (zeroed moments, master copies) at construction; with
     // nothing swappable it keeps them all on the device.
     osw_.emplace(x_, opt_, cfg);
@@ -234,13 +348,26 @@ public:
     return b_.now();
   }
 
-  /// Starts the measured step at `t0` (not before this rank's setup ended).
+  /// Starts a step at `t0` (the host idles until then if it is earlier than now). The first step
+  /// starts at the common T0; without overlap every later one at the time the previous step ended on
+  /// every rank, with overlap each rank's host goes on as soon as its own previous step returned.
   void start(sim_time t0) {
     if (t0 > b_.now()) b_.host_compute(t0 - b_.now(), "wait for the other ranks");
-    t0_ = t0;
+    start_ = b_.now();
     h2d0_ = b_.bytes_copied_h2d();
     d2h0_ = b_.bytes_copied_d2h();
+    pc_ = 0;
+    swapped_chunks_ = 0;
+    forwards_left_ = 0;
+    for (auto const& e : order_) {
+      if (!e) continue;
+      if (e->kind == step_kind::fwd) ++forwards_left_;
+      for (auto const& l : e->sub) forwards_left_ += l.kind == step_kind::fwd ? 1 : 0;
+    }
     acts_.begin_run();
+    // The previous step's deferred offload drains into this step's forward: finished stream-ordered
+    // (the h2d stream waits its copies, its storage is released behind them), the host goes on.
+    if (phased_ && osw_->offload_pending()) osw_->prefetch(0);
   }
 
   /// Runs entries until the order ends or a receive waits for data not sent yet. Returns the number
@@ -256,25 +383,43 @@ public:
     return n;
   }
 
-  /// After the order: the optimizer step, and the result.
-  rank_result finish() {
+  /// After the order: the optimizer step and the collectives around it. Returns the time the step
+  /// ended: without overlap when every copy has finished, with overlap when the host returns from
+  /// the step (the deferred offloads still in flight drain into the next step's forward).
+  sim_time end_step() {
     if (!inputs_.empty() || !grads_in_.empty() || !outbox_.empty() || !saved_.empty()) {
       throw state_error("simulate: rank " + std::to_string(rank_) + " ended its order with " +
                         std::to_string(inputs_.size() + grads_in_.size() + outbox_.size() + saved_.size()) +
                         " buffers not consumed (an unmatched send, receive, forward or backward)");
     }
-    rank_result r;
-    r.rank = rank_;
-    r.pipeline_ns = b_.makespan() - t0_;
     auto const cs = b_.current_stream();
+    pipeline_end_ = overlap_ ? std::max({b_.ready_time(cs), b_.ready_time(send_), b_.ready_time(recv_)})
+                             : b_.makespan();
     // Data parallelism: the gradients are reduced (scattered) before the step, on their own link.
     if (auto const ns = dp_grad_sync_ns(s_, stage_params_); ns > 0) collective_kernel("DP grad sync", ns, false);
     b_.synchronize(b_.record_event(cs)); // the gradient-norm reduction before the step
+    if (phased_) prefetch_now();         // the room the last backward gave back
+    prefetched_ = phased_ ? osw_->prefetched_batches() : 0;
     osw_->step();
     if (auto const ns = dp_param_gather_ns(s_, stage_params_); ns > 0) collective_kernel("DP param all-gather", ns, true);
-    b_.synchronize_device();
+    if (overlap_) {
+      b_.synchronize(b_.record_event(cs));
+      end_ = b_.now();
+    } else {
+      b_.synchronize_device();
+      end_ = b_.makespan();
+    }
     acts_.end_run();
-    r.step_ns = b_.makespan() - t0_;
+    return end_;
+  }
+
+  /// The last step's result, its times from `t0` (the time every rank's previous step had ended, or
+  /// T0). Its memory is the rank's from its own start of the step (never later than `t0`).
+  rank_result finish(sim_time t0) {
+    rank_result r;
+    r.rank = rank_;
+    r.pipeline_ns = pipeline_end_ - t0;
+    r.step_ns = end_ - t0;
     r.h2d_bytes = b_.bytes_copied_h2d() - h2d0_;
     r.d2h_bytes = b_.bytes_copied_d2h() - d2h0_;
     r.swapped_chunks = swapped_chunks_;
@@ -283,17 +428,28 @@ public:
     r.peak_host_bytes = b_.peak_host_bytes();
     r.link = link_;
     r.corrupt_buffers = corrupt_;
+    if (phased_) {
+      r.prefetched_batches = prefetched_;
+      r.optimizer_batches = batches_;
+      r.resident_share_bytes = osw_->resident_share_bytes();
+      r.budget_high_water = budget_.high_water();
+      r.over_budget = budget_.over_budget_count();
+    }
     auto const reserved = s_.device.reserved_bytes;
     auto const timeline = b_.device_memory_timeline();
-    auto it = std::lower_bound(timeline.begin(), timeline.end(), t0_,
+    auto const from = std::min(start_, t0);
+    auto it = std::lower_bound(timeline.begin(), timeline.end(), from,
                                [](auto const& p, sim_time t) { return p.first < t; });
-    std::uint64_t const at_t0 = it == timeline.begin() ? 0 : std::prev(it)->second;
-    std::uint64_t peak = at_t0;
-    r.memory.emplace_back(0, at_t0 + reserved);
-    for (; it != timeline.end(); ++it) {
-      r.memory.emplace_back(it->first - t0_, it->second + reserved);
+    std::uint64_t const at_from = it == timeline.begin() ? 0 : std::prev(it)->second;
+    std::uint64_t peak = at_from;
+    r.memory.emplace_back(0, at_from + reserved);
+    std::uint64_t before_tail = at_from;
+    for (; it != timeline.end() && it->first <= end_; ++it) {
+      r.memory.emplace_back(std::max<sim_time>(it->first - t0, 0), it->second + reserved);
       peak = std::max<std::uint64_t>(peak, it->second);
+      if (it->first <= tail_from_) before_tail = std::max<std::uint64_t>(before_tail, it->second);
     }
+    r.peak_before_tail = before_tail + reserved;
     r.memory.emplace_back(r.step_ns, r.memory.back().second);
     r.peak_bytes = peak + reserved;
     r.fits = r.peak_bytes <= s_.device.memory_bytes;
@@ -401,6 +557,9 @@ private:
   /// issued while the first one runs, as a training loop paced by its device does.
   void compute(step const& e) {
     if (last_compute_) b_.synchronize(*last_compute_);
+    // The backward tail: after the rank's last forward every backward gives memory back, so each
+    // compute entry from then on starts the next step's optimizer batches the budget has room for.
+    if (phased_ && forwards_left_ == 0) prefetch_now();
     if (e.kind == step_kind::fwd) {
       forward(e);
     } else if (e.kind == step_kind::bwd) {
@@ -434,6 +593,24 @@ private:
     } else {
       forward_in_scope(e, false);
     }
+  }
+
+  /// The budget's capacity: the device's room for the job less what lives outside the budget now
+  /// (weights, gradients, state that never swaps, activations not swapped, pipeline buffers) and the
+  /// transient bytes the next compute entries may allocate outside it.
+  void update_budget() {
+    auto const outside = b_.device_bytes_in_use() - std::min<std::uint64_t>(b_.device_bytes_in_use(), budget_.used());
+    auto const room = room_of(s_);
+    budget_.set_capacity(room > outside + transient_ ? room - outside - transient_ : 0);
+  }
+
+  void prefetch_now() {
+    update_budget();
+    osw_->prefetch();
+  }
+
+  static std::uint64_t room_of(scenario const& s) {
+    return s.device.memory_bytes > s.device.reserved_bytes ? s.device.memory_bytes - s.device.reserved_bytes : 0;
   }
 
   void forward_in_scope(step const& e, bool swapped) {
@@ -499,6 +676,7 @@ private:
     }
     saved_.emplace(k, std::move(sc));
     if (!last) hand_over(0, e.stage, e.micro, out);
+    if (forwards_left_ > 0 && --forwards_left_ == 0) tail_from_ = b_.ready_time(cs); // the backward tail begins
   }
 
   /// An output (direction 0: activations forward, 1: gradients backward) of stage `st`: kept for the
@@ -615,6 +793,7 @@ private:
   schedule::order order_;
   link_rates link_;
   mock::backend b_;
+  device_budget budget_; ///< with overlap: the swap runtimes' share of the device (update_budget)
   transfer_engine<mock::backend> x_;
   activation_swap<mock::backend> acts_;
   opt_type opt_;
@@ -626,8 +805,11 @@ private:
   std::map<key, saved_chunk> saved_;
   std::optional<chunk_id> group_;
   std::optional<mock::event> last_compute_;
+  bool overlap_ = false, phased_ = false;
+  std::uint64_t transient_ = 0;
+  std::size_t forwards_left_ = 0, prefetched_ = 0, batches_ = 0;
   std::size_t pc_ = 0;
-  sim_time t0_ = 0;
+  sim_time start_ = 0, pipeline_end_ = 0, end_ = 0, tail_from_ = 0;
   std::size_t h2d0_ = 0, d2h0_ = 0;
   std::uint32_t swapped_chunks_ = 0;
   std::uint64_t resident_param_bytes_ = 0, optimizer_state_bytes_ = 0, corrupt_ = 0, stage_params_ = 0;
@@ -645,6 +827,9 @@ inline sim_result simulate_orders(scenario const& s, schedule::rank_orders const
     throw invalid_argument("simulate: " + std::to_string(orders.size()) + " orders for " +
                            std::to_string(s.pipeline.ranks) + " ranks");
   }
+  if (!o.ranks.empty() && o.ranks.size() != s.pipeline.ranks)
+    throw invalid_argument("simulate: " + std::to_string(o.ranks.size()) + " rank settings for " +
+                           std::to_string(s.pipeline.ranks) + " ranks");
   if (!o.recompute.empty() && o.recompute.size() != s.pipeline.ranks)
     throw invalid_argument("simulate: " + std::to_string(o.recompute.size()) + " recomputation settings for " +
                            std::to_string(s.pipeline.ranks) + " ranks");
@@ -670,36 +855,44 @@ inline sim_result simulate_orders(scenario const& s, schedule::rank_orders const
     ranks.push_back(std::make_unique<detail::rank_sim>(s, stages, layout, r, orders[r], o, links[r]));
     t0 = std::max(t0, ranks.back()->finish_setup());
   }
+  auto const steps = o.steps_to_run();
   std::size_t total = 0, done = 0, reported = 0;
   for (auto const& r : orders) total += r.size();
-  for (auto& r : ranks) r->start(t0);
-  detail::mailbox mb;
-  for (;;) {
-    std::size_t progressed = 0;
-    bool all_done = true;
-    for (auto& r : ranks) {
-      progressed += r->advance(mb);
-      all_done = all_done && r->done();
-    }
-    done += progressed;
-    if (o.progress && (done - reported) * 100 >= total) {
-      o.progress(total ? static_cast<double>(done) / static_cast<double>(total) : 1.0);
-      reported = done;
-    }
-    if (all_done) break;
-    if (progressed == 0) {
-      std::string what = "simulate: deadlock: ";
-      for (std::uint32_t r = 0; r < ranks.size(); ++r) {
-        if (ranks[r]->done()) continue;
-        what += "rank " + std::to_string(r) + " waits at " + ranks[r]->waiting_for() + "; ";
+  total *= steps;
+  mock::sim_time t_report = t0; // when every rank's previous step had ended (T0 for the first)
+  for (std::uint32_t k = 0; k < steps; ++k) {
+    for (auto& r : ranks) r->start(k == 0 || !o.overlap ? t_report : mock::sim_time{0});
+    detail::mailbox mb;
+    for (;;) {
+      std::size_t progressed = 0;
+      bool all_done = true;
+      for (auto& r : ranks) {
+        progressed += r->advance(mb);
+        all_done = all_done && r->done();
       }
-      throw state_error(what.substr(0, what.size() - 2));
+      done += progressed;
+      if (o.progress && (done - reported) * 100 >= total) {
+        o.progress(total ? static_cast<double>(done) / static_cast<double>(total) : 1.0);
+        reported = done;
+      }
+      if (all_done) break;
+      if (progressed == 0) {
+        std::string what = "simulate: deadlock" + (steps > 1 ? " in step " + std::to_string(k + 1) : std::string()) + ": ";
+        for (std::uint32_t r = 0; r < ranks.size(); ++r) {
+          if (ranks[r]->done()) continue;
+          what += "rank " + std::to_string(r) + " waits at " + ranks[r]->waiting_for() + "; ";
+        }
+        throw state_error(what.substr(0, what.size() - 2));
+      }
     }
+    mock::sim_time ended = 0;
+    for (auto& r : ranks) ended = std::max(ended, r->end_step());
+    if (k + 1 < steps) t_report = ended;
   }
   sim_result out;
   out.fits = true;
   for (auto& r : ranks) {
-    out.ranks.push_back(r->finish());
+    out.ranks.push_back(r->finish(t_report));
     auto const& rr = out.ranks.back();
     out.step_ns = std::max(out.step_ns, rr.step_ns);
     out.peak_bytes = std::max(out.peak_bytes, rr.peak_bytes);
@@ -723,8 +916,81 @@ inline sim_result simulate_orders(scenario const& s, schedule::rank_orders const
 /// rank's order when o.swap_activations (for the chunks o.activation_filter accepts).
 inline sim_result simulate(scenario const& s, sim_options const& o) {
   auto orders = schedule_of(s);
-  if (o.swap_activations) orders = inject_all(std::move(orders), o.activation_filter);
-  return simulate_orders(s, orders, o);
+  if (o.swap_activations) {
+    bool reference = true; // every rank at the reference placement: inject exactly as the reference does
+    for (std::uint32_t r = 0; r < s.pipeline.ranks; ++r) reference = reference && o.load_lookahead_of(r) == 1;
+    orders = reference ? inject_all(std::move(orders), o.activation_filter)
+                       : inject_all(std::move(orders), o.activation_filter,
+                                    [&o](std::uint32_t r) { return o.load_lookahead_of(r); });
+  }
+  auto res = simulate_orders(s, orders, o);
+  if (o.swap_activations)
+    for (auto& r : res.ranks)
+      if (r.swapped_chunks > 0) r.load_lookahead = o.load_lookahead_of(r.rank);
+  return res;
+}
+
+/// The overlapped run of a configuration, sized per rank (with overlap; else simulate()):
+///  * each rank that swaps optimizer state keeps on the device the share of it that its free memory
+///    allows (rank_settings::resident_share, where not set already). The share is measured, not
+///    derived: a first run without it gives the rank's peak before its backward tail (the tail only
+///    gives memory back, and the prefetch there stays within the budget), and the share is the
+///    device capacity less that peak and a margin of 0.5 % of the capacity;
+///  * a rank that then goes over the capacity has its share cut by the excess and the margin, or,
+///    with no share left, its load lookahead halved (an earlier load holds its chunk longer), or
+///    last its optimizer step run without the phases (rank_settings::phased), and the run is
+///    repeated, at most `refinements` times. When none of the runs fits, the first (as sized,
+///    and the fastest) is the result.
+inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t refinements = 4) {
+  if (!o.overlap) return simulate(s, o);
+  auto const R = s.pipeline.ranks;
+  if (o.ranks.empty()) o.ranks.resize(R);
+  if (o.ranks.size() != R)
+    throw invalid_argument("simulate: " + std::to_string(o.ranks.size()) + " rank settings for " + std::to_string(R) +
+                           " ranks");
+  auto const progress = o.progress;
+  o.progress = {};
+  std::vector<std::uint32_t> sized;
+  for (std::uint32_t r = 0; r < R; ++r)
+    if (o.swaps_optimizer(r) && !o.ranks[r].resident_share) sized.push_back(r);
+  for (auto r : sized) o.ranks[r].resident_share = 0;
+  auto const capacity = s.device.memory_bytes, margin = capacity / 200;
+  sim_result res;
+  if (!sized.empty()) {
+    res = simulate(s, o);
+    for (auto r : sized) {
+      auto const peak = res.ranks[r].peak_before_tail;
+      o.ranks[r].resident_share = capacity > peak + margin ? capacity - peak - margin : 0;
+    }
+  }
+  std::optional<sim_result> first;
+  for (std::uint32_t k = 0;; ++k) {
+    if (k == 0) o.progress = progress;
+    res = simulate(s, o);
+    o.progress = {};
+    if (res.fits) return res;
+    if (!first) first = res;
+    if (k == refinements) break;
+    bool changed = false;
+    for (std::uint32_t r = 0; r < R; ++r) {
+      auto const peak = res.ranks[r].peak_bytes;
+      if (peak <= capacity) continue;
+      auto& x = o.ranks[r];
+      if (x.resident_share && *x.resident_share > 0) {
+        auto const cut = peak - capacity + margin;
+        x.resident_share = *x.resident_share > cut ? *x.resident_share - cut : 0;
+        changed = true;
+      } else if (o.swap_activations && o.load_lookahead_of(r) > 1) {
+        x.load_lookahead = std::max<std::size_t>(1, o.load_lookahead_of(r) / 2);
+        changed = true;
+      } else if (o.swaps_optimizer(r) && x.phased != false) {
+        x.phased = false; // the prefetch and the deferred offload's storage do not fit beside the rest
+        changed = true;
+      }
+    }
+    if (!changed) break;
+  }
+  return std::move(*first); // no refinement fits: the run as sized, the fastest of them
 }
 
 } // namespace pipeswap::sim

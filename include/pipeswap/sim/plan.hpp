@@ -78,6 +78,7 @@ struct swap_choice {
     std::size_t activation_min_gap = 0;
     bool optimizer = false;
     recompute_kind recompute = recompute_kind::none;
+    std::uint32_t swap_times = 0; ///< this rank's optimizer batches (0: the plan's swap_times)
     friend bool operator==(rank_choice const&, rank_choice const&) = default;
   };
   std::vector<rank_choice> ranks;
@@ -106,7 +107,7 @@ namespace detail {
 
 inline std::string describe_one(swap_choice::rank_choice const& c, swap_choice const& all) {
   std::string opt = c.optimizer ? "optimizer swap (" + std::string(all.packed ? "packed" : "per tensor") + ", " +
-                                      std::to_string(all.swap_times) + " batches)"
+                                      std::to_string(c.swap_times ? c.swap_times : all.swap_times) + " batches)"
                                 : "";
   std::string act;
   if (c.activation_min_gap > schedule::min_swap_gap)
@@ -150,6 +151,10 @@ struct plan_outcome {
   std::uint64_t d2h_bytes = 0;
   std::uint32_t swapped_chunks = 0; ///< activation groups swapped, all ranks together
   std::vector<std::uint64_t> rank_peaks; ///< per rank (empty: not known; no per-rank mix is tried)
+  /// With overlap, per rank: the resident share kept, the optimizer batches on the device or in
+  /// flight when the step began (of `rank_batches`), the activation load lookahead.
+  std::vector<std::uint64_t> resident_shares;
+  std::vector<std::size_t> prefetched, rank_batches, lookaheads;
 };
 
 /// The candidates: activation levels and optimizer settings.
@@ -208,6 +213,30 @@ namespace detail {
 
 inline std::string plan_gb(std::uint64_t b) { return fmt("%.1f GB", static_cast<double>(b) / 1e9); }
 
+/// "  overlap, per rank: 0: resident 12.3 GB, 9 of 16 batches on the device at the step, loads 2
+/// slots ahead; ..." (ranks alike are grouped).
+inline std::string overlap_lines(plan_outcome const& c) {
+  auto one = [&](std::size_t r) {
+    std::string x;
+    if (c.rank_batches[r] > 0)
+      x = "resident " + plan_gb(c.resident_shares[r]) + ", " + std::to_string(c.prefetched[r]) + " of " +
+          std::to_string(c.rank_batches[r]) + " optimizer batches on the device when the step began";
+    if (c.lookaheads[r] > 1) x += (x.empty() ? "" : ", ") + std::string("activation loads ") + std::to_string(c.lookaheads[r]) + " slots ahead";
+    return x.empty() ? std::string("nothing to overlap") : x;
+  };
+  auto const R = c.resident_shares.size();
+  if (R == 0) return {};
+  std::string o = "  overlap, per rank: ";
+  for (std::size_t r = 0; r < R;) {
+    auto const text = one(r);
+    std::size_t e = r;
+    while (e + 1 < R && one(e + 1) == text) ++e;
+    o += (r ? "; " : "") + std::to_string(r) + (e > r ? "-" + std::to_string(e) : "") + ": " + text;
+    r = e + 1;
+  }
+  return o + "\n";
+}
+
 inline void check_space(plan_space const& s) {
   for (std::size_t i = 0; i < s.gaps.size(); ++i) {
     if (s.gaps[i] < schedule::min_swap_gap)
@@ -243,7 +272,7 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
   std::size_t const settings = space.swap_times.size() * space.packed.size();
   std::size_t const per_setting = levels == 0 ? 1 : 2 + static_cast<std::size_t>(std::bit_width(levels));
   auto const families = space.families();
-  std::size_t const mixes = space.per_rank ? 2 * space.distributed_optimizer.size() : 0;
+  std::size_t const mixes = space.per_rank ? 3 * space.distributed_optimizer.size() : 0;
   std::size_t const bound = std::min(res.candidates, families.size() * (settings + 1) * per_setting) + mixes + 1;
   auto fits = [&](plan_outcome const& o) { return o.peak_bytes <= budget; };
 
@@ -378,14 +407,17 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
       for (auto const& [_, st] : opt_settings)
         if (std::find(tried.begin(), tried.end(), st) == tried.end() && tried.size() < 2) tried.push_back(st);
       if (tried.empty()) tried.push_back({space.swap_times.front(), space.packed.front()});
+      // Then each rank's own batch count too, within the best packing (swap_times 0 below).
+      if (!opt_settings.empty()) tried.push_back({0, tried.front().second});
       for (auto const& [times, packed] : tried) {
         auto usable = pool | ranges::views::filter([&](considered const& e) {
-                        return !e.choice.optimizer || (e.choice.swap_times == times && e.choice.packed == packed);
+                        return !e.choice.optimizer ||
+                               ((times == 0 || e.choice.swap_times == times) && e.choice.packed == packed);
                       }) |
                       ranges::to<std::vector>();
         swap_choice mix;
         mix.distributed_optimizer = dist;
-        mix.swap_times = times;
+        mix.swap_times = times ? times : tried.front().first;
         mix.packed = packed;
         bool complete = true;
         for (std::size_t r : ranges::views::iota(std::size_t{0}, R)) {
@@ -396,6 +428,8 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
             break;
           }
           mix.ranks.push_back(best->choice.on(static_cast<std::uint32_t>(r)));
+          if (times == 0 && best->choice.optimizer && best->choice.swap_times != mix.swap_times)
+            mix.ranks.back().swap_times = best->choice.swap_times;
         }
         if (!complete || mix.ranks.empty() ||
             ranges::all_of(mix.ranks, [&](auto const& x) { return x == mix.ranks.front(); })) {
@@ -496,6 +530,8 @@ inline sim_options options_for(swap_choice const& c, std::shared_ptr<activation_
       per_rank.push_back(r.activation_min_gap);
       o.recompute.push_back(r.recompute);
       o.optimizer_ranks.push_back(r.optimizer);
+      o.ranks.emplace_back();
+      if (r.optimizer && r.swap_times) o.ranks.back().swap_times = r.swap_times;
     }
     o.activation_filter = [gaps = std::move(gaps), per_rank](std::uint32_t rank, schedule::chunk ch) {
       auto const g = rank < per_rank.size() ? per_rank[rank] : 0;
@@ -510,6 +546,7 @@ inline sim_options options_for(swap_choice const& c, std::shared_ptr<activation_
   o.swap_optimizer = c.any_optimizer();
   o.swap_times = c.any_optimizer() ? c.swap_times : unswapped.swap_times;
   o.packed = c.any_optimizer() ? c.packed : unswapped.packed;
+  o.overlap = unswapped.overlap;
   return o;
 }
 
@@ -532,6 +569,10 @@ inline plan_outcome outcome_of(sim_result const& r) {
     o.d2h_bytes += x.d2h_bytes;
     o.swapped_chunks += x.swapped_chunks;
     o.rank_peaks.push_back(x.peak_bytes);
+    o.resident_shares.push_back(x.resident_share_bytes);
+    o.prefetched.push_back(x.prefetched_batches);
+    o.rank_batches.push_back(x.optimizer_batches);
+    o.lookaheads.push_back(x.load_lookahead);
   }
   return o;
 }
@@ -552,8 +593,12 @@ inline plan_result plan(scenario const& given, std::uint64_t budget, std::functi
   double done = 0, bound = 1;
   auto evaluate = [&](swap_choice const& c) {
     auto o = options_for(c, gaps, s.swap);
+    auto sc = scenario_for(c, s);
+    // The overlap sizes each rank's resident share and prefetch against the budget, not the device.
+    if (o.overlap && budget > sc.device.reserved_bytes) sc.device.memory_bytes = std::min(sc.device.memory_bytes, budget);
+    if (o.overlap && o.swap_activations) set_load_lookaheads(o, sc);
     if (progress) o.progress = [&](double f) { progress(std::min(1.0, (done + f) / bound)); };
-    return outcome_of(simulate(scenario_for(c, s), o));
+    return outcome_of(simulate_sized(sc, o));
   };
   return search_plan(space, budget, evaluate, [&](std::size_t d, std::size_t b) {
     done = static_cast<double>(d);
@@ -579,6 +624,7 @@ inline std::string format_plan(plan_result const& r, scenario const& s) {
          plan_gb(r.budget_bytes - c.peak_bytes) + " under the budget\n";
     o += "  per step, all ranks: " + plan_gb(c.h2d_bytes) + " host to device, " + plan_gb(c.d2h_bytes) +
          " device to host, " + std::to_string(c.swapped_chunks) + " activation groups swapped\n";
+    if (s.swap.overlap) o += detail::overlap_lines(c);
     if (r.best_without_swap && !(*r.best_without_swap == *r.chosen)) {
       auto const& b = r.best_without_swap_outcome;
       o += "best without swap: " + describe(*r.best_without_swap) + "\n";
@@ -632,6 +678,7 @@ Json to_json(plan_result const& r) {
                                                                               : Json(x.activation_min_gap);
         jr["optimizer"] = x.optimizer;
         jr["recompute"] = recompute_name(x.recompute);
+        jr["swap_times"] = x.optimizer ? Json(x.swap_times ? x.swap_times : c.swap_times) : Json(nullptr);
         rs.push_back(std::move(jr));
       }
       j["ranks"] = std::move(rs);
@@ -657,6 +704,20 @@ Json to_json(plan_result const& r) {
     Json c = choice(*r.chosen);
     c["outcome"] = outcome(r.chosen_outcome);
     c["overhead"] = overhead(r.chosen_outcome.step_ns, r.baseline.step_ns);
+    {
+      auto const& o = r.chosen_outcome;
+      Json ov = Json::array();
+      for (std::size_t k = 0; k < o.resident_shares.size(); ++k) {
+        Json x = Json::object();
+        x["rank"] = k;
+        x["resident_share_bytes"] = o.resident_shares[k];
+        x["prefetched_batches"] = o.prefetched[k];
+        x["optimizer_batches"] = o.rank_batches[k];
+        x["load_lookahead"] = o.lookaheads[k];
+        ov.push_back(std::move(x));
+      }
+      c["overlap"] = std::move(ov);
+    }
     j["chosen"] = std::move(c);
   } else {
     j["chosen"] = nullptr;

@@ -56,12 +56,16 @@ constexpr std::string_view config_title(swapping c) noexcept {
 
 /// The simulator options of a configuration: activation swap of every eligible group, optimizer swap
 /// with the scenario's swap_times and packing.
+/// With swap.overlap, each rank's activation loads go out load_lookahead_for() slots ahead (the
+/// link rate taken as when every rank swaps), and simulate_sized() sizes the resident shares.
 inline sim_options options_for(swapping c, scenario const& s) {
   sim_options o;
   o.swap_activations = c == swapping::activations || c == swapping::both;
   o.swap_optimizer = c == swapping::optimizer || c == swapping::both;
   o.swap_times = s.swap.swap_times;
   o.packed = s.swap.packed;
+  o.overlap = s.swap.overlap;
+  if (o.overlap && o.swap_activations) set_load_lookaheads(o, s);
   return o;
 }
 
@@ -85,7 +89,7 @@ inline report run_report(scenario const& given, std::function<void(double)> cons
     auto o = options_for(all_swappings[i], s);
     o.record_trace = trace_config == all_swappings[i];
     if (progress) o.progress = [&progress, i](double f) { progress((static_cast<double>(i) + f) / 4.0); };
-    r.results[i] = simulate(s, o);
+    r.results[i] = simulate_sized(s, o);
     if (r.results[i].ranks.size() != s.pipeline.ranks)
       throw error("simulate returned " + std::to_string(r.results[i].ranks.size()) + " ranks for a scenario of " +
                   std::to_string(s.pipeline.ranks));
@@ -212,7 +216,8 @@ inline std::string describe(scenario const& s) {
                     detail::fmt("%g", s.device.duplex_factor) + " both ways at once; " +
                     std::to_string(s.node.gpus) + " devices share " + detail::fmt("%g", s.node.host_gbps) +
                     " GB/s per node); optimizer swap in " + std::to_string(s.swap.swap_times) + " batches, " +
-                    (s.swap.packed ? "packed" : "per tensor");
+                    (s.swap.packed ? "packed" : "per tensor") +
+                    (s.swap.overlap ? "; overlapped (the second of two steps is reported)" : "; not overlapped");
   return out;
 }
 
@@ -280,6 +285,7 @@ Json to_json(report const& r) {
     jc["fits"] = x.fits;
     jc["h2d_bytes"] = detail::sum_h2d(x);
     jc["d2h_bytes"] = detail::sum_d2h(x);
+    jc["overlap"] = r.setup.swap.overlap;
     Json& ranks = jc["ranks"] = Json::array();
     for (std::size_t k = 0; k < x.ranks.size(); ++k) {
       auto const& rr = x.ranks[k];
@@ -298,6 +304,11 @@ Json to_json(report const& r) {
       jr["h2d_gbps"] = rr.link.h2d_gbps;
       jr["d2h_gbps"] = rr.link.d2h_gbps;
       jr["link_sharing"] = rr.link.sharing;
+      jr["resident_share_bytes"] = rr.resident_share_bytes;
+      jr["prefetched_batches"] = rr.prefetched_batches;
+      jr["optimizer_batches"] = rr.optimizer_batches;
+      jr["load_lookahead"] = rr.load_lookahead;
+      jr["budget_high_water_bytes"] = rr.budget_high_water;
       ranks.push_back(std::move(jr));
     }
     configs.push_back(std::move(jc));

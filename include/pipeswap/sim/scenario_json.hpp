@@ -17,7 +17,7 @@
 //    "parallel": {"tp": 1, "sequence_parallel": false, "dp": 1, "distributed_optimizer": false},
 //    "pipeline": {"schedule": "1f1b", "ranks": 8, "micro_batches": 32, "chunks": 1,
 //                 "overlap_b_f": false},
-//    "swap":     {"swap_times": 16, "packed": true}}
+//    "swap":     {"swap_times": 16, "packed": true, "overlap": true}}
 //
 // grad_dtype null means F32 with fp32_master, else the parameter type.
 //
@@ -406,9 +406,10 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     r.boolean("overlap_b_f", p.overlap_b_f);
   }
   if (auto const* v = top.find("swap")) {
-    reader const r(*v, "swap", {"swap_times", "packed"});
+    reader const r(*v, "swap", {"swap_times", "packed", "overlap"});
     r.u32("swap_times", s.swap.swap_times);
     r.boolean("packed", s.swap.packed);
+    r.boolean("overlap", s.swap.overlap);
   }
   validate(s);
   check_limits(s);
@@ -487,6 +488,7 @@ Json to_json(scenario const& s) {
   Json& js = j["swap"] = Json::object();
   js["swap_times"] = s.swap.swap_times;
   js["packed"] = s.swap.packed;
+  js["overlap"] = s.swap.overlap;
   return j;
 }
 
