@@ -27,7 +27,7 @@ using pipeswap::test::tiny;
 
 /// Small scenarios of other shapes: the link is slow enough that the optimizer step shows without
 /// overlap, and the device too small for the run without swap.
-std::vector<std::pair<std::string, sim::scenario>> shapes() {
+std::vector<std::pair<std::string, sim::scenario>> overlap_shapes() {
   std::vector<std::pair<std::string, sim::scenario>> out;
   {
     auto s = tiny(4, 8);
@@ -103,7 +103,7 @@ BOOST_AUTO_TEST_CASE(without_overlap_a_second_step_repeats_the_first_exactly) {
 }
 
 BOOST_AUTO_TEST_CASE(with_overlap_the_step_without_swap_is_unchanged) {
-  for (auto const& [name, s] : shapes()) {
+  for (auto const& [name, s] : overlap_shapes()) {
     BOOST_TEST_CONTEXT(name) {
       auto const a = run(s, sim::swapping::none, false), b = run(s, sim::swapping::none, true);
       BOOST_TEST(a.step_ns == b.step_ns);
@@ -114,7 +114,7 @@ BOOST_AUTO_TEST_CASE(with_overlap_the_step_without_swap_is_unchanged) {
 
 BOOST_AUTO_TEST_CASE(overlap_halves_the_optimizer_overhead_and_keeps_every_fit) {
   bool prefetched = false, resident = false, streamed = false;
-  for (auto const& [name, s] : shapes()) {
+  for (auto const& [name, s] : overlap_shapes()) {
     BOOST_TEST_CONTEXT(name) {
       std::vector<sim::sim_result> off, on;
       for (auto c : sim::all_swappings) {
@@ -160,7 +160,7 @@ BOOST_AUTO_TEST_CASE(overlap_halves_the_optimizer_overhead_and_keeps_every_fit) 
 }
 
 BOOST_AUTO_TEST_CASE(the_resident_share_is_what_free_memory_allows) {
-  auto s = shapes().back().second; // the wider model: its optimizer swap fits with a share
+  auto s = overlap_shapes().back().second; // the wider model: its optimizer swap fits with a share
   s.swap.overlap = true;
   auto o = sim::options_for(sim::swapping::optimizer, s);
   // Without a share: each rank's peak before its backward tail is the room the share must fit beside.
