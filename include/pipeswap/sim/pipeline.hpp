@@ -367,7 +367,7 @@ public:
     acts_.begin_run();
     // The previous step's deferred offload drains into this step's forward: finished stream-ordered
     // (the h2d stream waits its copies, its storage is released behind them), the host goes on.
-    if (phased_ && osw_->offload_pending()) osw_->prefetch(0);
+    if (phased_ && osw_->offload_pending()) osw_->finish_offload(osw_->engine().h2d());
   }
 
   /// Runs entries until the order ends or a receive waits for data not sent yet. Returns the number
@@ -939,8 +939,9 @@ inline sim_result simulate(scenario const& s, sim_options const& o) {
 ///  * a rank that then goes over the capacity has its share cut by the excess and the margin, or,
 ///    with no share left, its load lookahead halved (an earlier load holds its chunk longer), or
 ///    last its optimizer step run without the phases (rank_settings::phased), and the run is
-///    repeated, at most `refinements` times. When none of the runs fits, the first (as sized,
-///    and the fastest) is the result.
+///    repeated, at most `refinements` times. When none of the runs fits every rank, a rank still over
+///    with its phases off gets its sized settings back (one more run), and the result is the run
+///    with the fewest ranks over the capacity (the fastest of those).
 inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t refinements = 4) {
   if (!o.overlap) return simulate(s, o);
   auto const R = s.pipeline.ranks;
@@ -963,13 +964,20 @@ inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t
       o.ranks[r].resident_share = capacity > peak + margin ? capacity - peak - margin : 0;
     }
   }
-  std::optional<sim_result> first;
+  // When no refinement fits every rank, the result reported is the one with the fewest ranks over
+  // the device (the fastest of those): a rank that fits without the overlap must not be reported
+  // over because another rank cannot fit at all.
+  auto const over = [](sim_result const& x) {
+    return std::count_if(x.ranks.begin(), x.ranks.end(), [](rank_result const& q) { return !q.fits; });
+  };
+  std::optional<sim_result> best;
+  auto const as_sized = o.ranks;
   for (std::uint32_t k = 0;; ++k) {
     if (k == 0) o.progress = progress;
     res = simulate(s, o);
     o.progress = {};
     if (res.fits) return res;
-    if (!first) first = res;
+    if (!best || over(res) < over(*best) || (over(res) == over(*best) && res.step_ns < best->step_ns)) best = res;
     if (k == refinements) break;
     bool changed = false;
     for (std::uint32_t r = 0; r < R; ++r) {
@@ -990,7 +998,20 @@ inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t
     }
     if (!changed) break;
   }
-  return std::move(*first); // no refinement fits: the run as sized, the fastest of them
+  // A rank still over the capacity with its phases off gains nothing from the refinements: it gets
+  // its sized settings back (the overlap still shortens its step), the others keep theirs.
+  bool reverted = false;
+  for (std::uint32_t r = 0; r < R; ++r) {
+    if (res.ranks[r].peak_bytes > capacity && o.ranks[r].phased == false) {
+      o.ranks[r] = as_sized[r];
+      reverted = true;
+    }
+  }
+  if (reverted) {
+    res = simulate(s, o);
+    if (over(res) <= over(*best)) return res;
+  }
+  return std::move(*best);
 }
 
 } // namespace pipeswap::sim

@@ -287,6 +287,18 @@ public:
       rethrow_phase("finish_offload", cached_.get(), "the offload stays pending; call finish_offload() again");
     }
   }
+  /// As finish_offload(), with `next_user` waiting the D2Hs instead of the compute stream: e.g. the
+  /// engine's h2d stream at a forward boundary, so the storage returns behind the copies while the
+  /// compute stream's forward does not wait for them (the next prefetch orders after them anyway).
+  void finish_offload(stream_type_t next_user) {
+    reentrancy_guard guard(*this, "finish_offload");
+    where_ = {"finish_offload", std::nullopt};
+    try {
+      finish_deferred(next_user);
+    } catch (...) {
+      rethrow_phase("finish_offload", cached_.get(), "the offload stays pending; call finish_offload() again");
+    }
+  }
   /// True while a deferred offload is in flight (step() with defer_offload returned).
   [[nodiscard]] bool offload_pending() const noexcept { return deferred_; }
   /// Batches resident or in flight for the next step (resident share included).
