@@ -5,7 +5,6 @@
 // swap_times, whole and split partitions, amsgrad on and off, fp32, bf16-with-master and mixed
 // f32/bf16/f16 parameters and gradients, tiny and empty tensors; and each backend gives the bytes
 // another one gives (CUDA against the mock, the mock against the synchronous backend).
-#define BOOST_TEST_MODULE adam_swap
 #include <boost/test/unit_test.hpp>
 
 #include <cstring>
@@ -24,6 +23,8 @@
 
 #include "support/adam_ranges.hpp"
 #include "support/world.hpp"
+
+BOOST_AUTO_TEST_SUITE(optim_adam_swap)
 
 namespace ps = pipeswap;
 namespace mock = pipeswap::mock;
@@ -313,3 +314,5 @@ BOOST_AUTO_TEST_CASE(bad_parameters_and_configs_are_rejected) {
 }
 
 #endif
+
+BOOST_AUTO_TEST_SUITE_END() // optim_adam_swap
