@@ -5,9 +5,11 @@
 
 Each TU is `#include <pipeswap/HEADER>`, compiled with `-std=c++20 -O0 -c` (no link). The runtime TU
 is scripts/compile_time/runtime_tu.cpp: optimizer_swap<adamw<B>> over a user-written backend, one
-step(). The figure is the compiler's CPU time (user + system, from getrusage), the least of
---repeat runs, so that other work on a shared machine inflates it as little as possible. Headers
-that need the CUDA Toolkit are skipped when it is not found; *.cuh need nvcc and are skipped.
+step(); it is timed again with -DRUNTIME_TU_EXTERN (PIPESWAP_EXTERN_OPTIMIZER_SWAP and
+PIPESWAP_EXTERN_ADAM from <pipeswap/swap/instantiate.hpp>, as an engine's other TUs would compile it)
+and with -DRUNTIME_TU_INSTANTIATE (the one TU with the matching explicit instantiations). The
+figure is the compiler's CPU time (user + system, from getrusage), the least of --repeat runs, so
+that other work on a shared machine inflates it as little as possible. Headers that need the CUDA Toolkit are skipped when it is not found; *.cuh need nvcc and are skipped.
 """
 import argparse
 import os
@@ -64,8 +66,11 @@ def main():
             tu.write_text(f"#include <{h}>\n")
             tus.append((f"<{h}>", [*base, *extra, str(tu)]))
         if args.only in "runtime":
-            tus.append(("runtime TU (optimizer_swap<adamw<B>>, step)",
-                        [*base, str(root / "scripts" / "compile_time" / "runtime_tu.cpp")]))
+            rt = str(root / "scripts" / "compile_time" / "runtime_tu.cpp")
+            tus.append(("runtime TU (optimizer_swap<adamw<B>>, step)", [*base, rt]))
+            tus.append(("runtime TU with PIPESWAP_EXTERN_OPTIMIZER_SWAP", [*base, "-DRUNTIME_TU_EXTERN", rt]))
+            tus.append(("its instantiation TU (PIPESWAP_INSTANTIATE_OPTIMIZER_SWAP)",
+                        [*base, "-DRUNTIME_TU_INSTANTIATE", rt]))
         for name, cmd in tus:
             t = min(cpu_seconds(cmd) for _ in range(max(1, args.repeat)))
             rows.append((name, t))

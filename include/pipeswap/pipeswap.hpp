@@ -37,6 +37,7 @@
 #include <pipeswap/schedule/step.hpp>
 #include <pipeswap/schedule/text.hpp>
 #include <pipeswap/schedule/validate.hpp>
+#include <pipeswap/swap/instantiate.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
 #include <pipeswap/swap/partition.hpp>
 #include <pipeswap/swap/slot.hpp>

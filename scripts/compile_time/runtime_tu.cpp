@@ -1,6 +1,8 @@
 // The runtime translation unit of scripts/compile_times.py: what an engine that swaps AdamW over its
 // own backend compiles. A synchronous host backend, its Adam kernel policy, optimizer_swap over
-// adamw, one step.
+// adamw, one step. Built with -DRUNTIME_TU_EXTERN it declares the runtime's classes extern
+// (PIPESWAP_EXTERN_OPTIMIZER_SWAP, PIPESWAP_EXTERN_ADAM), as an engine's other TUs would; with
+// -DRUNTIME_TU_INSTANTIATE it is the one TU that instantiates them (no main).
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +13,9 @@
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
+#if defined(RUNTIME_TU_EXTERN) || defined(RUNTIME_TU_INSTANTIATE)
+#  include <pipeswap/swap/instantiate.hpp>
+#endif
 
 struct host_backend {
   using backend_concept = pipeswap::backend_tag;
@@ -36,6 +41,15 @@ struct host_backend {
 template <>
 struct pipeswap::adam_kernels<host_backend> : pipeswap::host_adam_kernels<host_backend> {};
 
+#if defined(RUNTIME_TU_EXTERN)
+PIPESWAP_EXTERN_ADAM(host_backend);
+PIPESWAP_EXTERN_OPTIMIZER_SWAP(pipeswap::adamw<host_backend>);
+#endif
+
+#if defined(RUNTIME_TU_INSTANTIATE)
+PIPESWAP_INSTANTIATE_ADAM(host_backend);
+PIPESWAP_INSTANTIATE_OPTIMIZER_SWAP(pipeswap::adamw<host_backend>);
+#else
 int main() {
   host_backend b;
   pipeswap::transfer_engine<host_backend> x(b);
@@ -52,3 +66,4 @@ int main() {
   b.deallocate_device(g, 64 * sizeof(float), 0);
   b.deallocate_device(p, 64 * sizeof(float), 0);
 }
+#endif

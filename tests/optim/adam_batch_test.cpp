@@ -5,7 +5,6 @@
 // and off, every alignment pattern (vector path with each peel, element path), sizes around the
 // group and chunk boundaries, several step counts in one batch, tables too large for a kernel
 // parameter. Runs everywhere; the GPU runs the same functions in tests/cuda (cuda_adam_kernels).
-#define BOOST_TEST_MODULE adam_batch
 #include <boost/test/unit_test.hpp>
 
 #include <cstdint>
@@ -18,6 +17,8 @@
 #include <pipeswap/optim/cuda/detail/adam_batch.hpp>
 
 #include "support/adam_ranges.hpp"
+
+BOOST_AUTO_TEST_SUITE(optim_adam_batch)
 
 namespace ps = pipeswap;
 namespace ad = pipeswap::cuda::adam_detail;
@@ -149,3 +150,5 @@ BOOST_AUTO_TEST_CASE(bad_batches_are_rejected_with_the_range_and_the_rule) {
   auto const table = build({view(r), t}, sc);
   BOOST_TEST(table.ranges == 1u);
 }
+
+BOOST_AUTO_TEST_SUITE_END() // optim_adam_batch

@@ -4,7 +4,6 @@
 // bit for bit — every parameter/gradient type, master or not, amsgrad on and off, each alignment
 // pattern, sizes around the vector group and block boundaries, several step counts per batch, and a
 // batch too large for a kernel parameter; a bad batch must throw before any tensor changes.
-#define BOOST_TEST_MODULE adam_kernels
 #include <boost/test/unit_test.hpp>
 
 #include <cstdint>
@@ -25,6 +24,8 @@
 
 #include "support/adam_ranges.hpp"
 #include "support/world.hpp"
+
+BOOST_AUTO_TEST_SUITE(optim_adam_kernels)
 
 namespace ps = pipeswap;
 using ps::test::backend_fixture;
@@ -199,3 +200,5 @@ BOOST_AUTO_TEST_CASE(cuda_rejects_arrays_not_aligned_to_their_elements) {
                         });
 }
 #endif
+
+BOOST_AUTO_TEST_SUITE_END() // optim_adam_kernels

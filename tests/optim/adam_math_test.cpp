@@ -1,6 +1,5 @@
 // Adam/AdamW math: config validation, per-step scalars, the element update's rules, the checked host
 // loop's errors, the mixed-precision paths. Agreement with PyTorch is in adam_torch_test.cpp.
-#define BOOST_TEST_MODULE adam_math
 #include <boost/test/unit_test.hpp>
 
 #include <bit>
@@ -12,6 +11,8 @@
 #include <vector>
 
 #include <pipeswap/optim/adam_math.hpp>
+
+BOOST_AUTO_TEST_SUITE(optim_adam_math)
 
 namespace ps = pipeswap;
 
@@ -288,3 +289,5 @@ BOOST_AUTO_TEST_CASE(low_precision_param_without_master) {
   }
   BOOST_TEST(ps::to_float(param[0]) == 0.99902344f); // 1 - 1e-3 rounded to f16: 1 - 2^-10
 }
+
+BOOST_AUTO_TEST_SUITE_END() // optim_adam_math

@@ -28,7 +28,6 @@
 //
 // The bounds are the measured values, asserted with equality: a change in either direction means
 // the data or the math changed, and the message prints the new numbers.
-#define BOOST_TEST_MODULE adam_torch
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
@@ -46,6 +45,8 @@
 #include <pipeswap/optim/adam_math.hpp>
 
 #include "optim/vectors.hpp"
+
+BOOST_AUTO_TEST_SUITE(optim_adam_torch)
 
 namespace ps = pipeswap;
 using ps::test::hex_words;
@@ -293,3 +294,5 @@ BOOST_AUTO_TEST_CASE(torch_1_13_differs_only_by_its_exp_avg_formula) {
   }
   BOOST_TEST(datasets == 1);
 }
+
+BOOST_AUTO_TEST_SUITE_END() // optim_adam_torch

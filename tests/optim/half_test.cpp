@@ -3,7 +3,6 @@
 // every rounding boundary of both formats plus a few million sampled floats, and with PyTorch's
 // rounding of recorded floats. The sweep over all 2^32 floats runs in optimized builds without
 // sanitizers (NDEBUG) or when PIPESWAP_EXHAUSTIVE=1.
-#define BOOST_TEST_MODULE half
 #include <boost/test/unit_test.hpp>
 
 #include <bit>
@@ -37,6 +36,8 @@ static_assert(to_f16(-0x1.8p-24f).bits == 0x8002); // tie 1.5 ulp -> even 2
 static_assert(to_bf16(0x1.ffp127f).bits == 0x7f80); // tie above the max -> even, which is inf
 static_assert(pipeswap::from_float<float>(0.1f) == 0.1f);
 static_assert(pipeswap::dtype_of<bf16> == pipeswap::dtype::bf16);
+
+BOOST_AUTO_TEST_SUITE(optim_half)
 
 namespace {
 
@@ -257,3 +258,5 @@ BOOST_AUTO_TEST_CASE(all_floats_exhaustive) {
   for (std::uint64_t u = 0; u <= 0xffffffffu; ++u) bad += !check_one(static_cast<std::uint32_t>(u));
   BOOST_TEST(bad == 0u);
 }
+
+BOOST_AUTO_TEST_SUITE_END() // optim_half

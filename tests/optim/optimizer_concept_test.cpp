@@ -132,7 +132,11 @@ template <>
 inline constexpr bool pipeswap::enable_optimizer<foreign> = true;
 static_assert(pipeswap::swap_optimizer<foreign>);
 
+BOOST_AUTO_TEST_SUITE(optim_optimizer_concept)
+
 BOOST_AUTO_TEST_CASE(the_optimizer_concept_is_checked_at_compile_time) {
   // Everything above is a static_assert; this case records that the translation unit was built.
   BOOST_TEST(ps::swap_optimizer<ps::adamw<ps::mock::backend>>);
 }
+
+BOOST_AUTO_TEST_SUITE_END() // optim_optimizer_concept
