@@ -14,6 +14,7 @@
 
 #include <pipeswap/swap/optimizer_swap.hpp>
 
+#include "support/step_error_check.hpp"
 #include "support/toy_optimizer.hpp"
 #include "support/world.hpp"
 
@@ -35,24 +36,7 @@ mock::options recording(mock::timing_model t = mock::timing_model::unit()) {
   return o;
 }
 
-/// f() throws a step_error whose nested exception is an E; returns the step_error's message.
-template <class E, class F>
-std::string throws_step_error(F f) {
-  try {
-    f();
-  } catch (ps::step_error const& e) {
-    try {
-      std::rethrow_if_nested(e);
-      BOOST_ERROR("step_error without a nested exception: " << e.what());
-    } catch (E const&) {
-    } catch (...) {
-      BOOST_ERROR("step_error nests an unexpected exception: " << e.what());
-    }
-    return e.what();
-  }
-  BOOST_ERROR("no step_error thrown");
-  return {};
-}
+using ps::test::throws_step_error;
 
 ps::swap_config no_swap() {
   ps::swap_config c;

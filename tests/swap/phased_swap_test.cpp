@@ -19,6 +19,7 @@
 #include <pipeswap/swap/optimizer_swap.hpp>
 
 #include "support/sanitized.hpp"
+#include "support/step_error_check.hpp"
 #include "support/toy_optimizer.hpp"
 #include "support/world.hpp"
 
@@ -219,24 +220,7 @@ BOOST_AUTO_TEST_CASE(the_budget_bounds_prefetch_and_matches_the_device_timeline)
 
 namespace {
 
-/// f() throws a step_error whose nested exception is an E; returns the step_error's message.
-template <class E, class F>
-std::string throws_step_error(F f) {
-  try {
-    f();
-  } catch (ps::step_error const& e) {
-    try {
-      std::rethrow_if_nested(e);
-      BOOST_ERROR("step_error without a nested exception: " << e.what());
-    } catch (E const&) {
-    } catch (...) {
-      BOOST_ERROR("step_error nests an unexpected exception: " << e.what());
-    }
-    return e.what();
-  }
-  BOOST_ERROR("no step_error thrown");
-  return {};
-}
+using ps::test::throws_step_error;
 
 /// One training world driven through three steps with every phase on; `arm` is called before the
 /// second step's prefetch() to inject a fault, and the loop recovers as a user would.

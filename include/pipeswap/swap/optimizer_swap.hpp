@@ -278,15 +278,7 @@ public:
 
   /// Finishes a deferred offload: the compute stream waits its D2Hs and its storage is released
   /// (stream-ordered, behind the copies). No-op when none is pending. Never blocks the host.
-  void finish_offload() {
-    reentrancy_guard guard(*this, "finish_offload");
-    where_ = {"finish_offload", std::nullopt};
-    try {
-      finish_deferred(engine_.compute());
-    } catch (...) {
-      rethrow_phase("finish_offload", cached_.get(), "the offload stays pending; call finish_offload() again");
-    }
-  }
+  void finish_offload() { finish_offload(engine_.compute()); }
   /// As finish_offload(), with `next_user` waiting the D2Hs instead of the compute stream: e.g. the
   /// engine's h2d stream at a forward boundary, so the storage returns behind the copies while the
   /// compute stream's forward does not wait for them (the next prefetch orders after them anyway).
@@ -699,28 +691,9 @@ private:
   }
 
   [[noreturn]] void rethrow_with_context() {
-    auto const w = where_;
-    std::string what = "optimizer_swap::step: ";
-    what += w.op;
-    if (w.batch) {
-      what += " of batch " + std::to_string(*w.batch);
-      if (pending_ && pending_->d && *w.batch < pending_->d->first_param.size()) {
-        auto const lo = pending_->d->first_param[*w.batch], hi = pending_->d->last_param[*w.batch];
-        what += lo == hi ? " (parameter " + std::to_string(lo) + ")"
-                         : " (parameters " + std::to_string(lo) + " to " + std::to_string(hi) + ")";
-      }
-    }
-    what += " failed";
-    try {
-      throw;
-    } catch (std::exception const& e) {
-      what += ": ";
-      what += e.what();
-    } catch (...) {
-    }
-    what += pending_ ? "; the step is interrupted: step() resumes it, discard_interrupted_step() abandons it"
-                     : "; no step is pending";
-    std::throw_with_nested(step_error(what, w.op, w.batch));
+    rethrow_phase("step", pending_ ? pending_->d.get() : nullptr,
+                  pending_ ? "the step is interrupted: step() resumes it, discard_interrupted_step() abandons it"
+                           : "no step is pending");
   }
 
   /// Partitions the step and cuts the slots to match. The step context is created first and kept, so
