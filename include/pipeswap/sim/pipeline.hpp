@@ -815,6 +815,13 @@ private:
   std::uint64_t resident_param_bytes_ = 0, optimizer_state_bytes_ = 0, corrupt_ = 0, stage_params_ = 0;
 };
 
+/// A per-rank input of simulate() has one entry per pipeline rank (or none, where `empty_ok`).
+inline void require_per_rank(scenario const& s, std::size_t n, char const* what, bool empty_ok = true) {
+  if (n == s.pipeline.ranks || (empty_ok && n == 0)) return;
+  throw invalid_argument("simulate: " + std::to_string(n) + " " + what + " for " + std::to_string(s.pipeline.ranks) +
+                         " ranks");
+}
+
 } // namespace detail
 
 /// Runs one training step of `s` with the given per-rank orders (send/receive steps included; swap
@@ -823,16 +830,9 @@ private:
 /// throws state_error naming what every rank waits for.
 inline sim_result simulate_orders(scenario const& s, schedule::rank_orders const& orders, sim_options const& o) {
   auto const layout = layout_of(s);
-  if (orders.size() != s.pipeline.ranks) {
-    throw invalid_argument("simulate: " + std::to_string(orders.size()) + " orders for " +
-                           std::to_string(s.pipeline.ranks) + " ranks");
-  }
-  if (!o.ranks.empty() && o.ranks.size() != s.pipeline.ranks)
-    throw invalid_argument("simulate: " + std::to_string(o.ranks.size()) + " rank settings for " +
-                           std::to_string(s.pipeline.ranks) + " ranks");
-  if (!o.recompute.empty() && o.recompute.size() != s.pipeline.ranks)
-    throw invalid_argument("simulate: " + std::to_string(o.recompute.size()) + " recomputation settings for " +
-                           std::to_string(s.pipeline.ranks) + " ranks");
+  detail::require_per_rank(s, orders.size(), "orders", false);
+  detail::require_per_rank(s, o.ranks.size(), "rank settings");
+  detail::require_per_rank(s, o.recompute.size(), "recomputation settings");
   std::vector<recompute_kind> per_stage;
   if (!o.recompute.empty()) {
     for (std::uint32_t st = 0; st < s.pipeline.ranks * s.pipeline.chunks; ++st)
@@ -945,10 +945,8 @@ inline sim_result simulate(scenario const& s, sim_options const& o) {
 inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t refinements = 4) {
   if (!o.overlap) return simulate(s, o);
   auto const R = s.pipeline.ranks;
+  detail::require_per_rank(s, o.ranks.size(), "rank settings");
   if (o.ranks.empty()) o.ranks.resize(R);
-  if (o.ranks.size() != R)
-    throw invalid_argument("simulate: " + std::to_string(o.ranks.size()) + " rank settings for " + std::to_string(R) +
-                           " ranks");
   auto const progress = o.progress;
   o.progress = {};
   std::vector<std::uint32_t> sized;
