@@ -240,8 +240,9 @@ public:
   /// with the activations' reload demand left free; no budget: no limit). A deferred offload is
   /// finished, stream-ordered (the h2d stream waits its D2Hs; the compute stream is left alone), as
   /// soon as a batch needs its room or is one of its batches; batches that fit next to its held
-  /// storage load while its D2Hs still run. Never blocks the host. Returns the batches resident or in flight for the next step (resident share
-  /// included); before the first step no batch order is known and it returns 0. Safe to call
+  /// storage load while its D2Hs still run. Never blocks the host. Returns the batches resident or in
+  /// flight for the next step (resident share included); before the first step no batch order is
+  /// known and it returns 0. Safe to call
   /// repeatedly (after every backward of the cool-down). Throws state_error while an interrupted
   /// step is pending or from inside step(); a failing copy or allocation throws step_error
   /// (operation "prefetch"), and every batch it had kept is back on the host, nothing lost.
