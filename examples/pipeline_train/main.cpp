@@ -3,7 +3,7 @@
 // no-swap training of the same model on the same micro-batches.
 //
 //   mpirun -np N pipeline_train --schedule gpipe|1f1b|interleaved --chunks V --micro M
-//                               --swap none|activations|optimizer|both --steps S [--seed X]
+//                               --swap none|activations|optimizer|both [--phases] --steps S [--seed X]
 //   pipeline_train --ranks N ...          every rank as a thread of this process (thread_comm)
 //
 // Prints the loss per step, each rank's peak device bytes, and ends with `bit-identical: yes` or
@@ -65,6 +65,7 @@ std::vector<std::byte> pack(pt::rank_outcome const& o) {
   for (float f : o.losses) put(v, f);
   put(v, o.peak_device_bytes);
   put(v, o.swapped_chunks);
+  put(v, o.prefetched_batches);
   put(v, o.hazards);
   put(v, o.stage_params.size());
   for (auto const& [s, bytes] : o.stage_params) {
@@ -82,6 +83,7 @@ pt::rank_outcome unpack(std::vector<std::byte> const& v) {
   for (std::size_t i = 0; i < nl; ++i) o.losses.push_back(get<float>(v, at));
   o.peak_device_bytes = get<std::size_t>(v, at);
   o.swapped_chunks = get<std::size_t>(v, at);
+  o.prefetched_batches = get<std::size_t>(v, at);
   o.hazards = get<std::size_t>(v, at);
   auto const ns = get<std::size_t>(v, at);
   for (std::size_t i = 0; i < ns; ++i) {
@@ -138,9 +140,10 @@ void print_verdict(pt::train_options const& o) {
 /// Rank 0's report; returns the exit status.
 int report(pt::train_options const& o, std::vector<std::optional<pt::rank_outcome>> const& outs, char const* how) {
   auto const swap = o.swap_activations ? (o.swap_optimizer ? "both" : "activations") : (o.swap_optimizer ? "optimizer" : "none");
-  std::printf("pipeline_train: %s, %d ranks x %d chunks (%d stages of %d MLP blocks), %d micro-batches, swap %s, "
+  std::printf("pipeline_train: %s, %d ranks x %d chunks (%d stages of %d MLP blocks), %d micro-batches, swap %s%s, "
               "%d steps, seed %llu (%s)\n",
-              kind_name(o.kind), o.ranks, o.chunks, o.ranks * o.chunks, o.model.blocks, o.model.micro, swap, o.steps,
+              kind_name(o.kind), o.ranks, o.chunks, o.ranks * o.chunks, o.model.blocks, o.model.micro, swap,
+              o.swap_optimizer && o.optimizer_phases ? " (phased)" : "", o.steps,
               static_cast<unsigned long long>(o.model.seed), how);
   std::vector<float> losses;
   std::size_t hazards = 0;
@@ -155,8 +158,10 @@ int report(pt::train_options const& o, std::vector<std::optional<pt::rank_outcom
   }
   for (auto const& r : outs) {
     if (!r) continue;
-    std::printf("rank %d peak device bytes %zu (activation groups swapped: %zu)\n", r->rank, r->peak_device_bytes,
+    std::printf("rank %d peak device bytes %zu (activation groups swapped: %zu", r->rank, r->peak_device_bytes,
                 r->swapped_chunks);
+    if (o.swap_optimizer && o.optimizer_phases) std::printf(", optimizer batches prefetched: %zu", r->prefetched_batches);
+    std::printf(")\n");
   }
   if (hazards) std::printf("hazards reported: %zu\n", hazards);
   bool const same = pt::bit_identical(outs, ref) && losses == ref.losses && hazards == 0;
@@ -183,6 +188,8 @@ int main(int argc, char** argv) {
   app.add_option("--swap", swap, "none, activations, optimizer or both")
       ->check(CLI::IsMember({"none", "activations", "optimizer", "both"}));
   app.add_flag("--overlap", o.overlap_b_f, "interleaved: OVERLAP_B_F composites in the steady state");
+  app.add_flag("--phases", o.optimizer_phases,
+               "optimizer swap: the runtime's phases (prefetch in the backward tail, offload deferred into the next step)");
   app.add_option("--steps", o.steps, "training steps")->check(CLI::Range(1, 1000));
   app.add_option("--seed", o.model.seed, "seed of weights and data");
   app.add_option("--ranks", ranks, "run N ranks as threads of this process (thread_comm) instead of MPI")

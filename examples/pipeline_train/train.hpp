@@ -40,6 +40,10 @@ struct train_options {
   bool overlap_b_f = false; ///< interleaved: steady-state backward/forward pairs as OVERLAP_B_F
   bool swap_activations = false;
   bool swap_optimizer = false;
+  /// With swap_optimizer: the runtime's phases, driven by the executor (executor_options::
+  /// optimizer_phases): batches prefetched during each backward tail, the last offloads deferred
+  /// into the next step's forward.
+  bool optimizer_phases = false;
   model_config model;      ///< stages and micro are set from ranks, chunks and micro
   ps::exec::executor_options exec;
   /// Orders to run instead of the generated schedule (one per rank, swap steps as given).
@@ -86,16 +90,18 @@ struct rank_outcome {
   std::size_t peak_device_bytes = 0; ///< during the steps (set-up excluded)
   std::size_t pipeline_peak_bytes = 0; ///< during the schedules' entries (optimizer steps excluded)
   std::size_t swapped_chunks = 0; ///< over all steps
+  std::size_t prefetched_batches = 0; ///< optimizer_phases: batches prefetched when each step() began, over all steps
   std::size_t hazards = 0;
 };
 
 using opt_type = ps::adamw<mock::backend>;
 
-inline ps::swap_config swap_config_of(bool swap_optimizer) {
+inline ps::swap_config swap_config_of(bool swap_optimizer, bool phases = false) {
   ps::swap_config sc;
   sc.min_numel = 1;
   if (swap_optimizer) {
     sc.swap_times = 8;
+    sc.defer_offload = phases;
   } else {
     sc.swap_times = 1;
     sc.state_keys = std::vector<std::string>{}; // nothing swappable: the plain optimizer, one fused update
@@ -147,6 +153,23 @@ inline std::size_t peak_within(mock::backend const& b, std::vector<std::pair<moc
   return peak;
 }
 
+/// The executor's finish with the optimizer-swap runtime's phases: the runtime itself, with `before`
+/// called and the batches prefetched so far counted as its step() begins.
+template <class R, class F>
+struct phased_step {
+  R& rt;
+  F before;
+  std::size_t prefetched = 0;
+  void prefetch(std::size_t n) { rt.prefetch(n); }
+  bool offload_pending() const { return rt.offload_pending(); }
+  void finish_offload(mock::stream s) { rt.finish_offload(s); }
+  void step() {
+    before();
+    prefetched = rt.prefetched_batches();
+    rt.step();
+  }
+};
+
 /// Trains on one rank of `comm`. Throws rank_failure when this or another rank fails.
 template <class C>
 rank_outcome train_rank(C& comm, train_options const& o) {
@@ -173,18 +196,31 @@ rank_outcome train_rank(C& comm, train_options const& o) {
   mock::sim_time start = 0;
   std::vector<std::pair<mock::sim_time, mock::sim_time>> phases;
   {
-    ps::optimizer_swap<opt_type> osw(x, opt, swap_config_of(o.swap_optimizer));
-    ps::exec::pipeline_executor<mock::backend, C, mlp_stage> ex(x, comm, layout, stages, o.exec);
+    bool const phased = o.swap_optimizer && o.optimizer_phases;
+    ps::optimizer_swap<opt_type> osw(x, opt, swap_config_of(o.swap_optimizer, phased));
+    auto eo = o.exec;
+    if (phased) {
+      eo.optimizer_phases = true;
+      eo.settle_device = false; // the deferred offload drains into the next step's forward
+    }
+    ps::exec::pipeline_executor<mock::backend, C, mlp_stage> ex(x, comm, layout, stages, eo);
     auto const orders = orders_of(o);
     b.synchronize_device();
     start = b.now(); // the steps' peak, after the set-up (weights, optimizer state materialized)
     if (o.fault_rank && *o.fault_rank == rank) b.fail_after(o.fault_site, o.fault_after);
     for (int step = 0; step < o.steps; ++step) {
       auto const begin = b.now();
-      ex.run_step(orders.at(static_cast<std::size_t>(rank)), [&] {
-        phases.emplace_back(begin, b.now()); // the host synchronized the pipeline's compute work
-        osw.step();
-      });
+      auto const at_step = [&] { phases.emplace_back(begin, b.now()); }; // the host synchronized the pipeline's compute work
+      if (phased) {
+        phased_step<ps::optimizer_swap<opt_type>, decltype(at_step)> f{osw, at_step};
+        ex.run_step(orders.at(static_cast<std::size_t>(rank)), f);
+        out.prefetched_batches += f.prefetched;
+      } else {
+        ex.run_step(orders.at(static_cast<std::size_t>(rank)), [&] {
+          at_step();
+          osw.step();
+        });
+      }
       out.swapped_chunks += ex.last_stats().swapped_chunks;
       for (auto const& s : owned) {
         if (s->last()) out.losses.push_back(mean_loss(read_losses(b, *s, cfg.micro)));
@@ -258,7 +294,7 @@ inline reference_result reference(train_options const& o) {
           if (s + 1 < st.size()) out = {b.allocate_device(boundary, cs), boundary};
           auto& sv = saved[s][std::size_t(m)];
           ps::exec::forward_args<mock::backend> f{b, cs, int(s), m, inputs[s][std::size_t(m)], out,
-                                                  [&](ps::device_ptr p, std::size_t n) { sv.push_back({p, n}); }};
+                                                  [&](ps::device_ptr p, std::size_t n) { sv.push_back({p, n}); }, {}};
           st[s]->forward(f);
           inputs[s + 1][std::size_t(m)] = out;
         }
@@ -272,7 +308,7 @@ inline reference_result reference(train_options const& o) {
           buf gin{};
           if (s > 0) gin = {b.allocate_device(boundary, cs), boundary};
           auto const& sv = saved[s][std::size_t(m)];
-          ps::exec::backward_args<mock::backend> g{b, cs, int(s), m, inputs[s][std::size_t(m)], grads[s + 1][std::size_t(m)], gin, sv};
+          ps::exec::backward_args<mock::backend> g{b, cs, int(s), m, inputs[s][std::size_t(m)], grads[s + 1][std::size_t(m)], gin, sv, {}};
           st[s]->backward(g);
           grads[s][std::size_t(m)] = gin;
         }

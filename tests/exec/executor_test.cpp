@@ -392,3 +392,70 @@ BOOST_AUTO_TEST_CASE(each_executor_wait_is_necessary) {
   auto const r = pt::train_threads(o);
   BOOST_TEST(r.ok(), all_errors(r));
 }
+
+// executor_options::optimizer_phases: the executor drives the optimizer-swap runtime's phases
+// (prefetch in each backward tail, the deferred offload finished at the next step's start). Training
+// stays bit-identical, the hazard checker silent, and every rank's step() finds batches prefetched.
+BOOST_AUTO_TEST_CASE(optimizer_phases_train_bit_identically_with_batches_prefetched) {
+  struct shape {
+    pt::schedule_kind kind;
+    int ranks, chunks, micro;
+  };
+  for (auto const& sh : {shape{pt::schedule_kind::one_f_one_b, 3, 1, 4}, shape{pt::schedule_kind::interleaved, 2, 2, 4},
+                         shape{pt::schedule_kind::gpipe, 2, 1, 3}}) {
+    for (bool acts : {false, true}) {
+      auto o = small(sh.kind, sh.ranks, sh.chunks, sh.micro);
+      o.steps = 3;
+      o.swap_optimizer = true;
+      o.swap_activations = acts;
+      o.optimizer_phases = true;
+      BOOST_TEST_CONTEXT(name_of(o) << " phases") {
+        auto const ref = pt::reference(o);
+        auto const r = pt::train_threads(o);
+        BOOST_TEST_REQUIRE(r.ok(), all_errors(r));
+        BOOST_TEST(pt::bit_identical(r.outcomes, ref));
+        for (auto const& out : r.outcomes) {
+          BOOST_TEST(out->hazards == 0u);
+          BOOST_TEST(out->prefetched_batches > 0u, "rank " << out->rank);
+          if (!out->losses.empty()) BOOST_TEST(out->losses == ref.losses);
+        }
+      }
+    }
+  }
+}
+
+// The resumable form's misuse and the phases' requirement fail at the call.
+BOOST_AUTO_TEST_CASE(resumable_steps_and_phases_reject_misuse) {
+  using pipeswap::mock::backend;
+  ex::thread_world w(1);
+  auto c = w.comm(0);
+  backend b{pt::mock_options()};
+  pipeswap::transfer_engine<backend> x(b, pt::pool_options());
+  pt::model_config cfg;
+  cfg.stages = 1;
+  cfg.dim = cfg.hidden = 8;
+  cfg.rows = 2;
+  cfg.micro = 1;
+  cfg.blocks = 1;
+  pt::mlp_stage st(b, cfg, 0);
+  std::map<sch::index_type, pt::mlp_stage*> stages{{0, &st}};
+  ex::pipeline_executor<backend, ex::thread_comm, pt::mlp_stage> e(x, c, sch::stage_layout(1, 1, sch::placement::loop),
+                                                                           stages);
+  auto const says = [](std::string part) {
+    return [part](std::exception const& ex) { return std::string(ex.what()).find(part) != std::string::npos; };
+  };
+  sch::order const o{sch::fwd(0, 0), sch::bwd(0, 0)};
+  auto done = [] {};
+  BOOST_CHECK_EXCEPTION(e.advance(), pipeswap::state_error, says("advance without begin_step"));
+  e.begin_step(o, done);
+  BOOST_CHECK_EXCEPTION(e.end_step(done), pipeswap::state_error, says("end_step before every entry"));
+  BOOST_CHECK_EXCEPTION(e.begin_step(o, done), pipeswap::state_error, says("while a step is running"));
+  BOOST_TEST(e.advance() == 2u);
+  BOOST_TEST(e.entries_done());
+  e.end_step(done);
+  ex::executor_options phased;
+  phased.optimizer_phases = true;
+  ex::pipeline_executor<backend, ex::thread_comm, pt::mlp_stage> p(x, c, sch::stage_layout(1, 1, sch::placement::loop),
+                                                                           stages, phased);
+  BOOST_CHECK_EXCEPTION(p.run_step(o, done), pipeswap::invalid_argument, says("optimizer_phases needs a finish"));
+}

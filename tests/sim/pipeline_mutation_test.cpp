@@ -1,5 +1,6 @@
-// The simulator as a checker of the swap runtimes: with any one of their data-ordering waits
-// removed, a simulated step on a real schedule is caught by the mock backend's hazard checker.
+// The simulator as a checker of the swap runtimes and of the pipeline executor it runs on: with any
+// one of their data-ordering waits removed, a simulated step on a real schedule is caught by the mock
+// backend's hazard checker.
 #define PIPESWAP_MUTATION_TESTING
 #include <boost/test/unit_test.hpp>
 
@@ -57,8 +58,12 @@ BOOST_AUTO_TEST_CASE(the_correct_runtime_passes) { BOOST_TEST(!caught(0)); }
 // load_after_mirror is not in the list: in a simulated step the host issues every load after it
 // waited for a compute entry that itself waited the offload, which orders the copies as well (in CUDA
 // too). tests/swap/mutation_test.cpp shows that wait necessary where nothing else orders the copies.
+// The same holds for the executor's exec_use_after_receive: the simulated host waits every receive
+// (executor_options::host_waits_receives) before it issues the consumer; tests/exec/executor_test.cpp
+// shows it necessary where the host does not. exec_send_after_compute is the simulated send's.
 BOOST_AUTO_TEST_CASE(each_data_wait_is_necessary) {
-  for (auto site : {wait_site::offload_after_compute, wait_site::use_after_load, wait_site::arena_reuse}) {
+  for (auto site : {wait_site::offload_after_compute, wait_site::use_after_load, wait_site::arena_reuse,
+                    wait_site::exec_send_after_compute}) {
     BOOST_TEST(caught(1u << static_cast<unsigned>(site)), ps::detail::to_string(site));
   }
 }

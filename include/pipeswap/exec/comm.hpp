@@ -42,6 +42,20 @@
 //  * Errors derive from pipeswap::error (comm_error). Threads: one rank's comm is used by one host
 //    thread at a time; thread_comm's ranks are used from different threads at once.
 //
+// Optional capability, stream-ordered operations (stream_ordered_comm<C, Stream>; NCCL's model):
+//
+//   C::stream_ordered  a constant bool, true
+//   c.isend(src, n, peer, tag, s) -> request_type   enqueues a send of device bytes on stream s
+//   c.irecv(dst, n, peer, tag, s) -> request_type   enqueues a receive into device bytes on stream s
+//
+//  * A stream-ordered send reads its bytes when s reaches it: work enqueued on s after the call may
+//    release or reuse the buffer. Its request completes once it is enqueued (at once).
+//  * A stream-ordered receive's request completes (test or wait_for true) once the receive is on s:
+//    work enqueued on s after completion sees its bytes in dst. A comm may enqueue it only when the
+//    matching send was posted (a simulated link knows the arrival time only then), so the caller
+//    enqueues nothing on s between posting and completion.
+//  * C::reads_device_memory is then true: the buffers are device memory.
+//
 // Models: thread_comm (exec/thread_comm.hpp, ranks as threads of one process, host memory),
 // mpi_comm (exec/mpi_comm.hpp, Open MPI, host memory), nccl_comm (exec/nccl_comm.hpp, device memory,
 // compiled when <nccl.h> and the CUDA Toolkit are found).
@@ -140,6 +154,18 @@ concept comm = enable_comm<C> && comm_world<C> && comm_post<C> && comm_complete<
     };
 
 template <comm C> using request_t = typename C::request_type;
+
+/// The optional stream-ordered capability (see the header comment): sends and receives are
+/// enqueued on a device stream of type `Stream` instead of being completed by the host.
+template <class C, class Stream>
+concept stream_ordered_comm = comm<C> && requires {
+  { C::stream_ordered } -> std::convertible_to<bool>;
+  requires std::is_same_v<std::remove_cv_t<decltype(C::stream_ordered)>, bool>;
+  requires C::stream_ordered;
+} && requires(C& c, void const* src, void* dst, std::size_t n, int peer, int tag, Stream s) {
+  { c.isend(src, n, peer, tag, s) } -> std::same_as<typename C::request_type>;
+  { c.irecv(dst, n, peer, tag, s) } -> std::same_as<typename C::request_type>;
+};
 
 namespace detail {
 

@@ -4,39 +4,63 @@
 // pipeline_executor<B, C, S> runs the entries of one rank's order (schedule/generate.hpp, with swap
 // steps injected by schedule/inject.hpp or not) for one training step:
 //
-//   start    every receive of the order is posted at once (so no neighbour ever waits on a late
-//            post), into pinned host staging memory when the comm cannot read device memory;
+//   start    activation_swap's run begins; with executor_options::optimizer_phases a deferred
+//            offload still pending from the previous step is finished behind the transfer engine's
+//            h2d stream; every receive of the order is posted at once (so no neighbour ever waits on
+//            a late post), into pinned host staging memory when the comm cannot read device memory
+//            (a stream-ordered comm: each at its RECV entry instead);
 //   FWD      stages[s].forward() on the compute stream, with the input received or handed over by the
 //            previous stage on this rank and an output buffer the executor owns; what it saves goes
-//            into the group of activation_swap when SWAP_SET_GROUP of that chunk came first;
+//            into the group of activation_swap when SWAP_SET_GROUP of that chunk came first (the
+//            input joins the group protected: it stays on the device);
 //   BWD      stages[s].backward() with the input, the incoming gradient, the saved activations at
 //            their current addresses, and a gradient buffer for the previous stage;
 //   *_SEND   the send stream waits the compute work that wrote the boundary, then (staged) copies it
-//            to pinned memory, releases the device buffer behind the copy and posts the send;
+//            to pinned memory, releases the device buffer behind the copy and posts the send, or
+//            (stream-ordered) enqueues the send and the release on the send stream;
 //   *_RECV   waits the posted receive (a watchdog bounds the wait), copies it to the device on the
-//            receive stream; the consumer waits that copy;
+//            receive stream (staged), or allocates the buffer there and posts the receive on it
+//            (stream-ordered); the consumer waits the receive stream; with host_waits_receives the
+//            host does too;
 //   SWAP_*   activation_swap's life-cycle call for the chunk;
 //   OVERLAP_B_F / OVERLAP_F_B  their leaves in order (only the FWD leaf in its group's scope);
+//   tail     with optimizer_phases, from the rank's last forward on, each compute entry is preceded
+//            by the runtime's prefetch() (the backward tail gives memory back);
 //   end      every send completes, the host synchronizes the compute stream (the gradient-norm
-//            reduction of mixed precision), then `finish` runs: the optimizer-swap runtime's step().
+//            reduction of mixed precision; unless sync_before_finish is off), then `finish` runs:
+//            the optimizer-swap runtime's step(); then the host waits the device (settle_device) or
+//            only the compute stream, leaving a deferred offload in flight into the next step.
+//
+// run_step() does all of it; begin_step(), advance() (runs entries until a receive's message has
+// not arrived) and end_step() are the same step resumable, for a caller that interleaves every rank
+// on one thread (the simulator, sim/pipeline.hpp).
 //
 // Ordering rules the executor guarantees (docs/executor.md):
 //  * a stage call sees its input and incoming gradient complete (stream waits, never host waits);
 //  * a boundary leaves the device only after the forward or backward that wrote it, and its device
-//    memory is released stream-ordered behind the copy that read it;
-//  * every buffer the executor lends is released only behind the compute work that used it;
-//  * receives are posted before any entry runs; sends are posted at their SEND entry, as soon as the
-//    data is on the host; the executor never blocks on a send before the end of the step.
+//    memory is released stream-ordered behind the copy or the stream-ordered send that read it;
+//  * every buffer the executor lends or is handed (save, keep, release_after) is released only
+//    behind the compute work that used it;
+//  * receives are posted before any entry runs (stream-ordered comms: at their entry, where the
+//    receive stream is theirs); sends are posted at their SEND entry, as soon as the data is on the
+//    host or behind the compute on the send stream; the executor never blocks on a send before the
+//    end of the step;
+//  * with optimizer_phases the previous step's deferred offload is finished before the step's first
+//    entry, its storage returned behind the h2d stream, never behind the compute stream.
 //
 // Failures. Any exception inside run_step (a stage, the backend, the comm, an injected fault, a wait
-// past the watchdog) becomes rank_failure naming the rank, the position and the entry; the executor
-// aborts the comm with that message, so every other rank's next wait throws comm_aborted (rethrown
-// as rank_failure naming where that rank stopped and why), and releases everything the step held.
-// Nothing hangs: every wait is bounded by executor_options::wait_timeout.
+// past the watchdog) becomes rank_failure naming the rank, the position and the entry, with the
+// original exception nested (std::rethrow_if_nested); the executor aborts the comm with that
+// message, so every other rank's next wait throws comm_aborted (rethrown as rank_failure naming
+// where that rank stopped and why), and releases everything the step held. Nothing hangs: every
+// wait is bounded by executor_options::wait_timeout.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <exception>
+#include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -96,6 +120,25 @@ struct executor_options {
   /// the first runs, and allocations never run ahead of the offloads that free memory for them.
   /// Off: the host enqueues as fast as it can (peak memory then depends on host speed).
   bool host_paced = true;
+  /// The host waits each received boundary on the device before it goes on (blocking receives, as
+  /// pipeline runtimes issue them). Off: only the consumer's stream waits it.
+  bool host_waits_receives = false;
+  /// Drive the optimizer-swap runtime's phases (docs/optimizer.md): `finish` is then a phased
+  /// runtime (prefetch(n), offload_pending(), finish_offload(stream), step()). A deferred offload
+  /// still pending from the previous step is finished at the start of the step behind the transfer
+  /// engine's h2d stream (its storage returns behind the D2Hs; the forward does not wait them); from
+  /// the rank's last forward on, each compute entry is preceded by prefetch(prefetch_batches) (the
+  /// backward tail gives memory back); step() ends the step. Pair it with settle_device = false.
+  bool optimizer_phases = false;
+  /// With optimizer_phases: the batches one prefetch() call may start.
+  std::size_t prefetch_batches = std::numeric_limits<std::size_t>::max();
+  /// The host synchronizes the compute stream before `finish` (the gradient-norm reduction of mixed
+  /// precision). Off: `finish` synchronizes itself (e.g. after enqueuing gradient collectives).
+  bool sync_before_finish = true;
+  /// After `finish` the host waits every stream of the device. Off: it waits the compute stream only
+  /// (and the receive and send streams where the comm's staging memory needs them), so that device
+  /// work `finish` left in flight (a deferred optimizer offload) runs into the next step.
+  bool settle_device = true;
 };
 
 /// What the last run_step did.
@@ -104,6 +147,27 @@ struct step_stats {
   std::size_t sends = 0, receives = 0;
   std::size_t bytes_sent = 0, bytes_received = 0;
 };
+
+/// The boundary a message carries: its direction (0: activations forward, 1: gradients backward),
+/// the stage that receives it and the micro-batch.
+struct boundary_message {
+  int dir = 0;
+  schedule::index_type stage = 0;
+  schedule::index_type micro = 0;
+  friend bool operator==(boundary_message const&, boundary_message const&) = default;
+};
+
+/// The tag of a boundary message in a pipeline of `stages` stages: (micro * stages + stage) * 2 + dir.
+inline long long boundary_tag(boundary_message m, schedule::index_type stages) {
+  return (static_cast<long long>(m.micro) * stages + m.stage) * 2 + m.dir;
+}
+
+/// The boundary message of a tag (boundary_tag's inverse).
+inline boundary_message boundary_of_tag(long long tag, schedule::index_type stages) {
+  auto const k = tag / 2;
+  return {static_cast<int>(tag % 2), static_cast<schedule::index_type>(k % stages),
+          static_cast<schedule::index_type>(k / stages)};
+}
 
 namespace detail {
 
@@ -122,20 +186,31 @@ void* raw_address(P p) {
 
 } // namespace detail
 
+/// Whether `F` offers the optimizer-swap runtime's phases (executor_options::optimizer_phases).
+template <class F, class B>
+concept phased_finish = requires(F& f, std::size_t n, stream_t<B> s) {
+  f.prefetch(n);
+  { f.offload_pending() } -> std::convertible_to<bool>;
+  f.finish_offload(s);
+  f.step();
+};
+
 template <backend B, comm C, class S>
   requires stage<S, B>
 class pipeline_executor {
 public:
   using index_type = schedule::index_type;
   using buffer = device_buffer<B>;
+  /// The comm enqueues its operations on the executor's send and receive streams.
+  static constexpr bool stream_ordered = stream_ordered_comm<C, stream_t<B>>;
 
   /// `stages` maps each stage this rank runs to the engine's stage object (not owned). Throws
   /// invalid_argument when the layout's rank count is not the comm's size, or when `stages` misses a
   /// stage of this rank or holds one of another rank.
   pipeline_executor(transfer_engine<B>& x, C& c, schedule::stage_layout layout, std::map<index_type, S*> stages,
                     executor_options o = {})
-      : b_(x.backend()), c_(c), layout_(layout), stages_(std::move(stages)), o_(o), acts_(x),
-        send_(b_.new_stream()), recv_(b_.new_stream()) {
+      : x_(x), b_(x.backend()), c_(c), layout_(layout), stages_(std::move(stages)), o_(o), acts_(x),
+        send_(new_stream("p2p send")), recv_(new_stream("p2p recv")) {
     if (layout_.ranks() != c_.size()) {
       throw invalid_argument("pipeline_executor: the layout has " + std::to_string(layout_.ranks()) +
                              " ranks, the comm " + std::to_string(c_.size()));
@@ -171,58 +246,109 @@ public:
   [[nodiscard]] activation_swap<B>& activations() noexcept { return acts_; }
   [[nodiscard]] step_stats const& last_stats() const noexcept { return stats_; }
   [[nodiscard]] int rank() const { return c_.rank(); }
+  /// The streams sends and receives go out on (a stream-ordered comm enqueues on them).
+  [[nodiscard]] stream_t<B> send_stream() const noexcept { return send_; }
+  [[nodiscard]] stream_t<B> recv_stream() const noexcept { return recv_; }
 
   /// Runs one training step of this rank's order `o`, then `finish()` (a callable, or an object with
-  /// step(): the optimizer-swap runtime). Throws rank_failure (see the header comment).
+  /// step(): the optimizer-swap runtime; with executor_options::optimizer_phases, a phased runtime).
+  /// Throws rank_failure (see the header comment).
   template <class Finish>
   void run_step(schedule::order const& o, Finish&& finish) {
+    begin_step(o, finish);
+    guarded([&] { run_entries(true); });
+    end_step(finish);
+  }
+
+  /// The resumable form of run_step, for a caller that interleaves ranks on one thread (the
+  /// simulator): begin_step(), then advance() until entries_done(), then end_step(finish) with the
+  /// same `finish`, which must outlive the step. run_step() is exactly this with blocking waits.
+  template <class Finish>
+  void begin_step(schedule::order const& o, Finish& finish) {
+    if (in_step_) throw state_error("pipeline_executor: rank " + std::to_string(c_.rank()) + ": begin_step while a step is running");
     if (o_.fail_at && *o_.fail_at > o.size()) {
       throw invalid_argument("pipeline_executor: fail_at " + std::to_string(*o_.fail_at) + " is past the order's " +
                              std::to_string(o.size()) + " entries and its optimizer step");
     }
+    if (o_.optimizer_phases && !phased_finish<std::remove_cvref_t<Finish>, B>) {
+      throw invalid_argument("pipeline_executor: executor_options::optimizer_phases needs a finish with prefetch(n), "
+                             "offload_pending(), finish_offload(stream) and step() (the optimizer-swap runtime)");
+    }
+    order_ = o;
     pc_ = 0;
     size_ = o.size();
-    last_compute_.reset();
-    current_ = "posting receives";
+    phase_ = phase::posting;
     stats_ = {};
-    try {
+    prefetch_ = {};
+    forwards_left_ = 0;
+    for (auto const& e : order_) {
+      if (!e) continue;
+      forwards_left_ += e->kind == schedule::step_kind::fwd ? 1 : 0;
+      for (auto const& l : e->sub) forwards_left_ += l.kind == schedule::step_kind::fwd ? 1 : 0;
+    }
+    in_step_ = true;
+    guarded([&] {
       acts_.begin_run();
+      if constexpr (phased_finish<std::remove_cvref_t<Finish>, B>) {
+        if (o_.optimizer_phases) {
+          // The previous step's deferred offload drains into this step's forward: stream-ordered
+          // behind the h2d stream (its storage returns behind the D2Hs), the compute stream goes on.
+          if (finish.offload_pending()) finish.finish_offload(x_.h2d());
+          prefetch_ = [&finish, n = o_.prefetch_batches] { finish.prefetch(n); };
+        }
+      }
       for (auto& [s, st] : stages_) {
         if constexpr (stage_with_begin<S, B>) st->begin_step(b_, b_.current_stream());
       }
-      post_receives(o);
-      for (pc_ = 0; pc_ < o.size(); ++pc_) {
-        current_ = o[pc_] ? schedule::to_text(*o[pc_]) : std::string("bubble");
-        fault_site();
-        if (o[pc_]) run(*o[pc_]);
-      }
-      current_ = "end of step";
+      post_receives(order_);
+    });
+  }
+
+  /// Runs entries until the order ends or a receive's message has not arrived (c.test() false; no
+  /// watchdog: the caller decides how long to go on). Returns the number of entries run (bubbles
+  /// included).
+  std::size_t advance() {
+    if (!in_step_) throw state_error("pipeline_executor: rank " + std::to_string(c_.rank()) + ": advance without begin_step");
+    std::size_t n = 0;
+    guarded([&] { n = run_entries(false); });
+    return n;
+  }
+
+  /// True when every entry of the step ran (or no step is running).
+  [[nodiscard]] bool entries_done() const noexcept { return !in_step_ || pc_ >= size_; }
+  /// The position of the entry the step stands at (the receive advance() stopped at).
+  [[nodiscard]] std::size_t position() const noexcept { return pc_; }
+
+  /// Ends a step begun with begin_step: every send completes, leftovers fail the step, then
+  /// `finish` (see run_step).
+  template <class Finish>
+  void end_step(Finish&& finish) {
+    if (!in_step_ || pc_ < size_) {
+      throw state_error("pipeline_executor: rank " + std::to_string(c_.rank()) +
+                        ": end_step before every entry of the step ran");
+    }
+    guarded([&] {
+      phase_ = phase::end;
       finish_sends();
       check_drained();
-      current_ = "optimizer step";
+      phase_ = phase::optimizer;
       fault_site();
-      b_.synchronize(b_.record_event(b_.current_stream())); // the gradient-norm reduction point
+      if (o_.sync_before_finish) b_.synchronize(b_.record_event(b_.current_stream())); // the gradient-norm reduction point
       detail::finish_step(finish);
-      b_.synchronize_device();
+      if (o_.settle_device) {
+        b_.synchronize_device();
+      } else {
+        b_.synchronize(b_.record_event(b_.current_stream()));
+        if (!staging_.empty()) { // the staging memory's last copies
+          b_.synchronize(b_.record_event(recv_));
+          b_.synchronize(b_.record_event(send_));
+        }
+      }
       free_staging();
       acts_.end_run();
-    } catch (comm_aborted const& e) {
-      auto const pos = pc_;
-      auto const entry = current_;
-      cleanup();
-      throw rank_failure("rank " + std::to_string(c_.rank()) + " stopped at " + place(pos, entry) + ": " + e.what(),
-                         c_.rank(), pos, entry, true);
-    } catch (std::exception const& e) {
-      auto const pos = pc_;
-      auto const entry = current_;
-      std::string const msg = "rank " + std::to_string(c_.rank()) + " failed at " + place(pos, entry) + ": " + e.what();
-      try {
-        c_.abort(msg);
-      } catch (...) {
-      }
-      cleanup();
-      throw rank_failure(msg, c_.rank(), pos, entry, false);
-    }
+    });
+    in_step_ = false;
+    prefetch_ = {};
   }
 
 private:
@@ -232,6 +358,7 @@ private:
   };
   struct saved_chunk {
     bool swapped = false;
+    bool input_in_group = false;            // swapped: the input is a protected buffer of the group
     buffer input;
     std::vector<activation_handle> handles; // swapped
     std::vector<std::size_t> bytes;         // swapped
@@ -239,6 +366,7 @@ private:
   };
   struct posted_recv {
     request_t<C> req;
+    bool posted = false;
     std::byte* host = nullptr; // staged
     buffer dev;                // direct
     std::size_t bytes = 0;
@@ -255,17 +383,68 @@ private:
   using key = std::pair<index_type, index_type>;        // stage, micro
   using mkey = std::tuple<int, index_type, index_type>; // direction, stage, micro
 
+  stream_t<B> new_stream(char const* name) {
+    if constexpr (requires { b_.new_stream(std::string(name)); }) return b_.new_stream(std::string(name));
+    else return b_.new_stream();
+  }
+
+  /// Runs `f`; a failure becomes rank_failure (the original nested), the comm aborted when this rank
+  /// failed, everything the step held released.
+  template <class F>
+  void guarded(F&& f) {
+    try {
+      f();
+    } catch (comm_aborted const& e) {
+      auto const pos = pc_;
+      auto const entry = current();
+      cleanup();
+      std::throw_with_nested(rank_failure("rank " + std::to_string(c_.rank()) + " stopped at " + place(pos, entry) + ": " + e.what(),
+                                          c_.rank(), pos, entry, true));
+    } catch (std::exception const& e) {
+      auto const pos = pc_;
+      auto const entry = current();
+      std::string const msg = "rank " + std::to_string(c_.rank()) + " failed at " + place(pos, entry) + ": " + e.what();
+      try {
+        c_.abort(msg);
+      } catch (...) {
+      }
+      cleanup();
+      std::throw_with_nested(rank_failure(msg, c_.rank(), pos, entry, false));
+    }
+  }
+
+  std::size_t run_entries(bool blocking) {
+    std::size_t n = 0;
+    for (; pc_ < size_; ++pc_, ++n) {
+      auto const& e = order_[pc_];
+      phase_ = phase::entries;
+      fault_site();
+      if (e && !run(*e, blocking)) break;
+    }
+    return n;
+  }
+
   static std::string place(std::size_t pos, std::string const& entry) {
     if (entry == "posting receives" || entry == "end of step" || entry == "optimizer step") return entry;
     return "position " + std::to_string(pos) + " (" + entry + ")";
   }
-  std::string where() const { return "rank " + std::to_string(c_.rank()) + ", " + place(pc_, current_); }
+  /// What the step is doing: the entry's text, or the phase around the entries.
+  std::string current() const {
+    switch (phase_) {
+    case phase::posting: return "posting receives";
+    case phase::end: return "end of step";
+    case phase::optimizer: return "optimizer step";
+    case phase::entries: break;
+    }
+    return pc_ < order_.size() && order_[pc_] ? schedule::to_text(*order_[pc_]) : std::string("bubble");
+  }
+  std::string where() const { return "rank " + std::to_string(c_.rank()) + ", " + place(pc_, current()); }
 
   void fault_site() {
     if (!o_.fail_at) return;
-    auto const at = current_ == "optimizer step" ? size_ : pc_;
-    if (*o_.fail_at == at && (current_ != "end of step")) {
-      throw injected_fault("injected fault at " + place(pc_, current_));
+    auto const at = phase_ == phase::optimizer ? size_ : pc_;
+    if (*o_.fail_at == at && phase_ != phase::end) {
+      throw injected_fault("injected fault at " + place(pc_, current()));
     }
   }
 
@@ -282,7 +461,7 @@ private:
   bool last(index_type s) const { return s + 1 == layout_.stages(); }
 
   int tag_of(int dir, index_type stage, index_type micro) const {
-    auto const t = (static_cast<long long>(micro) * layout_.stages() + stage) * 2 + dir;
+    auto const t = boundary_tag({dir, stage, micro}, layout_.stages());
     if (t > c_.max_tag()) {
       throw invalid_argument("pipeline_executor: message tag " + std::to_string(t) + " (stage " +
                              std::to_string(stage) + ", micro " + std::to_string(micro) +
@@ -297,6 +476,8 @@ private:
     d = {};
   }
 
+  /// Every receive of the order: checked, and posted now unless the comm is stream-ordered (then
+  /// each is posted at its RECV entry, into a device buffer allocated there).
   void post_receives(schedule::order const& o) {
     for (auto const& e : o) {
       if (!e || (e->kind != schedule::step_kind::fwd_recv && e->kind != schedule::step_kind::bwd_recv)) continue;
@@ -316,15 +497,19 @@ private:
       p.bytes = dir == 0 ? st.input_bytes() : st.output_bytes();
       p.peer = layout_.rank_of(from);
       p.tag = tag_of(dir, e->stage, e->micro);
-      if constexpr (C::reads_device_memory) {
+      if constexpr (stream_ordered) {
+        // posted at its entry
+      } else if constexpr (C::reads_device_memory) {
         p.dev = {alloc(p.bytes, b_.current_stream()), p.bytes};
         b_.synchronize(b_.record_event(b_.current_stream()));
         p.req = c_.irecv(detail::raw_address(p.dev.ptr), p.bytes, p.peer, p.tag);
+        p.posted = true;
       } else {
         p.host = p.bytes ? b_.allocate_host(p.bytes) : nullptr;
         staging_.push_back({p.host, p.bytes});
         pipeswap::detail::note_host_write(b_, p.host, p.bytes);
         p.req = c_.irecv(p.host, p.bytes, p.peer, p.tag);
+        p.posted = true;
       }
       posted_.emplace(k, std::move(p));
     }
@@ -333,11 +518,12 @@ private:
   void await(request_t<C>& r, std::string const& what) {
     if (!c_.wait_for(r, o_.wait_timeout)) {
       throw comm_timeout("rank " + std::to_string(c_.rank()) + " waited " + std::to_string(o_.wait_timeout.count()) +
-                         " ms at " + place(pc_, current_) + " for " + what);
+                         " ms at " + place(pc_, current()) + " for " + what);
     }
   }
 
-  void run(schedule::step const& e) {
+  /// Runs one entry; false when it is a receive whose message has not arrived (non-blocking only).
+  bool run(schedule::step const& e, bool blocking) {
     using schedule::step_kind;
     switch (e.kind) {
     case step_kind::fwd:
@@ -345,6 +531,9 @@ private:
     case step_kind::overlap_f_b:
     case step_kind::overlap_b_f:
       if (o_.host_paced && last_compute_) b_.synchronize(*last_compute_);
+      // The backward tail: after the rank's last forward every compute entry gives memory back, so
+      // each one first starts the next step's optimizer batches the budget has room for.
+      if (prefetch_ && forwards_left_ == 0) prefetch_();
       if (e.kind == step_kind::fwd) {
         forward(e);
       } else if (e.kind == step_kind::bwd) {
@@ -357,16 +546,16 @@ private:
         }
       }
       last_compute_ = b_.record_event(b_.current_stream());
-      return;
-    case step_kind::fwd_send: send(e, 0); return;
-    case step_kind::bwd_send: send(e, 1); return;
-    case step_kind::fwd_recv: receive(e, 0); return;
-    case step_kind::bwd_recv: receive(e, 1); return;
-    case step_kind::swap_set_group: group_ = chunk_id{e.stage, e.micro}; return;
-    case step_kind::swap_launch_offload: acts_.launch_offload({e.stage, e.micro}); return;
-    case step_kind::swap_wait_offload: acts_.wait_offload({e.stage, e.micro}); return;
-    case step_kind::swap_launch_load: acts_.launch_load({e.stage, e.micro}); return;
-    case step_kind::swap_wait_load: acts_.wait_load({e.stage, e.micro}); return;
+      return true;
+    case step_kind::fwd_send: send(e, 0); return true;
+    case step_kind::bwd_send: send(e, 1); return true;
+    case step_kind::fwd_recv: return receive(e, 0, blocking);
+    case step_kind::bwd_recv: return receive(e, 1, blocking);
+    case step_kind::swap_set_group: group_ = chunk_id{e.stage, e.micro}; return true;
+    case step_kind::swap_launch_offload: acts_.launch_offload({e.stage, e.micro}); return true;
+    case step_kind::swap_wait_offload: acts_.wait_offload({e.stage, e.micro}); return true;
+    case step_kind::swap_launch_load: acts_.launch_load({e.stage, e.micro}); return true;
+    case step_kind::swap_wait_load: acts_.wait_load({e.stage, e.micro}); return true;
     default:
       throw invalid_argument("pipeline_executor: " + where() + ": the executor does not run " +
                              std::string(schedule::step_kind_name(e.kind)) + " steps");
@@ -400,19 +589,31 @@ private:
     sc.swapped = swapped;
     buffer out{};
     if (!last(e.stage)) out = {alloc(st.output_bytes(), cs), st.output_bytes()};
-    forward_args<B> f{b_, cs, e.stage, e.micro, in, out, [&](device_pointer_t<B> p, std::size_t n) {
-                        if (sc.swapped) {
-                          sc.handles.push_back(acts_.save(p, n));
-                          sc.bytes.push_back(n);
-                        } else {
-                          sc.raw.push_back({p, n});
-                        }
-                      }};
+    chunk_id const c{e.stage, e.micro};
+    auto const save = [&](device_pointer_t<B> p, std::size_t n, bool keep) {
+      if (sc.swapped) {
+        sc.handles.push_back(acts_.save(p, n));
+        sc.bytes.push_back(n);
+        if (keep) acts_.protect(c, p, n);
+      } else {
+        sc.raw.push_back({p, n});
+      }
+    };
+    forward_args<B> f{b_, cs, e.stage, e.micro, in, out,
+                      [&](device_pointer_t<B> p, std::size_t n) { save(p, n, false); },
+                      [&](device_pointer_t<B> p, std::size_t n) { save(p, n, true); }};
     try {
       if (swapped) {
         group_.reset();
-        auto const scope = acts_.forward({e.stage, e.micro});
+        auto const scope = acts_.forward(c);
         ++stats_.swapped_chunks;
+        if (in.bytes && in.ptr) {
+          // The input joins the group as a protected buffer: it stays on the device (the pipeline
+          // reads it in the backward) and is counted with the group where a budget is attached.
+          (void)acts_.save(in.ptr, in.bytes);
+          acts_.protect(c, in.ptr, in.bytes);
+          sc.input_in_group = true;
+        }
         st.forward(f);
       } else {
         st.forward(f);
@@ -421,6 +622,7 @@ private:
       free_dev(out, cs);
       throw;
     }
+    if (forwards_left_ > 0) --forwards_left_;
     if (!last(e.stage)) hand_over(0, e.stage, e.micro, out);
   }
 
@@ -457,21 +659,28 @@ private:
     }
     buffer gout{};
     if (e.stage > 0) gout = {alloc(st.input_bytes(), cs), st.input_bytes()};
-    backward_args<B> g{b_, cs, e.stage, e.micro, sc.input, gin ? gin->buf : buffer{}, gout, bufs};
+    std::vector<buffer> scratch;
+    backward_args<B> g{b_, cs, e.stage, e.micro, sc.input, gin ? gin->buf : buffer{}, gout, bufs,
+                       [&](device_pointer_t<B> p, std::size_t n) { scratch.push_back({p, n}); }};
     try {
       st.backward(g);
     } catch (...) {
       free_dev(gout, cs);
       if (gin) free_dev(gin->buf, cs);
+      for (auto& w : scratch) free_dev(w, cs);
       throw;
     }
+    // Released behind the backward: the input first, then the saved activations (as a group the
+    // input is the group's first buffer), the incoming gradient, the backward's own workspace.
+    if (sc.input_in_group) sc.input = {};
+    else free_dev(sc.input, cs);
     if (sc.swapped) {
       acts_.release({e.stage, e.micro});
     } else {
       for (auto& r : sc.raw) free_dev(r, cs);
     }
-    free_dev(sc.input, cs);
     if (gin) free_dev(gin->buf, cs);
+    for (auto& w : scratch) free_dev(w, cs);
     saved_.erase(it);
     if (e.stage > 0) hand_over(1, e.stage, e.micro, gout);
   }
@@ -490,7 +699,13 @@ private:
     p.peer = layout_.rank_of(to);
     p.tag = tag_of(dir, to, e.micro);
     p.entry = schedule::to_text(e);
-    if constexpr (C::reads_device_memory) {
+    if constexpr (stream_ordered) {
+      // The send stream waits the compute that wrote the boundary; the send and the buffer's
+      // release go out behind it, stream-ordered (the host never waits).
+      wait_ready(send_, r, pipeswap::detail::wait_site::exec_send_after_compute);
+      p.req = c_.isend(detail::raw_address(r.buf.ptr), p.bytes, p.peer, p.tag, send_);
+      free_dev(r.buf, send_);
+    } else if constexpr (C::reads_device_memory) {
       if (r.ready) b_.synchronize(*r.ready);
       p.dev = r.buf;
       p.req = c_.isend(detail::raw_address(p.dev.ptr), p.bytes, p.peer, p.tag);
@@ -510,14 +725,28 @@ private:
     sends_.push_back(std::move(p));
   }
 
-  void receive(schedule::step const& e, int dir) {
+  bool receive(schedule::step const& e, int dir, bool blocking) {
     auto it = posted_.find({dir, e.stage, e.micro});
     if (it == posted_.end()) throw state_error("pipeline_executor: " + where() + ": received twice");
     auto& p = it->second;
-    await(p.req, std::to_string(p.bytes) + " bytes from rank " + std::to_string(p.peer) + " (tag " +
-                     std::to_string(p.tag) + ")");
+    if constexpr (stream_ordered) {
+      if (!p.posted) { // posted at its entry, into a device buffer allocated on the receive stream
+        p.dev = {alloc(p.bytes, recv_), p.bytes};
+        p.req = c_.irecv(detail::raw_address(p.dev.ptr), p.bytes, p.peer, p.tag, recv_);
+        p.posted = true;
+      }
+    }
+    if (blocking) {
+      await(p.req, std::to_string(p.bytes) + " bytes from rank " + std::to_string(p.peer) + " (tag " +
+                       std::to_string(p.tag) + ")");
+    } else if (!c_.test(p.req)) {
+      return false;
+    }
     ready_buffer r;
-    if constexpr (C::reads_device_memory) {
+    if constexpr (stream_ordered) {
+      r.buf = p.dev;
+      r.ready = b_.record_event(recv_);
+    } else if constexpr (C::reads_device_memory) {
       r.buf = p.dev;
     } else {
       pipeswap::detail::note_host_write(b_, p.host, p.bytes); // the comm wrote these bytes
@@ -525,11 +754,13 @@ private:
       if (p.bytes) b_.copy_h2d(r.buf.ptr, p.host, p.bytes, recv_);
       r.ready = b_.record_event(recv_);
     }
+    if (o_.host_waits_receives && r.ready) b_.synchronize(*r.ready);
     ++stats_.receives;
     stats_.bytes_received += p.bytes;
     posted_.erase(it);
     auto& into = dir == 0 ? inputs_ : grads_in_;
     into[{e.stage, e.micro}] = r;
+    return true;
   }
 
   void finish_sends() {
@@ -566,7 +797,10 @@ private:
   }
 
   void release_all() {
+    in_step_ = false;
+    prefetch_ = {};
     group_.reset();
+    last_compute_.reset();
     try {
       acts_.end_run();
     } catch (...) {
@@ -578,7 +812,7 @@ private:
     auto const cs = b_.current_stream();
     for (auto& [_, sc] : saved_) {
       for (auto& r : sc.raw) free_dev(r, cs);
-      free_dev(sc.input, cs);
+      if (!sc.input_in_group) free_dev(sc.input, cs);
     }
     saved_.clear();
     for (auto* m : {&inputs_, &grads_in_}) {
@@ -600,6 +834,7 @@ private:
     free_staging();
   }
 
+  transfer_engine<B>& x_;
   B& b_;
   C& c_;
   schedule::stage_layout layout_;
@@ -615,8 +850,11 @@ private:
   std::vector<std::pair<std::byte*, std::size_t>> staging_;
   std::optional<chunk_id> group_;
   std::optional<event_t<B>> last_compute_;
-  std::size_t pc_ = 0, size_ = 0;
-  std::string current_;
+  schedule::order order_;
+  std::function<void()> prefetch_;
+  bool in_step_ = false;
+  std::size_t pc_ = 0, size_ = 0, forwards_left_ = 0;
+  enum class phase { posting, entries, end, optimizer } phase_ = phase::posting;
   step_stats stats_;
 };
 

@@ -29,7 +29,10 @@
 //    backend (on f.stream) and hands over with f.save(ptr, bytes), in a fixed order; ownership passes
 //    to the executor, which may move the bytes to host memory and back (activation swap) and frees
 //    them after the backward. g.saved lists them in save order at their current device addresses.
-//    The input itself is always available as g.input and is never swapped.
+//    The input itself is always available as g.input and is never swapped; f.keep(ptr, bytes) saves
+//    a buffer that must not swap either (stage 0's own input).
+//  * Workspace. What a backward allocates for itself it frees on g.stream, or hands to
+//    g.release_after(ptr, bytes) to have the executor free it behind the backward.
 //  * Gradients. backward accumulates into the stage's gradient buffers; micro-batches of one stage
 //    run backward in the schedule's order, so a schedule that keeps that order keeps the bytes.
 //  * Errors. An exception from forward or backward fails the rank's step: the executor names the
@@ -74,6 +77,10 @@ struct forward_args {
   device_buffer<B> output; ///< lent, to be written; null for the last stage
   /// Hands device memory (allocated with the backend) to the executor as a saved activation.
   std::function<void(device_pointer_t<B>, std::size_t)> save;
+  /// As save(), for a saved activation that stays on the device when its group swaps
+  /// (activation_swap::protect): what the stage produced itself and the pipeline still reads, such
+  /// as stage 0's input from data loading.
+  std::function<void(device_pointer_t<B>, std::size_t)> keep;
 };
 
 /// What a backward call gets.
@@ -87,6 +94,10 @@ struct backward_args {
   device_buffer<B> grad_output; ///< lent; null for the last stage
   device_buffer<B> grad_input;  ///< lent, to be written; null for stage 0
   std::span<device_buffer<B> const> saved; ///< the forward's saved activations, in save order
+  /// Hands device memory the backward allocated on `stream` (a recomputation workspace) to the
+  /// executor, which frees it stream-ordered behind the backward, after the saved activations and
+  /// the incoming gradient.
+  std::function<void(device_pointer_t<B>, std::size_t)> release_after;
 };
 
 /// A pipeline stage over backend B. See the header comment and docs/executor.md.

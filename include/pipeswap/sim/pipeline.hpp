@@ -31,16 +31,19 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -51,6 +54,7 @@
 #include <pipeswap/core/budget.hpp>
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/error.hpp>
+#include <pipeswap/exec/pipeline_executor.hpp>
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/schedule/generate.hpp>
 #include <pipeswap/schedule/inject.hpp>
@@ -249,16 +253,75 @@ using schedule::index_type;
 using schedule::step;
 using schedule::step_kind;
 
-/// Data in flight between ranks: arrival times by (direction, receiving stage, micro-batch).
+/// Messages in flight between ranks: arrival times on the receiver's clock by (sender, receiver,
+/// tag).
 struct mailbox {
-  std::map<std::tuple<int, index_type, index_type>, sim_time> arrivals;
+  std::map<std::tuple<int, int, int>, sim_time> arrivals;
 };
 
-/// A device buffer with the event after which it may be read.
-struct ready_buffer {
-  device_ptr ptr;
-  std::size_t bytes = 0;
-  std::optional<mock::event> ready;
+/// The scenario's P2P link between the simulated ranks, as a stream-ordered comm
+/// (exec::stream_ordered_comm) on the mock devices' virtual clocks: a send enqueued on a stream
+/// leaves when that stream reaches it and arrives one link time later (latency plus bytes over the
+/// P2P bandwidth); a receive completes once its message was sent, and then makes its stream wait
+/// the arrival. Every rank runs on one thread (simulate_orders advances each until a receive has no
+/// message yet), so a wait that cannot complete now never will: wait_for() does not block.
+class link_comm {
+public:
+  using comm_concept = exec::comm_tag;
+  static constexpr bool reads_device_memory = true;
+  static constexpr bool stream_ordered = true;
+  struct request_type {
+    bool done = false;
+    int peer = 0, tag = 0;
+    mock::stream stream{};
+  };
+
+  link_comm(mock::backend& b, mailbox& mb, int rank, int size, index_type stages, device_spec const& d)
+      : b_(b), mb_(mb), rank_(rank), size_(size), stages_(stages), latency_us_(d.p2p_latency_us), gbps_(d.p2p_gbps) {}
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int max_tag() const { return std::numeric_limits<int>::max(); }
+
+  request_type isend(void const*, std::size_t, int, int) { throw exec::comm_error("link_comm: operations are stream-ordered"); }
+  request_type irecv(void*, std::size_t, int, int) { throw exec::comm_error("link_comm: operations are stream-ordered"); }
+
+  request_type isend(void const*, std::size_t n, int peer, int tag, mock::stream s) {
+    auto const start = std::max(b_.ready_time(s), b_.now());
+    auto const arrival = start + link_time(n);
+    auto const m = exec::boundary_of_tag(tag, stages_);
+    b_.wait_until(s, arrival, schedule::to_text(schedule::leaf(m.dir ? step_kind::bwd_send : step_kind::fwd_send,
+                                                               m.dir ? m.stage + 1 : m.stage - 1, m.micro)));
+    mb_.arrivals[{rank_, peer, tag}] = arrival;
+    return {true, peer, tag, s};
+  }
+  request_type irecv(void*, std::size_t, int peer, int tag, mock::stream s) { return {false, peer, tag, s}; }
+
+  bool test(request_type& r) {
+    if (r.done) return true;
+    auto it = mb_.arrivals.find({r.peer, rank_, r.tag});
+    if (it == mb_.arrivals.end()) return false;
+    auto const arrival = it->second;
+    mb_.arrivals.erase(it);
+    auto const m = exec::boundary_of_tag(r.tag, stages_);
+    b_.wait_until(r.stream, arrival,
+                  schedule::to_text(schedule::leaf(m.dir ? step_kind::bwd_recv : step_kind::fwd_recv, m.stage, m.micro)));
+    r.done = true;
+    return true;
+  }
+  bool wait_for(request_type& r, std::chrono::milliseconds) { return test(r); }
+  void abort(std::string_view) {}
+
+private:
+  sim_time link_time(std::size_t bytes) const {
+    return static_cast<sim_time>(latency_us_ * 1e3 + static_cast<double>(bytes) / (gbps_ * 1e9) * 1e9);
+  }
+
+  mock::backend& b_;
+  mailbox& mb_;
+  int rank_, size_;
+  index_type stages_;
+  double latency_us_, gbps_;
 };
 
 inline std::byte pattern_of(index_type stage, index_type micro, std::size_t index) {
@@ -266,20 +329,59 @@ inline std::byte pattern_of(index_type stage, index_type micro, std::size_t inde
   return static_cast<std::byte>(1 + h % 251);
 }
 
-/// One rank: its mock device, runtimes, parameters and the state of its order.
+/// Runs `f`; a rank's failure in the executor surfaces as what caused it (a hazard, the optimizer
+/// step's step_error, a bad order).
+template <class F>
+decltype(auto) unwrapped(F&& f) {
+  try {
+    return f();
+  } catch (exec::rank_failure const& e) {
+    std::rethrow_if_nested(e);
+    throw;
+  }
+}
+
+/// One rank: its mock device, runtimes and parameters, and the pipeline executor that runs its order
+/// with the stages below (mock kernels) over link_comm.
 class rank_sim {
 public:
   using opt_type = adamw<mock::backend>;
 
   rank_sim(scenario const& s, std::vector<stage_spec> const& stages, schedule::stage_layout const& layout,
-           std::uint32_t rank, schedule::order ord, sim_options const& o, link_rates const& link)
+           std::uint32_t rank, schedule::order ord, sim_options const& o, link_rates const& link, mailbox& mb)
       : s_(s), stages_(stages), layout_(layout), rank_(rank), order_(std::move(ord)),
-        link_(link), b_(mock_options(s, o, link)), budget_(room_of(s)), x_(b_, pool_options(o)),
-        acts_(x_), opt_(b_), send_(b_.new_stream("p2p send")), recv_(b_.new_stream("p2p recv")) {
+        link_(link), b_(mock_options(s, o, link)), budget_(room_of(s)), x_(b_, pool_options(o)), opt_(b_),
+        comm_(b_, mb, static_cast<int>(rank), static_cast<int>(s.pipeline.ranks), layout.stages(), s.device) {
     overlap_ = o.overlap;
     // With overlap one budget governs both swap jobs of the device; it is attached before any
     // runtime allocates, and its capacity follows the room the rest of the step leaves.
     if (overlap_) x_.set_budget(&budget_);
+    std::map<index_type, stage_model*> models;
+    for (auto const& st : stages_) {
+      if (layout_.rank_of(static_cast<index_type>(st.stage)) != static_cast<index_type>(rank_)) continue;
+      auto const i = static_cast<index_type>(st.stage);
+      models[i] = &models_.emplace(i, stage_model{this, &st}).first->second;
+    }
+    swap_config cfg;
+    // Without optimizer swap the step is one batch: one fused update of every parameter.
+    bool const swap_opt = o.swaps_optimizer(rank);
+    cfg.swap_times = swap_opt ? o.swap_times_of(rank) : 1;
+    cfg.packed = o.packed;
+    if (!swap_opt) cfg.state_keys = std::vector<std::string>{};
+    phased_ = overlap_ && swap_opt && !(rank < o.ranks.size() && o.ranks[rank].phased == false);
+    batches_ = cfg.swap_times;
+    if (phased_) {
+      cfg.resident_share = static_cast<std::size_t>(o.resident_share_of(rank));
+      cfg.defer_offload = true;
+    }
+    // The executor: its p2p streams, receives posted at their entries (the link's), the host waiting
+    // each receive and pacing compute entries; the end of the step is end_of_step below.
+    exec::executor_options eo;
+    eo.host_waits_receives = true;
+    eo.optimizer_phases = phased_;
+    eo.sync_before_finish = false;
+    eo.settle_device = !overlap_;
+    ex_.emplace(x_, comm_, layout_, std::move(models), eo);
     auto const cs = b_.current_stream();
     auto const es = size_of(s.model.param_dtype);
     auto const gtype = grad_dtype_of(s.model);
@@ -300,18 +402,6 @@ public:
         stage_params_ += t.numel;
       }
     }
-    swap_config cfg;
-    // Without optimizer swap the step is one batch: one fused update of every parameter.
-    bool const swap_opt = o.swaps_optimizer(rank);
-    cfg.swap_times = swap_opt ? o.swap_times_of(rank) : 1;
-    cfg.packed = o.packed;
-    if (!swap_opt) cfg.state_keys = std::vector<std::string>{};
-    phased_ = overlap_ && swap_opt && !(rank < o.ranks.size() && o.ranks[rank].phased == false);
-    batches_ = cfg.swap_times;
-    if (phased_) {
-      cfg.resident_share = static_cast<std::size_t>(o.resident_share_of(rank));
-      cfg.defer_offload = true;
-    }
     for (auto const& st : stages_) {
       if (layout_.rank_of(static_cast<index_type>(st.stage)) != static_cast<index_type>(rank_)) continue;
       // What one compute entry may still allocate outside the budget: a backward's outgoing gradient,
@@ -328,7 +418,7 @@ public:
 
   ~rank_sim() {
     try {
-      acts_.end_run();
+      ex_.reset();
       osw_.reset();
       auto const cs = b_.current_stream();
       for (auto& [_, w] : weights_) {
@@ -340,7 +430,7 @@ public:
   }
 
   mock::backend& backend() noexcept { return b_; }
-  bool done() const noexcept { return pc_ >= order_.size(); }
+  bool done() const noexcept { return ex_->entries_done(); }
 
   /// Settles setup work; returns the rank's clock after it.
   sim_time finish_setup() {
@@ -351,66 +441,35 @@ public:
   /// Starts a step at `t0` (the host idles until then if it is earlier than now). The first step
   /// starts at the common T0; without overlap every later one at the time the previous step ended on
   /// every rank, with overlap each rank's host goes on as soon as its own previous step returned.
+  /// With the phases, the executor finishes the previous step's deferred offload behind the h2d
+  /// stream: it drains into this step's forward.
   void start(sim_time t0) {
     if (t0 > b_.now()) b_.host_compute(t0 - b_.now(), "wait for the other ranks");
     start_ = b_.now();
     h2d0_ = b_.bytes_copied_h2d();
     d2h0_ = b_.bytes_copied_d2h();
-    pc_ = 0;
-    swapped_chunks_ = 0;
     forwards_left_ = 0;
     for (auto const& e : order_) {
       if (!e) continue;
       if (e->kind == step_kind::fwd) ++forwards_left_;
       for (auto const& l : e->sub) forwards_left_ += l.kind == step_kind::fwd ? 1 : 0;
     }
-    acts_.begin_run();
-    // The previous step's deferred offload drains into this step's forward: finished stream-ordered
-    // (the h2d stream waits its copies, its storage is released behind them), the host goes on.
-    if (phased_ && osw_->offload_pending()) osw_->finish_offload(osw_->engine().h2d());
+    unwrapped([&] { ex_->begin_step(order_, end_); });
   }
 
   /// Runs entries until the order ends or a receive waits for data not sent yet. Returns the number
   /// of entries run.
-  std::size_t advance(mailbox& mb) {
-    std::size_t n = 0;
-    while (pc_ < order_.size()) {
-      auto const& e = order_[pc_];
-      if (e && !run(*e, mb)) break;
-      ++pc_;
-      ++n;
-    }
-    return n;
+  std::size_t advance() {
+    return unwrapped([&] { return ex_->advance(); });
   }
 
-  /// After the order: the optimizer step and the collectives around it. Returns the time the step
+  /// After the order: the executor's end of the step (end_of_step). Returns the time the step
   /// ended: without overlap when every copy has finished, with overlap when the host returns from
   /// the step (the deferred offloads still in flight drain into the next step's forward).
   sim_time end_step() {
-    if (!inputs_.empty() || !grads_in_.empty() || !outbox_.empty() || !saved_.empty()) {
-      throw state_error("simulate: rank " + std::to_string(rank_) + " ended its order with " +
-                        std::to_string(inputs_.size() + grads_in_.size() + outbox_.size() + saved_.size()) +
-                        " buffers not consumed (an unmatched send, receive, forward or backward)");
-    }
-    auto const cs = b_.current_stream();
-    pipeline_end_ = overlap_ ? std::max({b_.ready_time(cs), b_.ready_time(send_), b_.ready_time(recv_)})
-                             : b_.makespan();
-    // Data parallelism: the gradients are reduced (scattered) before the step, on their own link.
-    if (auto const ns = dp_grad_sync_ns(s_, stage_params_); ns > 0) collective_kernel("DP grad sync", ns, false);
-    b_.synchronize(b_.record_event(cs)); // the gradient-norm reduction before the step
-    if (phased_) prefetch_now();         // the room the last backward gave back
-    prefetched_ = phased_ ? osw_->prefetched_batches() : 0;
-    osw_->step();
-    if (auto const ns = dp_param_gather_ns(s_, stage_params_); ns > 0) collective_kernel("DP param all-gather", ns, true);
-    if (overlap_) {
-      b_.synchronize(b_.record_event(cs));
-      end_ = b_.now();
-    } else {
-      b_.synchronize_device();
-      end_ = b_.makespan();
-    }
-    acts_.end_run();
-    return end_;
+    unwrapped([&] { ex_->end_step(end_); });
+    end_time_ = overlap_ ? b_.now() : b_.makespan();
+    return end_time_;
   }
 
   /// The last step's result, its times from `t0` (the time every rank's previous step had ended, or
@@ -419,10 +478,10 @@ public:
     rank_result r;
     r.rank = rank_;
     r.pipeline_ns = pipeline_end_ - t0;
-    r.step_ns = end_ - t0;
+    r.step_ns = end_time_ - t0;
     r.h2d_bytes = b_.bytes_copied_h2d() - h2d0_;
     r.d2h_bytes = b_.bytes_copied_d2h() - d2h0_;
-    r.swapped_chunks = swapped_chunks_;
+    r.swapped_chunks = static_cast<std::uint32_t>(ex_->last_stats().swapped_chunks);
     r.resident_param_bytes = resident_param_bytes_;
     r.optimizer_state_bytes = optimizer_state_bytes_;
     r.peak_host_bytes = b_.peak_host_bytes();
@@ -444,7 +503,7 @@ public:
     std::uint64_t peak = at_from;
     r.memory.emplace_back(0, at_from + reserved);
     std::uint64_t before_tail = at_from;
-    for (; it != timeline.end() && it->first <= end_; ++it) {
+    for (; it != timeline.end() && it->first <= end_time_; ++it) {
       r.memory.emplace_back(std::max<sim_time>(it->first - t0, 0), it->second + reserved);
       peak = std::max<std::uint64_t>(peak, it->second);
       if (it->first <= tail_from_) before_tail = std::max<std::uint64_t>(before_tail, it->second);
@@ -459,7 +518,8 @@ public:
   /// What this rank waits for, for deadlock reports.
   std::string waiting_for() const {
     if (done()) return "nothing";
-    return schedule::to_text(*order_[pc_]) + " at position " + std::to_string(pc_);
+    auto const pc = ex_->position();
+    return schedule::to_text(*order_[pc]) + " at position " + std::to_string(pc);
   }
 
 private:
@@ -470,15 +530,120 @@ private:
   struct stage_weights {
     std::vector<owned> params, grads;
   };
-  /// A forward's saved activations: the stage input (index 0) and one buffer per layer.
-  struct saved_chunk {
-    bool swapped = false;
-    std::vector<activation_handle> handles; // swapped
-    std::vector<owned> raw;                 // not swapped
-    std::vector<std::size_t> bytes;
-    bool wrote_input = false; ///< stage 0: the forward wrote its input (the embedding output)
+
+  /// A stage of the scenario as the executor's Stage: its forward and backward are mock kernels of
+  /// the model's durations over the stage's weights, gradients and activations (one saved buffer per
+  /// layer; stage 0 also saves its input, the embedding output it writes, kept on the device); with
+  /// materialize the forward writes a pattern into every saved activation and the backward checks it.
+  /// A full-recomputation backward holds one layer's activations (its workspace) while it runs.
+  struct stage_model {
+    using stage_concept = exec::stage_tag;
+    rank_sim* r;
+    stage_spec const* st;
+
+    std::size_t input_bytes() const { return st->boundary_bytes; }
+    std::size_t output_bytes() const { return st->p2p_bytes; }
+
+    void forward(exec::forward_args<mock::backend>& f) {
+      auto& b = r->b_;
+      auto const cs = f.stream;
+      bool const first = f.stage == 0;
+      bool const last = static_cast<std::size_t>(f.stage) + 1 == r->stages_.size();
+      // The stage input: received (or handed over by the previous stage on this rank), or for stage
+      // 0 the embedding output this forward writes.
+      owned in = first ? owned{b.allocate_device(st->boundary_bytes, cs), st->boundary_bytes}
+                       : owned{f.input.ptr, f.input.bytes};
+      auto const layer_total = st->activation_bytes - st->boundary_bytes;
+      auto const layers = std::max<std::uint32_t>(st->layers, 1);
+      std::vector<owned> acts;
+      for (std::uint32_t l = 0; l < layers; ++l) {
+        auto const n = layer_total / layers + (l + 1 == layers ? layer_total % layers : 0);
+        acts.push_back({n ? b.allocate_device(n, cs) : device_ptr{}, n});
+      }
+      mock::kernel_desc d{name_of("FWD", f.stage, f.micro), {}, {}, st->fwd_ns};
+      for (auto const& p : r->weights_.at(st->stage).params) d.reads.push_back({p.ptr, p.bytes});
+      (first ? d.writes : d.reads).push_back({in.ptr, in.bytes});
+      for (auto const& a : acts) d.writes.push_back({a.ptr, a.bytes});
+      if (!last) d.writes.push_back({f.output.ptr, f.output.bytes});
+      std::vector<owned> written = acts;
+      if (first) written.insert(written.begin(), owned{in.ptr, in.bytes});
+      b.launch(cs, std::move(d), [written, st_ = f.stage, m = f.micro, first](mock::kernel_context const& ctx) {
+        for (std::size_t i = 0; i < written.size(); ++i) {
+          auto const idx = first ? i : i + 1;
+          auto span = ctx.write<std::byte>(written[i].ptr, written[i].bytes);
+          std::fill(span.begin(), span.end(), pattern_of(st_, m, idx));
+        }
+      });
+      // The pipeline owns the stage input until the backward: it stays on the device.
+      if (first) f.keep(in.ptr, in.bytes);
+      for (auto const& a : acts) f.save(a.ptr, a.bytes);
+      if (r->forwards_left_ > 0 && --r->forwards_left_ == 0) r->tail_from_ = b.ready_time(cs); // the backward tail begins
+    }
+
+    void backward(exec::backward_args<mock::backend>& g) {
+      auto& b = r->b_;
+      auto const cs = g.stream;
+      bool const first = g.stage == 0;
+      bool const last = static_cast<std::size_t>(g.stage) + 1 == r->stages_.size();
+      // The forward's buffers as the model sees them: the input, then one per layer.
+      std::vector<owned> bufs;
+      if (!first) bufs.push_back({g.input.ptr, g.input.bytes});
+      for (auto const& x : g.saved) bufs.push_back({x.ptr, x.bytes});
+      // Full recomputation rebuilds one layer's activations at a time while the backward runs.
+      owned work{};
+      if (st->backward_workspace_bytes) work = {b.allocate_device(st->backward_workspace_bytes, cs), st->backward_workspace_bytes};
+      mock::kernel_desc d{name_of("BWD", g.stage, g.micro), {}, {}, st->bwd_ns};
+      if (work.bytes) d.writes.push_back({work.ptr, work.bytes});
+      auto const& w = r->weights_.at(st->stage);
+      for (auto const& p : w.params) d.reads.push_back({p.ptr, p.bytes});
+      for (auto const& x : bufs) {
+        if (x.bytes) d.reads.push_back({x.ptr, x.bytes});
+      }
+      if (!last) d.reads.push_back({g.grad_output.ptr, g.grad_output.bytes});
+      for (auto const& x : w.grads) d.writes.push_back({x.ptr, x.bytes});
+      if (g.grad_input.bytes) d.writes.push_back({g.grad_input.ptr, g.grad_input.bytes});
+      // A received input's bytes are the sender's; what the forward wrote is checked.
+      b.launch(cs, std::move(d),
+               [bufs, first, st_ = g.stage, m = g.micro, bad = &r->corrupt_](mock::kernel_context const& ctx) {
+                 for (std::size_t i = first ? 0 : 1; i < bufs.size(); ++i) {
+                   auto span = ctx.read<std::byte>(bufs[i].ptr, bufs[i].bytes);
+                   auto const want = pattern_of(st_, m, i);
+                   if (std::any_of(span.begin(), span.end(), [&](std::byte v) { return v != want; })) ++*bad;
+                 }
+               });
+      if (work.bytes) g.release_after(work.ptr, work.bytes);
+    }
   };
-  using key = std::pair<index_type, index_type>; // stage, micro
+
+  /// The executor's end of the step: the optimizer step and the collectives around it, and with the
+  /// phases the runtime's prefetch (the budget's capacity first set to the room the step leaves).
+  struct end_of_step {
+    rank_sim* r;
+    void prefetch(std::size_t n) {
+      r->update_budget();
+      r->osw_->prefetch(n);
+    }
+    bool offload_pending() const { return r->osw_->offload_pending(); }
+    void finish_offload(mock::stream s) { r->osw_->finish_offload(s); }
+    /// After the rank's last backward: the data-parallel gradient reduce-scatter (or all-reduce) as
+    /// a kernel of its own duration, the host synchronization (the global gradient-norm reduction of
+    /// mixed-precision training), the optimizer step, the weights' all-gather.
+    void step() { r->optimizer_step(); }
+  };
+
+  void optimizer_step() {
+    auto const cs = b_.current_stream();
+    pipeline_end_ = overlap_ ? std::max({b_.ready_time(cs), b_.ready_time(ex_->send_stream()), b_.ready_time(ex_->recv_stream())})
+                             : b_.makespan();
+    // Data parallelism: the gradients are reduced (scattered) before the step, on their own link.
+    if (auto const ns = dp_grad_sync_ns(s_, stage_params_); ns > 0) collective_kernel("DP grad sync", ns, false);
+    b_.synchronize(b_.record_event(cs)); // the gradient-norm reduction before the step
+    if (phased_) prefetch_now();         // the room the last backward gave back
+    prefetched_ = phased_ ? osw_->prefetched_batches() : 0;
+    osw_->step();
+    if (auto const ns = dp_param_gather_ns(s_, stage_params_); ns > 0) collective_kernel("DP param all-gather", ns, true);
+    // The executor then synchronizes the compute stream (overlap) or the device.
+  }
 
   static mock::options mock_options(scenario const& s, sim_options const& o, link_rates const& link) {
     mock::options m;
@@ -505,94 +670,8 @@ private:
     b_.launch(b_.current_stream(), std::move(d));
   }
 
-  sim_time link_time(std::size_t bytes) const {
-    auto const& d = s_.device;
-    return static_cast<sim_time>(d.p2p_latency_us * 1e3 + static_cast<double>(bytes) / (d.p2p_gbps * 1e9) * 1e9);
-  }
-
-  stage_spec const& stage(index_type st) const {
-    if (st < 0 || static_cast<std::size_t>(st) >= stages_.size()) {
-      throw invalid_argument("simulate: stage " + std::to_string(st) + " is not a stage of the scenario");
-    }
-    if (layout_.rank_of(st) != static_cast<index_type>(rank_)) {
-      throw invalid_argument("simulate: stage " + std::to_string(st) + " runs on rank " +
-                             std::to_string(layout_.rank_of(st)) + ", not on rank " + std::to_string(rank_));
-    }
-    return stages_[static_cast<std::size_t>(st)];
-  }
-
-  bool local(index_type st) const {
-    return st >= 0 && static_cast<std::size_t>(st) < stages_.size() &&
-           layout_.rank_of(st) == static_cast<index_type>(rank_);
-  }
-
-  std::string where(step const& e) const {
-    return "rank " + std::to_string(rank_) + ", position " + std::to_string(pc_) + " (" + schedule::to_text(e) + ")";
-  }
-
-  /// Runs one entry; false when it is a receive whose data was not sent yet.
-  bool run(step const& e, mailbox& mb) {
-    switch (e.kind) {
-    case step_kind::fwd:
-    case step_kind::bwd:
-    case step_kind::overlap_f_b:
-    case step_kind::overlap_b_f: compute(e); return true;
-    case step_kind::fwd_send: send(e, 0, e.stage + 1, mb); return true;
-    case step_kind::bwd_send: send(e, 1, e.stage - 1, mb); return true;
-    case step_kind::fwd_recv: return receive(e, 0, mb);
-    case step_kind::bwd_recv: return receive(e, 1, mb);
-    case step_kind::swap_set_group: group_ = chunk_id{e.stage, e.micro}; return true;
-    case step_kind::swap_launch_offload: acts_.launch_offload({e.stage, e.micro}); return true;
-    case step_kind::swap_wait_offload: acts_.wait_offload({e.stage, e.micro}); return true;
-    case step_kind::swap_launch_load: acts_.launch_load({e.stage, e.micro}); return true;
-    case step_kind::swap_wait_load: acts_.wait_load({e.stage, e.micro}); return true;
-    default:
-      throw invalid_argument("simulate: " + where(e) + ": the simulator does not execute " +
-                             std::string(schedule::step_kind_name(e.kind)) + " steps");
-    }
-  }
-
-  /// A compute entry. The host issues it when the previous compute entry has finished, so the host
-  /// runs one compute entry ahead of the device: the swap steps between two compute entries are
-  /// issued while the first one runs, as a training loop paced by its device does.
-  void compute(step const& e) {
-    if (last_compute_) b_.synchronize(*last_compute_);
-    // The backward tail: after the rank's last forward every backward gives memory back, so each
-    // compute entry from then on starts the next step's optimizer batches the budget has room for.
-    if (phased_ && forwards_left_ == 0) prefetch_now();
-    if (e.kind == step_kind::fwd) {
-      forward(e);
-    } else if (e.kind == step_kind::bwd) {
-      backward(e);
-    } else {
-      for (auto const& l : e.sub) {
-        if (l.kind == step_kind::fwd) forward(l);
-        else if (l.kind == step_kind::bwd) backward(l);
-        else throw invalid_argument("simulate: " + where(e) + ": a composite may hold only FWD and BWD");
-      }
-    }
-    last_compute_ = b_.record_event(b_.current_stream());
-  }
-
-  std::string name_of(char const* what, index_type st, index_type m) const {
+  static std::string name_of(char const* what, index_type st, index_type m) {
     return std::string(what) + " s" + std::to_string(st) + " m" + std::to_string(m);
-  }
-
-  /// Makes `s` wait until `r` may be read.
-  void wait_ready(mock::stream s, ready_buffer const& r) {
-    if (r.ready) b_.wait_event(s, *r.ready);
-  }
-
-  /// A forward after SWAP_SET_GROUP of its chunk runs in that group's forward scope.
-  void forward(step const& e) {
-    if (group_ && group_->stage == e.stage && group_->micro == e.micro) {
-      auto const scope = acts_.forward(*group_);
-      group_.reset();
-      ++swapped_chunks_;
-      forward_in_scope(e, true);
-    } else {
-      forward_in_scope(e, false);
-    }
   }
 
   /// The budget's capacity: the device's room for the job less what lives outside the budget now
@@ -613,178 +692,7 @@ private:
     return s.device.memory_bytes > s.device.reserved_bytes ? s.device.memory_bytes - s.device.reserved_bytes : 0;
   }
 
-  void forward_in_scope(step const& e, bool swapped) {
-    auto const& st = stage(e.stage);
-    auto const cs = b_.current_stream();
-    key const k{e.stage, e.micro};
-    if (saved_.count(k)) throw invalid_argument("simulate: " + where(e) + ": this forward already ran");
-    // The stage input: received (or handed over by the previous stage on this rank), or for stage 0
-    // the embedding output this forward writes.
-    ready_buffer in;
-    bool const first = e.stage == 0;
-    if (first) {
-      in = {b_.allocate_device(st.boundary_bytes, cs), st.boundary_bytes, std::nullopt};
-    } else {
-      auto it = inputs_.find(k);
-      if (it == inputs_.end()) {
-        throw invalid_argument("simulate: " + where(e) + ": no input (the FWD_RECV or the previous stage's FWD "
-                                                         "did not come first)");
-      }
-      in = it->second;
-      inputs_.erase(it);
-      wait_ready(cs, in);
-    }
-    saved_chunk sc;
-    sc.wrote_input = first;
-    sc.bytes.push_back(in.bytes);
-    auto const layer_total = st.activation_bytes - st.boundary_bytes;
-    auto const layers = std::max<std::uint32_t>(st.layers, 1);
-    std::vector<owned> acts;
-    for (std::uint32_t l = 0; l < layers; ++l) {
-      auto const n = layer_total / layers + (l + 1 == layers ? layer_total % layers : 0);
-      acts.push_back({n ? b_.allocate_device(n, cs) : device_ptr{}, n});
-      sc.bytes.push_back(n);
-    }
-    bool const last = static_cast<std::size_t>(e.stage) + 1 == stages_.size();
-    owned out{};
-    if (!last) out = {b_.allocate_device(st.p2p_bytes, cs), st.p2p_bytes};
-
-    mock::kernel_desc d{name_of("FWD", e.stage, e.micro), {}, {}, st.fwd_ns};
-    for (auto const& p : weights_.at(st.stage).params) d.reads.push_back({p.ptr, p.bytes});
-    (first ? d.writes : d.reads).push_back({in.ptr, in.bytes});
-    for (auto const& a : acts) d.writes.push_back({a.ptr, a.bytes});
-    if (!last) d.writes.push_back({out.ptr, out.bytes});
-    std::vector<owned> written = acts;
-    if (first) written.insert(written.begin(), owned{in.ptr, in.bytes});
-    b_.launch(cs, std::move(d), [written, st_ = e.stage, m = e.micro, first](mock::kernel_context const& ctx) {
-      for (std::size_t i = 0; i < written.size(); ++i) {
-        auto const idx = first ? i : i + 1;
-        auto span = ctx.write<std::byte>(written[i].ptr, written[i].bytes);
-        std::fill(span.begin(), span.end(), pattern_of(st_, m, idx));
-      }
-    });
-
-    if (swapped) {
-      sc.swapped = true;
-      sc.handles.push_back(acts_.save(in.ptr, in.bytes));
-      for (auto const& a : acts) sc.handles.push_back(acts_.save(a.ptr, a.bytes));
-      // The pipeline owns the stage input until the backward: it stays on the device.
-      acts_.protect({e.stage, e.micro}, in.ptr, in.bytes);
-    } else {
-      sc.raw.push_back({in.ptr, in.bytes});
-      for (auto const& a : acts) sc.raw.push_back(a);
-    }
-    saved_.emplace(k, std::move(sc));
-    if (!last) hand_over(0, e.stage, e.micro, out);
-    if (forwards_left_ > 0 && --forwards_left_ == 0) tail_from_ = b_.ready_time(cs); // the backward tail begins
-  }
-
-  /// An output (direction 0: activations forward, 1: gradients backward) of stage `st`: kept for the
-  /// next stage when it runs on this rank, else held until its send.
-  void hand_over(int dir, index_type st, index_type m, owned out) {
-    auto const next = dir == 0 ? st + 1 : st - 1;
-    ready_buffer r{out.ptr, out.bytes, b_.record_event(b_.current_stream())};
-    if (local(next)) (dir == 0 ? inputs_ : grads_in_)[{next, m}] = r;
-    else outbox_[{dir, st, m}] = r;
-  }
-
-  void backward(step const& e) {
-    auto const& st = stage(e.stage);
-    auto const cs = b_.current_stream();
-    key const k{e.stage, e.micro};
-    auto it = saved_.find(k);
-    if (it == saved_.end()) throw invalid_argument("simulate: " + where(e) + ": its forward did not run");
-    saved_chunk sc = std::move(it->second);
-    saved_.erase(it);
-    bool const last = static_cast<std::size_t>(e.stage) + 1 == stages_.size();
-    std::optional<ready_buffer> gin;
-    if (!last) {
-      auto g = grads_in_.find(k);
-      if (g == grads_in_.end()) {
-        throw invalid_argument("simulate: " + where(e) + ": no incoming gradient (the BWD_RECV or the next "
-                                                         "stage's BWD did not come first)");
-      }
-      gin = g->second;
-      grads_in_.erase(g);
-      wait_ready(cs, *gin);
-    }
-    std::vector<owned> bufs;
-    for (std::size_t i = 0; i < sc.bytes.size(); ++i) {
-      bufs.push_back({sc.swapped ? acts_.ptr(sc.handles[i]) : sc.raw[i].ptr, sc.bytes[i]});
-    }
-    owned gout{};
-    if (e.stage > 0) gout = {b_.allocate_device(st.boundary_bytes, cs), st.boundary_bytes};
-    // Full recomputation rebuilds one layer's activations at a time while the backward runs.
-    owned work{};
-    if (st.backward_workspace_bytes) work = {b_.allocate_device(st.backward_workspace_bytes, cs), st.backward_workspace_bytes};
-
-    mock::kernel_desc d{name_of("BWD", e.stage, e.micro), {}, {}, st.bwd_ns};
-    if (work.bytes) d.writes.push_back({work.ptr, work.bytes});
-    auto const& w = weights_.at(st.stage);
-    for (auto const& p : w.params) d.reads.push_back({p.ptr, p.bytes});
-    for (auto const& b : bufs) {
-      if (b.bytes) d.reads.push_back({b.ptr, b.bytes});
-    }
-    if (gin) d.reads.push_back({gin->ptr, gin->bytes});
-    for (auto const& g : w.grads) d.writes.push_back({g.ptr, g.bytes});
-    if (gout.bytes) d.writes.push_back({gout.ptr, gout.bytes});
-    // A received input's bytes are the sender's; what the forward wrote is checked.
-    bool const first = sc.wrote_input;
-    b_.launch(cs, std::move(d),
-              [bufs, first, st_ = e.stage, m = e.micro, bad = &corrupt_](mock::kernel_context const& ctx) {
-                for (std::size_t i = first ? 0 : 1; i < bufs.size(); ++i) {
-                  auto span = ctx.read<std::byte>(bufs[i].ptr, bufs[i].bytes);
-                  auto const want = pattern_of(st_, m, i);
-                  if (std::any_of(span.begin(), span.end(), [&](std::byte v) { return v != want; })) ++*bad;
-                }
-              });
-    if (sc.swapped) {
-      acts_.release({e.stage, e.micro});
-    } else {
-      for (auto const& b : sc.raw) {
-        if (b.bytes) b_.deallocate_device(b.ptr, b.bytes, cs);
-      }
-    }
-    if (gin) b_.deallocate_device(gin->ptr, gin->bytes, cs);
-    if (work.bytes) b_.deallocate_device(work.ptr, work.bytes, cs);
-    if (e.stage > 0) hand_over(1, e.stage, e.micro, gout);
-  }
-
-  void send(step const& e, int dir, index_type to, mailbox& mb) {
-    auto it = outbox_.find({dir, e.stage, e.micro});
-    if (it == outbox_.end()) {
-      throw invalid_argument("simulate: " + where(e) + ": nothing to send (its " + (dir ? "BWD" : "FWD") +
-                             " did not run on this rank first)");
-    }
-    auto const r = it->second;
-    outbox_.erase(it);
-    wait_ready(send_, r);
-    auto const start = std::max(b_.ready_time(send_), b_.now());
-    auto const arrival = start + link_time(r.bytes);
-    b_.wait_until(send_, arrival, schedule::to_text(e));
-    b_.deallocate_device(r.ptr, r.bytes, send_);
-    mb.arrivals[{dir, to, e.micro}] = arrival;
-  }
-
-  bool receive(step const& e, int dir, mailbox& mb) {
-    auto it = mb.arrivals.find({dir, e.stage, e.micro});
-    if (it == mb.arrivals.end()) return false;
-    auto const arrival = it->second;
-    mb.arrivals.erase(it);
-    auto const& st = stage(e.stage);
-    auto const bytes = dir == 0 ? st.boundary_bytes : st.p2p_bytes;
-    auto const buf = b_.allocate_device(bytes, recv_);
-    b_.wait_until(recv_, arrival, schedule::to_text(e));
-    auto const ev = b_.record_event(recv_);
-    b_.synchronize(ev); // the host waits for its receives
-    auto& into = dir == 0 ? inputs_ : grads_in_;
-    if (into.count({e.stage, e.micro})) {
-      b_.deallocate_device(buf, bytes, recv_);
-      throw invalid_argument("simulate: " + where(e) + ": received twice");
-    }
-    into[{e.stage, e.micro}] = ready_buffer{buf, bytes, ev};
-    return true;
-  }
+  using executor_type = exec::pipeline_executor<mock::backend, link_comm, stage_model>;
 
   scenario const& s_;
   std::vector<stage_spec> const& stages_;
@@ -795,23 +703,18 @@ private:
   mock::backend b_;
   device_budget budget_; ///< with overlap: the swap runtimes' share of the device (update_budget)
   transfer_engine<mock::backend> x_;
-  activation_swap<mock::backend> acts_;
   opt_type opt_;
+  link_comm comm_;
+  std::map<index_type, stage_model> models_;
+  std::optional<executor_type> ex_;
+  end_of_step end_{this};
   std::optional<optimizer_swap<opt_type>> osw_;
-  mock::stream send_, recv_;
   std::map<std::uint32_t, stage_weights> weights_;
-  std::map<key, ready_buffer> inputs_, grads_in_;
-  std::map<std::tuple<int, index_type, index_type>, ready_buffer> outbox_;
-  std::map<key, saved_chunk> saved_;
-  std::optional<chunk_id> group_;
-  std::optional<mock::event> last_compute_;
   bool overlap_ = false, phased_ = false;
   std::uint64_t transient_ = 0;
   std::size_t forwards_left_ = 0, prefetched_ = 0, batches_ = 0;
-  std::size_t pc_ = 0;
-  sim_time start_ = 0, pipeline_end_ = 0, end_ = 0, tail_from_ = 0;
+  sim_time start_ = 0, pipeline_end_ = 0, end_time_ = 0, tail_from_ = 0;
   std::size_t h2d0_ = 0, d2h0_ = 0;
-  std::uint32_t swapped_chunks_ = 0;
   std::uint64_t resident_param_bytes_ = 0, optimizer_state_bytes_ = 0, corrupt_ = 0, stage_params_ = 0;
 };
 
@@ -849,10 +752,11 @@ inline sim_result simulate_orders(scenario const& s, schedule::rank_orders const
   if (auto const report = schedule::check_schedule(orders, layout); !report.ok()) {
     throw invalid_argument("simulate: the schedule is not valid: " + schedule::to_string(report));
   }
+  detail::mailbox mb; // before the ranks, whose links post into it
   std::vector<std::unique_ptr<detail::rank_sim>> ranks;
   mock::sim_time t0 = 0;
   for (std::uint32_t r = 0; r < s.pipeline.ranks; ++r) {
-    ranks.push_back(std::make_unique<detail::rank_sim>(s, stages, layout, r, orders[r], o, links[r]));
+    ranks.push_back(std::make_unique<detail::rank_sim>(s, stages, layout, r, orders[r], o, links[r], mb));
     t0 = std::max(t0, ranks.back()->finish_setup());
   }
   auto const steps = o.steps_to_run();
@@ -862,12 +766,12 @@ inline sim_result simulate_orders(scenario const& s, schedule::rank_orders const
   mock::sim_time t_report = t0; // when every rank's previous step had ended (T0 for the first)
   for (std::uint32_t k = 0; k < steps; ++k) {
     for (auto& r : ranks) r->start(k == 0 || !o.overlap ? t_report : mock::sim_time{0});
-    detail::mailbox mb;
+    mb.arrivals.clear();
     for (;;) {
       std::size_t progressed = 0;
       bool all_done = true;
       for (auto& r : ranks) {
-        progressed += r->advance(mb);
+        progressed += r->advance();
         all_done = all_done && r->done();
       }
       done += progressed;
