@@ -2,6 +2,13 @@
 // mock device per pipeline rank, with the library's own schedule generators, swap-step injection,
 // activation swap manager, AdamW and optimizer-state swap runtime.
 //
+// Each rank's engine is the pipeline executor (exec/pipeline_executor.hpp, resumable form): its
+// stages are the mock kernels below, its comm the scenario's P2P link on the mock's virtual clock
+// (detail::link_comm, stream-ordered), the optimizer step with its collectives its finish (with
+// overlap and optimizer swap, the runtime's phases driven by the executor). simulate_orders()
+// advances every rank on one thread until a receive finds no message yet, and names what every rank
+// waits for when none can go on.
+//
 // What runs, per rank:
 //  * setup: the rank's weights and gradients (the parameter type), AdamW's state (fp32 moments and,
 //    for 16-bit weights, an fp32 master copy) on the device — or, with optimizer swap, in pinned
