@@ -103,6 +103,35 @@ struct device_flag_int : self_comm {
 };
 static_assert(!ex::comm<device_flag_int>);
 
+// The optional stream-ordered capability: a model and one near-miss per requirement.
+struct stream_comm : self_comm {
+  static constexpr bool reads_device_memory = true;
+  static constexpr bool stream_ordered = true;
+  using self_comm::irecv;
+  using self_comm::isend;
+  request_type isend(void const*, std::size_t, int, int, pipeswap::mock::stream) { return {true}; }
+  request_type irecv(void*, std::size_t, int, int, pipeswap::mock::stream) { return {true}; }
+};
+static_assert(ex::stream_ordered_comm<stream_comm, pipeswap::mock::stream>);
+static_assert(!ex::stream_ordered_comm<self_comm, pipeswap::mock::stream>);
+static_assert(!ex::stream_ordered_comm<ex::thread_comm, pipeswap::mock::stream>);
+struct stream_flag_false : stream_comm {
+  static constexpr bool stream_ordered = false;
+};
+static_assert(!ex::stream_ordered_comm<stream_flag_false, pipeswap::mock::stream>);
+struct stream_flag_int : stream_comm {
+  static constexpr int stream_ordered = 1;
+};
+static_assert(!ex::stream_ordered_comm<stream_flag_int, pipeswap::mock::stream>);
+struct stream_no_irecv : self_comm {
+  static constexpr bool reads_device_memory = true;
+  static constexpr bool stream_ordered = true;
+  using self_comm::isend;
+  request_type isend(void const*, std::size_t, int, int, pipeswap::mock::stream) { return {true}; }
+};
+static_assert(!ex::stream_ordered_comm<stream_no_irecv, pipeswap::mock::stream>);
+static_assert(!ex::stream_ordered_comm<stream_comm, int*>); // another backend's stream
+
 // ----- Stage: a minimal model and near-misses ------------------------------------------------------
 using mb = pipeswap::mock::backend;
 struct min_stage {

@@ -397,6 +397,9 @@ BOOST_AUTO_TEST_CASE(each_executor_wait_is_necessary) {
 // (prefetch in each backward tail, the deferred offload finished at the next step's start). Training
 // stays bit-identical, the hazard checker silent, and every rank's step() finds batches prefetched.
 BOOST_AUTO_TEST_CASE(optimizer_phases_train_bit_identically_with_batches_prefetched) {
+  // The runtime itself is a phased finish (run_step(order, osw) with optimizer_phases).
+  static_assert(ex::phased_finish<pipeswap::optimizer_swap<pt::opt_type>, pipeswap::mock::backend>);
+  static_assert(!ex::phased_finish<void (*)(), pipeswap::mock::backend>);
   struct shape {
     pt::schedule_kind kind;
     int ranks, chunks, micro;

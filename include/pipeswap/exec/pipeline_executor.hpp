@@ -611,8 +611,8 @@ private:
           // The input joins the group as a protected buffer: it stays on the device (the pipeline
           // reads it in the backward) and is counted with the group where a budget is attached.
           (void)acts_.save(in.ptr, in.bytes);
+          sc.input_in_group = true; // the group frees it from here
           acts_.protect(c, in.ptr, in.bytes);
-          sc.input_in_group = true;
         }
         st.forward(f);
       } else {

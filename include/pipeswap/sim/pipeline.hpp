@@ -331,6 +331,8 @@ private:
   double latency_us_, gbps_;
 };
 
+static_assert(exec::stream_ordered_comm<link_comm, mock::stream>);
+
 inline std::byte pattern_of(index_type stage, index_type micro, std::size_t index) {
   auto const h = (static_cast<std::uint64_t>(stage) * 1000003u + static_cast<std::uint64_t>(micro)) * 131u + index;
   return static_cast<std::byte>(1 + h % 251);
