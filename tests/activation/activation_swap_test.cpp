@@ -18,7 +18,7 @@
 
 namespace ps = pipeswap;
 namespace mock = pipeswap::mock;
-using ps::chunk_id;
+using chunk_id = ps::schedule::chunk;
 
 namespace {
 

@@ -204,7 +204,7 @@ BOOST_AUTO_TEST_CASE(activation_loads_rely_on_the_mirror_wait) {
     ps::transfer_engine<mock::backend> x(b, {1 << 20, 1 << 18, 512});
     ps::activation_swap<mock::backend> m(x);
     m.begin_run();
-    ps::chunk_id const c{0, 0};
+    ps::schedule::chunk const c{0, 0};
     {
       auto scope = m.forward(c);
       (void)m.save(b.allocate_device(4096, b.current_stream()), 4096);
@@ -235,7 +235,7 @@ BOOST_AUTO_TEST_CASE(activation_data_waits_are_necessary) {
       ps::transfer_engine<mock::backend> x(b, {1 << 20, 1 << 18, 512});
       ps::activation_swap<mock::backend> m(x);
       m.begin_run();
-      ps::chunk_id const c{0, 0};
+      ps::schedule::chunk const c{0, 0};
       auto const d = b.allocate_device(4096, b.current_stream());
       b.launch(b.current_stream(), {"forward", {}, {{d, 4096}}, std::nullopt});
       ps::activation_handle h;

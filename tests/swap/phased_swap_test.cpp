@@ -508,7 +508,7 @@ BOOST_AUTO_TEST_CASE(activation_loads_take_precedence_over_prefetch) {
       x.set_budget(&budget);
       ps::activation_swap<mock::backend> acts(x);
       acts.begin_run();
-      ps::chunk_id const c{0, 0};
+      ps::schedule::chunk const c{0, 0};
       auto const act_bytes = 2 * batch;
       {
         auto scope = acts.forward(c);

@@ -39,25 +39,21 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/error.hpp>
+#include <pipeswap/schedule/step.hpp>
 
 namespace pipeswap {
 
-/// A pipeline chunk: stage index and micro-batch index.
-struct chunk_id {
-  int stage = 0;
-  int micro = 0;
-  friend constexpr auto operator<=>(chunk_id, chunk_id) = default;
-};
-
-/// A saved activation: which group, which buffer in it.
+/// A saved activation: which group (the chunk, schedule/step.hpp: stage and micro-batch), which buffer
+/// in it.
 struct activation_handle {
   std::uint64_t run = 0;
-  chunk_id chunk;
+  schedule::chunk chunk;
   std::size_t index = 0;
 };
 
@@ -94,7 +90,7 @@ public:
   [[nodiscard]] std::uint64_t run() const noexcept { return run_; }
 
   /// The reference-compatible name of a chunk's group in this run: "pp_swap_run{g}_s{s}_m{m}".
-  [[nodiscard]] std::string group_name(chunk_id c) const {
+  [[nodiscard]] std::string group_name(schedule::chunk c) const {
     return "pp_swap_run" + std::to_string(run_) + "_s" + std::to_string(c.stage) + "_m" +
            std::to_string(c.micro);
   }
@@ -109,14 +105,14 @@ public:
 
   private:
     friend class activation_swap;
-    forward_scope(activation_swap& m, chunk_id c) : m_(m), prev_(m.current_) { m_.current_ = c; }
+    forward_scope(activation_swap& m, schedule::chunk c) : m_(m), prev_(m.current_) { m_.current_ = c; }
     activation_swap& m_;
-    std::optional<chunk_id> prev_;
+    std::optional<schedule::chunk> prev_;
   };
 
   /// Opens the forward scope of chunk `c`, creating its group. A group that is past collecting
   /// (already offloaded) cannot take more buffers.
-  [[nodiscard]] forward_scope forward(chunk_id c) {
+  [[nodiscard]] forward_scope forward(schedule::chunk c) {
     auto& g = groups_[c];
     if (g.state != group_state::collecting) {
       throw state_error("activation_swap::forward: group '" + group_name(c) + "' is " +
@@ -125,7 +121,7 @@ public:
     return forward_scope(*this, c);
   }
 
-  [[nodiscard]] std::optional<chunk_id> current() const noexcept { return current_; }
+  [[nodiscard]] std::optional<schedule::chunk> current() const noexcept { return current_; }
 
   // ----- registration -----------------------------------------------------------------------------
 
@@ -167,7 +163,7 @@ public:
   /// Keeps on the device every buffer of `c`'s group that overlaps device bytes [d, d + bytes), saved
   /// before or after this call: the pipeline still holds them (stage inputs, received buffers,
   /// last-stage outputs). The group must still be collecting.
-  void protect(chunk_id c, device_pointer_t<B> d, std::size_t bytes) {
+  void protect(schedule::chunk c, device_pointer_t<B> d, std::size_t bytes) {
     auto& g = get(c, "protect");
     if (g.state != group_state::collecting) {
       throw state_error("activation_swap::protect: group '" + group_name(c) + "' already launched its offload");
@@ -194,7 +190,7 @@ public:
 
   // ----- the life cycle ---------------------------------------------------------------------------
 
-  void launch_offload(chunk_id c) {
+  void launch_offload(schedule::chunk c) {
     auto& g = get(c, "launch_offload");
     if (g.state != group_state::collecting) {
       throw state_error("activation_swap::launch_offload: group '" + group_name(c) + "' is " +
@@ -215,7 +211,7 @@ public:
     }
   }
 
-  void wait_offload(chunk_id c) {
+  void wait_offload(schedule::chunk c) {
     auto& g = get(c, "wait_offload");
     if (g.state != group_state::offloading) {
       throw state_error("activation_swap::wait_offload: group '" + group_name(c) + "' is " +
@@ -225,7 +221,7 @@ public:
     g.state = group_state::offloaded;
   }
 
-  void launch_load(chunk_id c) {
+  void launch_load(schedule::chunk c) {
     auto& g = get(c, "launch_load");
     if (g.state != group_state::offloaded) {
       throw state_error("activation_swap::launch_load: group '" + group_name(c) + "' is " +
@@ -238,7 +234,7 @@ public:
   }
 
   /// The compute stream waits the loads; the mirrors go back to the pool behind them.
-  void wait_load(chunk_id c) {
+  void wait_load(schedule::chunk c) {
     auto& g = get(c, "wait_load");
     if (g.state != group_state::loading) {
       throw state_error("activation_swap::wait_load: group '" + group_name(c) + "' is " +
@@ -258,7 +254,7 @@ public:
 
   /// After the backward consumed the group: frees its device storage (stream-ordered behind the
   /// compute stream's work) and forgets it. Valid in collecting (never swapped) and loaded states.
-  void release(chunk_id c) {
+  void release(schedule::chunk c) {
     auto& g = get(c, "release");
     if (g.state != group_state::collecting && g.state != group_state::loaded) {
       throw state_error("activation_swap::release: group '" + group_name(c) + "' is " +
@@ -269,7 +265,7 @@ public:
 
   /// Releases everything a group holds, whatever its state (cleanup after a failure): transfers in
   /// flight are settled first, so no copy outlives the memory it touches.
-  void abort(chunk_id c) {
+  void abort(schedule::chunk c) {
     auto it = groups_.find(c);
     if (it == groups_.end()) return;
     auto& g = it->second;
@@ -287,16 +283,16 @@ public:
     groups_.erase(it);
   }
 
-  [[nodiscard]] bool has_group(chunk_id c) const { return groups_.count(c) != 0; }
-  [[nodiscard]] group_state state(chunk_id c) const { return cget(c, "state").state; }
+  [[nodiscard]] bool has_group(schedule::chunk c) const { return groups_.count(c) != 0; }
+  [[nodiscard]] group_state state(schedule::chunk c) const { return cget(c, "state").state; }
   [[nodiscard]] std::size_t active_groups() const noexcept { return groups_.size(); }
-  [[nodiscard]] std::size_t group_bytes(chunk_id c) const {
+  [[nodiscard]] std::size_t group_bytes(schedule::chunk c) const {
     std::size_t n = 0;
     for (auto const& e : cget(c, "group_bytes").entries) n += e.buf->bytes();
     return n;
   }
   /// Bytes of buffers that stay on the device because they are protected.
-  [[nodiscard]] std::size_t kept_bytes(chunk_id c) const {
+  [[nodiscard]] std::size_t kept_bytes(schedule::chunk c) const {
     std::size_t n = 0;
     for (auto const& e : cget(c, "kept_bytes").entries) n += e.keep ? e.buf->bytes() : 0;
     return n;
@@ -339,19 +335,12 @@ private:
   struct live_range {
     device_pointer_t<B> at{};
     std::size_t bytes = 0;
-    chunk_id chunk;
+    schedule::chunk chunk;
     std::size_t index = 0;
   };
 
-  group& get(chunk_id c, char const* op) {
-    auto it = groups_.find(c);
-    if (it == groups_.end()) {
-      throw state_error("activation_swap::" + std::string(op) + ": group '" + group_name(c) +
-                        "' does not exist (open it with forward() in this run)");
-    }
-    return it->second;
-  }
-  group const& cget(chunk_id c, char const* op) const {
+  group& get(schedule::chunk c, char const* op) { return const_cast<group&>(std::as_const(*this).cget(c, op)); }
+  group const& cget(schedule::chunk c, char const* op) const {
     auto it = groups_.find(c);
     if (it == groups_.end()) {
       throw state_error("activation_swap::" + std::string(op) + ": group '" + group_name(c) +
@@ -389,7 +378,7 @@ private:
     return false;
   }
   /// Drops the live ranges of group `c` whose storage is about to move (`all`: or be freed).
-  void forget_ranges(chunk_id c, group const& g, bool all) {
+  void forget_ranges(schedule::chunk c, group const& g, bool all) {
     for (auto const& e : g.entries) {
       if (e.keep && !all) continue;
       auto const& x = *e.buf;
@@ -415,9 +404,9 @@ private:
 
   transfer_engine<B>& engine_;
   std::uint64_t run_ = 0;
-  std::map<chunk_id, group> groups_;
+  std::map<schedule::chunk, group> groups_;
   std::map<device_pointer_t<B>, live_range> live_;
-  std::optional<chunk_id> current_;
+  std::optional<schedule::chunk> current_;
   std::size_t offloaded_bytes_ = 0;
 };
 

@@ -551,7 +551,7 @@ private:
     case step_kind::bwd_send: send(e, 1); return true;
     case step_kind::fwd_recv: return receive(e, 0, blocking);
     case step_kind::bwd_recv: return receive(e, 1, blocking);
-    case step_kind::swap_set_group: group_ = chunk_id{e.stage, e.micro}; return true;
+    case step_kind::swap_set_group: group_ = schedule::chunk{e.stage, e.micro}; return true;
     case step_kind::swap_launch_offload: acts_.launch_offload({e.stage, e.micro}); return true;
     case step_kind::swap_wait_offload: acts_.wait_offload({e.stage, e.micro}); return true;
     case step_kind::swap_launch_load: acts_.launch_load({e.stage, e.micro}); return true;
@@ -589,7 +589,7 @@ private:
     sc.swapped = swapped;
     buffer out{};
     if (!last(e.stage)) out = {alloc(st.output_bytes(), cs), st.output_bytes()};
-    chunk_id const c{e.stage, e.micro};
+    schedule::chunk const c{e.stage, e.micro};
     auto const save = [&](device_pointer_t<B> p, std::size_t n, bool keep) {
       if (sc.swapped) {
         sc.handles.push_back(acts_.save(p, n));
@@ -848,7 +848,7 @@ private:
   std::map<mkey, posted_recv> posted_;
   std::vector<pending_send> sends_;
   std::vector<std::pair<std::byte*, std::size_t>> staging_;
-  std::optional<chunk_id> group_;
+  std::optional<schedule::chunk> group_;
   std::optional<event_t<B>> last_compute_;
   schedule::order order_;
   std::function<void()> prefetch_;
