@@ -12,15 +12,15 @@
 #include <memory>
 #include <vector>
 
-#include <pipeswap/backend/mock.hpp>
-#include <pipeswap/backend/mock/adam_kernels.hpp>
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
 
+#include "support/h200_model.hpp"
 #include "support/null_backend.hpp"
 
 namespace ps = pipeswap;
 namespace mock = pipeswap::mock;
+using ps::bench::mock_adam;
 using ps::bench::null_adam_kernels;
 using ps::bench::null_backend;
 
@@ -93,34 +93,19 @@ BENCHMARK(BM_raw_loop_same_calls)->Arg(100)->Arg(1000)->Arg(10000)->ArgName("par
 
 // ----- 2. simulated step on an H200-like device ---------------------------------------------------
 
-using mock_adam = ps::adam<mock::backend>;
-
 struct sim_result {
   double step_ms = 0;
   double h2d_gb = 0, d2h_gb = 0;
   double peak_gb = 0;
 };
 
-/// One Adam step over `tensors` fp32 tensors holding 1B parameters in all, timing only.
+/// One Adam step of the 1B-parameter model (support/h200_model.hpp), timing only.
 sim_result simulate(std::size_t swap_times, bool packed, bool swap) {
-  constexpr std::size_t total = 1'000'000'000, tensors = 200, per = total / tensors;
-  mock::options o;
-  o.timing = mock::timing_model::h200_pcie();
-  o.materialize = false;
-  mock::backend b{o};
+  mock::backend b{ps::bench::h200_timing_only()};
   ps::transfer_engine<mock::backend> x(b);
   mock_adam opt(b);
-  std::vector<ps::device_ptr> mem;
-  for (std::size_t i = 0; i < tensors; ++i) {
-    auto const p = b.allocate_device(per * 4, b.current_stream());
-    auto const g = b.allocate_device(per * 4, b.current_stream());
-    opt.add_param({p, g, per, ps::dtype::f32, ps::dtype::f32, false});
-  }
-  ps::swap_config cfg;
-  cfg.swap_times = swap_times;
-  cfg.packed = packed;
-  if (!swap) cfg.state_keys = std::vector<std::string>{};
-  ps::optimizer_swap<mock_adam> rt(x, opt, cfg);
+  ps::bench::add_model_params(b, opt);
+  ps::optimizer_swap<mock_adam> rt(x, opt, ps::bench::model_swap_config(swap_times, packed, swap));
   b.synchronize_device();
   auto const t0 = b.now();
   auto const h0 = b.bytes_copied_h2d(), d0 = b.bytes_copied_d2h();
@@ -142,7 +127,7 @@ void BM_simulated_adam_step_1B(benchmark::State& state) {
     r = simulate(k, packed, true);
     base = simulate(1, false, false);
   }
-  auto const bw = static_cast<double>(mock::timing_model::h200_pcie().h2d.bytes_per_second);
+  auto const bw = ps::bench::h200_link_bytes_per_second();
   double const ideal_ms = std::max(r.h2d_gb, r.d2h_gb) * 1e9 / bw * 1e3;
   state.counters["sim_step_ms"] = r.step_ms;
   state.counters["no_swap_ms"] = base.step_ms;

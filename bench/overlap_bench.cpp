@@ -18,21 +18,21 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
-#include <string>
 #include <vector>
 
-#include <pipeswap/backend/mock.hpp>
-#include <pipeswap/backend/mock/adam_kernels.hpp>
 #include <pipeswap/core/budget.hpp>
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
+
+#include "support/h200_model.hpp"
 
 namespace ps = pipeswap;
 namespace mock = pipeswap::mock;
 
 namespace {
 
-using mock_adam = ps::adam<mock::backend>;
+using ps::bench::mock_adam;
+using ps::bench::model_state_bytes;
 
 enum class loop { no_swap, reference, overlapped };
 
@@ -43,36 +43,22 @@ struct figures {
   std::size_t prefetched = 0;
 };
 
-constexpr std::size_t total_params = 1'000'000'000, tensors = 200;
-constexpr double state_bytes = 8.0 * total_params;
-
 /// The steady-state period of one iteration of `l`: forward (`fwd_ms`), backward (`bwd_ms`), step.
 figures run(loop l, std::size_t swap_times, bool packed, double budget_pct, double resident_pct, double fwd_ms,
             double bwd_ms) {
-  mock::options o;
-  o.timing = mock::timing_model::h200_pcie();
-  o.materialize = false;
-  mock::backend b{o};
+  mock::backend b{ps::bench::h200_timing_only()};
   ps::transfer_engine<mock::backend> x(b);
   std::optional<ps::device_budget> budget;
   if (l == loop::overlapped) {
-    budget.emplace(static_cast<std::uint64_t>(state_bytes * budget_pct / 100.0));
+    budget.emplace(static_cast<std::uint64_t>(model_state_bytes * budget_pct / 100.0));
     x.set_budget(&*budget);
   }
   mock_adam opt(b);
-  constexpr std::size_t per = total_params / tensors;
-  for (std::size_t i = 0; i < tensors; ++i) {
-    auto const p = b.allocate_device(per * 4, b.current_stream());
-    auto const g = b.allocate_device(per * 4, b.current_stream());
-    opt.add_param({p, g, per, ps::dtype::f32, ps::dtype::f32, false});
-  }
-  ps::swap_config cfg;
-  cfg.swap_times = swap_times;
-  cfg.packed = packed;
-  if (l == loop::no_swap) cfg.state_keys = std::vector<std::string>{};
+  ps::bench::add_model_params(b, opt);
+  auto cfg = ps::bench::model_swap_config(swap_times, packed, l != loop::no_swap);
   if (l == loop::overlapped) {
     cfg.defer_offload = true;
-    cfg.resident_share = static_cast<std::size_t>(state_bytes * resident_pct / 100.0);
+    cfg.resident_share = static_cast<std::size_t>(model_state_bytes * resident_pct / 100.0);
   }
   ps::optimizer_swap<mock_adam> rt(x, opt, cfg);
   auto const cs = b.current_stream();
@@ -106,7 +92,7 @@ void BM_overlapped_step_1B(benchmark::State& state) {
     ovl = run(loop::overlapped, k, packed, budget_pct, resident_pct, fwd_ms, bwd_ms);
     state.SetIterationTime(ovl.period_ms / 1e3);
   }
-  auto const link_ms = state_bytes / static_cast<double>(mock::timing_model::h200_pcie().h2d.bytes_per_second) * 1e3;
+  auto const link_ms = model_state_bytes / ps::bench::h200_link_bytes_per_second() * 1e3;
   state.counters["no_swap_ms"] = none.period_ms;
   state.counters["reference_ms"] = ref.period_ms;
   state.counters["overlapped_ms"] = ovl.period_ms;

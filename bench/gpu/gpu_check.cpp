@@ -51,9 +51,11 @@
 #include <pipeswap/swap/optimizer_swap.hpp>
 
 #include "support/adam_ranges.hpp"
+#include "values.hpp"
 
 namespace ps = pipeswap;
 namespace cuda = pipeswap::cuda;
+using pipeswap::bench::value_at;
 using clock_type = std::chrono::steady_clock;
 
 namespace {
@@ -117,15 +119,6 @@ void fail(std::string const& what) {
 }
 
 // ----- data ---------------------------------------------------------------------------------------
-
-/// Deterministic values in [-1, 1), computed from the index alone (so threads agree).
-float value_at(std::uint64_t i, std::uint64_t seed) {
-  std::uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed * 0xD1B54A32D192ED03ull;
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 29;
-  return static_cast<float>(static_cast<double>(x >> 40) / 16777216.0 * 2.0 - 1.0);
-}
 
 /// Fills n floats with value_at, on every core.
 void fill_floats(float* p, std::size_t n, std::uint64_t seed) {

@@ -35,6 +35,8 @@
 #include <pipeswap/optim/cuda/adam_kernels.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
 
+#include "values.hpp"
+
 namespace ps = pipeswap;
 namespace cuda = pipeswap::cuda;
 
@@ -71,14 +73,6 @@ struct stand_in {
   }
 };
 
-float value(std::size_t i, std::uint64_t seed) {
-  std::uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed * 0xD1B54A32D192ED03ull;
-  x ^= x >> 29;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 32;
-  return static_cast<float>(static_cast<double>(x >> 40) / 16777216.0 * 2.0 - 1.0);
-}
-
 figures run_loop(cuda::backend& b, options const& o, loop l, stand_in const& bwd) {
   auto const cs = b.current_stream();
   ps::transfer_engine<cuda::backend> x(b);
@@ -96,9 +90,9 @@ figures run_loop(cuda::backend& b, options const& o, loop l, stand_in const& bwd
     auto p = b.allocate_device(per * 4, cs);
     auto g = b.allocate_device(per * 4, cs);
     b.synchronize(b.record_event(cs));
-    for (std::size_t i = 0; i < per; ++i) host[i] = value(t * per + i, 1);
+    for (std::size_t i = 0; i < per; ++i) host[i] = ps::bench::value_at(t * per + i, 1);
     PIPESWAP_CUDA_TRY(cudaMemcpy(p.get(), host.data(), per * 4, cudaMemcpyHostToDevice));
-    for (std::size_t i = 0; i < per; ++i) host[i] = value(t * per + i, 2) * 1e-2f;
+    for (std::size_t i = 0; i < per; ++i) host[i] = ps::bench::value_at(t * per + i, 2) * 1e-2f;
     PIPESWAP_CUDA_TRY(cudaMemcpy(g.get(), host.data(), per * 4, cudaMemcpyHostToDevice));
     ps_.push_back(p);
     gs_.push_back(g);

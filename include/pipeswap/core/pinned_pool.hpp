@@ -18,9 +18,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
-#include <iterator>
-#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -85,12 +84,12 @@ public:
   /// Returns everything to the backend after synchronizing pending release events.
   ~pinned_pool() {
     try {
-      for (auto& [base, d] : dedicated_) {
+      for (auto& d : dedicated_) {
         sync(d.pending);
-        b_.deallocate_host(base, d.bytes);
+        b_.deallocate_host(d.base, d.bytes);
       }
       for (auto& c : slabs_) {
-        for (auto& [off, r] : c->free) sync(r.pending);
+        for (auto& r : c->free) sync(r.pending);
         b_.deallocate_host(c->base, c->bytes);
       }
     } catch (...) { // destructors never throw; the backend reports its own failures
@@ -132,20 +131,20 @@ public:
   /// pending events).
   void trim() {
     for (auto it = dedicated_.begin(); it != dedicated_.end();) {
-      if (it->second.in_use) {
+      if (it->in_use) {
         ++it;
         continue;
       }
-      sync(it->second.pending);
-      b_.deallocate_host(it->first, it->second.bytes);
-      stats_.reserved_bytes -= it->second.bytes;
+      sync(it->pending);
+      b_.deallocate_host(it->base, it->bytes);
+      stats_.reserved_bytes -= it->bytes;
       --stats_.dedicated;
       it = dedicated_.erase(it);
     }
     for (auto it = slabs_.begin(); it != slabs_.end();) {
       auto& c = **it;
-      if (c.free.size() == 1 && c.free.begin()->second.bytes == c.bytes) {
-        sync(c.free.begin()->second.pending);
+      if (c.free.size() == 1 && c.free.front().bytes == c.bytes) {
+        sync(c.free.front().pending);
         b_.deallocate_host(c.base, c.bytes);
         stats_.reserved_bytes -= c.bytes;
         slab_bytes_held_ -= c.bytes;
@@ -162,19 +161,35 @@ public:
 
 private:
   struct free_range {
+    std::size_t offset = 0;
     std::size_t bytes = 0;
     std::vector<event_handle<B>> pending;
   };
   struct slab {
     std::byte* base = nullptr;
     std::size_t bytes = 0;
-    std::map<std::size_t, free_range> free; // offset → range
+    std::vector<free_range> free; // by ascending offset; neighbours are always coalesced
   };
   struct dedicated_block {
+    std::byte* base = nullptr;
     std::size_t bytes = 0;
     std::vector<event_handle<B>> pending; // kept only while the block is parked for reuse
     bool in_use = true;
   };
+
+  /// Index of the first dedicated block whose base is not below `p`.
+  [[nodiscard]] std::size_t dedicated_at(std::byte const* p) const noexcept {
+    std::size_t lo = 0, hi = dedicated_.size();
+    while (lo < hi) {
+      auto const mid = lo + (hi - lo) / 2;
+      if (reinterpret_cast<std::uintptr_t>(dedicated_[mid].base) < reinterpret_cast<std::uintptr_t>(p)) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    return lo;
+  }
 
   [[nodiscard]] std::size_t round(std::size_t n) const { return detail::round_up(n, opts_.alignment); }
 
@@ -195,18 +210,24 @@ private:
     pinned_block blk;
     if (n >= opts_.dedicated_threshold) {
       // Reuse a parked dedicated block of exactly this size, else allocate one.
-      for (auto& [base, d] : dedicated_) {
+      for (auto& d : dedicated_) {
         if (!d.in_use && d.bytes == n) {
           d.in_use = true;
           pending = std::move(d.pending);
           d.pending.clear();
-          blk = {base, n};
+          blk = {d.base, n};
           break;
         }
       }
       if (!blk) {
         auto* p = b_.allocate_host(n);
-        dedicated_.emplace(p, dedicated_block{n, {}, true});
+        try {
+          dedicated_.insert(dedicated_.begin() + static_cast<std::ptrdiff_t>(dedicated_at(p)),
+                            dedicated_block{p, n, {}, true});
+        } catch (...) {
+          b_.deallocate_host(p, n);
+          throw;
+        }
         stats_.reserved_bytes += n;
         ++stats_.dedicated;
         blk = {p, n};
@@ -218,7 +239,7 @@ private:
         auto c = std::make_unique<slab>();
         c->bytes = next_slab_size(need);
         c->base = b_.allocate_host(c->bytes);
-        c->free.emplace(0, free_range{c->bytes, {}});
+        c->free.push_back(free_range{0, c->bytes, {}});
         stats_.reserved_bytes += c->bytes;
         slab_bytes_held_ += c->bytes;
         ++stats_.slabs;
@@ -235,35 +256,41 @@ private:
   /// Best fit over all slabs; splits the chosen range.
   pinned_block carve(std::size_t need, std::vector<event_handle<B>>& pending) {
     slab* best = nullptr;
-    std::size_t best_off = 0, best_size = 0;
+    std::size_t best_at = 0, best_size = 0;
     for (auto& c : slabs_) {
-      for (auto const& [off, r] : c->free) {
+      for (std::size_t i = 0; i < c->free.size(); ++i) {
+        auto const& r = c->free[i];
         if (r.bytes >= need && (best == nullptr || r.bytes < best_size)) {
           best = c.get();
-          best_off = off;
+          best_at = i;
           best_size = r.bytes;
         }
       }
     }
     if (best == nullptr) return {};
-    auto node = best->free.extract(best_off);
-    pending = node.mapped().pending;
+    auto& r = best->free[best_at];
+    auto const off = r.offset;
+    pending = r.pending; // the rest of the range keeps the events too
     if (best_size > need) {
-      best->free.emplace(best_off + need, free_range{best_size - need, std::move(node.mapped().pending)});
+      r.offset += need; // still between its neighbours
+      r.bytes -= need;
+    } else {
+      best->free.erase(best->free.begin() + static_cast<std::ptrdiff_t>(best_at));
     }
-    return {best->base + best_off, need};
+    return {best->base + off, need};
   }
 
   void give_back(pinned_block blk, std::vector<event_handle<B>> pending) {
     if (!blk) return;
-    if (auto it = dedicated_.find(blk.ptr); it != dedicated_.end()) {
-      if (!it->second.in_use || it->second.bytes != blk.bytes) {
+    if (auto i = dedicated_at(blk.ptr); i < dedicated_.size() && dedicated_[i].base == blk.ptr) {
+      auto& d = dedicated_[i];
+      if (!d.in_use || d.bytes != blk.bytes) {
         throw invalid_argument("pinned_pool::deallocate: the dedicated block is not in use with " +
                                std::to_string(blk.bytes) + " bytes");
       }
       stats_.used_bytes -= blk.bytes;
-      it->second.in_use = false;
-      it->second.pending = std::move(pending);
+      d.in_use = false;
+      d.pending = std::move(pending);
       return;
     }
     for (auto& c : slabs_) {
@@ -272,22 +299,29 @@ private:
       auto size = round(blk.bytes);
       stats_.used_bytes -= blk.bytes;
       // Coalesce with the free neighbours; the merged range inherits every pending event.
-      auto next = c->free.lower_bound(off);
-      if (next != c->free.end() && next->first == off + size) {
-        size += next->second.bytes;
-        for (auto& e : next->second.pending) detail::add_unique<B>(pending, e);
-        next = c->free.erase(next);
-      }
-      if (next != c->free.begin()) {
-        auto prev = std::prev(next);
-        if (prev->first + prev->second.bytes == off) {
-          off = prev->first;
-          size += prev->second.bytes;
-          for (auto& e : prev->second.pending) detail::add_unique<B>(pending, e);
-          c->free.erase(prev);
+      auto& fr = c->free;
+      std::size_t next = 0, hi = fr.size(); // next: the first free range after the block
+      while (next < hi) {
+        auto const mid = next + (hi - next) / 2;
+        if (fr[mid].offset < off) {
+          next = mid + 1;
+        } else {
+          hi = mid;
         }
       }
-      c->free.emplace(off, free_range{size, std::move(pending)});
+      if (next < fr.size() && fr[next].offset == off + size) {
+        size += fr[next].bytes;
+        for (auto& e : fr[next].pending) detail::add_unique<B>(pending, e);
+        fr.erase(fr.begin() + static_cast<std::ptrdiff_t>(next));
+      }
+      if (next > 0 && fr[next - 1].offset + fr[next - 1].bytes == off) {
+        --next;
+        off = fr[next].offset;
+        size += fr[next].bytes;
+        for (auto& e : fr[next].pending) detail::add_unique<B>(pending, e);
+        fr.erase(fr.begin() + static_cast<std::ptrdiff_t>(next));
+      }
+      fr.insert(fr.begin() + static_cast<std::ptrdiff_t>(next), free_range{off, size, std::move(pending)});
       return;
     }
     throw invalid_argument("pinned_pool::deallocate: the block was not allocated by this pool");
@@ -297,7 +331,7 @@ private:
   pinned_pool_options opts_;
   std::vector<std::unique_ptr<slab>> slabs_;
   std::size_t slab_bytes_held_ = 0;
-  std::map<std::byte*, dedicated_block> dedicated_;
+  std::vector<dedicated_block> dedicated_; ///< by ascending base address
   pinned_pool_stats stats_;
 };
 

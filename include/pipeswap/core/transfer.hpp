@@ -148,6 +148,7 @@ struct staging_layout {
     std::size_t bytes = 0;
   };
   std::vector<std::size_t> offset; ///< per buffer: byte offset in the arena
+  std::vector<std::size_t> order;  ///< buffer indices in arena order (ascending offset)
   std::vector<run> runs;           ///< copies: host bytes from buffers[first].mirror(), contiguous
   std::size_t bytes = 0;           ///< arena bytes the batch needs
 };
@@ -184,6 +185,7 @@ staging_layout make_staging_layout(std::span<swap_buffer<B>* const> bufs, std::s
     host_end = p->mirror() + p->bytes();
   }
   l.bytes = up(off);
+  l.order = std::move(order);
   return l;
 }
 
@@ -208,13 +210,10 @@ public:
   using buffer = swap_buffer<B>;
   using stream_type = stream_t<B>;
 
-  explicit transfer_engine(B& b, pinned_pool_options pool = {})
-      : b_(b), pool_(b, pool), h2d_(b.new_stream()), d2h_(b.new_stream()) {}
+  explicit transfer_engine(B& b, pinned_pool_options pool = {});
   transfer_engine(transfer_engine const&) = delete;
   transfer_engine& operator=(transfer_engine const&) = delete;
-  ~transfer_engine() {
-    if (link_.budget) link_.budget->detach(link_);
-  }
+  ~transfer_engine();
 
   // ----- the device budget ------------------------------------------------------------------------
 
@@ -383,13 +382,7 @@ public:
     detail::wait_at(detail::wait_site::offload_after_compute, b_, d2h_, b_.record_event(compute()));
     try {
       if constexpr (is_arena<Storage>) {
-        copy_runs(bufs, targets, storage, [&](std::byte* h, device_pointer_t<B> d, std::size_t n) {
-          b_.copy_d2h(h, d, n, d2h_);
-        }, [&](buffer& x) {
-          x.state_ = residency::d2h;
-          x.event_ = nullptr;
-          x.device_ = {}; // a view: the arena is released as a whole
-        }, residency::device);
+        copy_runs(bufs, targets, storage.arena, storage.layout, false);
       } else {
         for (auto* x : targets) {
           if (x->mirror_ == nullptr) {
@@ -467,12 +460,7 @@ public:
         if (storage.arena.fence) {
           detail::wait_at(detail::wait_site::arena_reuse, b_, h2d_, *storage.arena.fence);
         }
-        copy_runs(bufs, targets, storage, [&](std::byte* h, device_pointer_t<B> d, std::size_t n) {
-          b_.copy_h2d(d, h, n, h2d_);
-        }, [&](buffer& x) {
-          x.state_ = residency::h2d;
-          x.event_ = nullptr;
-        }, residency::host);
+        copy_runs(bufs, targets, storage.arena, storage.layout, true);
       } else {
         for (auto* x : targets) {
           b_.copy_h2d(x->device_, x->mirror_, x->bytes_, h2d_);
@@ -653,39 +641,48 @@ private:
     }
   }
 
-  /// Arena copies: when every buffer of the layout is a target, one copy per run; otherwise (after
-  /// an interrupted step) one per target. `moved` is called for each buffer once its copy is
-  /// enqueued. Views are set for loads.
-  template <class Storage, class Copy, class Moved>
-  void copy_runs(std::span<buffer* const> bufs, std::vector<buffer*> const& targets, Storage& storage,
-                 Copy copy, Moved moved, residency from) {
-    auto const& lay = storage.layout;
-    if (lay.offset.size() != bufs.size()) {
+  /// Arena copies (a load when `load`, else an offload): when every buffer of the layout is a
+  /// target, one copy per run; otherwise (after an interrupted step) one per target. Each buffer
+  /// changes state once its copy is enqueued; loads set the views, offloads drop them (the arena is
+  /// released as a whole).
+  void copy_runs(std::span<buffer* const> bufs, std::vector<buffer*> const& targets, staging_arena<B>& arena,
+                 staging_layout const& lay, bool load) {
+    if (lay.offset.size() != bufs.size() || lay.order.size() != bufs.size()) {
       throw state_error("staging layout of " + std::to_string(lay.offset.size()) + " buffers used for a batch of " +
                         std::to_string(bufs.size()));
     }
-    if (lay.bytes > storage.arena.bytes) {
-      throw state_error("staging arena of " + std::to_string(storage.arena.bytes) + " bytes is smaller than the " +
+    if (lay.bytes > arena.bytes) {
+      throw state_error("staging arena of " + std::to_string(arena.bytes) + " bytes is smaller than the " +
                         std::to_string(lay.bytes) + " bytes its batch needs");
     }
-    auto const base = storage.arena.base;
+    auto const base = arena.base;
+    auto const from = load ? residency::host : residency::device;
+    auto const copy = [&](std::byte* h, device_pointer_t<B> d, std::size_t n) {
+      if (load) {
+        b_.copy_h2d(d, h, n, h2d_);
+      } else {
+        b_.copy_d2h(h, d, n, d2h_);
+      }
+    };
+    auto const moved = [&](buffer& x) {
+      x.state_ = load ? residency::h2d : residency::d2h;
+      x.event_ = nullptr;
+      if (!load) x.device_ = {};
+    };
     for (auto* x : targets) {
       if (x->mirror_ == nullptr) throw state_error("swap buffer staged in an arena has no host mirror");
     }
     bool whole = true;
     for (auto* x : bufs) whole = whole && (x->state_ == from || x->bytes_ == 0);
     for (std::size_t i = 0; i < bufs.size(); ++i) {
-      if (from == residency::host && bufs[i]->state_ == from) bufs[i]->device_ = base + lay.offset[i];
+      if (load && bufs[i]->state_ == from) bufs[i]->device_ = base + lay.offset[i];
     }
     if (whole) {
-      std::vector<std::size_t> order(bufs.size());
-      std::iota(order.begin(), order.end(), std::size_t{0});
-      std::sort(order.begin(), order.end(), [&](auto a, auto c) { return lay.offset[a] < lay.offset[c]; });
       std::size_t k = 0;
       for (auto const& r : lay.runs) {
         copy(bufs[r.first]->mirror_, base + r.offset, r.bytes);
-        while (k < order.size() && lay.offset[order[k]] < r.offset + r.bytes) {
-          auto* x = bufs[order[k]];
+        while (k < lay.order.size() && lay.offset[lay.order[k]] < r.offset + r.bytes) {
+          auto* x = bufs[lay.order[k]];
           if (x->state_ == from && x->bytes_ > 0) moved(*x);
           ++k;
         }
@@ -779,5 +776,16 @@ private:
   stream_type h2d_;
   stream_type d2h_;
 };
+
+// Defined out of the class, so not inline: a translation unit that declares the engine extern
+// (<pipeswap/swap/instantiate.hpp>) neither instantiates nor compiles them, nor the pool's.
+template <backend B>
+transfer_engine<B>::transfer_engine(B& b, pinned_pool_options pool)
+    : b_(b), pool_(b, pool), h2d_(b.new_stream()), d2h_(b.new_stream()) {}
+
+template <backend B>
+transfer_engine<B>::~transfer_engine() {
+  if (link_.budget) link_.budget->detach(link_);
+}
 
 } // namespace pipeswap

@@ -67,36 +67,12 @@ public:
   }
   adam(adam const&) = delete;
   adam& operator=(adam const&) = delete;
+  ~adam();
 
   /// Registers a parameter and describes its state slots; returns its index. Refused (state_error)
   /// while an optimizer_swap manages this optimizer: destroy the runtime, add the parameter, build a
   /// new runtime; the state of the other parameters carries over.
-  std::size_t add_param(param_desc d) {
-    state_.require_detached("adam::add_param");
-    if (!detail::is_adam_storage(d.type) || !detail::is_adam_storage(d.grad_type)) {
-      throw invalid_argument("adam::add_param: parameter " + std::to_string(params_.size()) +
-                             " has type " + std::string(name_of(d.type)) + "/" +
-                             std::string(name_of(d.grad_type)) + "; F32, BF16 and F16 are supported");
-    }
-    if (d.master && d.type == dtype::f32) {
-      throw invalid_argument("adam::add_param: parameter " + std::to_string(params_.size()) +
-                             " is F32 and needs no master_param");
-    }
-    auto const i = params_.size();
-    params_.push_back({d, 0});
-    auto& u = all_units_.emplace_back();
-    u.param = i;
-    u.numel = d.numel;
-    auto make = [&](state_key k, slot_init init) {
-      u.slots.push_back(slots_.size());
-      slots_.push_back({i, k, dtype::f32, d.numel, init});
-    };
-    make(state_key::exp_avg, slot_init::zeros);
-    make(state_key::exp_avg_sq, slot_init::zeros);
-    if (cfg_.amsgrad) make(state_key::max_exp_avg_sq, slot_init::zeros);
-    if (d.master) make(state_key::master_param, slot_init::from_param);
-    return i;
-  }
+  std::size_t add_param(param_desc d);
 
   /// Sets (or clears, with a null pointer) parameter i's gradient for the coming steps.
   void set_grad(std::size_t i, device_pointer_t<B> grad) { params_.at(i).desc.grad = grad; }
@@ -247,6 +223,39 @@ private:
   std::vector<update_unit> units_;
   optimizer_state<B> state_; // last: destroyed first, while the backend is still there
 };
+
+// Defined out of the class, so not inline: a translation unit that declares adam<B> extern
+// (PIPESWAP_EXTERN_ADAM) neither instantiates nor compiles them.
+template <backend B, class Kernels>
+adam<B, Kernels>::~adam() = default;
+
+template <backend B, class Kernels>
+std::size_t adam<B, Kernels>::add_param(param_desc d) {
+  state_.require_detached("adam::add_param");
+  if (!detail::is_adam_storage(d.type) || !detail::is_adam_storage(d.grad_type)) {
+    throw invalid_argument("adam::add_param: parameter " + std::to_string(params_.size()) +
+                           " has type " + std::string(name_of(d.type)) + "/" +
+                           std::string(name_of(d.grad_type)) + "; F32, BF16 and F16 are supported");
+  }
+  if (d.master && d.type == dtype::f32) {
+    throw invalid_argument("adam::add_param: parameter " + std::to_string(params_.size()) +
+                           " is F32 and needs no master_param");
+  }
+  auto const i = params_.size();
+  params_.push_back({d, 0});
+  auto& u = all_units_.emplace_back();
+  u.param = i;
+  u.numel = d.numel;
+  auto make = [&](state_key k, slot_init init) {
+    u.slots.push_back(slots_.size());
+    slots_.push_back({i, k, dtype::f32, d.numel, init});
+  };
+  make(state_key::exp_avg, slot_init::zeros);
+  make(state_key::exp_avg_sq, slot_init::zeros);
+  if (cfg_.amsgrad) make(state_key::max_exp_avg_sq, slot_init::zeros);
+  if (d.master) make(state_key::master_param, slot_init::from_param);
+  return i;
+}
 
 /// AdamW: Adam with decoupled weight decay (PyTorch's default weight_decay for AdamW is 0.01).
 template <backend B, class Kernels = adam_kernels<B>>

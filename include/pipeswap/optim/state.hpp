@@ -16,7 +16,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -135,6 +134,8 @@ private:
 };
 
 namespace detail {
+/// Number of dtype enumerators (dtype::u8 is the last): the size of tables indexed by dtype.
+inline constexpr std::size_t dtype_count = static_cast<std::size_t>(dtype::u8) + 1;
 /// Access to optimizer_state's records, for the swap runtime only.
 struct runtime_access {
   explicit runtime_access() = default;
@@ -145,7 +146,7 @@ struct runtime_access {
 ///
 /// An optimizer owns one (the Optimizer concept's swap_state()). optimizer_swap attaches on
 /// construction (a second live runtime is refused), adopts what a previous runtime handed back, and on
-/// destruction hands the state back: swapped slots stay in this object's pinned host arenas, device-
+/// destruction hands the state back: swapped slots stay in this object's pinned host stores, device-
 /// resident slots keep their device storage here. The next runtime adopts both, whatever its
 /// configuration, so rebuilding a runtime (other swap_times, packed or not, state_keys) loses nothing.
 /// The destructor releases what is held (device storage on the backend's current stream). It must be
@@ -156,7 +157,7 @@ public:
   /// Where a slot's bytes are while parked.
   enum class where : std::uint8_t {
     none,   ///< never materialized: the next runtime initializes it (slot_init)
-    host,   ///< in the host arena of `host_type` at `host_offset`
+    host,   ///< in the host store of `host_type` at `host_offset`
     device, ///< in `device` (resident storage handed over by a runtime)
   };
   struct record {
@@ -166,10 +167,13 @@ public:
     device_pointer_t<B> device{};
     std::size_t bytes = 0;
   };
-  struct host_arena {
+  /// The pinned host memory that holds the parked swapped slots of one dtype.
+  struct host_store {
     std::byte* ptr = nullptr;
-    std::size_t bytes = 0;
+    std::size_t bytes = 0; ///< 0: no store for that dtype
   };
+  /// One host store per dtype, indexed by the dtype's value.
+  using host_stores_type = std::array<host_store, detail::dtype_count>;
 
   explicit optimizer_state(B& b) noexcept : b_(b) {}
   optimizer_state(optimizer_state const&) = delete;
@@ -190,17 +194,17 @@ public:
                         "first, make the change, and build a new runtime (the state carries over)");
     }
   }
-  /// Bytes of the pinned host arenas held (swapped state at rest).
+  /// Bytes of the pinned host stores held (swapped state at rest).
   [[nodiscard]] std::size_t host_bytes() const noexcept {
     std::size_t n = 0;
-    for (auto const& [t, a] : arenas_) n += a.bytes;
+    for (auto const& a : stores_) n += a.bytes;
     return n;
   }
 
   // ----- the runtime's side ------------------------------------------------------------------------
   [[nodiscard]] B& backend(detail::runtime_access) const noexcept { return b_; }
   std::vector<record>& records(detail::runtime_access) noexcept { return records_; }
-  std::map<dtype, host_arena>& arenas(detail::runtime_access) noexcept { return arenas_; }
+  host_stores_type& host_stores(detail::runtime_access) noexcept { return stores_; }
   void set_attached(detail::runtime_access, bool a) noexcept { attached_ = a; }
   void set_lost(detail::runtime_access) noexcept { lost_ = true; }
 
@@ -212,17 +216,17 @@ private:
         if (r.at == where::device && r.device) b_.deallocate_device(r.device, r.bytes, s);
         r = {};
       }
-      for (auto& [t, a] : arenas_) {
+      for (auto& a : stores_) {
         if (a.ptr) b_.deallocate_host(a.ptr, a.bytes);
+        a = {};
       }
-      arenas_.clear();
     } catch (...) { // a destructor never throws; what could not be released stays with the backend
     }
   }
 
   B& b_;
   std::vector<record> records_;
-  std::map<dtype, host_arena> arenas_;
+  host_stores_type stores_{};
   bool attached_ = false;
   bool lost_ = false;
 };

@@ -18,7 +18,7 @@
 //     for n: wait_prefetch(n); [n ≥ 2: wait_offload(n-2); finish_offload(n-2)]; activate(n);
 //            update(n); chain(n, n+2): D2H of n out of its arena, then H2D of n+2 into it
 //     drain the last two; end
-//   Swappable state lives in one exact-size pinned host arena per dtype, in slot order, so a batch is
+//   Swappable state lives in one exact-size pinned host store per dtype, in slot order, so a batch is
 //   a few large copies (one per contiguous host run). The H2D of n+2 waits the D2H of n out of the
 //   same arena (wait_site::arena_reuse); the compute stream only ever waits events.
 //
@@ -63,13 +63,11 @@
 #include <exception>
 #include <functional>
 #include <limits>
-#include <map>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -140,79 +138,18 @@ public:
   /// Attaches to `opt`'s state and materializes it: adopts what an earlier runtime handed back,
   /// creates the rest (zeros on the host, masters written and offloaded). Throws state_error when
   /// another runtime is attached to `opt`, or its state was lost; invalid_argument for a bad config.
-  optimizer_swap(transfer_engine<B>& engine, O& opt, swap_config cfg = {}, P policy = {})
-      : engine_(engine), b_(engine.backend()), opt_(opt), cfg_(std::move(cfg)), policy_(policy) {
-    if constexpr (P::splits_units) {
-      static_assert(O::splittable, "split_partition needs an optimizer whose update is elementwise");
-    }
-    cfg_.validate();
-    opt_.validate();
-    engine_.check_budget("optimizer_swap::optimizer_swap");
-    auto& home = opt_.swap_state();
-    if (home.attached()) {
-      throw state_error("optimizer_swap: the optimizer is already managed by another live optimizer_swap; "
-                        "destroy that runtime first (its state carries over to the next one)");
-    }
-    if (home.lost()) {
-      throw state_error("optimizer_swap: the optimizer's state was lost when an earlier runtime could not "
-                        "hand it back (its backend failed during destruction); build a new optimizer");
-    }
-    if (cfg_.state_keys) {
-      keys_ = validate_state_keys(*cfg_.state_keys);
-    } else {
-      keys_.assign(supported_state_keys.begin(), supported_state_keys.end());
-    }
-    home.set_attached(access(), true);
-    try {
-      adopt();
-    } catch (...) {
-      home.set_attached(access(), false);
-      throw;
-    }
-  }
+  optimizer_swap(transfer_engine<B>& engine, O& opt, swap_config cfg = {}, P policy = {});
 
   optimizer_swap(optimizer_swap const&) = delete;
   optimizer_swap& operator=(optimizer_swap const&) = delete;
 
-  /// Hands the state back to the optimizer (swapped slots in its host arenas, resident slots with
+  /// Hands the state back to the optimizer (swapped slots in its host stores, resident slots with
   /// their device storage) and detaches. An interrupted step is abandoned. Never throws; if the
   /// backend fails here, the state is marked lost (optimizer_state::lost()) and released.
-  ~optimizer_swap() { hand_back(); }
+  ~optimizer_swap();
 
   /// Runs one optimizer step (or completes an interrupted one). See the header comment.
-  void step() {
-    reentrancy_guard guard(*this, "step");
-    engine_.check_budget("optimizer_swap::step");
-    where_ = {"step", std::nullopt};
-    try {
-      finish_deferred(engine_.h2d());
-      if (must_evict_) evict_kept();
-      evacuate();
-      if (!pending_) pending_.emplace(step_state{opt_.prepare_step(), nullptr, 0});
-      auto& st = *pending_;
-      if (!st.d) plan_step(st);
-      if (cfg_.packed) {
-        try {
-          run_packed(st);
-        } catch (...) {
-          abort_packed(st);
-          throw;
-        }
-      } else {
-        try {
-          run_per_tensor(st);
-        } catch (...) {
-          recover_per_tensor(st);
-          throw;
-        }
-      }
-      where_ = {"finish_step", std::nullopt};
-      opt_.finish_step(st.ctx);
-      pending_.reset();
-    } catch (...) {
-      rethrow_with_context();
-    }
-  }
+  void step();
 
   /// True after step() threw: the next step() finishes that step.
   [[nodiscard]] bool has_interrupted_step() const noexcept { return pending_.has_value(); }
@@ -223,14 +160,7 @@ public:
   /// host-synchronized, device storage released (reference synchronize_cpu_mirrors). A deferred
   /// offload is finished first; prefetched and resident-share batches go home too (the next step
   /// brings the resident share back). Must not be called from inside a step (it is not reentrant).
-  void synchronize_cpu_mirrors() {
-    reentrancy_guard guard(*this, "synchronize_cpu_mirrors");
-    finish_deferred(engine_.compute());
-    evict_kept();
-    evacuate();
-    auto bufs = pieces(true);
-    engine_.synchronize_to_host(bufs);
-  }
+  void synchronize_cpu_mirrors();
 
   // ----- phases around the step (docs/optimizer.md, "Phases") -------------------------------------
 
@@ -246,36 +176,7 @@ public:
   /// repeatedly (after every backward of the cool-down). Throws state_error while an interrupted
   /// step is pending or from inside step(); a failing copy or allocation throws step_error
   /// (operation "prefetch"), and every batch it had kept is back on the host, nothing lost.
-  std::size_t prefetch(std::size_t max_batches = std::numeric_limits<std::size_t>::max()) {
-    reentrancy_guard guard(*this, "prefetch");
-    if (pending_) {
-      throw state_error("optimizer_swap::prefetch: a step is interrupted; call step() to resume it or "
-                        "discard_interrupted_step() before prefetching the next one");
-    }
-    engine_.check_budget("optimizer_swap::prefetch");
-    where_ = {"prefetch", std::nullopt};
-    std::shared_ptr<plan_data const> plan;
-    try {
-      if (must_evict_) evict_kept();
-      evacuate();
-      if (!cached_) {
-        finish_deferred(engine_.h2d());
-        return kept_count_;
-      }
-      plan = cached_;
-      if (kept_plan_ && kept_plan_ != plan) evict_kept();
-      prefetch_batches(*plan, max_batches);
-      return kept_count_;
-    } catch (...) {
-      auto const failed = where_;
-      try {
-        evict_kept();
-      } catch (...) { // kept: retried first thing in the next call
-      }
-      where_ = failed;
-      rethrow_phase("prefetch", plan.get(), "every batch it had kept is back on the host, nothing was lost");
-    }
-  }
+  std::size_t prefetch(std::size_t max_batches = std::numeric_limits<std::size_t>::max());
 
   /// Finishes a deferred offload: the compute stream waits its D2Hs and its storage is released
   /// (stream-ordered, behind the copies). No-op when none is pending. Never blocks the host.
@@ -283,15 +184,7 @@ public:
   /// As finish_offload(), with `next_user` waiting the D2Hs instead of the compute stream: e.g. the
   /// engine's h2d stream at a forward boundary, so the storage returns behind the copies while the
   /// compute stream's forward does not wait for them (the next prefetch orders after them anyway).
-  void finish_offload(stream_type_t next_user) {
-    reentrancy_guard guard(*this, "finish_offload");
-    where_ = {"finish_offload", std::nullopt};
-    try {
-      finish_deferred(next_user);
-    } catch (...) {
-      rethrow_phase("finish_offload", cached_.get(), "the offload stays pending; call finish_offload() again");
-    }
-  }
+  void finish_offload(stream_type_t next_user);
   /// True while a deferred offload is in flight (step() with defer_offload returned).
   [[nodiscard]] bool offload_pending() const noexcept { return deferred_; }
   /// Batches resident or in flight for the next step (resident share included).
@@ -307,7 +200,7 @@ public:
   [[nodiscard]] transfer_engine<B>& engine() noexcept { return engine_; }
   [[nodiscard]] swap_config const& config() const noexcept { return cfg_; }
   /// The batches of the last step.
-  [[nodiscard]] batch_plan const& last_plan() const noexcept { return last_plan_; }
+  [[nodiscard]] batch_plan const& last_plan() const noexcept { return cached_ ? cached_->plan : no_plan_; }
   /// Device bytes of state that never leaves the device.
   [[nodiscard]] std::size_t resident_bytes() const noexcept { return resident_bytes_; }
   /// Bytes of state that is swapped.
@@ -316,8 +209,12 @@ public:
   [[nodiscard]] std::size_t arena_bytes() const noexcept { return arena_bytes_; }
   /// Bytes of the largest batch of the last step.
   [[nodiscard]] std::size_t max_batch_bytes() const noexcept { return max_batch_bytes_; }
-  /// Pinned bytes of the host arenas that hold the swapped state.
-  [[nodiscard]] std::size_t host_arena_bytes() const noexcept { return opt_.swap_state().host_bytes(); }
+  /// Pinned bytes of the host stores that hold the swapped state (one per dtype).
+  [[nodiscard]] std::size_t host_store_bytes() const noexcept { return opt_.swap_state().host_bytes(); }
+  /// The former name of host_store_bytes() ("arena" now means device staging memory only).
+  [[nodiscard, deprecated("use host_store_bytes()")]] std::size_t host_arena_bytes() const noexcept {
+    return host_store_bytes();
+  }
 
   // ----- the placement of one slot (checkpoints, tests) --------------------------------------------
 
@@ -361,7 +258,8 @@ private:
   /// units and slot layout are the same, so a steady training loop plans once.
   struct plan_data {
     batch_plan plan;
-    std::vector<std::vector<buffer*>> bufs; // unique swappable pieces per batch
+    std::vector<buffer*> pieces;            // unique swappable pieces, batch after batch
+    std::vector<std::size_t> batch_begin;   // batch n's pieces: [batch_begin[n], batch_begin[n + 1])
     std::vector<staging_layout> staging;    // per batch (packed pipeline only)
     std::vector<std::size_t> first_param;   // per batch, the lowest and highest parameter (messages)
     std::vector<std::size_t> last_param;
@@ -370,6 +268,10 @@ private:
     std::vector<std::size_t> batch_bytes;   // per batch: its pieces' bytes
     std::size_t resident = 0;               // batches of the resident share (from the front)
     std::size_t resident_bytes = 0;         // their device bytes (own arenas, packed)
+    /// The unique swappable pieces of batch n.
+    [[nodiscard]] std::span<buffer* const> batch(std::size_t n) const {
+      return std::span<buffer* const>(pieces).subspan(batch_begin[n], batch_begin[n + 1] - batch_begin[n]);
+    }
     /// Device bytes batch n occupies in its own storage.
     [[nodiscard]] std::size_t own_bytes(std::size_t n, bool packed) const {
       return packed ? staging[n].bytes : batch_bytes[n];
@@ -415,7 +317,7 @@ private:
 
   [[nodiscard]] bool eligible(slot_desc const& s) const {
     return s.numel > 0 && s.numel >= cfg_.min_numel &&
-           std::find(keys_.begin(), keys_.end(), s.key) != keys_.end();
+           (key_mask_ >> static_cast<unsigned>(s.key) & 1u) != 0;
   }
 
   /// Builds the runtime's storage from the optimizer's descriptions and what an earlier runtime
@@ -426,7 +328,8 @@ private:
     auto& home = opt_.swap_state();
     auto const descs = opt_.slots();
     auto& recs = home.records(access());
-    auto& old_arenas = home.arenas(access());
+    using stores_t = typename optimizer_state<B>::host_stores_type;
+    auto& old_stores = home.host_stores(access());
     if (recs.size() > descs.size()) {
       throw state_error("optimizer_swap: the optimizer describes " + std::to_string(descs.size()) +
                         " slots but its parked state holds " + std::to_string(recs.size()));
@@ -439,32 +342,33 @@ private:
                           " bytes but its parked state " + std::to_string(parked[i].bytes));
       }
     }
-    // The host layout: one arena per dtype, eligible slots in order.
-    std::map<dtype, std::size_t> sizes;
+    // The host layout: one host store per dtype (indexed by its value), eligible slots in order.
+    // An eligible slot has bytes, so a dtype has a store exactly when its size is positive.
+    std::array<std::size_t, detail::dtype_count> sizes{};
     std::vector<std::size_t> offset(descs.size(), 0);
     for (std::size_t i = 0; i < descs.size(); ++i) {
       if (!eligible(descs[i])) continue;
-      offset[i] = sizes[descs[i].type];
-      sizes[descs[i].type] += descs[i].bytes();
+      auto const t = static_cast<std::size_t>(descs[i].type);
+      offset[i] = sizes[t];
+      sizes[t] += descs[i].bytes();
     }
-    bool reuse = old_arenas.size() == sizes.size();
-    for (auto const& [t, n] : sizes) {
-      auto it = old_arenas.find(t);
-      reuse = reuse && it != old_arenas.end() && it->second.bytes == n;
-    }
+    bool reuse = true;
+    for (std::size_t t = 0; t < sizes.size(); ++t) reuse = reuse && old_stores[t].bytes == sizes[t];
     for (std::size_t i = 0; i < descs.size() && reuse; ++i) {
       if (parked[i].at != where::host) continue;
       reuse = eligible(descs[i]) && parked[i].host_type == descs[i].type && parked[i].host_offset == offset[i];
     }
     auto const bytes_ok = detail::holds_bytes(b_);
-    std::map<dtype, typename optimizer_state<B>::host_arena> arenas;
-    std::vector<device_pointer_t<B>> adopted_devices; // parked device storage now in pieces (rollback)
+    stores_t stores{};
+    std::vector<std::size_t> adopted;                  // slots whose parked device storage is now their piece
     std::vector<std::size_t> copied_back;              // slots whose parked device bytes went to the host
     try {
       if (reuse) {
-        arenas = old_arenas;
+        stores = old_stores;
       } else {
-        for (auto const& [t, n] : sizes) arenas[t] = {n ? b_.allocate_host(n) : nullptr, n};
+        for (std::size_t t = 0; t < sizes.size(); ++t) {
+          if (sizes[t]) stores[t] = {b_.allocate_host(sizes[t]), sizes[t]};
+        }
       }
       slots_.clear();
       slots_.reserve(descs.size());
@@ -482,10 +386,10 @@ private:
         s.piece_begin.assign(1, 0);
         auto& p = s.pieces[0];
         std::byte* const old_host =
-            r.at == where::host ? old_arenas.at(r.host_type).ptr + r.host_offset : nullptr;
+            r.at == where::host ? old_stores[static_cast<std::size_t>(r.host_type)].ptr + r.host_offset : nullptr;
         if (s.swappable) {
           swappable_bytes_ += d.bytes();
-          s.mirror = arenas.at(d.type).ptr + offset[i];
+          s.mirror = stores[static_cast<std::size_t>(d.type)].ptr + offset[i];
           engine_.set_mirror(p, s.mirror);
           if (r.at == where::host) {
             if (!reuse && bytes_ok && d.bytes()) {
@@ -507,7 +411,7 @@ private:
           resident_bytes_ += d.bytes();
           if (r.at == where::device) {
             engine_.adopt_device(p, r.device);
-            adopted_devices.push_back(r.device);
+            adopted.push_back(i);
           } else if (r.at == where::host) {
             auto const fresh = engine_.allocate_device(d.bytes());
             try {
@@ -529,13 +433,13 @@ private:
       engine_.copy_to_host(to_host, in_flight, "adopt parked state");
       if (!to_device.empty()) {
         engine_.copy_to_device(to_device, in_flight, "adopt parked state");
-        b_.synchronize(*in_flight); // the old host arenas are freed below
+        b_.synchronize(*in_flight); // the old host stores are freed below
       }
       // Cold states leave the device before the first forward (reference offload_initial_slots).
       engine_.launch_offload(cold, "offload initial");
       engine_.wait_offload(cold, engine_.compute());
     } catch (...) {
-      rollback(adopted_devices, reuse ? decltype(arenas){} : arenas);
+      rollback(adopted, reuse ? stores_t{} : stores);
       throw;
     }
     // Commit: nothing below throws on a conforming backend.
@@ -543,27 +447,27 @@ private:
     try {
       for (auto i : copied_back) b_.deallocate_device(parked[i].device, parked[i].bytes, cs);
       if (!reuse) {
-        for (auto& [t, a] : old_arenas) {
+        for (auto& a : old_stores) {
           if (a.ptr) b_.deallocate_host(a.ptr, a.bytes);
         }
       }
     } catch (...) { // left with the backend; the state itself is adopted
     }
-    old_arenas = std::move(arenas);
+    old_stores = stores;
     recs.assign(descs.size(), rec_t{});
   }
 
   /// Undoes a failed adopt(): new storage is released, parked device storage is left where it was.
-  void rollback(std::vector<device_pointer_t<B>> const& adopted,
-                std::map<dtype, typename optimizer_state<B>::host_arena> const& fresh_arenas) noexcept {
+  void rollback(std::vector<std::size_t> const& adopted,
+                typename optimizer_state<B>::host_stores_type const& fresh_stores) noexcept {
     try {
       auto all = pieces(false);
       engine_.settle(all);
       engine_.host_sync(all);
-      for (auto& s : slots_) {
-        for (auto& p : s.pieces) {
-          if (p.state() == residency::device &&
-              std::find(adopted.begin(), adopted.end(), p.device()) != adopted.end()) {
+      for (std::size_t i = 0; i < slots_.size(); ++i) {
+        bool const parked = std::find(adopted.begin(), adopted.end(), i) != adopted.end();
+        for (auto& p : slots_[i].pieces) {
+          if (parked && p.state() == residency::device) {
             (void)engine_.take_device(p); // parked storage: stays with the optimizer's state
           } else {
             engine_.discard_device(p, engine_.compute());
@@ -571,7 +475,7 @@ private:
         }
       }
       slots_.clear();
-      for (auto const& [t, a] : fresh_arenas) {
+      for (auto const& a : fresh_stores) {
         if (a.ptr) b_.deallocate_host(a.ptr, a.bytes);
       }
     } catch (...) { // what could not be released stays with the backend
@@ -595,7 +499,7 @@ private:
       engine_.settle(all);
       auto swapped = pieces(true);
       engine_.synchronize_to_host(swapped, "hand back");
-      auto& arenas = home.arenas(access());
+      auto& stores = home.host_stores(access());
       recs.assign(slots_.size(), {});
       for (std::size_t i = 0; i < slots_.size(); ++i) {
         auto& s = slots_[i];
@@ -604,7 +508,7 @@ private:
         if (s.swappable) {
           r.at = where::host;
           r.host_type = descs[i].type;
-          r.host_offset = static_cast<std::size_t>(s.mirror - arenas.at(descs[i].type).ptr);
+          r.host_offset = static_cast<std::size_t>(s.mirror - stores[static_cast<std::size_t>(descs[i].type)].ptr);
         } else {
           r.at = where::device;
           r.device = engine_.take_device(s.pieces.at(0));
@@ -725,14 +629,19 @@ private:
     d->plan = policy_(items, cfg_.swap_times);
     segment(units, d->plan);
     auto const descs = opt_.slots();
-    d->bufs.assign(d->plan.size(), {});
-    d->first_param.assign(d->plan.size(), 0);
-    d->last_param.assign(d->plan.size(), 0);
-    std::vector<std::vector<std::size_t>> regions(d->plan.size());
-    std::unordered_set<buffer const*> seen; // dedup by piece identity, never by address values
-    for (std::size_t n = 0; n < d->plan.size(); ++n) {
+    auto const N = d->plan.size();
+    d->first_param.assign(N, 0);
+    d->last_param.assign(N, 0);
+    d->batch_begin.assign(1, 0);
+    // Dedup by piece identity, never by address values: piece k of slot si is piece number
+    // first_piece[si] + k, and seen[] holds the last batch that took it.
+    std::vector<std::size_t> first_piece(slots_.size() + 1, 0);
+    for (std::size_t si = 0; si < slots_.size(); ++si) first_piece[si + 1] = first_piece[si] + slots_[si].pieces.size();
+    std::vector<std::size_t> seen(first_piece.back(), N);
+    std::vector<std::size_t> region; // per piece of the batch: its dtype (packed staging regions)
+    for (std::size_t n = 0; n < N; ++n) {
       std::size_t bytes = 0;
-      seen.clear();
+      region.clear();
       if (!d->plan[n].empty()) {
         d->first_param[n] = units[d->plan[n].front().unit].param;
         d->last_param[n] = units[d->plan[n].back().unit].param;
@@ -741,20 +650,20 @@ private:
         for (auto si : units[r.unit].slots) {
           auto& s = slots_[si];
           if (!s.swappable) continue;
-          auto* p = &s.pieces[s.piece_of(r.begin)];
-          if (seen.insert(p).second) {
-            d->bufs[n].push_back(p);
-            regions[n].push_back(static_cast<std::size_t>(descs[si].type));
-            bytes += p->bytes();
-          }
+          auto const k = s.piece_of(r.begin);
+          if (seen[first_piece[si] + k] == n) continue;
+          seen[first_piece[si] + k] = n;
+          auto* p = &s.pieces[k];
+          d->pieces.push_back(p);
+          region.push_back(static_cast<std::size_t>(descs[si].type));
+          bytes += p->bytes();
         }
       }
+      d->batch_begin.push_back(d->pieces.size());
       d->max_batch_bytes = std::max(d->max_batch_bytes, bytes);
       d->batch_bytes.push_back(bytes);
-    }
-    if (cfg_.packed) {
-      for (std::size_t n = 0; n < d->plan.size(); ++n) {
-        d->staging.push_back(make_staging_layout<B>(d->bufs[n], regions[n]));
+      if (cfg_.packed) {
+        d->staging.push_back(make_staging_layout<B>(d->batch(n), region));
         d->arena_size = std::max(d->arena_size, d->staging.back().bytes);
       }
     }
@@ -776,18 +685,27 @@ private:
     cached_layout_ = layout;
     st.d = std::move(d);
     max_batch_bytes_ = st.d->max_batch_bytes;
-    last_plan_ = st.d->plan;
   }
 
   /// Makes every swappable slot's pieces match the cuts of this step's plan. Re-cutting happens only
   /// when the plan changes, on slots at rest on the host (it is bookkeeping over the mirror).
   void segment(std::span<update_unit const> units, batch_plan const& plan) {
-    std::vector<std::vector<std::size_t>> cuts(units.size());
+    // The cuts of unit u, flattened: cut[at[u], at[u + 1]).
+    std::vector<std::size_t> at(units.size() + 1, 0);
     for (auto const& batch : plan) {
-      for (auto const& r : batch) cuts[r.unit].push_back(r.begin);
+      for (auto const& r : batch) ++at[r.unit + 1];
     }
+    for (std::size_t u = 0; u < units.size(); ++u) at[u + 1] += at[u];
+    std::vector<std::size_t> cut(at.back());
+    {
+      auto fill = at;
+      for (auto const& batch : plan) {
+        for (auto const& r : batch) cut[fill[r.unit]++] = r.begin;
+      }
+    }
+    std::vector<std::size_t> c;
     for (std::size_t u = 0; u < units.size(); ++u) {
-      auto& c = cuts[u];
+      c.assign(cut.begin() + static_cast<std::ptrdiff_t>(at[u]), cut.begin() + static_cast<std::ptrdiff_t>(at[u + 1]));
       std::sort(c.begin(), c.end());
       c.erase(std::unique(c.begin(), c.end()), c.end());
       if (c.empty()) c.push_back(0);
@@ -846,7 +764,7 @@ private:
     auto const N = d.plan.size();
     auto const k = st.next;
     if (k >= N) return;
-    auto bufs = [&](std::size_t n) { return std::span<buffer* const>(d.bufs[n]); };
+    auto bufs = [&](std::size_t n) { return d.batch(n); };
     // Own batches [k, own): resident or prefetched, in their own storage; only a whole step keeps any.
     auto const resident = k == 0 ? d.resident : 0;
     auto const own = k == 0 ? std::max(kept_count_, resident) : 0;
@@ -920,8 +838,7 @@ private:
   }
 
   void recover_per_tensor(step_state& st) noexcept {
-    std::vector<buffer*> all;
-    for (auto& v : st.d->bufs) all.insert(all.end(), v.begin(), v.end());
+    auto const all = std::span<buffer* const>(st.d->pieces);
     auto const failed = where_;
     try {
       engine_.settle(all);
@@ -948,14 +865,14 @@ private:
     if (announce) emit("prefetch", n, n % 2);
     note("prefetch", n);
     auto s = in_arena(d, n);
-    engine_.launch_load(std::span<buffer* const>(d.bufs[n]), s, label("prefetch", n).c_str());
+    engine_.launch_load(d.batch(n), s, label("prefetch", n).c_str());
   }
 
   /// D2H of batch n out of its arena, then the H2D of `next` into it (the reference's chain).
   void packed_chain(plan_data const& d, std::size_t n, std::optional<std::size_t> next) {
     emit("chain", n, next, n % 2);
     auto s = in_arena(d, n);
-    engine_.launch_offload(std::span<buffer* const>(d.bufs[n]), s, label("offload", n).c_str());
+    engine_.launch_offload(d.batch(n), s, label("offload", n).c_str());
     if (next) packed_prefetch(d, *next, false);
   }
 
@@ -972,7 +889,7 @@ private:
     auto const s0 = std::max(k, own); // the first batch streamed through the two staging arenas
     emit("begin", N - k);
     gate_step();
-    auto bufs = [&](std::size_t n) { return std::span<buffer* const>(d.bufs[n]); };
+    auto bufs = [&](std::size_t n) { return d.batch(n); };
     kept_plan_ = st.d;
     if (own_.size() != N) own_.resize(N);
     for (std::size_t n = kept_count_; n < own; ++n) { // resident batches not on the device yet
@@ -1038,20 +955,22 @@ private:
     emit("prefetch", n, "own");
     if (!own_[n].base) engine_.allocate_arena(own_[n], d.staging[n].bytes);
     arena_storage<B> s{own_[n], d.staging[n]};
-    engine_.launch_load(std::span<buffer* const>(d.bufs[n]), s, label("prefetch", n).c_str());
+    engine_.launch_load(d.batch(n), s, label("prefetch", n).c_str());
   }
 
   void hold_batch(std::size_t n, std::uint64_t bytes) {
+    if (held_.size() <= n) held_.resize(n + 1, 0);
     if (engine_.hold(budget_client::optimizer, bytes)) held_[n] += bytes;
   }
   void unhold_batch(std::size_t n) noexcept {
-    auto it = held_.find(n);
-    if (it == held_.end()) return;
-    engine_.unhold(budget_client::optimizer, it->second);
-    held_.erase(it);
+    if (n >= held_.size() || held_[n] == 0) return;
+    engine_.unhold(budget_client::optimizer, held_[n]);
+    held_[n] = 0;
   }
   void unhold_all() noexcept {
-    for (auto const& [n, bytes] : held_) engine_.unhold(budget_client::optimizer, bytes);
+    for (auto const bytes : held_) {
+      if (bytes) engine_.unhold(budget_client::optimizer, bytes);
+    }
     held_.clear();
   }
 
@@ -1078,10 +997,10 @@ private:
       auto const rest = N - n - 1;
       if (deferred_) {
         bool in_flight = false;
-        for (auto* p : d.bufs[n]) in_flight = in_flight || p->state() == residency::d2h;
+        for (auto* p : d.batch(n)) in_flight = in_flight || p->state() == residency::d2h;
         if (in_flight) { // its own D2H only; the rest of the deferred offload keeps running
           emit("finish_deferred", n);
-          engine_.wait_offload(std::span<buffer* const>(d.bufs[n]), engine_.h2d(), detail::wait_site::finish_deferred);
+          engine_.wait_offload(d.batch(n), engine_.h2d(), detail::wait_site::finish_deferred);
           unhold_batch(n); // per tensor: its storage's release is ordered before the h2d stream now
         }
       }
@@ -1110,7 +1029,7 @@ private:
         own_load(d, n);
       } else {
         emit("prefetch", n);
-        engine_.launch_load(std::span<buffer* const>(d.bufs[n]), label("prefetch", n).c_str());
+        engine_.launch_load(d.batch(n), label("prefetch", n).c_str());
       }
     }
   }
@@ -1143,8 +1062,8 @@ private:
     note("evict");
     auto const& d = *kept_plan_;
     auto const upto = std::max(kept_count_, cfg_.packed ? own_.size() : 0);
-    for (std::size_t n = 0; n < upto && n < d.bufs.size(); ++n) {
-      auto bs = std::span<buffer* const>(d.bufs[n]);
+    for (std::size_t n = 0; n < upto && n < d.plan.size(); ++n) {
+      auto bs = d.batch(n);
       if (cfg_.packed) {
         if (n >= own_.size() || !own_[n].base) continue;
         engine_.settle(bs);
@@ -1192,7 +1111,7 @@ private:
 
   void finish_offload(plan_data const& d, std::size_t n) {
     emit("wait_offload", n);
-    engine_.wait_offload(std::span<buffer* const>(d.bufs[n]), engine_.compute());
+    engine_.wait_offload(d.batch(n), engine_.compute());
     emit("finish_offload", n);
   }
 
@@ -1234,16 +1153,15 @@ private:
     auto const saved = where_;
     note("evacuate");
     auto const& d = *arena_plan_;
-    std::vector<buffer*> all;
-    for (auto const& v : d.bufs) all.insert(all.end(), v.begin(), v.end());
+    auto const all = std::span<buffer* const>(d.pieces);
     engine_.settle(all);
-    for (std::size_t n = 0; n < d.bufs.size(); ++n) {
+    for (std::size_t n = 0; n < d.plan.size(); ++n) {
       if (kept_plan_ == arena_plan_ && n < own_.size() && own_[n].base) continue; // own arena: evict_kept()
       bool on_device = false;
-      for (auto* p : d.bufs[n]) on_device = on_device || p->state() == residency::device;
+      for (auto* p : d.batch(n)) on_device = on_device || p->state() == residency::device;
       if (!on_device) continue;
       auto s = in_arena(d, n);
-      engine_.launch_offload(std::span<buffer* const>(d.bufs[n]), s, "evacuate");
+      engine_.launch_offload(d.batch(n), s, "evacuate");
     }
     engine_.settle(all);
     release_arenas();
@@ -1267,10 +1185,10 @@ private:
   O& opt_;
   swap_config cfg_;
   P policy_;
-  std::vector<state_key> keys_;
+  unsigned key_mask_ = 0; ///< bit k: state_key k is eligible for swap
   std::vector<slot_type> slots_;
   std::optional<step_state> pending_;
-  batch_plan last_plan_;
+  batch_plan const no_plan_; ///< last_plan() before the first step
   std::shared_ptr<plan_data const> cached_;
   std::vector<partition_item> cached_items_;
   std::vector<std::size_t> cached_params_;
@@ -1291,8 +1209,135 @@ private:
   bool deferred_ = false;
   std::vector<staging_arena<B>> deferred_arenas_;
   /// Budget bytes held per batch for per-tensor storage released behind D2Hs nothing waited yet.
-  std::map<std::size_t, std::uint64_t> held_;
+  std::vector<std::uint64_t> held_; ///< indexed by batch; 0 = nothing held
   char const* busy_ = nullptr; ///< the public call in progress (reentrancy)
 };
+
+// The entry points a program calls are defined out of the class: they are not inline, so a
+// translation unit that declares the runtime extern (<pipeswap/swap/instantiate.hpp>) neither
+// instantiates nor compiles them, nor the private members only they reach.
+
+template <swap_optimizer O, partition_policy P>
+optimizer_swap<O, P>::optimizer_swap(transfer_engine<B>& engine, O& opt, swap_config cfg, P policy)
+    : engine_(engine), b_(engine.backend()), opt_(opt), cfg_(std::move(cfg)), policy_(policy) {
+  if constexpr (P::splits_units) {
+    static_assert(O::splittable, "split_partition needs an optimizer whose update is elementwise");
+  }
+  cfg_.validate();
+  opt_.validate();
+  engine_.check_budget("optimizer_swap::optimizer_swap");
+  auto& home = opt_.swap_state();
+  if (home.attached()) {
+    throw state_error("optimizer_swap: the optimizer is already managed by another live optimizer_swap; "
+                      "destroy that runtime first (its state carries over to the next one)");
+  }
+  if (home.lost()) {
+    throw state_error("optimizer_swap: the optimizer's state was lost when an earlier runtime could not "
+                      "hand it back (its backend failed during destruction); build a new optimizer");
+  }
+  if (cfg_.state_keys) {
+    for (auto k : validate_state_keys(*cfg_.state_keys)) key_mask_ |= 1u << static_cast<unsigned>(k);
+  } else {
+    for (auto k : supported_state_keys) key_mask_ |= 1u << static_cast<unsigned>(k);
+  }
+  home.set_attached(access(), true);
+  try {
+    adopt();
+  } catch (...) {
+    home.set_attached(access(), false);
+    throw;
+  }
+}
+
+template <swap_optimizer O, partition_policy P>
+optimizer_swap<O, P>::~optimizer_swap() { hand_back(); }
+
+template <swap_optimizer O, partition_policy P>
+void optimizer_swap<O, P>::step() {
+  reentrancy_guard guard(*this, "step");
+  engine_.check_budget("optimizer_swap::step");
+  where_ = {"step", std::nullopt};
+  try {
+    finish_deferred(engine_.h2d());
+    if (must_evict_) evict_kept();
+    evacuate();
+    if (!pending_) pending_.emplace(step_state{opt_.prepare_step(), nullptr, 0});
+    auto& st = *pending_;
+    if (!st.d) plan_step(st);
+    if (cfg_.packed) {
+      try {
+        run_packed(st);
+      } catch (...) {
+        abort_packed(st);
+        throw;
+      }
+    } else {
+      try {
+        run_per_tensor(st);
+      } catch (...) {
+        recover_per_tensor(st);
+        throw;
+      }
+    }
+    where_ = {"finish_step", std::nullopt};
+    opt_.finish_step(st.ctx);
+    pending_.reset();
+  } catch (...) {
+    rethrow_with_context();
+  }
+}
+
+template <swap_optimizer O, partition_policy P>
+void optimizer_swap<O, P>::synchronize_cpu_mirrors() {
+  reentrancy_guard guard(*this, "synchronize_cpu_mirrors");
+  finish_deferred(engine_.compute());
+  evict_kept();
+  evacuate();
+  auto bufs = pieces(true);
+  engine_.synchronize_to_host(bufs);
+}
+
+template <swap_optimizer O, partition_policy P>
+std::size_t optimizer_swap<O, P>::prefetch(std::size_t max_batches) {
+  reentrancy_guard guard(*this, "prefetch");
+  if (pending_) {
+    throw state_error("optimizer_swap::prefetch: a step is interrupted; call step() to resume it or "
+                      "discard_interrupted_step() before prefetching the next one");
+  }
+  engine_.check_budget("optimizer_swap::prefetch");
+  where_ = {"prefetch", std::nullopt};
+  std::shared_ptr<plan_data const> plan;
+  try {
+    if (must_evict_) evict_kept();
+    evacuate();
+    if (!cached_) {
+      finish_deferred(engine_.h2d());
+      return kept_count_;
+    }
+    plan = cached_;
+    if (kept_plan_ && kept_plan_ != plan) evict_kept();
+    prefetch_batches(*plan, max_batches);
+    return kept_count_;
+  } catch (...) {
+    auto const failed = where_;
+    try {
+      evict_kept();
+    } catch (...) { // kept: retried first thing in the next call
+    }
+    where_ = failed;
+    rethrow_phase("prefetch", plan.get(), "every batch it had kept is back on the host, nothing was lost");
+  }
+}
+
+template <swap_optimizer O, partition_policy P>
+void optimizer_swap<O, P>::finish_offload(stream_type_t next_user) {
+  reentrancy_guard guard(*this, "finish_offload");
+  where_ = {"finish_offload", std::nullopt};
+  try {
+    finish_deferred(next_user);
+  } catch (...) {
+    rethrow_phase("finish_offload", cached_.get(), "the offload stays pending; call finish_offload() again");
+  }
+}
 
 } // namespace pipeswap

@@ -21,7 +21,7 @@ namespace pipeswap::detail {
 template <backend B>
 struct slot_storage {
   bool swappable = false;
-  std::byte* mirror = nullptr; ///< whole host mirror (swappable slots), a view of a host arena
+  std::byte* mirror = nullptr; ///< whole host mirror (swappable slots), a view of a host store
   std::size_t element_bytes = 0;
   std::size_t numel = 0;
   std::vector<swap_buffer<B>> pieces;
