@@ -439,6 +439,8 @@ BOOST_AUTO_TEST_CASE(plan_picks_the_fastest_fitting_option_of_a_small_scenario) 
       auto const j = sim::to_json(r);
       BOOST_TEST(j["fits"] == true);
       BOOST_TEST(j["chosen"]["outcome"]["step_ns"] == r.chosen_outcome.step_ns);
+      BOOST_REQUIRE_EQUAL(r.chosen_outcome.wait_delays.size(), s.pipeline.ranks);
+      BOOST_TEST(j["chosen"]["overlap"][0]["offload_wait_delay"] == r.chosen_outcome.wait_delays[0]);
       // No swap moves no bytes: another plan is chosen over it only when strictly faster.
       if (budget >= none.peak_bytes && !(*r.chosen == sim::swap_choice{}))
         BOOST_TEST(r.chosen_outcome.step_ns < none.step_ns);

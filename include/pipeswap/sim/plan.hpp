@@ -158,9 +158,10 @@ struct plan_outcome {
   /// Per rank: the step time (empty: not known; no per-rank refinement is tried).
   std::vector<mock::sim_time> rank_steps;
   /// With overlap, per rank: the resident share kept, the optimizer batches on the device or in
-  /// flight when the step began (of `rank_batches`), the activation load lookahead.
+  /// flight when the step began (of `rank_batches`), the activation load lookahead and offload wait
+  /// delay.
   std::vector<std::uint64_t> resident_shares;
-  std::vector<std::size_t> prefetched, rank_batches, lookaheads;
+  std::vector<std::size_t> prefetched, rank_batches, lookaheads, wait_delays;
 };
 
 /// The candidates: activation levels and optimizer settings.
@@ -232,6 +233,8 @@ inline std::string overlap_lines(plan_outcome const& c) {
       x = "resident " + plan_gb(c.resident_shares[r]) + ", " + std::to_string(c.prefetched[r]) + " of " +
           std::to_string(c.rank_batches[r]) + " optimizer batches on the device when the step began";
     if (c.lookaheads[r] > 1) x += (x.empty() ? "" : ", ") + std::string("activation loads ") + std::to_string(c.lookaheads[r]) + " slots ahead";
+    if (r < c.wait_delays.size() && c.wait_delays[r] > 1)
+      x += (x.empty() ? "" : ", ") + std::string("offloads waited ") + std::to_string(c.wait_delays[r]) + " slots after";
     return x.empty() ? std::string("nothing to overlap") : x;
   };
   auto const R = c.resident_shares.size();
@@ -650,6 +653,7 @@ inline plan_outcome outcome_of(sim_result const& r) {
     o.prefetched.push_back(x.prefetched_batches);
     o.rank_batches.push_back(x.optimizer_batches);
     o.lookaheads.push_back(x.load_lookahead);
+    o.wait_delays.push_back(x.offload_wait_delay);
   }
   return o;
 }
@@ -791,6 +795,7 @@ Json to_json(plan_result const& r) {
         x["prefetched_batches"] = o.prefetched[k];
         x["optimizer_batches"] = o.rank_batches[k];
         x["load_lookahead"] = o.lookaheads[k];
+        x["offload_wait_delay"] = k < o.wait_delays.size() ? o.wait_delays[k] : 1;
         ov.push_back(std::move(x));
       }
       c["overlap"] = std::move(ov);
