@@ -219,6 +219,75 @@ BOOST_AUTO_TEST_CASE(search_simulates_few_candidates) {
   BOOST_TEST(most < 3 * 60u); // per family a binary search over the levels, not all 99
 }
 
+// The per-rank refinement: on a two-rank model whose step is the slower rank's, and whose rank 0
+// is fastest at 25 optimizer batches (off the space's values) with the least activation level that
+// fits, the refinement moves only rank 0's settings, one step at a time (a quarter more or fewer
+// batches, one level), to a plan no single step improves; every plan it keeps fits; without it
+// (refine 0) the plan stays at a space value and is slower.
+BOOST_AUTO_TEST_CASE(per_rank_refinement_moves_the_slowest_rank_one_step_at_a_time) {
+  sim::plan_space space;
+  space.gaps = {12, 8, 4};
+  space.packed = {true};
+  space.recompute = {sim::recompute_kind::none};
+  std::uint64_t const budget = 1000;
+  auto const level_of = [&](std::size_t gap) {
+    return gap == 0 ? 0 : std::size_t(std::find(space.gaps.begin(), space.gaps.end(), gap) - space.gaps.begin()) + 1;
+  };
+  auto model = [&](sim::swap_choice const& c) {
+    sim::plan_outcome o;
+    for (std::uint32_t r = 0; r < 2; ++r) {
+      auto const x = c.on(r);
+      auto const t = x.swap_times ? x.swap_times : c.swap_times;
+      auto const level = level_of(x.activation_min_gap);
+      // Rank 0: 1400 bytes, the optimizer saves 300, each activation level 100 (it fits only with
+      // the optimizer and at least one level); an activation level costs 5 from the second one on,
+      // and the first one makes the optimizer 4 faster (the room it frees). Rank 1 is faster.
+      std::uint64_t const peak = (r == 0 ? 1400 : 1100) - (x.optimizer ? 300 : 0) - 100 * level;
+      pipeswap::mock::sim_time step = (r == 0 ? 1000 : 900) + (level > 1 ? 5 * (level - 1) : 0);
+      if (x.optimizer) step += 10 + (t > 25 ? t - 25 : 25 - t) - (r == 0 && level >= 1 ? 4 : 0);
+      o.rank_peaks.push_back(peak);
+      o.rank_steps.push_back(step);
+      o.peak_bytes = std::max(o.peak_bytes, peak);
+      if (step >= o.step_ns) o.step_ns = step, o.peak_rank = r;
+      o.h2d_bytes += 100 * level + (x.optimizer ? 1000 : 0);
+    }
+    o.d2h_bytes = o.h2d_bytes;
+    return o;
+  };
+  auto const refined = sim::search_plan(space, budget, model);
+  space.refine = 0;
+  auto const plain = sim::search_plan(space, budget, model);
+  BOOST_REQUIRE(refined.chosen.has_value());
+  BOOST_REQUIRE(plain.chosen.has_value());
+  BOOST_REQUIRE_EQUAL(refined.chosen->ranks.size(), 2u);
+  BOOST_TEST(refined.chosen_outcome.peak_bytes <= budget);
+  BOOST_TEST(plain.chosen_outcome.step_ns > refined.chosen_outcome.step_ns);
+  auto const r0 = refined.chosen->on(0), r1 = refined.chosen->on(1), p0 = plain.chosen->on(0);
+  auto const t0 = r0.swap_times ? r0.swap_times : refined.chosen->swap_times;
+  BOOST_TEST(r0.optimizer);
+  BOOST_TEST(level_of(r0.activation_min_gap) == 1u);
+  BOOST_TEST(std::count(space.swap_times.begin(), space.swap_times.end(), t0) == 0); // off the space's values
+  BOOST_TEST(std::count(space.swap_times.begin(), space.swap_times.end(),
+                        p0.swap_times ? p0.swap_times : plain.chosen->swap_times) == 1);
+  BOOST_TEST((r1 == plain.chosen->on(1))); // only the slowest rank (0) moved
+  BOOST_TEST(refined.chosen_outcome.step_ns == model(*refined.chosen).step_ns);
+  // No single step of rank 0's settings that fits is faster.
+  for (std::uint32_t u : {t0 + std::max(1u, t0 / 4), t0 - std::max(1u, t0 / 4)}) {
+    auto n = *refined.chosen;
+    n.ranks[0].swap_times = u;
+    auto const o = model(n);
+    BOOST_TEST((o.peak_bytes > budget || o.step_ns >= refined.chosen_outcome.step_ns), "batches " << u);
+  }
+  for (std::size_t g : {std::size_t{0}, std::size_t{8}}) {
+    auto n = *refined.chosen;
+    n.ranks[0].activation_min_gap = g;
+    auto const o = model(n);
+    BOOST_TEST((o.peak_bytes > budget || o.step_ns >= refined.chosen_outcome.step_ns), "gap " << g);
+  }
+  for (auto const& e : refined.simulated) BOOST_TEST(e.fits == (e.outcome.peak_bytes <= budget));
+  BOOST_TEST(refined.simulated.size() <= plain.simulated.size() + 8u); // at most plan_space::refine more
+}
+
 BOOST_AUTO_TEST_CASE(no_swap_is_chosen_when_it_fits) {
   sim::plan_space space;
   std::mt19937_64 rng(1);
@@ -370,6 +439,8 @@ BOOST_AUTO_TEST_CASE(plan_picks_the_fastest_fitting_option_of_a_small_scenario) 
       auto const j = sim::to_json(r);
       BOOST_TEST(j["fits"] == true);
       BOOST_TEST(j["chosen"]["outcome"]["step_ns"] == r.chosen_outcome.step_ns);
+      BOOST_REQUIRE_EQUAL(r.chosen_outcome.wait_delays.size(), s.pipeline.ranks);
+      BOOST_TEST(j["chosen"]["overlap"][0]["offload_wait_delay"] == r.chosen_outcome.wait_delays[0]);
       // No swap moves no bytes: another plan is chosen over it only when strictly faster.
       if (budget >= none.peak_bytes && !(*r.chosen == sim::swap_choice{}))
         BOOST_TEST(r.chosen_outcome.step_ns < none.step_ns);

@@ -252,6 +252,27 @@ BOOST_AUTO_TEST_CASE(load_lookahead_moves_only_the_load) {
                "inject_options.load_lookahead must be at least 1 (1 is the reference placement)");
 }
 
+// inject_options::offload_wait_delay: 1 is the reference placement; on GPipe with eight micro-batches
+// (gaps of eight slots, one rank: no sends) a delay of 3 waits each offload after the third forward
+// behind its own (after that forward's offload launch), and leaves the load where the lookahead puts it; a
+// lookahead of 5 leaves room for a wait after slot fwd + 2 only (bwd − 5 − 1), and the load still goes
+// five slots ahead. Delays larger than the gap clamp.
+BOOST_AUTO_TEST_CASE(offload_wait_delay_moves_only_the_wait) {
+  auto const g = ps::gpipe(1, 8)[0];
+  BOOST_TEST((ps::inject_swap_steps(g, ps::inject_options{1, 1}) == ps::inject_swap_steps(g)));
+  auto const d3 = ps::inject_swap_steps(g, ps::inject_options{1, 3});
+  BOOST_TEST(pos(d3, "WO0.0") == pos(d3, "LO0.3") + 1);
+  BOOST_TEST(pos(d3, "WO0.0") + 1 == pos(d3, "SG0.4"));
+  BOOST_TEST(pos(d3, "WO0.4") == pos(d3, "LO0.7") + 1);
+  BOOST_TEST(pos(d3, "LL0.0") + 2 == pos(d3, "F0.7")); // the reference slot, bwd − 1
+  auto const k5 = ps::inject_swap_steps(g, ps::inject_options{5, 3});
+  BOOST_TEST(pos(k5, "WO0.0") == pos(k5, "LO0.2") + 1);
+  BOOST_TEST(pos(k5, "LL0.0") + 2 == pos(k5, "F0.3"));
+  BOOST_TEST((ps::inject_swap_steps(g, ps::inject_options{1, 100}) == ps::inject_swap_steps(g, ps::inject_options{1, 6})));
+  expect_error([&] { ps::inject_swap_steps(g, ps::inject_options{1, 0}); },
+               "inject_options.offload_wait_delay must be at least 1 (1 is the reference placement)");
+}
+
 // Reference §4.1 item 2.
 BOOST_AUTO_TEST_CASE(one_f_one_b_respects_min_gap) {
   auto const orders = ps::one_f_one_b(4, 8);

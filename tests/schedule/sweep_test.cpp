@@ -43,7 +43,7 @@ struct totals {
 // fwd + 2) (lookahead 1: the reference's last slot in between); the entries other than swap steps are
 // the original ones. Counts the swapped chunks into `swapped`.
 std::string independent_check(ps::order const& original, ps::order const& injected, int stages, int micros,
-                              std::size_t& swapped, std::size_t lookahead = 1) {
+                              std::size_t& swapped, std::size_t lookahead = 1, std::size_t delay = 1) {
   ps::order kept;
   kept.reserve(original.size());
   // Per chunk: positions of SG, F, LO, WO, LL, WL, B; swap-step counts; compute slots of F and B.
@@ -52,6 +52,7 @@ std::string independent_check(ps::order const& original, ps::order const& inject
     std::array<int, 5> count{};
     long fwd_slot = -1, bwd_slot = -1;
     long load_slot = -1; // the compute slot LAUNCH_LOAD precedes
+    long wait_slot = -1; // the compute slot WAIT_OFFLOAD precedes
   };
   std::vector<life> lives(std::size_t(stages * micros));
   auto life_of = [&](ps::step const& s) -> life& { return lives[std::size_t(s.stage * micros + s.micro)]; };
@@ -65,6 +66,7 @@ std::string independent_check(ps::order const& original, ps::order const& inject
       static constexpr int where[] = {0, 2, 3, 4, 5};
       l.at[std::size_t(where[k])] = long(i);
       if (e->kind == step_kind::swap_launch_load) l.load_slot = slot;
+      if (e->kind == step_kind::swap_wait_offload) l.wait_slot = slot;
       continue;
     }
     kept.push_back(e);
@@ -93,7 +95,12 @@ std::string independent_check(ps::order const& original, ps::order const& inject
       if (!(l.at[j] < l.at[j + 1])) return name + ": life cycle out of order";
     }
     if (l.bwd_slot - l.fwd_slot < long(ps::min_swap_gap)) return name + ": gap below min_swap_gap";
-    if (l.load_slot != std::max(l.bwd_slot - long(lookahead), l.fwd_slot + 2))
+    // The wait follows the entry of slot w (and its P2P run), so it precedes slot w + 1.
+    long const w = std::max(l.fwd_slot + 1, std::min(l.fwd_slot + long(delay), l.bwd_slot - long(lookahead) - 1));
+    if (l.wait_slot != w + 1)
+      return name + ": offload waited before slot " + std::to_string(l.wait_slot) + ", not " + std::to_string(w + 1) +
+             " (delay " + std::to_string(delay) + ")";
+    if (l.load_slot != std::max(l.bwd_slot - long(lookahead), w + 1))
       return name + ": load launched before slot " + std::to_string(l.load_slot) + ", not " + std::to_string(lookahead) +
              " slot(s) ahead of its backward at " + std::to_string(l.bwd_slot);
   }
@@ -236,6 +243,59 @@ BOOST_AUTO_TEST_CASE(load_lookahead_sweep) {
     }
   }
   BOOST_TEST(moved > 0); // the option changes placements somewhere in the sweep
+}
+
+// inject_options::offload_wait_delay (with and without a load lookahead) over a sample of every
+// family: only WAIT_OFFLOAD and LAUNCH_LOAD move, each lands where the header comment says (checked
+// independently above), the order stays well-formed and the injected schedule valid. Delay 1 is the
+// reference placement exactly.
+BOOST_AUTO_TEST_CASE(offload_wait_delay_sweep) {
+  auto const without_moved = [](ps::order o) {
+    std::erase_if(o, [](ps::entry const& e) {
+      return e && (e->kind == step_kind::swap_launch_load || e->kind == step_kind::swap_wait_offload);
+    });
+    return o;
+  };
+  std::vector<std::pair<char const*, std::function<ps::rank_orders(int, int)>>> const families{
+      {"gpipe", [](int r, int m) { return ps::gpipe(r, m); }},
+      {"1f1b", [](int r, int m) { return ps::one_f_one_b(r, m); }},
+      {"interleaved", [](int r, int m) { return ps::interleaved_1f1b({r, 2, m, false}); }},
+      {"interleaved overlap", [](int r, int m) { return ps::interleaved_1f1b({r, 2, m, true}); }},
+  };
+  std::size_t moved = 0;
+  for (std::size_t f = 0; f < families.size(); ++f) {
+    int const chunks = f < 2 ? 1 : 2;
+    for (int ranks : {1, 2, 3, 4, 8}) {
+      for (int micro : {3, 8, 13, 32}) {
+        auto const orders = families[f].second(ranks, micro);
+        for (auto const& [k, d] : {std::pair<std::size_t, std::size_t>{1, 1}, {1, 2}, {3, 3}, {2, 7}}) {
+          auto const where = [&] {
+            return std::string(families[f].first) + " ranks=" + std::to_string(ranks) + " micro=" +
+                   std::to_string(micro) + " lookahead=" + std::to_string(k) + " delay=" + std::to_string(d);
+          };
+          ps::rank_orders injected;
+          for (std::size_t r = 0; r < orders.size(); ++r) {
+            ps::order const reference = ps::inject_swap_steps(orders[r]);
+            injected.push_back(ps::inject_swap_steps(orders[r], ps::inject_options{k, d}));
+            ps::order const& in = injected.back();
+            if (auto const problems = ps::check_order(in); !problems.empty())
+              BOOST_ERROR(where() << " rank " << r << ": " << to_string(problems.front()));
+            std::size_t swapped = 0;
+            if (auto const why = independent_check(orders[r], in, ranks * chunks, micro, swapped, k, d); !why.empty())
+              BOOST_ERROR(where() << " rank " << r << ": " << why);
+            if (!(without_moved(in) == without_moved(reference)))
+              BOOST_ERROR(where() << " rank " << r << ": a step other than WAIT_OFFLOAD and LAUNCH_LOAD moved");
+            if (k == 1 && d == 1 && !(in == reference)) BOOST_ERROR(where() << " rank " << r << ": not the reference");
+            if (d > 1 && !(in == ps::inject_swap_steps(orders[r], ps::inject_options{k}))) ++moved;
+          }
+          if (pipeswap::test::sanitized_build && micro != 13) continue; // the whole-schedule check: a sample
+          auto const after = ps::check_schedule(injected, ps::stage_layout(ranks, chunks));
+          if (!after.ok()) BOOST_ERROR(where() << " injected: " << to_string(after));
+        }
+      }
+    }
+  }
+  BOOST_TEST(moved > 0); // the delay changes placements somewhere in the sweep
 }
 
 BOOST_AUTO_TEST_SUITE_END() // schedule_sweep

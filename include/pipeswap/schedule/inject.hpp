@@ -31,6 +31,16 @@
 // follows the one whose P2P run holds WAIT_OFFLOAD, so the life cycle stays in order. A load launched
 // earlier has more compute to hide behind and keeps its bytes resident longer.
 //
+// inject_options::offload_wait_delay moves WAIT_OFFLOAD later (also beyond the reference; its default,
+// 1, is the placement above): with delay d the wait goes after post_anchor(entry of compute slot w,
+// that entry), w = max(fwd_slot + 1, min(fwd_slot + d, bwd_slot − k − 1)) for load lookahead k, and
+// the load goes out before slot max(bwd_slot − k, w + 1): the load's lookahead comes first (a late
+// load stalls a backward), the wait as late as d asks before it. An offload then has d compute slots
+// to finish before the host waits for it, so a run of forwards whose offloads are slower than the
+// forwards (the pipeline fill) does not hold the forward d + 1 slots later; the chunk's device
+// storage is released at the wait, so it stays on the device longer. With d = 1 both placements are
+// the ones above, exactly.
+//
 // Cost: linear in the order's length (the reference is quadratic: it materialises every `between`).
 #pragma once
 
@@ -71,11 +81,17 @@ struct inject_options {
   /// (before the last slot in between); larger values launch the load earlier, clamped so it never
   /// precedes the slot after the one that waits for the offload (see the header comment). Must be ≥ 1.
   std::size_t load_lookahead = 1;
+  /// Compute slots after the chunk's forward slot whose entry WAIT_OFFLOAD follows: 1 is the
+  /// reference placement (after the first slot in between); larger values wait later, clamped to
+  /// two slots before the backward (see the header comment). Must be ≥ 1.
+  std::size_t offload_wait_delay = 1;
 
   /// Throws invalid_argument naming the field if an option is out of range.
   void validate() const {
     if (load_lookahead == 0)
       throw invalid_argument("inject_options.load_lookahead must be at least 1 (1 is the reference placement)");
+    if (offload_wait_delay == 0)
+      throw invalid_argument("inject_options.offload_wait_delay must be at least 1 (1 is the reference placement)");
   }
   friend bool operator==(inject_options const&, inject_options const&) = default;
 };
@@ -144,13 +160,20 @@ order inject_swap_steps(order const& o, Eligible eligible, inject_options const&
   actions.reserve(5 * candidates.size());
   for (swap_candidate const& c : candidates) {
     if (!eligible(c.key)) continue;
-    std::size_t const first_between = idx.position_of_slot[c.fwd_slot + 1];
-    // gap >= min_swap_gap >= 3 keeps fwd_slot + 2 < bwd_slot, so the load slot lies strictly between.
-    std::size_t const load_slot = std::max(c.bwd_slot - std::min(opts.load_lookahead, c.bwd_slot), c.fwd_slot + 2);
+    // The load's slot first (a late load stalls a backward), then the wait as late as the delay asks
+    // but before the load's slot and never before fwd_slot + 1 (delay 1: after the first of between).
+    // gap >= min_swap_gap >= 3 keeps fwd_slot + 1 <= wait_slot < load_slot < bwd_slot, so both lie
+    // strictly between.
+    std::size_t const lookahead = std::min(opts.load_lookahead, c.bwd_slot);
+    std::size_t const wait_slot =
+        std::max(c.fwd_slot + 1, std::min(c.fwd_slot + std::min(opts.offload_wait_delay, c.gap()),
+                                          c.bwd_slot - std::min(lookahead + 1, c.bwd_slot)));
+    std::size_t const wait_at = idx.position_of_slot[wait_slot];
+    std::size_t const load_slot = std::max(c.bwd_slot - lookahead, wait_slot + 1);
     std::size_t const load_at = idx.position_of_slot[load_slot];
     actions.push_back({c.fwd_position, 2, c.key});
     actions.push_back({detail::post_anchor(o, c.fwd_position, fwd(c.key.stage, c.key.micro)), 3, c.key});
-    actions.push_back({detail::post_anchor(o, first_between, *o[first_between]), 4, c.key});
+    actions.push_back({detail::post_anchor(o, wait_at, *o[wait_at]), 4, c.key});
     actions.push_back({load_at, 0, c.key});
     actions.push_back({c.bwd_position, 1, c.key});
   }

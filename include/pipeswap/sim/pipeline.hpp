@@ -107,6 +107,9 @@ struct sim_options {
   /// Compute slots between an activation load's launch and its backward (inject_options; 1: the
   /// reference placement).
   std::size_t load_lookahead = 1;
+  /// Compute slots after an activation offload's forward that its wait follows (inject_options; 1:
+  /// the reference placement).
+  std::size_t offload_wait_delay = 1;
   /// With overlap: bytes of each rank's swappable optimizer state that stay on the device.
   std::uint64_t resident_share = 0;
 
@@ -114,6 +117,7 @@ struct sim_options {
   struct rank_settings {
     std::optional<std::uint32_t> swap_times;
     std::optional<std::size_t> load_lookahead;
+    std::optional<std::size_t> offload_wait_delay;
     std::optional<std::uint64_t> resident_share;
     /// With overlap: false runs this rank's optimizer step as without overlap (no prefetch, no
     /// deferred offload, no resident share); unset: true.
@@ -131,6 +135,13 @@ struct sim_options {
   }
   [[nodiscard]] std::size_t load_lookahead_of(std::uint32_t rank) const {
     return rank < ranks.size() && ranks[rank].load_lookahead ? *ranks[rank].load_lookahead : load_lookahead;
+  }
+  [[nodiscard]] std::size_t offload_wait_delay_of(std::uint32_t rank) const {
+    return rank < ranks.size() && ranks[rank].offload_wait_delay ? *ranks[rank].offload_wait_delay
+                                                                 : offload_wait_delay;
+  }
+  [[nodiscard]] schedule::inject_options inject_options_of(std::uint32_t rank) const {
+    return {load_lookahead_of(rank), offload_wait_delay_of(rank)};
   }
   [[nodiscard]] std::uint64_t resident_share_of(std::uint32_t rank) const {
     return rank < ranks.size() && ranks[rank].resident_share ? *ranks[rank].resident_share : resident_share;
@@ -161,6 +172,9 @@ struct rank_result {
   /// The compute slots its activation loads went out ahead of their backward (simulate(); 1: the
   /// reference placement).
   std::size_t load_lookahead = 1;
+  /// The compute slots after their forward that its activation offloads were waited (simulate(); 1:
+  /// the reference placement).
+  std::size_t offload_wait_delay = 1;
   std::uint64_t resident_share_bytes = 0, budget_high_water = 0, over_budget = 0;
   /// Device bytes (reserved included) over the step: (time since T0, bytes) after each change.
   std::vector<std::pair<mock::sim_time, std::uint64_t>> memory;
@@ -210,6 +224,18 @@ inline schedule::rank_orders inject_all(schedule::rank_orders orders,
   return orders;
 }
 
+/// inject_all() with each rank's own injection options (`options(rank)`).
+inline schedule::rank_orders inject_all(schedule::rank_orders orders,
+                                        std::function<bool(std::uint32_t, schedule::chunk)> const& filter,
+                                        std::function<schedule::inject_options(std::uint32_t)> const& options) {
+  for (std::size_t r = 0; r < orders.size(); ++r) {
+    auto const rank = static_cast<std::uint32_t>(r);
+    auto const eligible = [&](schedule::chunk c) { return !filter || filter(rank, c); };
+    orders[r] = schedule::inject_swap_steps(orders[r], eligible, options(rank));
+  }
+  return orders;
+}
+
 /// The load lookahead (inject_options::load_lookahead) that gives each activation load of `rank`
 /// the time it needs: the fewest compute slots whose duration covers the copy of the rank's largest
 /// swapped chunk over its host link, counting each slot as the rank's shortest forward (the slot
@@ -218,8 +244,29 @@ inline schedule::rank_orders inject_all(schedule::rank_orders orders,
 /// spends at least half of its life off the device (a link too slow for that cannot hide the load
 /// by launching it earlier; it only gives the memory back). A setting derived from the model's
 /// sizes; the simulation then shows what it gives.
+namespace detail {
+/// The fewest compute slots (each counted as `rank`'s shortest forward) that cover the copy of its
+/// largest swapped chunk at `gbps`, within [1, max(1, its shortest swap gap / 2)].
+inline std::size_t slots_covering_copy(scenario const& s, std::vector<stage_spec> const& stages, std::uint32_t rank,
+                                       double gbps);
+} // namespace detail
+
 inline std::size_t load_lookahead_for(scenario const& s, std::vector<stage_spec> const& stages, std::uint32_t rank,
                                       link_rates const& link) {
+  return detail::slots_covering_copy(s, stages, rank, link.h2d_gbps);
+}
+
+/// The offload wait delay (inject_options::offload_wait_delay) that gives each activation offload of
+/// `rank` the time it needs before the host waits for it: as load_lookahead_for(), over the rank's
+/// device-to-host rate. It matters in the pipeline fill, where forwards follow forwards: a delay of
+/// 1 (the reference) there waits each offload one forward after its own.
+inline std::size_t offload_wait_delay_for(scenario const& s, std::vector<stage_spec> const& stages,
+                                          std::uint32_t rank, link_rates const& link) {
+  return detail::slots_covering_copy(s, stages, rank, link.d2h_gbps);
+}
+
+inline std::size_t detail::slots_covering_copy(scenario const& s, std::vector<stage_spec> const& stages,
+                                               std::uint32_t rank, double gbps) {
   auto const layout = layout_of(s);
   std::uint64_t bytes = 0;
   mock::sim_time slot = 0;
@@ -231,14 +278,14 @@ inline std::size_t load_lookahead_for(scenario const& s, std::vector<stage_spec>
   auto const orders = schedule_of(s);
   std::size_t gap = 0;
   for (auto const& c : schedule::swap_candidates(orders.at(rank))) gap = gap == 0 ? c.gap() : std::min(gap, c.gap());
-  if (bytes == 0 || slot <= 0 || !(link.h2d_gbps > 0) || gap == 0) return 1;
-  double const copy_ns = s.device.copy_latency_us * 1e3 + static_cast<double>(bytes) / link.h2d_gbps;
+  if (bytes == 0 || slot <= 0 || !(gbps > 0) || gap == 0) return 1;
+  double const copy_ns = s.device.copy_latency_us * 1e3 + static_cast<double>(bytes) / gbps;
   auto const k = static_cast<std::size_t>(std::ceil(copy_ns / static_cast<double>(slot)));
   return std::clamp<std::size_t>(k, 1, std::max<std::size_t>(1, gap / 2));
 }
 
-/// Sets every rank's load lookahead that `o` leaves unset to load_lookahead_for() (the link rate
-/// taken as when every rank swaps).
+/// Sets every rank's load lookahead and offload wait delay that `o` leaves unset to
+/// load_lookahead_for() and offload_wait_delay_for() (the link rates taken as when every rank swaps).
 inline void set_load_lookaheads(sim_options& o, scenario const& s) {
   auto const stages = plan_stages(s, o.recompute.empty() ? std::vector<recompute_kind>{} : [&] {
     auto const layout = layout_of(s);
@@ -249,8 +296,10 @@ inline void set_load_lookaheads(sim_options& o, scenario const& s) {
   }());
   auto const links = host_link_rates(s, std::vector<bool>(s.pipeline.ranks, true));
   if (o.ranks.empty()) o.ranks.resize(s.pipeline.ranks);
-  for (std::uint32_t r = 0; r < s.pipeline.ranks && r < o.ranks.size(); ++r)
+  for (std::uint32_t r = 0; r < s.pipeline.ranks && r < o.ranks.size(); ++r) {
     if (!o.ranks[r].load_lookahead) o.ranks[r].load_lookahead = load_lookahead_for(s, stages, r, links[r]);
+    if (!o.ranks[r].offload_wait_delay) o.ranks[r].offload_wait_delay = offload_wait_delay_for(s, stages, r, links[r]);
+  }
 }
 
 namespace detail {
@@ -831,15 +880,20 @@ inline sim_result simulate(scenario const& s, sim_options const& o) {
   auto orders = schedule_of(s);
   if (o.swap_activations) {
     bool reference = true; // every rank at the reference placement: inject exactly as the reference does
-    for (std::uint32_t r = 0; r < s.pipeline.ranks; ++r) reference = reference && o.load_lookahead_of(r) == 1;
+    for (std::uint32_t r = 0; r < s.pipeline.ranks; ++r)
+      reference = reference && o.inject_options_of(r) == schedule::inject_options{};
     orders = reference ? inject_all(std::move(orders), o.activation_filter)
                        : inject_all(std::move(orders), o.activation_filter,
-                                    [&o](std::uint32_t r) { return o.load_lookahead_of(r); });
+                                    std::function<schedule::inject_options(std::uint32_t)>(
+                                        [&o](std::uint32_t r) { return o.inject_options_of(r); }));
   }
   auto res = simulate_orders(s, orders, o);
   if (o.swap_activations)
     for (auto& r : res.ranks)
-      if (r.swapped_chunks > 0) r.load_lookahead = o.load_lookahead_of(r.rank);
+      if (r.swapped_chunks > 0) {
+        r.load_lookahead = o.load_lookahead_of(r.rank);
+        r.offload_wait_delay = o.offload_wait_delay_of(r.rank);
+      }
   return res;
 }
 
@@ -850,7 +904,8 @@ inline sim_result simulate(scenario const& s, sim_options const& o) {
 ///    gives memory back, and the prefetch there stays within the budget), and the share is the
 ///    device capacity less that peak and a margin of 0.5 % of the capacity;
 ///  * a rank that then goes over the capacity has its share cut by the excess and the margin, or,
-///    with no share left, its load lookahead halved (an earlier load holds its chunk longer), or
+///    with no share left, its offload wait delay set back to 1, then its load lookahead halved (a later
+///    wait or an earlier load holds its chunk longer), or
 ///    last its optimizer step run without the phases (rank_settings::phased), and the run is
 ///    repeated, at most `refinements` times. When none of the runs fits every rank, a rank still over
 ///    with its phases off gets its sized settings back (one more run), and the result is the run
@@ -898,6 +953,9 @@ inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t
       if (x.resident_share && *x.resident_share > 0) {
         auto const cut = peak - capacity + margin;
         x.resident_share = *x.resident_share > cut ? *x.resident_share - cut : 0;
+        changed = true;
+      } else if (o.swap_activations && o.offload_wait_delay_of(r) > 1) {
+        x.offload_wait_delay = 1; // a later wait holds each offloaded chunk's storage longer
         changed = true;
       } else if (o.swap_activations && o.load_lookahead_of(r) > 1) {
         x.load_lookahead = std::max<std::size_t>(1, o.load_lookahead_of(r) / 2);

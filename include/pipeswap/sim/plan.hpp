@@ -20,8 +20,12 @@
 // search stops at the first setting that is already no faster than the best plan.
 // Then, per rank: each rank takes the fastest simulated candidate that fits on that rank (its own
 // peak within the budget; one optimizer batch setting for all), and the mix is simulated; it is
-// chosen when it fits and is faster. Beside the chosen plan the result names the best plan without
-// any swap (recomputation and the distributed optimizer only), so that what swap buys is explicit.
+// chosen when it fits and is faster. Last, a per-rank refinement (plan_space::refine simulations at
+// most): the slowest rank's activation level and optimizer batch count move one step at a time
+// (one level; a quarter more or fewer batches), the best step kept while it fits and is faster. Under overlap (b) need not hold — more activation swap can free the room for optimizer
+// state — and the refinement's neighbouring levels are what find such plans. Beside the chosen plan
+// the result names the best plan without any swap (recomputation and the distributed optimizer
+// only), so that what swap buys is explicit.
 #pragma once
 
 #include <algorithm>
@@ -151,10 +155,13 @@ struct plan_outcome {
   std::uint64_t d2h_bytes = 0;
   std::uint32_t swapped_chunks = 0; ///< activation groups swapped, all ranks together
   std::vector<std::uint64_t> rank_peaks; ///< per rank (empty: not known; no per-rank mix is tried)
+  /// Per rank: the step time (empty: not known; no per-rank refinement is tried).
+  std::vector<mock::sim_time> rank_steps;
   /// With overlap, per rank: the resident share kept, the optimizer batches on the device or in
-  /// flight when the step began (of `rank_batches`), the activation load lookahead.
+  /// flight when the step began (of `rank_batches`), the activation load lookahead and offload wait
+  /// delay.
   std::vector<std::uint64_t> resident_shares;
-  std::vector<std::size_t> prefetched, rank_batches, lookaheads;
+  std::vector<std::size_t> prefetched, rank_batches, lookaheads, wait_delays;
 };
 
 /// The candidates: activation levels and optimizer settings.
@@ -171,6 +178,10 @@ struct plan_space {
   std::vector<bool> distributed_optimizer = {false};
   /// Try a per-rank mix of the simulated candidates.
   bool per_rank = true;
+  /// Simulations the per-rank refinement may spend (0: none): from the chosen plan, the slowest
+  /// rank's activation level one level either way and its optimizer batch count a quarter up or
+  /// down (within swap_times' range), greedily while that makes the plan faster and it fits.
+  std::size_t refine = 8;
 
   /// The families: every (recomputation, distributed optimizer) pair.
   [[nodiscard]] std::vector<std::pair<recompute_kind, bool>> families() const {
@@ -222,6 +233,8 @@ inline std::string overlap_lines(plan_outcome const& c) {
       x = "resident " + plan_gb(c.resident_shares[r]) + ", " + std::to_string(c.prefetched[r]) + " of " +
           std::to_string(c.rank_batches[r]) + " optimizer batches on the device when the step began";
     if (c.lookaheads[r] > 1) x += (x.empty() ? "" : ", ") + std::string("activation loads ") + std::to_string(c.lookaheads[r]) + " slots ahead";
+    if (r < c.wait_delays.size() && c.wait_delays[r] > 1)
+      x += (x.empty() ? "" : ", ") + std::string("offloads waited ") + std::to_string(c.wait_delays[r]) + " slots after";
     return x.empty() ? std::string("nothing to overlap") : x;
   };
   auto const R = c.resident_shares.size();
@@ -273,7 +286,8 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
   std::size_t const per_setting = levels == 0 ? 1 : 2 + static_cast<std::size_t>(std::bit_width(levels));
   auto const families = space.families();
   std::size_t const mixes = space.per_rank ? 3 * space.distributed_optimizer.size() : 0;
-  std::size_t const bound = std::min(res.candidates, families.size() * (settings + 1) * per_setting) + mixes + 1;
+  std::size_t const bound =
+      std::min(res.candidates, families.size() * (settings + 1) * per_setting) + mixes + 1 + (space.per_rank ? space.refine : 0);
   auto fits = [&](plan_outcome const& o) { return o.peak_bytes <= budget; };
 
   auto run = [&](swap_choice const& c) -> plan_outcome {
@@ -440,6 +454,71 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
     }
   }
 
+  // Per-rank refinement: the step is the slowest rank's, so move that rank's own settings one step
+  // at a time, scored by the simulation (which sees what a rank's swap does to the others through
+  // the pipeline and the shared host link).
+  if (space.per_rank && space.refine > 0 && res.chosen && !res.chosen->swap_free() &&
+      !res.chosen_outcome.rank_steps.empty()) {
+    swap_choice cur = *res.chosen;
+    plan_outcome cur_o = res.chosen_outcome;
+    auto const R = cur_o.rank_steps.size();
+    if (cur.ranks.empty()) {
+      auto const uniform = cur.on(0);
+      cur.ranks.assign(R, uniform);
+    }
+    std::vector<std::size_t> act_levels{0}; // fewest groups first
+    act_levels.insert(act_levels.end(), space.gaps.begin(), space.gaps.end());
+    std::size_t spent = 0;
+    while (spent < space.refine) {
+      auto const slowest = static_cast<std::size_t>(
+          std::max_element(cur_o.rank_steps.begin(), cur_o.rank_steps.end()) - cur_o.rank_steps.begin());
+      auto const here = cur.ranks.at(slowest);
+      std::vector<swap_choice> steps;
+      auto with = [&](swap_choice::rank_choice x) {
+        swap_choice n = cur;
+        n.ranks[slowest] = x;
+        steps.push_back(std::move(n));
+      };
+      auto const li = static_cast<std::size_t>(std::find(act_levels.begin(), act_levels.end(), here.activation_min_gap) -
+                                               act_levels.begin());
+      if (li < act_levels.size()) {
+        for (std::size_t j : {li + 1, li - 1}) // one level more groups, one fewer
+          if (j < act_levels.size()) {
+            auto x = here;
+            x.activation_min_gap = act_levels[j];
+            with(x);
+          }
+      }
+      if (here.optimizer) {
+        // A quarter more batches, a quarter fewer, within the space's range.
+        auto const t = here.swap_times ? here.swap_times : cur.swap_times;
+        for (std::uint32_t u : {t + std::max<std::uint32_t>(1, t / 4), t - std::max<std::uint32_t>(1, t / 4)})
+          if (u != t && u >= space.swap_times.front() && u <= space.swap_times.back()) {
+            auto x = here;
+            x.swap_times = u == cur.swap_times ? 0 : u;
+            with(x);
+          }
+      }
+      std::optional<std::pair<swap_choice, plan_outcome>> best_step;
+      for (auto const& n : steps) {
+        if (spent >= space.refine) break;
+        auto const before = res.simulated.size();
+        plan_outcome const o = run(n);
+        spent += res.simulated.size() - before;
+        // Only a strictly shorter step moves the plan (a per-rank plan is never chosen for bytes alone).
+        if (o.rank_steps.size() != R || !fits(o) || o.step_ns >= cur_o.step_ns) continue;
+        consider(n, o);
+        if (!best_step || better(o, best_step->second)) best_step = {n, o};
+      }
+      if (!best_step) break; // no single step of the slowest rank's settings makes the plan faster
+      cur = std::move(best_step->first);
+      cur_o = std::move(best_step->second);
+    }
+    if (spent == space.refine)
+      res.skipped.push_back("per-rank refinement: stopped after " + std::to_string(spent) +
+                            " simulations (plan_space::refine); further steps of the slowest rank's settings were not tried");
+  }
+
   for (auto const& e : res.simulated) {
     if (!e.fits || !e.choice.swap_free()) continue;
     if (!res.best_without_swap || better(e.outcome, res.best_without_swap_outcome)) {
@@ -569,10 +648,12 @@ inline plan_outcome outcome_of(sim_result const& r) {
     o.d2h_bytes += x.d2h_bytes;
     o.swapped_chunks += x.swapped_chunks;
     o.rank_peaks.push_back(x.peak_bytes);
+    o.rank_steps.push_back(x.step_ns);
     o.resident_shares.push_back(x.resident_share_bytes);
     o.prefetched.push_back(x.prefetched_batches);
     o.rank_batches.push_back(x.optimizer_batches);
     o.lookaheads.push_back(x.load_lookahead);
+    o.wait_delays.push_back(x.offload_wait_delay);
   }
   return o;
 }
@@ -714,6 +795,7 @@ Json to_json(plan_result const& r) {
         x["prefetched_batches"] = o.prefetched[k];
         x["optimizer_batches"] = o.rank_batches[k];
         x["load_lookahead"] = o.lookaheads[k];
+        x["offload_wait_delay"] = k < o.wait_delays.size() ? o.wait_delays[k] : 1;
         ov.push_back(std::move(x));
       }
       c["overlap"] = std::move(ov);
