@@ -71,6 +71,17 @@ std::string name_of(pt::train_options const& o) {
          (o.swap_activations ? "A" : "-") + (o.swap_optimizer ? "O" : "-");
 }
 
+/// A model of one 8-wide block per stage over two rows: the smallest the misuse tests need.
+pt::model_config tiny_model(int stages, int micro) {
+  pt::model_config cfg;
+  cfg.stages = stages;
+  cfg.dim = cfg.hidden = 8;
+  cfg.rows = 2;
+  cfg.micro = micro;
+  cfg.blocks = 1;
+  return cfg;
+}
+
 } // namespace
 
 BOOST_AUTO_TEST_CASE(schedule_matrix_is_bit_identical_and_swap_lowers_peaks) {
@@ -307,12 +318,7 @@ BOOST_AUTO_TEST_CASE(bad_input_is_rejected_naming_the_rule) {
   using sch::step_kind;
   pipeswap::mock::backend b;
   pipeswap::transfer_engine<pipeswap::mock::backend> x(b);
-  pt::model_config cfg;
-  cfg.stages = 4;
-  cfg.dim = cfg.hidden = 8;
-  cfg.rows = 2;
-  cfg.micro = 2;
-  cfg.blocks = 1;
+  auto cfg = tiny_model(4, 2);
   pt::mlp_stage s0(b, cfg, 0), s1(b, cfg, 1), s2(b, cfg, 2);
   auto says = [](std::string part) {
     return [part](std::exception const& e) {
@@ -434,12 +440,7 @@ BOOST_AUTO_TEST_CASE(resumable_steps_and_phases_reject_misuse) {
   auto c = w.comm(0);
   backend b{pt::mock_options()};
   pipeswap::transfer_engine<backend> x(b, pt::pool_options());
-  pt::model_config cfg;
-  cfg.stages = 1;
-  cfg.dim = cfg.hidden = 8;
-  cfg.rows = 2;
-  cfg.micro = 1;
-  cfg.blocks = 1;
+  auto const cfg = tiny_model(1, 1);
   pt::mlp_stage st(b, cfg, 0);
   std::map<sch::index_type, pt::mlp_stage*> stages{{0, &st}};
   ex::pipeline_executor<backend, ex::thread_comm, pt::mlp_stage> e(x, c, sch::stage_layout(1, 1, sch::placement::loop),
