@@ -228,7 +228,9 @@ struct fault_world {
   mock::backend b{recording()};
   ps::transfer_engine<mock::backend> x{b, small_pool()};
   ps::device_budget budget{1u << 30};
-  mock_model m{b, {3000, 64, 5000, 2048, 1, 4000}, 7, true};
+  /// The model's tensor sizes (the no-swap reference trains the same ones).
+  static inline std::vector<std::size_t> const sizes{3000, 64, 5000, 2048, 1, 4000};
+  mock_model m{b, sizes, 7, true};
   std::optional<runtime> rt;
 
   explicit fault_world(bool packed) {
@@ -273,13 +275,21 @@ struct fault_world {
     BOOST_TEST(!rt->has_interrupted_step());
     return what;
   }
+  /// After the fault: the third step leaves every byte as the no-swap run's `ref`, with no hazard
+  /// and the budget empty.
+  void next_step_is_exact(std::vector<std::vector<std::byte>> const& ref) {
+    one_step(2);
+    auto const got = m.snapshot(*rt);
+    BOOST_TEST(b.hazards().empty());
+    BOOST_TEST(budget.used() == 0u);
+    check_equal(got, ref);
+  }
 };
 
 } // namespace
 
 BOOST_AUTO_TEST_CASE(a_fault_at_every_copy_and_allocation_of_every_phase_loses_nothing) {
-  std::vector<std::size_t> const fsizes{3000, 64, 5000, 2048, 1, 4000};
-  auto const ref = train(fsizes, no_swap(), {}, 3);
+  auto const ref = train(fault_world::sizes, no_swap(), {}, 3);
   for (bool packed : {false, true}) {
     for (auto site : {mock::fault_site::copy, mock::fault_site::allocation}) {
       std::size_t count = 0;
@@ -299,11 +309,7 @@ BOOST_AUTO_TEST_CASE(a_fault_at_every_copy_and_allocation_of_every_phase_loses_n
           w.b.fail_after(site, i);
           auto const what = w.faulty_step(1);
           BOOST_TEST(!what.empty());
-          w.one_step(2);
-          auto const got = w.m.snapshot(*w.rt);
-          BOOST_TEST(w.b.hazards().empty());
-          BOOST_TEST(w.budget.used() == 0u);
-          check_equal(got, ref.bytes);
+          w.next_step_is_exact(ref.bytes);
         }
       }
     }
@@ -313,8 +319,7 @@ BOOST_AUTO_TEST_CASE(a_fault_at_every_copy_and_allocation_of_every_phase_loses_n
 BOOST_AUTO_TEST_CASE(a_failure_at_every_phase_boundary_loses_nothing) {
   // The listener fails once at each operation of the second step (the deferred finish, prefetches
   // into own arenas, resident keeps, own offloads, deferrals among them).
-  std::vector<std::size_t> const fsizes{3000, 64, 5000, 2048, 1, 4000};
-  auto const ref = train(fsizes, no_swap(), {}, 3);
+  auto const ref = train(fault_world::sizes, no_swap(), {}, 3);
   for (bool packed : {false, true}) {
     std::vector<std::string> ops;
     {
@@ -347,11 +352,7 @@ BOOST_AUTO_TEST_CASE(a_failure_at_every_phase_boundary_loses_nothing) {
         BOOST_TEST(thrown);
         BOOST_TEST(what.find("listener failed") != std::string::npos, what);
         w.rt->set_listener({});
-        w.one_step(2);
-        auto const got = w.m.snapshot(*w.rt);
-        BOOST_TEST(w.b.hazards().empty());
-        BOOST_TEST(w.budget.used() == 0u);
-        check_equal(got, ref.bytes);
+        w.next_step_is_exact(ref.bytes);
       }
     }
   }
