@@ -276,7 +276,6 @@ public:
     }
     order_ = o;
     pc_ = 0;
-    size_ = o.size();
     phase_ = phase::posting;
     stats_ = {};
     prefetch_ = {};
@@ -315,15 +314,18 @@ public:
   }
 
   /// True when every entry of the step ran (or no step is running).
-  [[nodiscard]] bool entries_done() const noexcept { return !in_step_ || pc_ >= size_; }
+  [[nodiscard]] bool entries_done() const noexcept { return !in_step_ || pc_ >= order_.size(); }
   /// The position of the entry the step stands at (the receive advance() stopped at).
   [[nodiscard]] std::size_t position() const noexcept { return pc_; }
+  /// The forwards of the step that have not returned yet (a running forward still counts): 0 in
+  /// the backward tail.
+  [[nodiscard]] std::size_t forwards_left() const noexcept { return forwards_left_; }
 
   /// Ends a step begun with begin_step: every send completes, leftovers fail the step, then
   /// `finish` (see run_step).
   template <class Finish>
   void end_step(Finish&& finish) {
-    if (!in_step_ || pc_ < size_) {
+    if (!in_step_ || pc_ < order_.size()) {
       throw state_error("pipeline_executor: rank " + std::to_string(c_.rank()) +
                         ": end_step before every entry of the step ran");
     }
@@ -415,7 +417,7 @@ private:
 
   std::size_t run_entries(bool blocking) {
     std::size_t n = 0;
-    for (; pc_ < size_; ++pc_, ++n) {
+    for (; pc_ < order_.size(); ++pc_, ++n) {
       auto const& e = order_[pc_];
       phase_ = phase::entries;
       fault_site();
@@ -442,7 +444,7 @@ private:
 
   void fault_site() {
     if (!o_.fail_at) return;
-    auto const at = phase_ == phase::optimizer ? size_ : pc_;
+    auto const at = phase_ == phase::optimizer ? order_.size() : pc_;
     if (*o_.fail_at == at && phase_ != phase::end) {
       throw injected_fault("injected fault at " + place(pc_, current()));
     }
@@ -853,7 +855,7 @@ private:
   schedule::order order_;
   std::function<void()> prefetch_;
   bool in_step_ = false;
-  std::size_t pc_ = 0, size_ = 0, forwards_left_ = 0;
+  std::size_t pc_ = 0, forwards_left_ = 0;
   enum class phase { posting, entries, end, optimizer } phase_ = phase::posting;
   step_stats stats_;
 };

@@ -506,12 +506,6 @@ public:
     start_ = b_.now();
     h2d0_ = b_.bytes_copied_h2d();
     d2h0_ = b_.bytes_copied_d2h();
-    forwards_left_ = 0;
-    for (auto const& e : order_) {
-      if (!e) continue;
-      if (e->kind == step_kind::fwd) ++forwards_left_;
-      for (auto const& l : e->sub) forwards_left_ += l.kind == step_kind::fwd ? 1 : 0;
-    }
     unwrapped([&] { ex_->begin_step(order_, end_); });
   }
 
@@ -635,7 +629,7 @@ private:
       // The pipeline owns the stage input until the backward: it stays on the device.
       if (first) f.keep(in.ptr, in.bytes);
       for (auto const& a : acts) f.save(a.ptr, a.bytes);
-      if (r->forwards_left_ > 0 && --r->forwards_left_ == 0) r->tail_from_ = b.ready_time(cs); // the backward tail begins
+      if (r->ex_->forwards_left() == 1) r->tail_from_ = b.ready_time(cs); // the last forward: the backward tail begins
     }
 
     void backward(exec::backward_args<mock::backend>& g) {
@@ -770,7 +764,7 @@ private:
   std::map<std::uint32_t, stage_weights> weights_;
   bool overlap_ = false, phased_ = false;
   std::uint64_t transient_ = 0;
-  std::size_t forwards_left_ = 0, prefetched_ = 0, batches_ = 0;
+  std::size_t prefetched_ = 0, batches_ = 0;
   sim_time start_ = 0, pipeline_end_ = 0, end_time_ = 0, tail_from_ = 0;
   std::size_t h2d0_ = 0, d2h0_ = 0;
   std::uint64_t resident_param_bytes_ = 0, optimizer_state_bytes_ = 0, corrupt_ = 0, stage_params_ = 0;
