@@ -71,6 +71,83 @@ BOOST_FIXTURE_TEST_CASE(opposite_directions_overlap, fixture) {
   b.deallocate_host(h, 2000);
 }
 
+// duplex_factor 0.75: the two directions together move at most 1.5 of their full rates. A copy
+// alone runs at its full rate; one planned beside a copy already planned the other way gets 0.5 of
+// its rate while they overlap, and its full rate after.
+BOOST_AUTO_TEST_CASE(duplex_factor_shares_the_link_while_both_directions_copy) {
+  auto t = mock::timing_model::unit();
+  t.duplex_factor = 0.75;
+  mock::backend b{mock::options{t}};
+  auto cs = b.current_stream(), s1 = b.new_stream("s1"), s2 = b.new_stream("s2");
+  auto* h = b.allocate_host(4000);
+  auto d = b.allocate_device(4000, cs);
+  auto ready = b.record_event(cs);
+  b.wait_event(s1, ready);
+  b.wait_event(s2, ready);
+  b.copy_h2d(d, h, 1000, s1);                    // alone when planned: [0, 1000) at rate 1
+  b.copy_d2h(h + 1000, d + 1000, 1000, s2);      // 500 bytes by 1000 at rate 0.5, 500 more alone
+  BOOST_TEST(b.record_event(s1).time == 1000);
+  BOOST_TEST(b.record_event(s2).time == 1500);
+  // Queued behind the first H2D on its engine: from 1000 it meets the D2H's full-rate [1000, 1500)
+  // (rate 0.5: 250 bytes), then runs alone (750 bytes): ends at 2250.
+  b.copy_h2d(d + 2000, h + 2000, 1000, s1);
+  BOOST_TEST(b.record_event(s1).time == 2250);
+  // A copy that meets nothing the other way takes link_model::duration exactly.
+  b.wait_event(s2, b.record_event(s1));
+  b.copy_d2h(h + 3000, d + 3000, 1000, s2);
+  BOOST_TEST(b.record_event(s2).time == 3250);
+  b.synchronize_device();
+  b.deallocate_device(d, 4000, cs);
+  b.deallocate_host(h, 4000);
+}
+
+BOOST_AUTO_TEST_CASE(duplex_factor_one_half_shares_one_rate) {
+  auto t = mock::timing_model::unit();
+  t.duplex_factor = 0.5;
+  mock::backend b{mock::options{t}};
+  auto cs = b.current_stream(), s1 = b.new_stream("s1"), s2 = b.new_stream("s2");
+  auto* h = b.allocate_host(2000);
+  auto d = b.allocate_device(2000, cs);
+  auto ready = b.record_event(cs);
+  b.wait_event(s1, ready);
+  b.wait_event(s2, ready);
+  b.copy_h2d(d, h, 1000, s1);
+  b.copy_d2h(h + 1000, d + 1000, 1000, s2); // nothing left while the H2D runs: starts moving at 1000
+  BOOST_TEST(b.record_event(s1).time == 1000);
+  BOOST_TEST(b.record_event(s2).time == 2000);
+  b.synchronize_device();
+  b.deallocate_device(d, 2000, cs);
+  b.deallocate_host(h, 2000);
+}
+
+// The shared-link arithmetic over a sweep: with a copy of n bytes planned alone and a copy of m
+// bytes planned the other way at the same instant, the second ends when the bytes both moved equal
+// what the link carries, min(n, m·) at the shared rate 2f - 1 and the rest alone.
+BOOST_AUTO_TEST_CASE(shared_copy_end_conserves_the_link_capacity) {
+  mock::link_model const unit{1'000'000'000, 0};
+  for (double f : {0.5, 0.6, 0.7, 0.75, 0.9}) {
+    for (std::size_t n : {1u, 100u, 1000u, 4096u}) {
+      for (std::size_t m : {1u, 100u, 1000u, 5000u}) {
+        mock::detail::rate_timeline first;
+        std::vector<mock::detail::rate_timeline::segment> mine;
+        auto const e1 = mock::detail::shared_copy_end(unit, f, 0, n, mock::detail::rate_timeline{}, mine);
+        BOOST_TEST(e1 == static_cast<sim_time>(n));
+        first.append(mine);
+        auto const e2 = mock::detail::shared_copy_end(unit, f, 0, m, first, mine);
+        double const shared = 2 * f - 1;
+        double const during = shared * static_cast<double>(n); // bytes moved while the first runs
+        double const expect = static_cast<double>(m) <= during ? static_cast<double>(m) / shared
+                                                                 : static_cast<double>(n) + (static_cast<double>(m) - during);
+        BOOST_TEST(static_cast<double>(e2) >= expect - 1e-6);
+        BOOST_TEST(static_cast<double>(e2) <= expect + 1);
+        double moved = 0;
+        for (auto const& seg : mine) moved += static_cast<double>(seg.end - seg.begin) * seg.share;
+        BOOST_TEST(moved >= static_cast<double>(m) - 1e-6);
+      }
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(latency_adds_per_copy) {
   auto t = mock::timing_model::unit();
   t.h2d.latency_ns = 7;

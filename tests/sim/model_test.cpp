@@ -273,7 +273,8 @@ BOOST_AUTO_TEST_CASE(data_parallel_collectives_add_their_time_to_the_step) {
 }
 
 // A node's devices share its host bandwidth when they copy at once, and both directions together
-// keep duplex_factor of each. Devices are numbered tp, then dp, then pp.
+// keep duplex_factor of each (a direction alone keeps its whole rate). Devices are numbered tp, then
+// dp, then pp.
 BOOST_AUTO_TEST_CASE(host_bandwidth_is_shared_by_the_devices_of_a_node_that_copy) {
   sim::scenario s;
   s.model.layers = 8;
@@ -286,6 +287,12 @@ BOOST_AUTO_TEST_CASE(host_bandwidth_is_shared_by_the_devices_of_a_node_that_copy
   BOOST_TEST(r[2].sharing == 8u);
   BOOST_TEST(r[2].h2d_gbps == 278.0 / 8 * 0.7, boost::test_tools::tolerance(1e-12));
   BOOST_TEST(r[3].d2h_gbps == 278.0 / 8 * 0.7, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(r[2].h2d_alone_gbps == 278.0 / 8, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(r[0].d2h_alone_gbps == 55.0);
+  // The timing model runs each direction at its rate alone and shares it while both copy.
+  auto const tm = sim::timing_of(s.device, r[2]);
+  BOOST_TEST(tm.h2d.bytes_per_second == 34'750'000'000u);
+  BOOST_TEST(tm.duplex_factor == 0.7);
   s.device.duplex_factor = 1;
   BOOST_TEST(sim::host_link_rates(s, {false, false, false, true})[3].h2d_gbps == 55.0); // 278 / 4 > 55
   s.node.host_gbps = 100;

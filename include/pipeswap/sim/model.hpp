@@ -521,14 +521,15 @@ inline double end_to_end_mfu(scenario const& s, mock::sim_time step_ns) {
          (static_cast<double>(step_ns) * 1e-9 * s.device.bf16_tflops * 1e12 * static_cast<double>(devices_of(s)));
 }
 
-/// Per pipeline rank, the host-link rate (GB/s each way) its copies get when the ranks with
-/// `swaps[r]` set copy at once: min(device link, node.host_gbps / k) × duplex_factor, where k is the
-/// number of the node's devices whose rank swaps (devices are numbered tp, then dp, then pp, and
-/// node n holds devices n·gpus … n·gpus + gpus − 1; a rank spanning nodes takes its most crowded).
-/// Both directions are taken as busy: they are in the packed optimizer step and in the 1F1B steady
-/// state.
+/// Per pipeline rank, the host-link rates (GB/s) its copies get when the ranks with `swaps[r]` set
+/// copy at once: min(device link, node.host_gbps / k) for a direction alone, that × duplex_factor
+/// each way while both directions copy, where k is the number of the node's devices whose rank swaps
+/// (devices are numbered tp, then dp, then pp, and node n holds devices n·gpus … n·gpus + gpus − 1; a
+/// rank spanning nodes takes its most crowded). The simulated copies switch between the two as the
+/// other direction starts and stops (mock::timing_model::duplex_factor).
 struct link_rates {
-  double h2d_gbps = 0, d2h_gbps = 0;
+  double h2d_gbps = 0, d2h_gbps = 0;             ///< each way, both directions busy
+  double h2d_alone_gbps = 0, d2h_alone_gbps = 0; ///< one direction alone
   std::uint32_t sharing = 1; ///< k: devices sharing the node's host bandwidth
 };
 inline std::vector<link_rates> host_link_rates(scenario const& s, std::vector<bool> const& swaps) {
@@ -544,17 +545,19 @@ inline std::vector<link_rates> host_link_rates(scenario const& s, std::vector<bo
     std::uint32_t k = 1;
     for (std::uint64_t n = r * per_rank / gpus; n <= ((r + 1) * per_rank - 1) / gpus; ++n) k = std::max(k, crowd[n]);
     double const host = s.node.host_gbps / k;
-    out[r] = {std::min(s.device.h2d_gbps, host) * s.device.duplex_factor,
-              std::min(s.device.d2h_gbps, host) * s.device.duplex_factor, k};
+    auto const up = std::min(s.device.h2d_gbps, host), down = std::min(s.device.d2h_gbps, host);
+    out[r] = {up * s.device.duplex_factor, down * s.device.duplex_factor, up, down, k};
   }
   return out;
 }
 
-/// The timing model of the device.
-/// `link`: the rank's host-link rates (host_link_rates); unset: the device's own, uncontended.
+/// The timing model of the device: each direction of the host link at its rate alone, shared by
+/// duplex_factor while both copy. `link`: the rank's host-link rates (host_link_rates); unset: the
+/// device's own, uncontended.
 inline mock::timing_model timing_of(device_spec const& d, std::optional<link_rates> link = std::nullopt) {
   mock::timing_model t;
-  double const up = link ? link->h2d_gbps : d.h2d_gbps, down = link ? link->d2h_gbps : d.d2h_gbps;
+  double const up = link ? link->h2d_alone_gbps : d.h2d_gbps, down = link ? link->d2h_alone_gbps : d.d2h_gbps;
+  t.duplex_factor = d.duplex_factor;
   t.h2d = {static_cast<std::uint64_t>(up * 1e9), static_cast<mock::sim_time>(d.copy_latency_us * 1e3)};
   t.d2h = {static_cast<std::uint64_t>(down * 1e9), static_cast<mock::sim_time>(d.copy_latency_us * 1e3)};
   t.device_bytes_per_second = static_cast<std::uint64_t>(d.hbm_tbps * 1e12);

@@ -485,13 +485,20 @@ private:
     auto const dof = range_in(*dst, up ? d.address() : host, n, call + " destination");
     faults_.attempt(fault_site::copy, call, n);
     auto const eng = up ? engine::h2d : engine::d2h;
-    auto const p = plan(s, (up ? opts_.timing.h2d : opts_.timing.d2h).duration(n), eng);
+    auto const& link = up ? opts_.timing.h2d : opts_.timing.d2h;
+    auto p = plan(s, link.duration(n), eng);
+    std::vector<detail::rate_timeline::segment> shares;
+    if (opts_.timing.duplex_factor < 1) { // the two directions share the link while they overlap
+      for (auto& t : planned_) t.forget_before(host_now_);
+      p.end = detail::shared_copy_end(link, opts_.timing.duplex_factor, p.start, n, planned_[up ? 1 : 0], shares);
+    }
     touches t;
     t.add(src, so, so + n, detail::access_mode::read);
     t.add(dst, dof, dof + n, detail::access_mode::write);
     auto const name = label((up ? "H2D " : "D2H ") + bytes_text(n));
     detail::check_touches(t, p, dir, name, log_, opts_, hazards_);
     auto const op = commit(s, p, dir, n, eng, name);
+    planned_[up ? 0 : 1].append(shares);
     detail::record_touches(t, p, op);
     (up ? bytes_h2d_ : bytes_d2h_) += n;
     if (opts_.materialize) {
@@ -626,6 +633,7 @@ private:
   sim_time host_now_ = 0;
   detail::vector_clock host_clock_;
   sim_time engine_free_[4] = {0, 0, 0, 0};
+  detail::rate_timeline planned_[2]; ///< the shares planned on the H2D and the D2H engine (duplex)
   std::uint64_t event_ids_ = 0;
   std::uint64_t alloc_ids_ = 0;
   std::uintptr_t next_device_address_ = std::uintptr_t{1} << 40;
