@@ -91,6 +91,7 @@ struct result {
   std::size_t prefetched = 0; ///< the largest prefetch() result
   std::size_t resident = 0;   ///< resident_share_bytes()
   std::size_t window = 0;     ///< the streaming window: two arenas (packed) or two batches
+  std::size_t relayed = 0;    ///< prefetched batches offloaded early to relay a streamed one (packed)
 };
 
 /// `steps` steps of forward, backward (gradients written, prefetch() in its middle), step(): every
@@ -108,6 +109,7 @@ result train(std::vector<std::size_t> const& sz, ps::swap_config cfg, phases con
   result r;
   {
     runtime rt(x, m.opt, cfg);
+    rt.set_listener([&](std::string_view op) { r.relayed += op.ends_with(":early"); });
     auto const base = b.device_bytes_in_use();
     for (int s = 0; s < steps; ++s) {
       stand_in(b, m, "forward", 20000);
@@ -165,7 +167,10 @@ BOOST_AUTO_TEST_CASE(every_phase_is_bit_exact_against_no_swap) {
       {1 << 30, true, ~std::size_t{0}, std::nullopt, 0}, // everything resident
       {0, true, ~std::size_t{0}, std::nullopt, 0},       // everything prefetched
       {30000, true, ~std::size_t{0}, std::uint64_t{90000}, 0},
+      {0, true, std::size_t{4}, std::nullopt, 0}, // most batches prefetched: the rest relay
+      {0, false, std::size_t{5}, std::nullopt, 0},
   };
+  std::size_t relayed = 0;
   for (bool packed : {false, true}) {
     for (std::size_t k : {1u, 3u, 7u}) {
       for (std::size_t i = 0; i < ps_list.size(); ++i) {
@@ -173,10 +178,12 @@ BOOST_AUTO_TEST_CASE(every_phase_is_bit_exact_against_no_swap) {
           auto const got = train(sizes, config(k, packed, ps_list[i]), ps_list[i], 4);
           BOOST_TEST(got.hazards == 0u);
           check_equal(got.bytes, ref.bytes);
+          relayed += got.relayed;
         }
       }
     }
   }
+  BOOST_TEST(relayed > 0u); // the relay ran, and was bit-exact
 }
 
 BOOST_AUTO_TEST_SUITE_END()
@@ -233,14 +240,22 @@ struct fault_world {
   mock_model m{b, sizes, 7, true};
   std::optional<runtime> rt;
 
-  explicit fault_world(bool packed) {
+  std::size_t prefetches = 2; ///< prefetch() argument
+
+  /// mode 0: per tensor, 1: packed, 2: packed with the relay (one batch per tensor, no resident
+  /// share, the first three prefetched: batch 5 loads into what their early offloads free).
+  explicit fault_world(int mode) {
     x.set_budget(&budget);
     phases p{45000, true, std::size_t{2}, std::nullopt, 0};
-    rt.emplace(x, m.opt, config(4, packed, p));
+    if (mode == 2) {
+      p.resident_share = 0;
+      prefetches = 3;
+    }
+    rt.emplace(x, m.opt, config(mode == 2 ? sizes.size() : 4, mode != 0, p));
   }
   void one_step(std::uint64_t s) {
     m.set_grads(s);
-    (void)rt->prefetch(2);
+    (void)rt->prefetch(prefetches);
     rt->step();
   }
   /// The second step with a fault armed: whichever call fails, nothing is lost and the loop goes on.
@@ -248,7 +263,7 @@ struct fault_world {
     m.set_grads(s);
     std::string what;
     try {
-      (void)rt->prefetch(2);
+      (void)rt->prefetch(prefetches);
     } catch (ps::step_error const& e) {
       what = e.what();
       BOOST_TEST(what.find("optimizer_swap::prefetch: ") == 0u, what);
@@ -290,11 +305,11 @@ struct fault_world {
 
 BOOST_AUTO_TEST_CASE(a_fault_at_every_copy_and_allocation_of_every_phase_loses_nothing) {
   auto const ref = train(fault_world::sizes, no_swap(), {}, 3);
-  for (bool packed : {false, true}) {
+  for (int mode : {0, 1, 2}) {
     for (auto site : {mock::fault_site::copy, mock::fault_site::allocation}) {
       std::size_t count = 0;
       {
-        fault_world w(packed);
+        fault_world w(mode);
         w.one_step(0);
         auto const before = w.b.attempts(site);
         w.one_step(1);
@@ -303,8 +318,8 @@ BOOST_AUTO_TEST_CASE(a_fault_at_every_copy_and_allocation_of_every_phase_loses_n
       BOOST_TEST(count > 0u);
       for (std::size_t i = 0; i < count; ++i) {
         if (ps::test::sanitized_build && i % 3 != 0) continue; // sampled
-        BOOST_TEST_CONTEXT("packed " << packed << " site " << static_cast<int>(site) << " index " << i) {
-          fault_world w(packed);
+        BOOST_TEST_CONTEXT("mode " << mode << " site " << static_cast<int>(site) << " index " << i) {
+          fault_world w(mode);
           w.one_step(0);
           w.b.fail_after(site, i);
           auto const what = w.faulty_step(1);
@@ -320,25 +335,29 @@ BOOST_AUTO_TEST_CASE(a_failure_at_every_phase_boundary_loses_nothing) {
   // The listener fails once at each operation of the second step (the deferred finish, prefetches
   // into own arenas, resident keeps, own offloads, deferrals among them).
   auto const ref = train(fault_world::sizes, no_swap(), {}, 3);
-  for (bool packed : {false, true}) {
+  for (int mode : {0, 1, 2}) {
     std::vector<std::string> ops;
     {
-      fault_world w(packed);
+      fault_world w(mode);
       w.one_step(0);
       w.rt->set_listener([&](std::string_view op) { ops.emplace_back(op); });
       w.one_step(1);
       w.rt->set_listener({});
     }
-    for (std::string want : {"finish_deferred", "keep:0", "defer:3"}) {
-      if (!packed) BOOST_TEST((std::find(ops.begin(), ops.end(), want) != ops.end()), want);
-    }
-    for (std::string want : {"finish_deferred", "prefetch:2:own", "keep:0:own", "offload:2:own", "defer:3"}) {
-      if (packed) BOOST_TEST((std::find(ops.begin(), ops.end(), want) != ops.end()), want);
+    std::vector<std::vector<std::string>> const wanted{
+        {"finish_deferred", "keep:0", "defer:3"},
+        {"finish_deferred", "prefetch:2:own", "keep:0:own", "offload:2:own", "defer:3"},
+        // the relay: prefetched batch 0 leaves as soon as it is updated, batch 5 loads into the
+        // storage it frees; the other prefetched batches and batch 5 leave with the deferred offload
+        {"finish_deferred", "offload:0:early", "prefetch:5:own", "activate:5:own", "offload:1:own",
+         "offload:5:own", "defer:5"}};
+    for (auto const& want : wanted[static_cast<std::size_t>(mode)]) {
+      BOOST_TEST((std::find(ops.begin(), ops.end(), want) != ops.end()), want);
     }
     for (std::size_t i = 0; i < ops.size(); ++i) {
       if (ps::test::sanitized_build && i % 4 != 0) continue; // sampled
-      BOOST_TEST_CONTEXT("packed " << packed << " failing at " << ops[i] << " (#" << i << ")") {
-        fault_world w(packed);
+      BOOST_TEST_CONTEXT("mode " << mode << " failing at " << ops[i] << " (#" << i << ")") {
+        fault_world w(mode);
         w.one_step(0);
         bool thrown = false;
         std::size_t seen = 0;

@@ -556,10 +556,15 @@ public:
   void release_arena(staging_arena<B>& a, stream_type next_user) {
     if (!a.base) return;
     detail::wait_at(detail::wait_site::arena_release, b_, d2h_, b_.record_event(h2d_));
-    b_.deallocate_device(a.base, a.bytes, d2h_);
-    if (a.reserved) unreserve(budget_client::optimizer, a.reserved);
-    a = staging_arena<B>{};
-    detail::wait_at(detail::wait_site::gate_after_offload, b_, next_user, b_.record_event(d2h_));
+    free_arena(a, next_user);
+  }
+  /// As release_arena(a, next_user), for an arena the d2h stream is already ordered behind every
+  /// load into: the compute stream waited each load (wait_load) before the work whose D2Hs out of
+  /// the arena the d2h stream enqueued last (offload_after_compute). The d2h stream does not wait
+  /// the h2d stream's later loads, so offloads behind the release keep running beside them.
+  void release_offloaded_arena(staging_arena<B>& a, stream_type next_user) {
+    if (!a.base) return;
+    free_arena(a, next_user);
   }
 
   // ----- copies of bytes that do not move ---------------------------------------------------------
@@ -733,6 +738,14 @@ private:
       if (!x->at_rest()) x->event_ = e;
     }
     return e;
+  }
+
+  /// The release of an arena on the d2h stream, `next_user` ordered behind it.
+  void free_arena(staging_arena<B>& a, stream_type next_user) {
+    b_.deallocate_device(a.base, a.bytes, d2h_);
+    if (a.reserved) unreserve(budget_client::optimizer, a.reserved);
+    a = staging_arena<B>{};
+    detail::wait_at(detail::wait_site::gate_after_offload, b_, next_user, b_.record_event(d2h_));
   }
 
   void release_storage(buffer& x, stream_type s) {

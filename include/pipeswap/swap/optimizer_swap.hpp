@@ -887,6 +887,9 @@ private:
     auto const resident = k == 0 ? d.resident : 0;
     auto const own = k == 0 ? std::max(kept_count_, resident) : 0;
     auto const s0 = std::max(k, own); // the first batch streamed through the two staging arenas
+    // Relay: batches [s0 + 2, N) load into the storage that prefetched batches, offloaded as soon as
+    // they are updated, give back, instead of each waiting the D2H out of a staging arena.
+    auto const relaying = relay_covers(d, resident, own, s0);
     emit("begin", N - k);
     gate_step();
     auto bufs = [&](std::size_t n) { return d.batch(n); };
@@ -901,6 +904,8 @@ private:
     }
     if (s0 < N) packed_prefetch(d, s0);
     if (s0 + 1 < N) packed_prefetch(d, s0 + 1);
+    std::size_t relay = s0 + 2; // the next batch to relay
+    std::uint64_t freed = 0;    // bytes the early offloads released and no relayed batch took yet
     for (std::size_t n = k; n < N; ++n) {
       if (n < own) {
         emit("wait_prefetch", n, "own");
@@ -908,7 +913,27 @@ private:
         emit("activate", n, "own");
         update(st, n);
         st.next = n + 1;
-        if (n < resident) emit("keep", n, "own"); // others leave behind the streamed batches, below
+        if (n < resident) {
+          emit("keep", n, "own"); // others leave behind the streamed batches, below
+        } else if (relaying && relay < N) {
+          emit("offload", n, "early");
+          arena_storage<B> s{own_[n], d.staging[n]};
+          engine_.launch_offload(bufs(n), s, label("offload", n).c_str());
+          freed += d.staging[n].bytes;
+          engine_.release_offloaded_arena(own_[n], engine_.h2d());
+          for (; relay < N && freed >= d.staging[relay].bytes; ++relay) {
+            freed -= d.staging[relay].bytes;
+            own_load(d, relay);
+          }
+        }
+        continue;
+      }
+      if (relaying && n >= s0 + 2) {
+        emit("wait_prefetch", n, "own");
+        engine_.wait_load(bufs(n), engine_.compute());
+        emit("activate", n, "own");
+        update(st, n);
+        st.next = n + 1;
         continue;
       }
       emit("wait_prefetch", n, n % 2);
@@ -917,19 +942,24 @@ private:
       emit("activate", n, n % 2);
       update(st, n);
       st.next = n + 1;
-      packed_chain(d, n, n + 2 < N ? std::optional<std::size_t>(n + 2) : std::nullopt);
+      packed_chain(d, n, !relaying && n + 2 < N ? std::optional<std::size_t>(n + 2) : std::nullopt);
     }
-    // The prefetched batches leave after the streamed ones: the streamed loads wait the D2Hs out of
+    // The batches in own arenas leave after the streamed ones: the streamed loads wait the D2Hs out of
     // their arenas, and copies of one direction run in enqueue order.
-    for (std::size_t n = resident; n < own; ++n) {
+    auto const away = [&](std::size_t n) { return n >= resident && (n < own || (relaying && n >= s0 + 2)); };
+    for (std::size_t n = resident; n < N; ++n) {
+      if (!away(n) || !own_[n].base) continue; // (not offloaded early)
       emit("offload", n, "own");
       arena_storage<B> s{own_[n], d.staging[n]};
       engine_.launch_offload(bufs(n), s, label("offload", n).c_str());
     }
-    auto const tail = s0 < N ? std::max(s0, N >= 2 ? N - 2 : 0) : N;
+    auto const tail = relaying ? s0 : s0 < N ? std::max(s0, N >= 2 ? N - 2 : 0) : N;
+    auto const tail_end = relaying ? s0 + 2 : N;
     if (cfg_.defer_offload) {
-      for (std::size_t n = resident; n < own; ++n) emit("defer", n);
-      for (std::size_t n = tail; n < N; ++n) emit("defer", n);
+      for (std::size_t n = resident; n < N; ++n) {
+        if (away(n)) emit("defer", n);
+      }
+      for (std::size_t n = tail; n < tail_end; ++n) emit("defer", n);
       emit("end");
       // Own arenas stay where they are: the next prefetch() loads the same batch into the same arena
       // behind its D2H (arena_reuse), or finish_deferred() releases them.
@@ -939,8 +969,9 @@ private:
       kept_count_ = resident;
       return;
     }
-    for (std::size_t n = tail; n < N; ++n) finish_offload(d, n);
-    for (std::size_t n = resident; n < own; ++n) {
+    for (std::size_t n = tail; n < tail_end; ++n) finish_offload(d, n);
+    for (std::size_t n = resident; n < N; ++n) {
+      if (!away(n)) continue;
       emit("wait_offload", n);
       engine_.wait_offload(bufs(n), engine_.compute());
       engine_.release_arena(own_[n]);
@@ -948,6 +979,17 @@ private:
     kept_count_ = resident;
     emit("end");
     release_arenas();
+  }
+
+  /// Whether the prefetched batches of a whole step [resident, own) give back the storage of every
+  /// batch after the first two streamed ones [s0 + 2, N), so that these can relay (run_packed).
+  bool relay_covers(plan_data const& d, std::size_t resident, std::size_t own, std::size_t s0) const {
+    auto const N = d.plan.size();
+    if (own <= resident || s0 + 2 >= N) return false;
+    std::uint64_t freed = 0, needed = 0;
+    for (std::size_t n = resident; n < own; ++n) freed += d.staging[n].bytes;
+    for (std::size_t n = s0 + 2; n < N; ++n) needed += d.staging[n].bytes;
+    return freed >= needed;
   }
 
   /// H2D of batch n into its own arena (resident share, prefetch).
