@@ -388,6 +388,21 @@ class ScenarioFiles(unittest.TestCase):
         self.assertEqual(p["model"]["param_dtype"], "BF16")  # the default fills in
         self.assertEqual(p["device"]["h2d_gbps"], 55)
 
+    def test_the_example_scenarios_read_and_keep_their_fields(self):
+        # examples/scenarios/*.json: the other shapes of docs/performance.md.
+        here = os.path.dirname(os.path.abspath(__file__))
+        folder = os.path.join(here, "..", "..", "examples", "scenarios")
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))
+        self.assertEqual(names, ["13b_interleaved.json", "7b_2ranks.json", "7b_2ranks_slow_link.json"])
+        for n in names:
+            with open(os.path.join(folder, n)) as f:
+                given = json.load(f)
+            _, out, _ = run("scenario", "--scenario", os.path.join(folder, n), check=0)
+            full = json.loads(out)
+            for section, fields in given.items():
+                for key, value in fields.items():
+                    self.assertEqual(full[section][key], value, f"{n}: {section}.{key}")
+
     def test_bad_scenarios_exit_2_naming_the_field(self):
         big_model = json.loads(json.dumps(TINY))
         big_model["device"]["memory_bytes"] = 20_000_000

@@ -245,7 +245,7 @@ inline std::string format_table(report const& r) {
   o += "\nMFU: end-to-end model FLOPs utilization (Narayanan et al.'s FLOPs, recomputation not counted, over step "
        "time x peak x " + std::to_string(devices_of(r.setup)) + " devices)\n";
   o += "\nper rank (device capacity " + gb(r.setup.device.memory_bytes) +
-       "; H2D/D2H: bytes one device of the rank moves per step; link: its host-link rate each way while it swaps):\n";
+       "; H2D/D2H: bytes one device of the rank moves per step; link: its host-link rate each way while both directions copy, one alone gets its full rate):\n";
   o += pad("rank", 6) + pad("configuration", 17) + pad("peak", 11, true) + "  " + pad("fits", 6) +
        pad("step time", 11, true) + pad("overhead", 11, true) + pad("H2D", 11, true) + pad("D2H", 11, true) +
        pad("swapped groups", 16, true) + pad("link", 11, true) + "\n";

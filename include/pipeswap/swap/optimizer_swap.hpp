@@ -41,6 +41,10 @@
 //                    (packed: into the own arena it leaves). No call blocks the host at the forward
 //                    boundary. Within a step, prefetched batches are offloaded after the streamed ones
 //                    (same-direction copies run in enqueue order).
+//   relay            (packed, when the prefetched batches cover them) the batches after the first two
+//                    streamed ones load into the storage that prefetched batches, offloaded as soon
+//                    as they are updated, release: the stream's H2Ds wait those early D2Hs, not the
+//                    D2H out of a staging arena, and no more device memory is used.
 //
 // Ownership (docs/optimizer.md): the state belongs to the optimizer (O::swap_state()). A runtime
 // attaches on construction (a second live runtime over one optimizer is refused), adopts what an
