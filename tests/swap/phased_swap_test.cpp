@@ -377,6 +377,32 @@ BOOST_AUTO_TEST_CASE(a_failure_at_every_phase_boundary_loses_nothing) {
   }
 }
 
+// After a relayed step, a batch offloaded early has no own arena left: the next prefetch hands it the
+// first large-enough arena the deferred offload leaves, behind that one batch's D2H, instead of
+// finishing the whole deferred offload (which would wait every D2H of it).
+BOOST_AUTO_TEST_CASE(a_relayed_step_hands_its_arenas_to_the_next_prefetch) {
+  auto const ref = train(fault_world::sizes, no_swap(), {}, 3);
+  fault_world w(2);
+  w.one_step(0);
+  w.one_step(1); // relays: batch 0 offloaded early, batch 5 in the storage it freed
+  std::vector<std::string> ops;
+  w.m.set_grads(2);
+  w.rt->set_listener([&](std::string_view op) { ops.emplace_back(op); });
+  BOOST_TEST(w.rt->prefetch(3) == 3u);
+  w.rt->set_listener({});
+  std::string all;
+  for (auto const& op : ops) all += op + " ";
+  // Batch 0 waits its own early D2H, then takes batch 2's arena (batch 1's is too small); batch 1
+  // reuses its own; batch 2 gets new storage: one D2H waited per batch, none of the whole offload.
+  BOOST_TEST(all == "finish_deferred:0 finish_deferred:2 prefetch:0:own finish_deferred:1 prefetch:1:own "
+                    "prefetch:2:own ");
+  w.rt->step();
+  auto const got = w.m.snapshot(*w.rt);
+  BOOST_TEST(w.b.hazards().empty());
+  BOOST_TEST(w.budget.used() == 0u);
+  check_equal(got, ref.bytes);
+}
+
 BOOST_AUTO_TEST_CASE(lifetime_misuse_fails_at_the_call) {
   auto has = [](std::string const& needle) {
     return [needle](ps::error const& e) { return std::string(e.what()).find(needle) != std::string::npos; };

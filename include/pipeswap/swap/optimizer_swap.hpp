@@ -951,8 +951,10 @@ private:
     // The batches in own arenas leave after the streamed ones: the streamed loads wait the D2Hs out of
     // their arenas, and copies of one direction run in enqueue order.
     auto const away = [&](std::size_t n) { return n >= resident && (n < own || (relaying && n >= s0 + 2)); };
+    handoff_.clear();
     for (std::size_t n = resident; n < N; ++n) {
       if (!away(n) || !own_[n].base) continue; // (not offloaded early)
+      if (relaying && cfg_.defer_offload) handoff_.push_back(n);
       emit("offload", n, "own");
       arena_storage<B> s{own_[n], d.staging[n]};
       engine_.launch_offload(bufs(n), s, label("offload", n).c_str());
@@ -1050,6 +1052,7 @@ private:
           unhold_batch(n); // per tensor: its storage's release is ordered before the h2d stream now
         }
       }
+      if (cfg_.packed && n < own_.size() && !own_[n].base) take_handoff(d, n);
       // An own arena the deferred offload left for this batch is reused (its bytes are counted), and
       // the staging arenas it holds are the step's window (released before the step allocates).
       std::size_t held_window = 0;
@@ -1080,6 +1083,23 @@ private:
     }
   }
 
+  /// After a relayed step, batch n (offloaded early) has no own arena: it takes the first one the
+  /// deferred offload left, in the order of its D2Hs, that is large enough and belongs to a batch not
+  /// prefetched again yet, behind that batch's D2H only. So each prefetch waits one D2H, in D2H
+  /// order, as it does when every batch finds its own arena.
+  void take_handoff(plan_data const& d, std::size_t n) {
+    for (auto it = handoff_.begin(); it != handoff_.end(); ++it) {
+      auto const m = *it;
+      if (m < n || m >= own_.size() || !own_[m].base || own_[m].bytes < d.staging[n].bytes) continue;
+      emit("finish_deferred", m);
+      engine_.wait_offload(d.batch(m), engine_.h2d(), detail::wait_site::finish_deferred);
+      own_[n] = std::move(own_[m]);
+      own_[m] = staging_arena<B>{};
+      handoff_.erase(it);
+      return;
+    }
+  }
+
   /// Finishes a deferred offload with `next_user` ordered behind its D2Hs and releases (see
   /// finish_offload()). Returns whether there was one.
   bool finish_deferred(stream_type_t next_user) {
@@ -1092,6 +1112,7 @@ private:
     unhold_all();
     // Own arenas the deferred offload left and no prefetch took again.
     for (std::size_t n = kept_count_; n < own_.size(); ++n) engine_.release_arena(own_[n], next_user);
+    handoff_.clear();
     deferred_ = false;
     return true;
   }
@@ -1124,6 +1145,7 @@ private:
       }
     }
     own_.clear();
+    handoff_.clear();
     kept_count_ = 0;
     kept_plan_.reset();
     must_evict_ = false;
@@ -1254,6 +1276,9 @@ private:
   /// A deferred offload: its D2Hs are in flight, its arenas held until finish_deferred().
   bool deferred_ = false;
   std::vector<staging_arena<B>> deferred_arenas_;
+  /// After a relayed step: the batches whose own arenas its deferred offload left, in D2H order
+  /// (take_handoff()).
+  std::vector<std::size_t> handoff_;
   /// Budget bytes held per batch for per-tensor storage released behind D2Hs nothing waited yet.
   std::vector<std::uint64_t> held_; ///< indexed by batch; 0 = nothing held
   char const* busy_ = nullptr; ///< the public call in progress (reentrancy)
