@@ -911,7 +911,7 @@ private:
     std::size_t relay = s0 + 2; // the next batch to relay
     std::uint64_t freed = 0;    // bytes the early offloads released and no relayed batch took yet
     for (std::size_t n = k; n < N; ++n) {
-      if (n < own) {
+      if (n < own || (relaying && n >= s0 + 2)) { // in its own arena
         emit("wait_prefetch", n, "own");
         engine_.wait_load(bufs(n), engine_.compute());
         emit("activate", n, "own");
@@ -919,7 +919,7 @@ private:
         st.next = n + 1;
         if (n < resident) {
           emit("keep", n, "own"); // others leave behind the streamed batches, below
-        } else if (relaying && relay < N) {
+        } else if (n < own && relay < N && relaying) {
           emit("offload", n, "early");
           arena_storage<B> s{own_[n], d.staging[n]};
           engine_.launch_offload(bufs(n), s, label("offload", n).c_str());
@@ -930,14 +930,6 @@ private:
             own_load(d, relay);
           }
         }
-        continue;
-      }
-      if (relaying && n >= s0 + 2) {
-        emit("wait_prefetch", n, "own");
-        engine_.wait_load(bufs(n), engine_.compute());
-        emit("activate", n, "own");
-        update(st, n);
-        st.next = n + 1;
         continue;
       }
       emit("wait_prefetch", n, n % 2);
