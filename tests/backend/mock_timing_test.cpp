@@ -71,53 +71,62 @@ BOOST_FIXTURE_TEST_CASE(opposite_directions_overlap, fixture) {
   b.deallocate_host(h, 2000);
 }
 
+namespace {
+
+/// A unit-timing mock with `duplex_factor` f and two copy streams that start together.
+struct duplex_world {
+  mock::backend b;
+  mock::stream cs = b.current_stream();
+  mock::stream s1 = b.new_stream("s1");
+  mock::stream s2 = b.new_stream("s2");
+  std::byte* h = b.allocate_host(4000);
+  pipeswap::device_ptr d = b.allocate_device(4000, cs);
+
+  static mock::options with(double f) {
+    auto t = mock::timing_model::unit();
+    t.duplex_factor = f;
+    return mock::options{t};
+  }
+  explicit duplex_world(double f) : b(with(f)) {
+    auto ready = b.record_event(cs);
+    b.wait_event(s1, ready);
+    b.wait_event(s2, ready);
+  }
+  ~duplex_world() {
+    b.synchronize_device();
+    b.deallocate_device(d, 4000, cs);
+    b.deallocate_host(h, 4000);
+  }
+  sim_time done(mock::stream s) { return b.record_event(s).time; }
+};
+
+} // namespace
+
 // duplex_factor 0.75: the two directions together move at most 1.5 of their full rates. A copy
 // alone runs at its full rate; one planned beside a copy already planned the other way gets 0.5 of
 // its rate while they overlap, and its full rate after.
 BOOST_AUTO_TEST_CASE(duplex_factor_shares_the_link_while_both_directions_copy) {
-  auto t = mock::timing_model::unit();
-  t.duplex_factor = 0.75;
-  mock::backend b{mock::options{t}};
-  auto cs = b.current_stream(), s1 = b.new_stream("s1"), s2 = b.new_stream("s2");
-  auto* h = b.allocate_host(4000);
-  auto d = b.allocate_device(4000, cs);
-  auto ready = b.record_event(cs);
-  b.wait_event(s1, ready);
-  b.wait_event(s2, ready);
-  b.copy_h2d(d, h, 1000, s1);                    // alone when planned: [0, 1000) at rate 1
-  b.copy_d2h(h + 1000, d + 1000, 1000, s2);      // 500 bytes by 1000 at rate 0.5, 500 more alone
-  BOOST_TEST(b.record_event(s1).time == 1000);
-  BOOST_TEST(b.record_event(s2).time == 1500);
+  duplex_world w(0.75);
+  w.b.copy_h2d(w.d, w.h, 1000, w.s1);               // alone when planned: [0, 1000) at rate 1
+  w.b.copy_d2h(w.h + 1000, w.d + 1000, 1000, w.s2); // 500 bytes by 1000 at rate 0.5, 500 more alone
+  BOOST_TEST(w.done(w.s1) == 1000);
+  BOOST_TEST(w.done(w.s2) == 1500);
   // Queued behind the first H2D on its engine: from 1000 it meets the D2H's full-rate [1000, 1500)
   // (rate 0.5: 250 bytes), then runs alone (750 bytes): ends at 2250.
-  b.copy_h2d(d + 2000, h + 2000, 1000, s1);
-  BOOST_TEST(b.record_event(s1).time == 2250);
+  w.b.copy_h2d(w.d + 2000, w.h + 2000, 1000, w.s1);
+  BOOST_TEST(w.done(w.s1) == 2250);
   // A copy that meets nothing the other way takes link_model::duration exactly.
-  b.wait_event(s2, b.record_event(s1));
-  b.copy_d2h(h + 3000, d + 3000, 1000, s2);
-  BOOST_TEST(b.record_event(s2).time == 3250);
-  b.synchronize_device();
-  b.deallocate_device(d, 4000, cs);
-  b.deallocate_host(h, 4000);
+  w.b.wait_event(w.s2, w.b.record_event(w.s1));
+  w.b.copy_d2h(w.h + 3000, w.d + 3000, 1000, w.s2);
+  BOOST_TEST(w.done(w.s2) == 3250);
 }
 
 BOOST_AUTO_TEST_CASE(duplex_factor_one_half_shares_one_rate) {
-  auto t = mock::timing_model::unit();
-  t.duplex_factor = 0.5;
-  mock::backend b{mock::options{t}};
-  auto cs = b.current_stream(), s1 = b.new_stream("s1"), s2 = b.new_stream("s2");
-  auto* h = b.allocate_host(2000);
-  auto d = b.allocate_device(2000, cs);
-  auto ready = b.record_event(cs);
-  b.wait_event(s1, ready);
-  b.wait_event(s2, ready);
-  b.copy_h2d(d, h, 1000, s1);
-  b.copy_d2h(h + 1000, d + 1000, 1000, s2); // nothing left while the H2D runs: starts moving at 1000
-  BOOST_TEST(b.record_event(s1).time == 1000);
-  BOOST_TEST(b.record_event(s2).time == 2000);
-  b.synchronize_device();
-  b.deallocate_device(d, 2000, cs);
-  b.deallocate_host(h, 2000);
+  duplex_world w(0.5);
+  w.b.copy_h2d(w.d, w.h, 1000, w.s1);
+  w.b.copy_d2h(w.h + 1000, w.d + 1000, 1000, w.s2); // nothing left while the H2D runs: moves from 1000
+  BOOST_TEST(w.done(w.s1) == 1000);
+  BOOST_TEST(w.done(w.s2) == 2000);
 }
 
 // The shared-link arithmetic over a sweep: with a copy of n bytes planned alone and a copy of m
