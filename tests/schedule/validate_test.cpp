@@ -125,6 +125,26 @@ BOOST_AUTO_TEST_CASE(throwing_variant_lists_the_problems) {
                "  position 2 (F0.0): duplicate: second FWD of chunk (0,0); the first is at position 1");
 }
 
+BOOST_AUTO_TEST_CASE(throwing_variant_lists_the_first_twenty_problems) {
+  // 22 backwards without forwards: the message names positions 0..19 and counts the other two.
+  ps::order o;
+  for (ps::index_type m = 0; m < 22; ++m) o.push_back(ps::bwd(0, m));
+  std::string const expected_last = "\n  position 19 (B0.19): backward-before-forward: BWD of chunk (0,19) has no FWD"
+                                    "\n  ... and 2 more";
+  try {
+    ps::require_well_formed(o);
+    BOOST_FAIL("no exception");
+  } catch (pipeswap::invalid_argument const& e) {
+    std::string const what = e.what();
+    BOOST_TEST(what.starts_with("order is not well-formed (22 problems):\n  position 0 (B0.0): "));
+    BOOST_TEST(what.ends_with(expected_last));
+    std::size_t listed = 0;
+    for (std::size_t at = what.find("\n  position "); at != std::string::npos; at = what.find("\n  position ", at + 1))
+      ++listed;
+    BOOST_TEST(listed == 20u);
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(schedule_rules)
@@ -220,6 +240,24 @@ BOOST_AUTO_TEST_CASE(a_blocked_bystander_is_not_part_of_the_cycle) {
   auto const report = ps::check_schedule(orders, ps::stage_layout(3));
   BOOST_TEST(report.problems.empty());
   BOOST_TEST((report.deadlock == std::vector<ps::blocked_receive>{{1, 2, "BR1.0", 2, 3, "BS2.0"},
+                                                                 {2, 0, "FR2.0", 1, 3, "FS1.0"}}));
+}
+
+BOOST_AUTO_TEST_CASE(a_finished_rank_zero_is_skipped) {
+  // Rank 0 runs to its end; the search for the cycle starts at rank 1, the lowest blocked rank.
+  auto const report = ps::check_schedule(parse({"F0.0 FS0.0", "FR1.0 F1.0 BR1.0 FS1.0 B1.0", "FR2.0 F2.0 B2.0 BS2.0"}),
+                                         ps::stage_layout(3));
+  BOOST_TEST((report.deadlock == std::vector<ps::blocked_receive>{{1, 2, "BR1.0", 2, 3, "BS2.0"},
+                                                                 {2, 0, "FR2.0", 1, 3, "FS1.0"}}));
+}
+
+BOOST_AUTO_TEST_CASE(a_cycle_entered_above_its_lowest_rank_starts_at_its_lowest_rank) {
+  // Rank 0 (stages 0, 3) waits for stage 2's output on rank 2; ranks 1 and 2 wait for each other.
+  // Following the waits from rank 0 enters the cycle at rank 2; the report starts it at rank 1.
+  auto const report =
+      ps::check_schedule(parse({"F0.0 FS0.0 FR3.0 F3.0", "FR1.0 F1.0 BR1.0 FS1.0 B1.0", "FR2.0 F2.0 FS2.0 B2.0 BS2.0"}),
+                         ps::stage_layout(3, 2));
+  BOOST_TEST((report.deadlock == std::vector<ps::blocked_receive>{{1, 2, "BR1.0", 2, 4, "BS2.0"},
                                                                  {2, 0, "FR2.0", 1, 3, "FS1.0"}}));
 }
 
