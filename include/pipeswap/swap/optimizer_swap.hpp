@@ -910,8 +910,10 @@ private:
     if (s0 + 1 < N) packed_prefetch(d, s0 + 1);
     std::size_t relay = s0 + 2; // the next batch to relay
     std::uint64_t freed = 0;    // bytes the early offloads released and no relayed batch took yet
+    // Resident, prefetched or relayed: in an own arena, not a staging one.
+    auto const in_own_arena = [&](std::size_t n) { return n < own || (relaying && n >= s0 + 2); };
     for (std::size_t n = k; n < N; ++n) {
-      if (n < own || (relaying && n >= s0 + 2)) { // in its own arena
+      if (in_own_arena(n)) {
         emit("wait_prefetch", n, "own");
         engine_.wait_load(bufs(n), engine_.compute());
         emit("activate", n, "own");
@@ -919,7 +921,7 @@ private:
         st.next = n + 1;
         if (n < resident) {
           emit("keep", n, "own"); // others leave behind the streamed batches, below
-        } else if (n < own && relay < N && relaying) {
+        } else if (relaying && n < own && relay < N) {
           emit("offload", n, "early");
           arena_storage<B> s{own_[n], d.staging[n]};
           engine_.launch_offload(bufs(n), s, label("offload", n).c_str());
@@ -942,7 +944,7 @@ private:
     }
     // The batches in own arenas leave after the streamed ones: the streamed loads wait the D2Hs out of
     // their arenas, and copies of one direction run in enqueue order.
-    auto const away = [&](std::size_t n) { return n >= resident && (n < own || (relaying && n >= s0 + 2)); };
+    auto const away = [&](std::size_t n) { return n >= resident && in_own_arena(n); };
     handoff_.clear();
     for (std::size_t n = resident; n < N; ++n) {
       if (!away(n) || !own_[n].base) continue; // (not offloaded early)
