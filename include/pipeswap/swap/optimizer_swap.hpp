@@ -1040,11 +1040,7 @@ private:
       if (deferred_) {
         bool in_flight = false;
         for (auto* p : d.batch(n)) in_flight = in_flight || p->state() == residency::d2h;
-        if (in_flight) { // its own D2H only; the rest of the deferred offload keeps running
-          emit("finish_deferred", n);
-          engine_.wait_offload(d.batch(n), engine_.h2d(), detail::wait_site::finish_deferred);
-          unhold_batch(n); // per tensor: its storage's release is ordered before the h2d stream now
-        }
+        if (in_flight) finish_deferred_batch(d, n); // the rest of the deferred offload keeps running
       }
       if (cfg_.packed && n < own_.size() && !own_[n].base) take_handoff(d, n);
       // An own arena the deferred offload left for this batch is reused (its bytes are counted), and
@@ -1077,6 +1073,13 @@ private:
     }
   }
 
+  /// One batch of a deferred offload finished: the h2d stream waits its D2H only.
+  void finish_deferred_batch(plan_data const& d, std::size_t n) {
+    emit("finish_deferred", n);
+    engine_.wait_offload(d.batch(n), engine_.h2d(), detail::wait_site::finish_deferred);
+    unhold_batch(n); // per tensor: its storage's release is ordered before the h2d stream now
+  }
+
   /// After a relayed step, batch n (offloaded early) has no own arena: it takes the first one the
   /// deferred offload left, in the order of its D2Hs, that is large enough and belongs to a batch not
   /// prefetched again yet, behind that batch's D2H only. So each prefetch waits one D2H, in D2H
@@ -1085,8 +1088,7 @@ private:
     for (auto it = handoff_.begin(); it != handoff_.end(); ++it) {
       auto const m = *it;
       if (m < n || m >= own_.size() || !own_[m].base || own_[m].bytes < d.staging[n].bytes) continue;
-      emit("finish_deferred", m);
-      engine_.wait_offload(d.batch(m), engine_.h2d(), detail::wait_site::finish_deferred);
+      finish_deferred_batch(d, m);
       own_[n] = std::move(own_[m]);
       own_[m] = staging_arena<B>{};
       handoff_.erase(it);
