@@ -28,8 +28,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <vector>
 
+#include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/error.hpp>
 
 namespace pipeswap {
@@ -160,7 +160,7 @@ private:
   std::uint64_t demand_ = 0;
   std::uint64_t over_budget_ = 0;
   std::uint64_t refused_ = 0;
-  std::vector<detail::budget_link*> links_;
+  detail::lean_vector<detail::budget_link*> links_;
 };
 
 } // namespace pipeswap

@@ -2,9 +2,9 @@
 #pragma once
 
 #include <memory>
-#include <vector>
 
 #include <pipeswap/backend/concepts.hpp>
+#include <pipeswap/core/detail/lean_vector.hpp>
 
 namespace pipeswap {
 
@@ -24,7 +24,7 @@ namespace detail {
 
 /// Appends `e` to `out` unless it is null or already there (events per batch are few: linear is fine).
 template <backend B>
-void add_unique(std::vector<event_handle<B>>& out, event_handle<B> const& e) {
+void add_unique(lean_vector<event_handle<B>>& out, event_handle<B> const& e) {
   if (!e) return;
   for (auto const& x : out) {
     if (x == e) return;

@@ -23,9 +23,9 @@
 #include <memory>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include <pipeswap/backend/concepts.hpp>
+#include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/detail/round.hpp>
 #include <pipeswap/core/event_handle.hpp>
 #include <pipeswap/error.hpp>
@@ -99,7 +99,7 @@ public:
   /// A block of at least `n` bytes whose device-side first user is `first_user`: the stream is made
   /// to wait for the block's previous copies. n == 0 gives an empty block.
   pinned_block allocate(std::size_t n, stream_t<B> first_user) {
-    std::vector<event_handle<B>> pending;
+    detail::lean_vector<event_handle<B>> pending;
     auto blk = take(n, pending);
     for (auto const& e : pending) b_.wait_event(first_user, *e);
     return blk;
@@ -107,7 +107,7 @@ public:
 
   /// A block the host will write first: synchronizes the block's previous copies.
   pinned_block allocate_for_host(std::size_t n) {
-    std::vector<event_handle<B>> pending;
+    detail::lean_vector<event_handle<B>> pending;
     auto blk = take(n, pending);
     try {
       sync(pending);
@@ -122,7 +122,7 @@ public:
   /// when nothing enqueued uses them).
   void deallocate(pinned_block blk, event_handle<B> last_use = {}) {
     if (!blk) return;
-    std::vector<event_handle<B>> pending;
+    detail::lean_vector<event_handle<B>> pending;
     if (last_use) pending.push_back(std::move(last_use));
     give_back(blk, std::move(pending));
   }
@@ -163,17 +163,17 @@ private:
   struct free_range {
     std::size_t offset = 0;
     std::size_t bytes = 0;
-    std::vector<event_handle<B>> pending;
+    detail::lean_vector<event_handle<B>> pending;
   };
   struct slab {
     std::byte* base = nullptr;
     std::size_t bytes = 0;
-    std::vector<free_range> free; // by ascending offset; neighbours are always coalesced
+    detail::lean_vector<free_range> free; // by ascending offset; neighbours are always coalesced
   };
   struct dedicated_block {
     std::byte* base = nullptr;
     std::size_t bytes = 0;
-    std::vector<event_handle<B>> pending; // kept only while the block is parked for reuse
+    detail::lean_vector<event_handle<B>> pending; // kept only while the block is parked for reuse
     bool in_use = true;
   };
 
@@ -200,12 +200,12 @@ private:
     return round(std::max(std::min(grown, cap), need));
   }
 
-  void sync(std::vector<event_handle<B>>& pending) {
+  void sync(detail::lean_vector<event_handle<B>>& pending) {
     for (auto const& e : pending) b_.synchronize(*e);
     pending.clear();
   }
 
-  pinned_block take(std::size_t n, std::vector<event_handle<B>>& pending) {
+  pinned_block take(std::size_t n, detail::lean_vector<event_handle<B>>& pending) {
     if (n == 0) return {};
     pinned_block blk;
     if (n >= opts_.dedicated_threshold) {
@@ -254,7 +254,7 @@ private:
   }
 
   /// Best fit over all slabs; splits the chosen range.
-  pinned_block carve(std::size_t need, std::vector<event_handle<B>>& pending) {
+  pinned_block carve(std::size_t need, detail::lean_vector<event_handle<B>>& pending) {
     slab* best = nullptr;
     std::size_t best_at = 0, best_size = 0;
     for (auto& c : slabs_) {
@@ -280,7 +280,7 @@ private:
     return {best->base + off, need};
   }
 
-  void give_back(pinned_block blk, std::vector<event_handle<B>> pending) {
+  void give_back(pinned_block blk, detail::lean_vector<event_handle<B>> pending) {
     if (!blk) return;
     if (auto i = dedicated_at(blk.ptr); i < dedicated_.size() && dedicated_[i].base == blk.ptr) {
       auto& d = dedicated_[i];
@@ -329,9 +329,9 @@ private:
 
   B& b_;
   pinned_pool_options opts_;
-  std::vector<std::unique_ptr<slab>> slabs_;
+  detail::lean_vector<std::unique_ptr<slab>> slabs_;
   std::size_t slab_bytes_held_ = 0;
-  std::vector<dedicated_block> dedicated_; ///< by ascending base address
+  detail::lean_vector<dedicated_block> dedicated_; ///< by ascending base address
   pinned_pool_stats stats_;
 };
 

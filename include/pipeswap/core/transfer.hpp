@@ -51,10 +51,10 @@
 #include <string>
 #include <string_view>
 #include <utility>
-#include <vector>
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/budget.hpp>
+#include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/detail/mutation.hpp>
 #include <pipeswap/core/event_handle.hpp>
 #include <pipeswap/core/pinned_pool.hpp>
@@ -147,9 +147,9 @@ struct staging_layout {
     std::size_t offset = 0; ///< byte offset in the arena
     std::size_t bytes = 0;
   };
-  std::vector<std::size_t> offset; ///< per buffer: byte offset in the arena
-  std::vector<std::size_t> order;  ///< buffer indices in arena order (ascending offset)
-  std::vector<run> runs;           ///< copies: host bytes from buffers[first].mirror(), contiguous
+  detail::lean_vector<std::size_t> offset; ///< per buffer: byte offset in the arena
+  detail::lean_vector<std::size_t> order;  ///< buffer indices in arena order (ascending offset)
+  detail::lean_vector<run> runs;           ///< copies: host bytes from buffers[first].mirror(), contiguous
   std::size_t bytes = 0;           ///< arena bytes the batch needs
 };
 
@@ -161,7 +161,7 @@ staging_layout make_staging_layout(std::span<swap_buffer<B>* const> bufs, std::s
                                    std::size_t align = 512) {
   auto const up = [align](std::size_t n) { return (n + align - 1) / align * align; };
   staging_layout l;
-  std::vector<std::size_t> order(bufs.size());
+  detail::lean_vector<std::size_t> order(bufs.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
   std::sort(order.begin(), order.end(), [&](auto a, auto c) {
     return std::pair{region[a], bufs[a]->mirror()} < std::pair{region[c], bufs[c]->mirror()};
@@ -412,8 +412,8 @@ public:
   /// their mirrors.
   void wait_offload(std::span<buffer* const> bufs, stream_type next_user,
                     detail::wait_site site = detail::wait_site::gate_after_offload) {
-    std::vector<buffer*> targets;
-    std::vector<event_handle<B>> events;
+    detail::lean_vector<buffer*> targets;
+    detail::lean_vector<event_handle<B>> events;
     for (auto* x : bufs) {
       if (x->state_ != residency::d2h) continue;
       if (!x->event_) x->event_ = record(b_, d2h_);
@@ -453,7 +453,7 @@ public:
           x->reserved_ = reserve(x->client_, x->bytes_);
         }
       }
-      std::vector<event_handle<B>> events;
+      detail::lean_vector<event_handle<B>> events;
       for (auto* x : targets) detail::add_unique<B>(events, x->event_);
       for (auto const& e : events) detail::wait_at(detail::wait_site::load_after_mirror, b_, h2d_, *e);
       if constexpr (is_arena<Storage>) {
@@ -488,8 +488,8 @@ public:
 
   /// h2d → device for the buffers in `h2d` state: `user` waits the load events.
   void wait_load(std::span<buffer* const> bufs, stream_type user) {
-    std::vector<buffer*> targets;
-    std::vector<event_handle<B>> events;
+    detail::lean_vector<buffer*> targets;
+    detail::lean_vector<event_handle<B>> events;
     for (auto* x : bufs) {
       if (x->state_ != residency::h2d) continue;
       if (!x->event_) x->event_ = record(b_, h2d_);
@@ -522,7 +522,7 @@ public:
 
   /// The host waits the last copy of each buffer at rest, so it may read (and write) their mirrors.
   void host_sync(std::span<buffer* const> bufs) {
-    std::vector<event_handle<B>> events;
+    detail::lean_vector<event_handle<B>> events;
     for (auto* x : bufs) detail::add_unique<B>(events, x->event_);
     for (auto const& e : events) b_.synchronize(*e);
     for (auto* x : bufs) {
@@ -650,7 +650,7 @@ private:
   /// target, one copy per run; otherwise (after an interrupted step) one per target. Each buffer
   /// changes state once its copy is enqueued; loads set the views, offloads drop them (the arena is
   /// released as a whole).
-  void copy_runs(std::span<buffer* const> bufs, std::vector<buffer*> const& targets, staging_arena<B>& arena,
+  void copy_runs(std::span<buffer* const> bufs, detail::lean_vector<buffer*> const& targets, staging_arena<B>& arena,
                  staging_layout const& lay, bool load) {
     if (lay.offset.size() != bufs.size() || lay.order.size() != bufs.size()) {
       throw state_error("staging layout of " + std::to_string(lay.offset.size()) + " buffers used for a batch of " +
@@ -704,8 +704,8 @@ private:
   }
 
   /// Buffers in `from` state; zero-byte ones move straight to `to` (nothing to copy).
-  std::vector<buffer*> select(std::span<buffer* const> bufs, residency from, residency to) {
-    std::vector<buffer*> out;
+  detail::lean_vector<buffer*> select(std::span<buffer* const> bufs, residency from, residency to) {
+    detail::lean_vector<buffer*> out;
     for (auto* x : bufs) {
       if (x->state_ != from) continue;
       if (x->bytes_ == 0) {

@@ -26,9 +26,9 @@
 #include <map>
 #include <span>
 #include <string>
-#include <vector>
 
 #include <pipeswap/backend/concepts.hpp>
+#include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/optim/adam_math.hpp>
@@ -57,8 +57,8 @@ public:
   };
 
   struct step_context {
-    std::vector<adam_step_scalars> scalars; ///< per distinct step count
-    std::vector<std::uint32_t> unit_scalars;
+    detail::lean_vector<adam_step_scalars> scalars; ///< per distinct step count
+    detail::lean_vector<std::uint32_t> unit_scalars;
   };
 
   explicit adam(B& b, adam_config cfg = {}, Kernels kernels = {})
@@ -124,7 +124,7 @@ public:
   std::span<update_unit const> update_units(step_context&) { return units_; }
 
   void update(std::span<unit_range const> batch, step_context& ctx, state_view<B> const& view) {
-    std::vector<adam_tensor<B>> ts;
+    detail::lean_vector<adam_tensor<B>> ts;
     ts.reserve(batch.size());
     for (auto const& r : batch) {
       auto const& u = units_.at(r.unit);
@@ -186,7 +186,7 @@ public:
                                "' but this optimizer has '" + mine.at(k) + "'");
       }
     }
-    std::vector<std::int64_t> steps;
+    detail::lean_vector<std::int64_t> steps;
     std::string const& text = get("steps");
     std::size_t pos = 0;
     while (pos <= text.size() && !text.empty()) {
@@ -217,10 +217,10 @@ private:
   B& b_;
   adam_config cfg_;
   Kernels kernels_;
-  std::vector<param_state> params_;
-  std::vector<slot_desc> slots_;
-  std::vector<update_unit> all_units_;
-  std::vector<update_unit> units_;
+  detail::lean_vector<param_state> params_;
+  detail::lean_vector<slot_desc> slots_;
+  detail::lean_vector<update_unit> all_units_;
+  detail::lean_vector<update_unit> units_;
   optimizer_state<B> state_; // last: destroyed first, while the backend is still there
 };
 

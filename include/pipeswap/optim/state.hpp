@@ -23,6 +23,7 @@
 #include <vector>
 
 #include <pipeswap/backend/concepts.hpp>
+#include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/error.hpp>
 
@@ -203,7 +204,7 @@ public:
 
   // ----- the runtime's side ------------------------------------------------------------------------
   [[nodiscard]] B& backend(detail::runtime_access) const noexcept { return b_; }
-  std::vector<record>& records(detail::runtime_access) noexcept { return records_; }
+  detail::lean_vector<record>& records(detail::runtime_access) noexcept { return records_; }
   host_stores_type& host_stores(detail::runtime_access) noexcept { return stores_; }
   void set_attached(detail::runtime_access, bool a) noexcept { attached_ = a; }
   void set_lost(detail::runtime_access) noexcept { lost_ = true; }
@@ -225,7 +226,7 @@ private:
   }
 
   B& b_;
-  std::vector<record> records_;
+  detail::lean_vector<record> records_;
   host_stores_type stores_{};
   bool attached_ = false;
   bool lost_ = false;

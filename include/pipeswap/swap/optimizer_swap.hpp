@@ -76,6 +76,7 @@
 #include <vector>
 
 #include <pipeswap/backend/concepts.hpp>
+#include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/detail/mutation.hpp>
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/core/event_handle.hpp>
@@ -262,14 +263,14 @@ private:
   /// units and slot layout are the same, so a steady training loop plans once.
   struct plan_data {
     batch_plan plan;
-    std::vector<buffer*> pieces;            // unique swappable pieces, batch after batch
-    std::vector<std::size_t> batch_begin;   // batch n's pieces: [batch_begin[n], batch_begin[n + 1])
-    std::vector<staging_layout> staging;    // per batch (packed pipeline only)
-    std::vector<std::size_t> first_param;   // per batch, the lowest and highest parameter (messages)
-    std::vector<std::size_t> last_param;
+    detail::lean_vector<buffer*> pieces;            // unique swappable pieces, batch after batch
+    detail::lean_vector<std::size_t> batch_begin;   // batch n's pieces: [batch_begin[n], batch_begin[n + 1])
+    detail::lean_vector<staging_layout> staging;    // per batch (packed pipeline only)
+    detail::lean_vector<std::size_t> first_param;   // per batch, the lowest and highest parameter (messages)
+    detail::lean_vector<std::size_t> last_param;
     std::size_t arena_size = 0;
     std::size_t max_batch_bytes = 0;
-    std::vector<std::size_t> batch_bytes;   // per batch: its pieces' bytes
+    detail::lean_vector<std::size_t> batch_bytes;   // per batch: its pieces' bytes
     std::size_t resident = 0;               // batches of the resident share (from the front)
     std::size_t resident_bytes = 0;         // their device bytes (own arenas, packed)
     /// The unique swappable pieces of batch n.
@@ -338,7 +339,7 @@ private:
       throw state_error("optimizer_swap: the optimizer describes " + std::to_string(descs.size()) +
                         " slots but its parked state holds " + std::to_string(recs.size()));
     }
-    std::vector<rec_t> parked(recs.begin(), recs.end());
+    detail::lean_vector<rec_t> parked(recs.begin(), recs.end());
     parked.resize(descs.size());
     for (std::size_t i = 0; i < descs.size(); ++i) {
       if (parked[i].at != where::none && parked[i].bytes != descs[i].bytes()) {
@@ -349,7 +350,7 @@ private:
     // The host layout: one host store per dtype (indexed by its value), eligible slots in order.
     // An eligible slot has bytes, so a dtype has a store exactly when its size is positive.
     std::array<std::size_t, detail::dtype_count> sizes{};
-    std::vector<std::size_t> offset(descs.size(), 0);
+    detail::lean_vector<std::size_t> offset(descs.size(), 0);
     for (std::size_t i = 0; i < descs.size(); ++i) {
       if (!eligible(descs[i])) continue;
       auto const t = static_cast<std::size_t>(descs[i].type);
@@ -364,8 +365,8 @@ private:
     }
     auto const bytes_ok = detail::holds_bytes(b_);
     stores_t stores{};
-    std::vector<std::size_t> adopted;                  // slots whose parked device storage is now their piece
-    std::vector<std::size_t> copied_back;              // slots whose parked device bytes went to the host
+    detail::lean_vector<std::size_t> adopted;                  // slots whose parked device storage is now their piece
+    detail::lean_vector<std::size_t> copied_back;              // slots whose parked device bytes went to the host
     try {
       if (reuse) {
         stores = old_stores;
@@ -376,9 +377,9 @@ private:
       }
       slots_.clear();
       slots_.reserve(descs.size());
-      std::vector<buffer*> cold;             // device-initialized swappable pieces to offload
-      std::vector<host_copy<B>> to_host;     // parked device bytes of now-swappable slots
-      std::vector<host_copy<B>> to_device;   // parked host bytes of now-resident slots
+      detail::lean_vector<buffer*> cold;             // device-initialized swappable pieces to offload
+      detail::lean_vector<host_copy<B>> to_host;     // parked device bytes of now-swappable slots
+      detail::lean_vector<host_copy<B>> to_device;   // parked host bytes of now-resident slots
       for (std::size_t i = 0; i < descs.size(); ++i) {
         auto const& d = descs[i];
         auto const& r = parked[i];
@@ -462,7 +463,7 @@ private:
   }
 
   /// Undoes a failed adopt(): new storage is released, parked device storage is left where it was.
-  void rollback(std::vector<std::size_t> const& adopted,
+  void rollback(detail::lean_vector<std::size_t> const& adopted,
                 typename optimizer_state<B>::host_stores_type const& fresh_stores) noexcept {
     try {
       auto all = pieces(false);
@@ -611,8 +612,8 @@ private:
   void plan_step(step_state& st) {
     note("plan");
     auto units = opt_.update_units(st.ctx);
-    std::vector<partition_item> items(units.size());
-    std::vector<std::size_t> params(units.size());
+    detail::lean_vector<partition_item> items(units.size());
+    detail::lean_vector<std::size_t> params(units.size());
     std::uint64_t layout = 0;
     for (std::size_t u = 0; u < units.size(); ++u) {
       std::uint64_t bpe = 0;
@@ -639,10 +640,10 @@ private:
     d->batch_begin.assign(1, 0);
     // Dedup by piece identity, never by address values: piece k of slot si is piece number
     // first_piece[si] + k, and seen[] holds the last batch that took it.
-    std::vector<std::size_t> first_piece(slots_.size() + 1, 0);
+    detail::lean_vector<std::size_t> first_piece(slots_.size() + 1, 0);
     for (std::size_t si = 0; si < slots_.size(); ++si) first_piece[si + 1] = first_piece[si] + slots_[si].pieces.size();
-    std::vector<std::size_t> seen(first_piece.back(), N);
-    std::vector<std::size_t> region; // per piece of the batch: its dtype (packed staging regions)
+    detail::lean_vector<std::size_t> seen(first_piece.back(), N);
+    detail::lean_vector<std::size_t> region; // per piece of the batch: its dtype (packed staging regions)
     for (std::size_t n = 0; n < N; ++n) {
       std::size_t bytes = 0;
       region.clear();
@@ -695,19 +696,19 @@ private:
   /// when the plan changes, on slots at rest on the host (it is bookkeeping over the mirror).
   void segment(std::span<update_unit const> units, batch_plan const& plan) {
     // The cuts of unit u, flattened: cut[at[u], at[u + 1]).
-    std::vector<std::size_t> at(units.size() + 1, 0);
+    detail::lean_vector<std::size_t> at(units.size() + 1, 0);
     for (auto const& batch : plan) {
       for (auto const& r : batch) ++at[r.unit + 1];
     }
     for (std::size_t u = 0; u < units.size(); ++u) at[u + 1] += at[u];
-    std::vector<std::size_t> cut(at.back());
+    detail::lean_vector<std::size_t> cut(at.back());
     {
       auto fill = at;
       for (auto const& batch : plan) {
         for (auto const& r : batch) cut[fill[r.unit]++] = r.begin;
       }
     }
-    std::vector<std::size_t> c;
+    detail::lean_vector<std::size_t> c;
     for (std::size_t u = 0; u < units.size(); ++u) {
       c.assign(cut.begin() + static_cast<std::ptrdiff_t>(at[u]), cut.begin() + static_cast<std::ptrdiff_t>(at[u + 1]));
       std::sort(c.begin(), c.end());
@@ -721,8 +722,8 @@ private:
     }
   }
 
-  void recut(slot_type& s, std::vector<std::size_t> const& cuts) {
-    std::vector<buffer*> ps;
+  void recut(slot_type& s, detail::lean_vector<std::size_t> const& cuts) {
+    detail::lean_vector<buffer*> ps;
     for (auto& p : s.pieces) ps.push_back(&p);
     if (!s.all(residency::host)) { // bring it home first (rare: after an interrupted offload)
       engine_.settle(ps);
@@ -731,7 +732,7 @@ private:
     }
     engine_.host_sync(ps);
     auto const eb = s.element_bytes;
-    std::vector<buffer> pieces;
+    detail::lean_vector<buffer> pieces;
     pieces.reserve(cuts.size());
     for (std::size_t i = 0; i < cuts.size(); ++i) {
       auto const end = i + 1 < cuts.size() ? cuts[i + 1] : s.numel;
@@ -814,7 +815,7 @@ private:
     }
     kept_count_ = resident;
     // Offloads nothing has waited yet: the own batches after the resident share, and the last batch.
-    std::vector<std::size_t> open;
+    detail::lean_vector<std::size_t> open;
     for (std::size_t n = resident; n < own; ++n) open.push_back(n);
     if (N - 1 >= std::max(resident, own)) open.insert(open.begin(), N - 1);
     if (open.empty()) return;
@@ -1233,8 +1234,8 @@ private:
   }
 
   /// Every piece (only the swappable ones if `swappable_only`).
-  std::vector<buffer*> pieces(bool swappable_only) {
-    std::vector<buffer*> out;
+  detail::lean_vector<buffer*> pieces(bool swappable_only) {
+    detail::lean_vector<buffer*> out;
     for (auto& s : slots_) {
       if (swappable_only && !s.swappable) continue;
       for (auto& p : s.pieces) out.push_back(&p);
@@ -1250,12 +1251,12 @@ private:
   swap_config cfg_;
   P policy_;
   unsigned key_mask_ = 0; ///< bit k: state_key k is eligible for swap
-  std::vector<slot_type> slots_;
+  detail::lean_vector<slot_type> slots_;
   std::optional<step_state> pending_;
   batch_plan const no_plan_; ///< last_plan() before the first step
   std::shared_ptr<plan_data const> cached_;
-  std::vector<partition_item> cached_items_;
-  std::vector<std::size_t> cached_params_;
+  detail::lean_vector<partition_item> cached_items_;
+  detail::lean_vector<std::size_t> cached_params_;
   std::uint64_t cached_layout_ = 0;
   listener listener_;
   std::size_t resident_bytes_ = 0, swappable_bytes_ = 0, arena_bytes_ = 0, max_batch_bytes_ = 0;
@@ -1267,16 +1268,16 @@ private:
   /// in the packed pipeline).
   std::shared_ptr<plan_data const> kept_plan_;
   std::size_t kept_count_ = 0;
-  std::vector<staging_arena<B>> own_;
+  detail::lean_vector<staging_arena<B>> own_;
   bool must_evict_ = false; ///< an eviction failed part-way; every entry point retries it first
   /// A deferred offload: its D2Hs are in flight, its arenas held until finish_deferred().
   bool deferred_ = false;
-  std::vector<staging_arena<B>> deferred_arenas_;
+  detail::lean_vector<staging_arena<B>> deferred_arenas_;
   /// After a relayed step: the batches whose own arenas its deferred offload left, in D2H order
   /// (take_handoff()).
-  std::vector<std::size_t> handoff_;
+  detail::lean_vector<std::size_t> handoff_;
   /// Budget bytes held per batch for per-tensor storage released behind D2Hs nothing waited yet.
-  std::vector<std::uint64_t> held_; ///< indexed by batch; 0 = nothing held
+  detail::lean_vector<std::uint64_t> held_; ///< indexed by batch; 0 = nothing held
   char const* busy_ = nullptr; ///< the public call in progress (reentrancy)
 };
 

@@ -10,9 +10,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
 #include <pipeswap/backend/concepts.hpp>
+#include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/optim/state.hpp>
 
@@ -24,8 +24,8 @@ struct slot_storage {
   std::byte* mirror = nullptr; ///< whole host mirror (swappable slots), a view of a host store
   std::size_t element_bytes = 0;
   std::size_t numel = 0;
-  std::vector<swap_buffer<B>> pieces;
-  std::vector<std::size_t> piece_begin; ///< first element of each piece, ascending, starts at 0
+  detail::lean_vector<swap_buffer<B>> pieces;
+  detail::lean_vector<std::size_t> piece_begin; ///< first element of each piece, ascending, starts at 0
   /// Bumped whenever `pieces` is rebuilt (their addresses change): plans that point at pieces are
   /// rebuilt then.
   std::uint32_t layout = 0;
