@@ -56,6 +56,7 @@
 #include <pipeswap/core/budget.hpp>
 #include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/detail/mutation.hpp>
+#include <pipeswap/core/detail/round.hpp>
 #include <pipeswap/core/event_handle.hpp>
 #include <pipeswap/core/pinned_pool.hpp>
 #include <pipeswap/error.hpp>
@@ -159,7 +160,6 @@ struct staging_layout {
 template <backend B>
 staging_layout make_staging_layout(std::span<swap_buffer<B>* const> bufs, std::span<std::size_t const> region,
                                    std::size_t align = 512) {
-  auto const up = [align](std::size_t n) { return (n + align - 1) / align * align; };
   staging_layout l;
   detail::lean_vector<std::size_t> order(bufs.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
@@ -173,7 +173,7 @@ staging_layout make_staging_layout(std::span<swap_buffer<B>* const> bufs, std::s
   for (auto i : order) {
     auto const* p = bufs[i];
     if (region[i] != cur) {
-      off = up(off);
+      off = detail::round_up(off, align);
       cur = region[i];
       l.runs.push_back({i, off, 0});
     } else if (host_end != p->mirror()) {
@@ -184,7 +184,7 @@ staging_layout make_staging_layout(std::span<swap_buffer<B>* const> bufs, std::s
     off += p->bytes();
     host_end = p->mirror() + p->bytes();
   }
-  l.bytes = up(off);
+  l.bytes = detail::round_up(off, align);
   l.order = std::move(order);
   return l;
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <pipeswap/backend/mock/timing.hpp>
+#include <pipeswap/core/detail/round.hpp>
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/error.hpp>
 
@@ -261,7 +262,7 @@ inline std::vector<saved_tensor> head_activations(model_spec const& m, parallel_
   std::uint64_t const Tr = p.sequence_parallel ? T / t : T;
   return {{"norm", "input", e * Tr * m.hidden},
           {"lm_head", "input (the norm's output)", e * Tr * m.hidden},
-          {"cross entropy", "softmax of the logits (fp32)", 4 * T * ((m.vocab + t - 1) / t)}};
+          {"cross entropy", "softmax of the logits (fp32)", 4 * T * detail::ceil_div(std::uint64_t{m.vocab}, t)}};
 }
 
 /// The embedding's dropout mask on the first stage (with dropout).
@@ -438,7 +439,7 @@ inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recomp
     o.embedding = st == 0;
     o.head = st + 1 == stages;
     o.recompute = recompute.empty() ? m.recompute : recompute[st];
-    auto const vshard = (m.vocab + par.tp - 1) / par.tp;
+    auto const vshard = detail::ceil_div(std::uint64_t{m.vocab}, std::uint64_t{par.tp});
     if (o.embedding) o.tensors.push_back({"embed_tokens", vshard * m.hidden, false});
     for (std::uint32_t l = 0; l < o.layers; ++l) {
       for (auto& t : layer_tensors(m, layer + l, par.tp)) o.tensors.push_back(std::move(t));
@@ -493,7 +494,7 @@ inline double state_bytes_per_param(model_spec const& m, parallel_spec const& p 
 /// The elements of an `numel`-element tensor whose optimizer state one data-parallel rank holds:
 /// numel, or its 1/dp share (rounded up) with the distributed optimizer.
 inline std::uint64_t optimizer_shard(std::uint64_t numel, parallel_spec const& p) {
-  return p.distributed_optimizer ? (numel + p.dp - 1) / p.dp : numel;
+  return p.distributed_optimizer ? detail::ceil_div(numel, std::uint64_t{p.dp}) : numel;
 }
 
 /// Narayanan et al. 2021's FLOPs per iteration (eq. 3): 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) with full
@@ -535,7 +536,7 @@ struct link_rates {
 inline std::vector<link_rates> host_link_rates(scenario const& s, std::vector<bool> const& swaps) {
   auto const R = s.pipeline.ranks;
   std::uint64_t const per_rank = std::uint64_t{s.parallel.tp} * s.parallel.dp, gpus = s.node.gpus;
-  std::uint64_t const total = per_rank * R, nodes = (total + gpus - 1) / gpus;
+  std::uint64_t const total = per_rank * R, nodes = detail::ceil_div(total, gpus);
   auto swapping = [&](std::uint64_t g) { return g / per_rank < swaps.size() && swaps[g / per_rank]; };
   std::vector<std::uint32_t> crowd(nodes, 0);
   for (std::uint64_t g = 0; g < total; ++g)
