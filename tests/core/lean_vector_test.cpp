@@ -47,7 +47,8 @@ struct counted {
 template <class T>
 T make(int x) {
   if constexpr (std::is_same_v<T, pod>) return pod{static_cast<std::uint32_t>(x), x * 0.5};
-  else if constexpr (std::is_same_v<T, std::string>) return std::string(static_cast<std::size_t>(x % 40), static_cast<char>('a' + x % 26));
+  else if constexpr (std::is_same_v<T, std::string>)
+    return std::string(static_cast<std::size_t>(x % 40), static_cast<char>('a' + x % 26));
   else if constexpr (std::is_same_v<T, counted>) return counted(x);
   else if constexpr (std::is_same_v<T, std::shared_ptr<int>>) return std::make_shared<int>(x);
   else return static_cast<T>(x);
@@ -148,7 +149,9 @@ void differential(unsigned seed) {
       else { a.reserve(pick(100)); }
       break;
     }
-    BOOST_TEST_REQUIRE(same(a, b), "lean_vector and std::vector differ after step " << step << " (operation " << op << ", sizes " << a.size() << " and " << b.size() << ")");
+    BOOST_TEST_REQUIRE(same(a, b), "lean_vector and std::vector differ after step "
+                                       << step << " (operation " << op << ", sizes " << a.size() << " and "
+                                       << b.size() << ")");
   }
 }
 

@@ -151,7 +151,7 @@ struct staging_layout {
   detail::lean_vector<std::size_t> offset; ///< per buffer: byte offset in the arena
   detail::lean_vector<std::size_t> order;  ///< buffer indices in arena order (ascending offset)
   detail::lean_vector<run> runs;           ///< copies: host bytes from buffers[first].mirror(), contiguous
-  std::size_t bytes = 0;           ///< arena bytes the batch needs
+  std::size_t bytes = 0;                   ///< arena bytes the batch needs
 };
 
 /// Lays out `bufs` (host mirrors set) for an arena: sorted by (region, mirror address), each region
@@ -650,8 +650,8 @@ private:
   /// target, one copy per run; otherwise (after an interrupted step) one per target. Each buffer
   /// changes state once its copy is enqueued; loads set the views, offloads drop them (the arena is
   /// released as a whole).
-  void copy_runs(std::span<buffer* const> bufs, detail::lean_vector<buffer*> const& targets, staging_arena<B>& arena,
-                 staging_layout const& lay, bool load) {
+  void copy_runs(std::span<buffer* const> bufs, detail::lean_vector<buffer*> const& targets,
+                 staging_arena<B>& arena, staging_layout const& lay, bool load) {
     if (lay.offset.size() != bufs.size() || lay.order.size() != bufs.size()) {
       throw state_error("staging layout of " + std::to_string(lay.offset.size()) + " buffers used for a batch of " +
                         std::to_string(bufs.size()));

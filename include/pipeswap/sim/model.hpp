@@ -262,7 +262,7 @@ inline std::vector<saved_tensor> head_activations(model_spec const& m, parallel_
   std::uint64_t const Tr = p.sequence_parallel ? T / t : T;
   return {{"norm", "input", e * Tr * m.hidden},
           {"lm_head", "input (the norm's output)", e * Tr * m.hidden},
-          {"cross entropy", "softmax of the logits (fp32)", 4 * T * detail::ceil_div(std::uint64_t{m.vocab}, t)}};
+          {"cross entropy", "softmax of the logits (fp32)", 4 * T * detail::ceil_div(m.vocab, t)}};
 }
 
 /// The embedding's dropout mask on the first stage (with dropout).
@@ -439,7 +439,7 @@ inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recomp
     o.embedding = st == 0;
     o.head = st + 1 == stages;
     o.recompute = recompute.empty() ? m.recompute : recompute[st];
-    auto const vshard = detail::ceil_div(std::uint64_t{m.vocab}, std::uint64_t{par.tp});
+    auto const vshard = detail::ceil_div(m.vocab, std::uint64_t{par.tp});
     if (o.embedding) o.tensors.push_back({"embed_tokens", vshard * m.hidden, false});
     for (std::uint32_t l = 0; l < o.layers; ++l) {
       for (auto& t : layer_tensors(m, layer + l, par.tp)) o.tensors.push_back(std::move(t));

@@ -263,16 +263,16 @@ private:
   /// units and slot layout are the same, so a steady training loop plans once.
   struct plan_data {
     batch_plan plan;
-    detail::lean_vector<buffer*> pieces;            // unique swappable pieces, batch after batch
-    detail::lean_vector<std::size_t> batch_begin;   // batch n's pieces: [batch_begin[n], batch_begin[n + 1])
-    detail::lean_vector<staging_layout> staging;    // per batch (packed pipeline only)
-    detail::lean_vector<std::size_t> first_param;   // per batch, the lowest and highest parameter (messages)
+    detail::lean_vector<buffer*> pieces;          // unique swappable pieces, batch after batch
+    detail::lean_vector<std::size_t> batch_begin; // batch n's pieces: [batch_begin[n], batch_begin[n + 1])
+    detail::lean_vector<staging_layout> staging;  // per batch (packed pipeline only)
+    detail::lean_vector<std::size_t> first_param; // per batch, the lowest and highest parameter (messages)
     detail::lean_vector<std::size_t> last_param;
     std::size_t arena_size = 0;
     std::size_t max_batch_bytes = 0;
-    detail::lean_vector<std::size_t> batch_bytes;   // per batch: its pieces' bytes
-    std::size_t resident = 0;               // batches of the resident share (from the front)
-    std::size_t resident_bytes = 0;         // their device bytes (own arenas, packed)
+    detail::lean_vector<std::size_t> batch_bytes; // per batch: its pieces' bytes
+    std::size_t resident = 0;                     // batches of the resident share (from the front)
+    std::size_t resident_bytes = 0;               // their device bytes (own arenas, packed)
     /// The unique swappable pieces of batch n.
     [[nodiscard]] std::span<buffer* const> batch(std::size_t n) const {
       return std::span<buffer* const>(pieces).subspan(batch_begin[n], batch_begin[n + 1] - batch_begin[n]);
@@ -365,8 +365,8 @@ private:
     }
     auto const bytes_ok = detail::holds_bytes(b_);
     stores_t stores{};
-    detail::lean_vector<std::size_t> adopted;                  // slots whose parked device storage is now their piece
-    detail::lean_vector<std::size_t> copied_back;              // slots whose parked device bytes went to the host
+    detail::lean_vector<std::size_t> adopted;     // slots whose parked device storage is now their piece
+    detail::lean_vector<std::size_t> copied_back; // slots whose parked device bytes went to the host
     try {
       if (reuse) {
         stores = old_stores;
@@ -377,9 +377,9 @@ private:
       }
       slots_.clear();
       slots_.reserve(descs.size());
-      detail::lean_vector<buffer*> cold;             // device-initialized swappable pieces to offload
-      detail::lean_vector<host_copy<B>> to_host;     // parked device bytes of now-swappable slots
-      detail::lean_vector<host_copy<B>> to_device;   // parked host bytes of now-resident slots
+      detail::lean_vector<buffer*> cold;           // device-initialized swappable pieces to offload
+      detail::lean_vector<host_copy<B>> to_host;   // parked device bytes of now-swappable slots
+      detail::lean_vector<host_copy<B>> to_device; // parked host bytes of now-resident slots
       for (std::size_t i = 0; i < descs.size(); ++i) {
         auto const& d = descs[i];
         auto const& r = parked[i];

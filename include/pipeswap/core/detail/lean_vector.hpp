@@ -35,9 +35,7 @@ namespace pipeswap::detail {
 class lean_storage {
 protected:
   lean_storage() noexcept = default;
-  lean_storage(lean_storage&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)),
-        capacity_(std::exchange(o.capacity_, 0)) {}
+  lean_storage(lean_storage&& o) noexcept { swap_storage(o); }
   lean_storage(lean_storage const&) = delete;
   lean_storage& operator=(lean_storage const&) = delete;
   lean_storage& operator=(lean_storage&&) = delete;
