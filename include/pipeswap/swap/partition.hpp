@@ -8,7 +8,7 @@
 //
 // Loops, not range-v3: optimizer_swap.hpp includes this header, so whatever it includes is compiled
 // by every TU that swaps an optimizer (scripts/compile_time/runtime_tu.cpp, target <= 4 s). Measured
-// (g++ 12 -O0, CPU s, README "Compile times"): including one range-v3 algorithm header here took that
+// (g++ 12 -O0, CPU s, docs/compile-times.md): including one range-v3 algorithm header here took that
 // TU from 6.85 to 7.56 s; writing the weights and costs below as transform | to<vector> and
 // accumulate took it to 8.69 s (its extern variant 2.33 -> 3.34 s). The greedy batch loop itself
 // reads no better as a range expression. No .cu includes this header.

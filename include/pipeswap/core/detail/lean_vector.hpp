@@ -9,7 +9,7 @@
 // allocator and allocator_traits, the relocation and destruction helpers, and __normal_iterator with
 // its operators. At -O0 every one of those is a function the compiler emits; over the 20-odd element
 // types of the runtime's headers they were the largest share of what a translation unit that swaps
-// AdamW compiles (README, "Compile times").
+// AdamW compiles (docs/compile-times.md).
 //
 // Semantics are std::vector's for what is provided, with two restrictions: T must be nothrow
 // move-constructible (growth relocates by move, so it never loses elements), and its alignment is at
