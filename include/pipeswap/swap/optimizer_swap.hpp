@@ -84,6 +84,8 @@
 #include <pipeswap/error.hpp>
 #include <pipeswap/optim/concepts.hpp>
 #include <pipeswap/optim/state.hpp>
+#include <pipeswap/swap/detail/step_plan.hpp>
+#include <pipeswap/swap/detail/step_trace.hpp>
 #include <pipeswap/swap/partition.hpp>
 #include <pipeswap/swap/slot.hpp>
 
@@ -137,7 +139,7 @@ public:
   using B = backend_type;
   using buffer = swap_buffer<B>;
   /// Receives "op:batch[:arena]" for every pipeline operation, in order (tests, tracing, progress).
-  using listener = std::function<void(std::string_view)>;
+  using listener = detail::step_trace::listener;
   using stream_type_t = stream_t<B>;
 
   /// Attaches to `opt`'s state and materializes it: adopts what an earlier runtime handed back,
@@ -195,17 +197,17 @@ public:
   /// Batches resident or in flight for the next step (resident share included).
   [[nodiscard]] std::size_t prefetched_batches() const noexcept { return kept_count_; }
   /// Bytes of the resident share actually kept by the last plan (rounded down to whole batches).
-  [[nodiscard]] std::size_t resident_share_bytes() const noexcept { return cached_ ? cached_->resident_bytes : 0; }
+  [[nodiscard]] std::size_t resident_share_bytes() const noexcept { return planner_.last() ? planner_.last()->resident_bytes : 0; }
   /// Batches of the resident share in the last plan.
-  [[nodiscard]] std::size_t resident_batches() const noexcept { return cached_ ? cached_->resident : 0; }
+  [[nodiscard]] std::size_t resident_batches() const noexcept { return planner_.last() ? planner_.last()->resident : 0; }
 
-  void set_listener(listener l) { listener_ = std::move(l); }
+  void set_listener(listener l) { trace_.set_listener(std::move(l)); }
 
   [[nodiscard]] O& optimizer() noexcept { return opt_; }
   [[nodiscard]] transfer_engine<B>& engine() noexcept { return engine_; }
   [[nodiscard]] swap_config const& config() const noexcept { return cfg_; }
   /// The batches of the last step.
-  [[nodiscard]] batch_plan const& last_plan() const noexcept { return cached_ ? cached_->plan : no_plan_; }
+  [[nodiscard]] batch_plan const& last_plan() const noexcept { return planner_.last() ? planner_.last()->plan : no_plan_; }
   /// Device bytes of state that never leaves the device.
   [[nodiscard]] std::size_t resident_bytes() const noexcept { return resident_bytes_; }
   /// Bytes of state that is swapped.
@@ -259,29 +261,7 @@ public:
 private:
   using slot_type = detail::slot_storage<B>;
 
-  /// A step's partition and the pieces it moves. Immutable once built; shared by every step whose
-  /// units and slot layout are the same, so a steady training loop plans once.
-  struct plan_data {
-    batch_plan plan;
-    detail::lean_vector<buffer*> pieces;          // unique swappable pieces, batch after batch
-    detail::lean_vector<std::size_t> batch_begin; // batch n's pieces: [batch_begin[n], batch_begin[n + 1])
-    detail::lean_vector<staging_layout> staging;  // per batch (packed pipeline only)
-    detail::lean_vector<std::size_t> first_param; // per batch, the lowest and highest parameter (messages)
-    detail::lean_vector<std::size_t> last_param;
-    std::size_t arena_size = 0;
-    std::size_t max_batch_bytes = 0;
-    detail::lean_vector<std::size_t> batch_bytes; // per batch: its pieces' bytes
-    std::size_t resident = 0;                     // batches of the resident share (from the front)
-    std::size_t resident_bytes = 0;               // their device bytes (own arenas, packed)
-    /// The unique swappable pieces of batch n.
-    [[nodiscard]] std::span<buffer* const> batch(std::size_t n) const {
-      return std::span<buffer* const>(pieces).subspan(batch_begin[n], batch_begin[n + 1] - batch_begin[n]);
-    }
-    /// Device bytes batch n occupies in its own storage.
-    [[nodiscard]] std::size_t own_bytes(std::size_t n, bool packed) const {
-      return packed ? staging[n].bytes : batch_bytes[n];
-    }
-  };
+  using plan_data = detail::step_plan<B>;
   struct step_state {
     typename O::step_context ctx;
     std::shared_ptr<plan_data const> d; // null until planned
@@ -495,7 +475,7 @@ private:
     auto& recs = home.records(access());
     auto const descs = opt_.slots();
     pending_.reset();
-    listener_ = {}; // nothing to trace any more, and nothing here may throw
+    trace_.clear_listener(); // nothing to trace any more, and nothing here may throw
     try {
       finish_deferred(engine_.compute());
       evict_kept();
@@ -572,34 +552,6 @@ private:
 
   // ----- steps -------------------------------------------------------------------------------------
 
-  void note(char const* op, std::optional<std::size_t> n = std::nullopt) { where_ = {op, n}; }
-
-  void emit(char const* op) {
-    note(op);
-    if (listener_) listener_(op);
-  }
-  void emit(char const* op, std::size_t n) {
-    note(op, n);
-    if (listener_) listener_(std::string(op) + ":" + std::to_string(n));
-  }
-  /// The reference's chain trace: "chain:n:next:arena", next "None" when there is none.
-  void emit(char const* op, std::size_t n, std::optional<std::size_t> m, std::size_t a) {
-    note(op, n);
-    if (listener_) {
-      listener_(std::string(op) + ":" + std::to_string(n) + ":" + (m ? std::to_string(*m) : "None") +
-                ":" + std::to_string(a));
-    }
-  }
-  void emit(char const* op, std::size_t n, std::size_t a) {
-    note(op, n);
-    if (listener_) listener_(std::string(op) + ":" + std::to_string(n) + ":" + std::to_string(a));
-  }
-  /// "op:batch:own" for a batch in its own arena (resident share, prefetch).
-  void emit(char const* op, std::size_t n, char const* tag) {
-    note(op, n);
-    if (listener_) listener_(std::string(op) + ":" + std::to_string(n) + ":" + tag);
-  }
-
   [[noreturn]] void rethrow_with_context() {
     rethrow_phase("step", pending_ ? pending_->d.get() : nullptr,
                   pending_ ? "the step is interrupted: step() resumes it, discard_interrupted_step() abandons it"
@@ -610,138 +562,18 @@ private:
   /// a failure here retries the same step instead of advancing step counts twice. The plan is reused
   /// while the units, their sizes and the slots' piece layout are unchanged.
   void plan_step(step_state& st) {
-    note("plan");
+    trace_.note("plan");
     auto units = opt_.update_units(st.ctx);
-    detail::lean_vector<partition_item> items(units.size());
-    detail::lean_vector<std::size_t> params(units.size());
-    std::uint64_t layout = 0;
-    for (std::size_t u = 0; u < units.size(); ++u) {
-      std::uint64_t bpe = 0;
-      for (auto si : units[u].slots) {
-        auto const& s = slot(si);
-        if (s.swappable) bpe += s.element_bytes;
-        layout += s.layout;
-      }
-      items[u] = {units[u].numel, bpe};
-      params[u] = units[u].param;
-    }
-    if (cached_ && layout == cached_layout_ && params == cached_params_ && items == cached_items_) {
-      st.d = cached_;
+    auto key = planner_.key(units, slots_);
+    if (auto hit = planner_.lookup(key)) {
+      st.d = std::move(hit);
       return;
     }
     if (kept_plan_) evict_kept(); // the batch order changed: what was kept goes home first
-    auto d = std::make_shared<plan_data>();
-    d->plan = policy_(items, cfg_.swap_times);
-    segment(units, d->plan);
-    auto const descs = opt_.slots();
-    auto const N = d->plan.size();
-    d->first_param.assign(N, 0);
-    d->last_param.assign(N, 0);
-    d->batch_begin.assign(1, 0);
-    // Dedup by piece identity, never by address values: piece k of slot si is piece number
-    // first_piece[si] + k, and seen[] holds the last batch that took it.
-    detail::lean_vector<std::size_t> first_piece(slots_.size() + 1, 0);
-    for (std::size_t si = 0; si < slots_.size(); ++si) first_piece[si + 1] = first_piece[si] + slots_[si].pieces.size();
-    detail::lean_vector<std::size_t> seen(first_piece.back(), N);
-    detail::lean_vector<std::size_t> region; // per piece of the batch: its dtype (packed staging regions)
-    for (std::size_t n = 0; n < N; ++n) {
-      std::size_t bytes = 0;
-      region.clear();
-      if (!d->plan[n].empty()) {
-        d->first_param[n] = units[d->plan[n].front().unit].param;
-        d->last_param[n] = units[d->plan[n].back().unit].param;
-      }
-      for (auto const& r : d->plan[n]) {
-        for (auto si : units[r.unit].slots) {
-          auto& s = slots_[si];
-          if (!s.swappable) continue;
-          auto const k = s.piece_of(r.begin);
-          if (seen[first_piece[si] + k] == n) continue;
-          seen[first_piece[si] + k] = n;
-          auto* p = &s.pieces[k];
-          d->pieces.push_back(p);
-          region.push_back(static_cast<std::size_t>(descs[si].type));
-          bytes += p->bytes();
-        }
-      }
-      d->batch_begin.push_back(d->pieces.size());
-      d->max_batch_bytes = std::max(d->max_batch_bytes, bytes);
-      d->batch_bytes.push_back(bytes);
-      if (cfg_.packed) {
-        d->staging.push_back(make_staging_layout<B>(d->batch(n), region));
-        d->arena_size = std::max(d->arena_size, d->staging.back().bytes);
-      }
-    }
-    if (cfg_.resident_share > 0) {
-      for (std::size_t n = 0; n < d->plan.size(); ++n) {
-        auto const b = d->own_bytes(n, cfg_.packed);
-        if (d->resident_bytes + b > cfg_.resident_share) break;
-        d->resident_bytes += b;
-        d->resident = n + 1;
-      }
-    }
-    layout = 0; // segment() may have re-cut slots
-    for (auto const& u : units) {
-      for (auto si : u.slots) layout += slots_[si].layout;
-    }
-    cached_ = d;
-    cached_items_ = std::move(items);
-    cached_params_ = std::move(params);
-    cached_layout_ = layout;
-    st.d = std::move(d);
+    auto batches = policy_(key.items, cfg_.swap_times);
+    st.d = planner_.build(std::move(key), std::move(batches), units, opt_.slots(), slots_, engine_, cfg_.packed,
+                          cfg_.resident_share);
     max_batch_bytes_ = st.d->max_batch_bytes;
-  }
-
-  /// Makes every swappable slot's pieces match the cuts of this step's plan. Re-cutting happens only
-  /// when the plan changes, on slots at rest on the host (it is bookkeeping over the mirror).
-  void segment(std::span<update_unit const> units, batch_plan const& plan) {
-    // The cuts of unit u, flattened: cut[at[u], at[u + 1]).
-    detail::lean_vector<std::size_t> at(units.size() + 1, 0);
-    for (auto const& batch : plan) {
-      for (auto const& r : batch) ++at[r.unit + 1];
-    }
-    for (std::size_t u = 0; u < units.size(); ++u) at[u + 1] += at[u];
-    detail::lean_vector<std::size_t> cut(at.back());
-    {
-      auto fill = at;
-      for (auto const& batch : plan) {
-        for (auto const& r : batch) cut[fill[r.unit]++] = r.begin;
-      }
-    }
-    detail::lean_vector<std::size_t> c;
-    for (std::size_t u = 0; u < units.size(); ++u) {
-      c.assign(cut.begin() + static_cast<std::ptrdiff_t>(at[u]), cut.begin() + static_cast<std::ptrdiff_t>(at[u + 1]));
-      std::sort(c.begin(), c.end());
-      c.erase(std::unique(c.begin(), c.end()), c.end());
-      if (c.empty()) c.push_back(0);
-      for (auto si : units[u].slots) {
-        auto& s = slots_.at(si);
-        if (!s.swappable || s.piece_begin == c) continue;
-        recut(s, c);
-      }
-    }
-  }
-
-  void recut(slot_type& s, detail::lean_vector<std::size_t> const& cuts) {
-    detail::lean_vector<buffer*> ps;
-    for (auto& p : s.pieces) ps.push_back(&p);
-    if (!s.all(residency::host)) { // bring it home first (rare: after an interrupted offload)
-      engine_.settle(ps);
-      engine_.launch_offload(ps, "recut");
-      engine_.wait_offload(ps, engine_.compute());
-    }
-    engine_.host_sync(ps);
-    auto const eb = s.element_bytes;
-    detail::lean_vector<buffer> pieces;
-    pieces.reserve(cuts.size());
-    for (std::size_t i = 0; i < cuts.size(); ++i) {
-      auto const end = i + 1 < cuts.size() ? cuts[i + 1] : s.numel;
-      auto& p = pieces.emplace_back((end - cuts[i]) * eb);
-      engine_.set_mirror(p, s.mirror + cuts[i] * eb);
-    }
-    s.pieces = std::move(pieces);
-    s.piece_begin = cuts;
-    ++s.layout;
   }
 
   /// The device address of element e of slot i, for the optimizer's update() (state_view).
@@ -759,7 +591,7 @@ private:
   }
 
   void update(step_state& st, std::size_t n) {
-    emit("update", n);
+    trace_.emit("update", n);
     detail::scoped_label<B> l(b_, label("update", n).c_str());
     opt_.update(st.d->plan[n], st.ctx, state_view<B>(this, &optimizer_swap::resolve));
   }
@@ -777,39 +609,39 @@ private:
     kept_plan_ = st.d;
     for (std::size_t n = kept_count_; n < own; ++n) { // resident batches not on the device yet
       kept_count_ = n + 1;
-      emit("prefetch", n);
+      trace_.emit("prefetch", n);
       engine_.launch_load(bufs(n), label("prefetch", n).c_str());
     }
     if (k >= own) {
-      emit("prefetch", k);
+      trace_.emit("prefetch", k);
       engine_.launch_load(bufs(k), label("prefetch", k).c_str());
     }
     for (std::size_t n = k; n < N; ++n) {
-      emit("wait_prefetch", n);
+      trace_.emit("wait_prefetch", n);
       engine_.wait_load(bufs(n), engine_.compute());
       if (n > k && n - 1 >= own) { // the window's memory gate; own batches were reserved with the window
-        emit("wait_offload", n - 1);
+        trace_.emit("wait_offload", n - 1);
         engine_.wait_offload(bufs(n - 1), engine_.h2d());
       }
       if (n + 1 < N && n + 1 >= own) {
-        emit("prefetch", n + 1);
+        trace_.emit("prefetch", n + 1);
         engine_.launch_load(bufs(n + 1), label("prefetch", n + 1).c_str());
       }
       update(st, n);
       st.next = n + 1;
       if (n < resident) {
-        emit("keep", n);
+        trace_.emit("keep", n);
         continue;
       }
       if (n < own) continue; // offloaded behind the streamed batches, below
-      emit("offload", n);
+      trace_.emit("offload", n);
       engine_.launch_offload(bufs(n), label("offload", n).c_str());
     }
     // The prefetched batches leave after the streamed ones: a streamed load waits the D2H that freed
     // its window, and copies of one direction run in enqueue order. Their storage is released behind
     // their D2Hs, which nothing waits before the step's end: the budget keeps counting it until then.
     for (std::size_t n = resident; n < own; ++n) {
-      emit("offload", n);
+      trace_.emit("offload", n);
       engine_.launch_offload(bufs(n), label("offload", n).c_str());
       hold_batch(n, d.batch_bytes[n]);
     }
@@ -820,7 +652,7 @@ private:
     if (N - 1 >= std::max(resident, own)) open.insert(open.begin(), N - 1);
     if (open.empty()) return;
     if (cfg_.defer_offload) {
-      for (auto n : open) emit("defer", n);
+      for (auto n : open) trace_.emit("defer", n);
       deferred_ = true;
       // The last batch's storage was released behind its D2H, before anything orders a reuse: the
       // budget keeps counting it until the deferred offload is finished.
@@ -830,7 +662,7 @@ private:
       return;
     }
     for (auto n : open) {
-      emit("wait_offload", n);
+      trace_.emit("wait_offload", n);
       engine_.wait_offload(bufs(n), engine_.compute());
     }
     unhold_all();
@@ -844,7 +676,7 @@ private:
 
   void recover_per_tensor(step_state& st) noexcept {
     auto const all = std::span<buffer* const>(st.d->pieces);
-    auto const failed = where_;
+    auto const failed = trace_.where();
     try {
       engine_.settle(all);
       try { // best effort: offload what is on the device; if that fails it stays there, intact
@@ -859,7 +691,7 @@ private:
       evict_kept();
     } catch (...) {
     }
-    where_ = failed;
+    trace_.restore(failed);
   }
 
   // ----- packed pipeline ---------------------------------------------------------------------------
@@ -867,15 +699,15 @@ private:
   arena_storage<B> in_arena(plan_data const& d, std::size_t n) { return {arenas_[n % 2], d.staging[n]}; }
 
   void packed_prefetch(plan_data const& d, std::size_t n, bool announce = true) {
-    if (announce) emit("prefetch", n, n % 2);
-    note("prefetch", n);
+    if (announce) trace_.emit("prefetch", n, n % 2);
+    trace_.note("prefetch", n);
     auto s = in_arena(d, n);
     engine_.launch_load(d.batch(n), s, label("prefetch", n).c_str());
   }
 
   /// D2H of batch n out of its arena, then the H2D of `next` into it (the reference's chain).
   void packed_chain(plan_data const& d, std::size_t n, std::optional<std::size_t> next) {
-    emit("chain", n, next, n % 2);
+    trace_.emit("chain", n, next, n % 2);
     auto s = in_arena(d, n);
     engine_.launch_offload(d.batch(n), s, label("offload", n).c_str());
     if (next) packed_prefetch(d, *next, false);
@@ -895,7 +727,7 @@ private:
     // Relay: batches [s0 + 2, N) load into the storage that prefetched batches, offloaded as soon as
     // they are updated, give back, instead of each waiting the D2H out of a staging arena.
     auto const relaying = relay_covers(d, resident, own, s0);
-    emit("begin", N - k);
+    trace_.emit("begin", N - k);
     gate_step();
     auto bufs = [&](std::size_t n) { return d.batch(n); };
     kept_plan_ = st.d;
@@ -915,15 +747,15 @@ private:
     auto const in_own_arena = [&](std::size_t n) { return n < own || (relaying && n >= s0 + 2); };
     for (std::size_t n = k; n < N; ++n) {
       if (in_own_arena(n)) {
-        emit("wait_prefetch", n, "own");
+        trace_.emit("wait_prefetch", n, "own");
         engine_.wait_load(bufs(n), engine_.compute());
-        emit("activate", n, "own");
+        trace_.emit("activate", n, "own");
         update(st, n);
         st.next = n + 1;
         if (n < resident) {
-          emit("keep", n, "own"); // others leave behind the streamed batches, below
+          trace_.emit("keep", n, "own"); // others leave behind the streamed batches, below
         } else if (relaying && n < own && relay < N) {
-          emit("offload", n, "early");
+          trace_.emit("offload", n, "early");
           arena_storage<B> s{own_[n], d.staging[n]};
           engine_.launch_offload(bufs(n), s, label("offload", n).c_str());
           freed += d.staging[n].bytes;
@@ -935,10 +767,10 @@ private:
         }
         continue;
       }
-      emit("wait_prefetch", n, n % 2);
+      trace_.emit("wait_prefetch", n, n % 2);
       engine_.wait_load(bufs(n), engine_.compute());
       if (n >= s0 + 2) finish_offload(d, n - 2);
-      emit("activate", n, n % 2);
+      trace_.emit("activate", n, n % 2);
       update(st, n);
       st.next = n + 1;
       packed_chain(d, n, !relaying && n + 2 < N ? std::optional<std::size_t>(n + 2) : std::nullopt);
@@ -950,7 +782,7 @@ private:
     for (std::size_t n = resident; n < N; ++n) {
       if (!away(n) || !own_[n].base) continue; // (not offloaded early)
       if (relaying && cfg_.defer_offload) handoff_.push_back(n);
-      emit("offload", n, "own");
+      trace_.emit("offload", n, "own");
       arena_storage<B> s{own_[n], d.staging[n]};
       engine_.launch_offload(bufs(n), s, label("offload", n).c_str());
     }
@@ -958,10 +790,10 @@ private:
     auto const tail_end = relaying ? s0 + 2 : N;
     if (cfg_.defer_offload) {
       for (std::size_t n = resident; n < N; ++n) {
-        if (away(n)) emit("defer", n);
+        if (away(n)) trace_.emit("defer", n);
       }
-      for (std::size_t n = tail; n < tail_end; ++n) emit("defer", n);
-      emit("end");
+      for (std::size_t n = tail; n < tail_end; ++n) trace_.emit("defer", n);
+      trace_.emit("end");
       // Own arenas stay where they are: the next prefetch() loads the same batch into the same arena
       // behind its D2H (arena_reuse), or finish_deferred() releases them.
       for (auto& a : arenas_) hold_for_deferral(a);
@@ -973,12 +805,12 @@ private:
     for (std::size_t n = tail; n < tail_end; ++n) finish_offload(d, n);
     for (std::size_t n = resident; n < N; ++n) {
       if (!away(n)) continue;
-      emit("wait_offload", n);
+      trace_.emit("wait_offload", n);
       engine_.wait_offload(bufs(n), engine_.compute());
       engine_.release_arena(own_[n]);
     }
     kept_count_ = resident;
-    emit("end");
+    trace_.emit("end");
     release_arenas();
   }
 
@@ -995,7 +827,7 @@ private:
 
   /// H2D of batch n into its own arena (resident share, prefetch).
   void own_load(plan_data const& d, std::size_t n) {
-    emit("prefetch", n, "own");
+    trace_.emit("prefetch", n, "own");
     if (!own_[n].base) engine_.allocate_arena(own_[n], d.staging[n].bytes);
     arena_storage<B> s{own_[n], d.staging[n]};
     engine_.launch_load(d.batch(n), s, label("prefetch", n).c_str());
@@ -1062,13 +894,13 @@ private:
         detail::wait_at(detail::wait_site::prefetch_after_release, b_, engine_.h2d(), b_.record_event(engine_.d2h()));
         gated = true;
       }
-      kept_plan_ = cached_;
+      kept_plan_ = planner_.last();
       if (cfg_.packed && own_.size() != N) own_.resize(N);
       kept_count_ = n + 1; // counted before the copies, so a failure brings it home
       if (cfg_.packed) {
         own_load(d, n);
       } else {
-        emit("prefetch", n);
+        trace_.emit("prefetch", n);
         engine_.launch_load(d.batch(n), label("prefetch", n).c_str());
       }
     }
@@ -1076,7 +908,7 @@ private:
 
   /// One batch of a deferred offload finished: the h2d stream waits its D2H only.
   void finish_deferred_batch(plan_data const& d, std::size_t n) {
-    emit("finish_deferred", n);
+    trace_.emit("finish_deferred", n);
     engine_.wait_offload(d.batch(n), engine_.h2d(), detail::wait_site::finish_deferred);
     unhold_batch(n); // per tensor: its storage's release is ordered before the h2d stream now
   }
@@ -1101,7 +933,7 @@ private:
   /// finish_offload()). Returns whether there was one.
   bool finish_deferred(stream_type_t next_user) {
     if (!deferred_) return false;
-    emit("finish_deferred");
+    trace_.emit("finish_deferred");
     auto all = pieces(true); // only the pieces in d2h are touched
     engine_.wait_offload(all, next_user, detail::wait_site::finish_deferred);
     for (auto& a : deferred_arenas_) engine_.release_arena(a, next_user);
@@ -1122,8 +954,8 @@ private:
       return;
     }
     must_evict_ = true;
-    auto const saved = where_;
-    note("evict");
+    auto const saved = trace_.where();
+    trace_.note("evict");
     auto const& d = *kept_plan_;
     auto const upto = std::max(kept_count_, cfg_.packed ? own_.size() : 0);
     for (std::size_t n = 0; n < upto && n < d.plan.size(); ++n) {
@@ -1146,12 +978,12 @@ private:
     kept_count_ = 0;
     kept_plan_.reset();
     must_evict_ = false;
-    where_ = saved;
+    trace_.restore(saved);
   }
 
   /// A failed phase outside the step: a step_error naming the phase, its batch and what became of it.
   [[noreturn]] void rethrow_phase(char const* phase, plan_data const* d, char const* outcome) {
-    auto const w = where_;
+    auto const w = trace_.where();
     std::string what = std::string("optimizer_swap::") + phase + ": " + w.op;
     if (w.batch) {
       what += " of batch " + std::to_string(*w.batch);
@@ -1175,9 +1007,9 @@ private:
   }
 
   void finish_offload(plan_data const& d, std::size_t n) {
-    emit("wait_offload", n);
+    trace_.emit("wait_offload", n);
     engine_.wait_offload(d.batch(n), engine_.compute());
-    emit("finish_offload", n);
+    trace_.emit("finish_offload", n);
   }
 
   void release_arenas() {
@@ -1191,8 +1023,8 @@ private:
   /// next step.
   void abort_packed(step_state& st) noexcept {
     (void)st;
-    auto const failed = where_; // the error names what failed, not the clean-up
-    emit_quietly("end");
+    auto const failed = trace_.where(); // the error names what failed, not the clean-up
+    trace_.emit_quietly("end");
     try {
       evict_kept(); // own arenas first: evacuate() copies only out of the staging arenas
     } catch (...) { // kept: evict_kept() runs again first thing in the next call
@@ -1201,22 +1033,15 @@ private:
       evacuate();
     } catch (...) { // kept: evacuate() runs again first thing in the next call
     }
-    where_ = failed;
-  }
-
-  void emit_quietly(char const* op) noexcept {
-    try {
-      if (listener_) listener_(op);
-    } catch (...) {
-    }
+    trace_.restore(failed);
   }
 
   /// Brings home every piece that lives in a staging arena kept by a failed step, and releases the
   /// arenas. A no-op when no arena is held.
   void evacuate() {
     if (!arena_plan_) return;
-    auto const saved = where_;
-    note("evacuate");
+    auto const saved = trace_.where();
+    trace_.note("evacuate");
     auto const& d = *arena_plan_;
     auto const all = std::span<buffer* const>(d.pieces);
     engine_.settle(all);
@@ -1230,7 +1055,7 @@ private:
     }
     engine_.settle(all);
     release_arenas();
-    where_ = saved;
+    trace_.restore(saved);
   }
 
   /// Every piece (only the swappable ones if `swappable_only`).
@@ -1254,16 +1079,12 @@ private:
   detail::lean_vector<slot_type> slots_;
   std::optional<step_state> pending_;
   batch_plan const no_plan_; ///< last_plan() before the first step
-  std::shared_ptr<plan_data const> cached_;
-  detail::lean_vector<partition_item> cached_items_;
-  detail::lean_vector<std::size_t> cached_params_;
-  std::uint64_t cached_layout_ = 0;
-  listener listener_;
+  detail::step_planner<B> planner_; ///< the last plan, reused while the step's units do not change
   std::size_t resident_bytes_ = 0, swappable_bytes_ = 0, arena_bytes_ = 0, max_batch_bytes_ = 0;
   /// The staging arenas of the packed step in progress (or kept by a failed one) and its plan.
   std::array<staging_arena<B>, 2> arenas_{};
   std::shared_ptr<plan_data const> arena_plan_;
-  position where_;
+  detail::step_trace trace_; ///< the operation in progress, and the listener
   /// Batches [0, kept_count_) of kept_plan_ are resident or prefetched, in their own storage (own_[n]
   /// in the packed pipeline).
   std::shared_ptr<plan_data const> kept_plan_;
@@ -1324,7 +1145,7 @@ template <swap_optimizer O, partition_policy P>
 void optimizer_swap<O, P>::step() {
   reentrancy_guard guard(*this, "step");
   engine_.check_budget("optimizer_swap::step");
-  where_ = {"step", std::nullopt};
+  trace_.note("step");
   try {
     finish_deferred(engine_.h2d());
     if (must_evict_) evict_kept();
@@ -1347,7 +1168,7 @@ void optimizer_swap<O, P>::step() {
         throw;
       }
     }
-    where_ = {"finish_step", std::nullopt};
+    trace_.note("finish_step");
     opt_.finish_step(st.ctx);
     pending_.reset();
   } catch (...) {
@@ -1373,26 +1194,26 @@ std::size_t optimizer_swap<O, P>::prefetch(std::size_t max_batches) {
                       "discard_interrupted_step() before prefetching the next one");
   }
   engine_.check_budget("optimizer_swap::prefetch");
-  where_ = {"prefetch", std::nullopt};
+  trace_.note("prefetch");
   std::shared_ptr<plan_data const> plan;
   try {
     if (must_evict_) evict_kept();
     evacuate();
-    if (!cached_) {
+    if (!planner_.last()) {
       finish_deferred(engine_.h2d());
       return kept_count_;
     }
-    plan = cached_;
+    plan = planner_.last();
     if (kept_plan_ && kept_plan_ != plan) evict_kept();
     prefetch_batches(*plan, max_batches);
     return kept_count_;
   } catch (...) {
-    auto const failed = where_;
+    auto const failed = trace_.where();
     try {
       evict_kept();
     } catch (...) { // kept: retried first thing in the next call
     }
-    where_ = failed;
+    trace_.restore(failed);
     rethrow_phase("prefetch", plan.get(), "every batch it had kept is back on the host, nothing was lost");
   }
 }
@@ -1400,11 +1221,11 @@ std::size_t optimizer_swap<O, P>::prefetch(std::size_t max_batches) {
 template <swap_optimizer O, partition_policy P>
 void optimizer_swap<O, P>::finish_offload(stream_type_t next_user) {
   reentrancy_guard guard(*this, "finish_offload");
-  where_ = {"finish_offload", std::nullopt};
+  trace_.note("finish_offload");
   try {
     finish_deferred(next_user);
   } catch (...) {
-    rethrow_phase("finish_offload", cached_.get(), "the offload stays pending; call finish_offload() again");
+    rethrow_phase("finish_offload", planner_.last().get(), "the offload stays pending; call finish_offload() again");
   }
 }
 

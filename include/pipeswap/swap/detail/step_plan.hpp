@@ -1,0 +1,221 @@
+// pipeswap — the plan of an optimizer step: its batches, the pieces each moves, their staging layout.
+//
+// A step's update units are partitioned into batches (by the runtime's partition policy); each
+// swappable slot is cut into pieces along the batch boundaries that cross it (recut: bookkeeping over
+// its host mirror), and every batch lists the unique pieces it moves. A plan is immutable once built
+// and shared by every step whose units, their sizes and the slots' piece layout are the same, so a
+// steady training loop plans once. Everything here depends on the backend only, not the optimizer.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include <pipeswap/backend/concepts.hpp>
+#include <pipeswap/core/detail/lean_vector.hpp>
+#include <pipeswap/core/transfer.hpp>
+#include <pipeswap/error.hpp>
+#include <pipeswap/optim/state.hpp>
+#include <pipeswap/swap/partition.hpp>
+#include <pipeswap/swap/slot.hpp>
+
+namespace pipeswap::detail {
+
+template <backend B>
+struct step_plan {
+  using buffer = swap_buffer<B>;
+
+  batch_plan plan;
+  lean_vector<buffer*> pieces;          // unique swappable pieces, batch after batch
+  lean_vector<std::size_t> batch_begin; // batch n's pieces: [batch_begin[n], batch_begin[n + 1])
+  lean_vector<staging_layout> staging;  // per batch (packed pipeline only)
+  lean_vector<std::size_t> first_param; // per batch, the lowest and highest parameter (messages)
+  lean_vector<std::size_t> last_param;
+  std::size_t arena_size = 0;
+  std::size_t max_batch_bytes = 0;
+  lean_vector<std::size_t> batch_bytes; // per batch: its pieces' bytes
+  std::size_t resident = 0;             // batches of the resident share (from the front)
+  std::size_t resident_bytes = 0;       // their device bytes (own arenas, packed)
+
+  [[nodiscard]] std::size_t size() const noexcept { return plan.size(); }
+  /// The unique swappable pieces of batch n.
+  [[nodiscard]] std::span<buffer* const> batch(std::size_t n) const {
+    return std::span<buffer* const>(pieces).subspan(batch_begin[n], batch_begin[n + 1] - batch_begin[n]);
+  }
+  /// Device bytes batch n occupies in its own storage.
+  [[nodiscard]] std::size_t own_bytes(std::size_t n, bool packed) const {
+    return packed ? staging[n].bytes : batch_bytes[n];
+  }
+};
+
+/// What a plan depends on: the partition's items (elements and swapped bytes per element of each
+/// unit), the units' parameters, and the sum of the slots' layout versions.
+struct plan_key {
+  lean_vector<partition_item> items;
+  lean_vector<std::size_t> params;
+  std::uint64_t layout = 0;
+};
+
+/// Builds plans and keeps the last one.
+template <backend B>
+class step_planner {
+public:
+  using buffer = swap_buffer<B>;
+  using slot_type = slot_storage<B>;
+  using plan_ptr = std::shared_ptr<step_plan<B> const>;
+
+  /// The key of a step's units over `slots` (throws invalid_argument for a unit naming no slot).
+  static plan_key key(std::span<update_unit const> units, std::span<slot_type const> slots) {
+    plan_key k;
+    k.items.resize(units.size());
+    k.params.resize(units.size());
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      std::uint64_t bpe = 0;
+      for (auto si : units[u].slots) {
+        if (si >= slots.size()) {
+          throw invalid_argument("optimizer_swap: slot index " + std::to_string(si) + " is out of range (" +
+                                 std::to_string(slots.size()) + " slots)");
+        }
+        auto const& s = slots[si];
+        if (s.swappable) bpe += s.element_bytes;
+        k.layout += s.layout;
+      }
+      k.items[u] = {units[u].numel, bpe};
+      k.params[u] = units[u].param;
+    }
+    return k;
+  }
+
+  /// The last plan, if `k` is its key.
+  [[nodiscard]] plan_ptr lookup(plan_key const& k) const {
+    if (cached_ && k.layout == key_.layout && k.params == key_.params && k.items == key_.items) return cached_;
+    return nullptr;
+  }
+
+  /// The last plan built (null before the first step).
+  [[nodiscard]] plan_ptr const& last() const noexcept { return cached_; }
+
+  /// Builds the plan of `batches` (the partition of `k.items`): cuts the slots to match, lists each
+  /// batch's pieces (and their staging layout when `packed`), and takes the resident share from the
+  /// front. Becomes the last plan.
+  plan_ptr build(plan_key k, batch_plan batches, std::span<update_unit const> units, std::span<slot_desc const> descs,
+                 lean_vector<slot_type>& slots, transfer_engine<B>& engine, bool packed, std::size_t resident_share) {
+    auto d = std::make_shared<step_plan<B>>();
+    d->plan = std::move(batches);
+    segment(units, d->plan, slots, engine);
+    auto const N = d->plan.size();
+    d->first_param.assign(N, 0);
+    d->last_param.assign(N, 0);
+    d->batch_begin.assign(1, 0);
+    // Dedup by piece identity, never by address values: piece k of slot si is piece number
+    // first_piece[si] + k, and seen[] holds the last batch that took it.
+    lean_vector<std::size_t> first_piece(slots.size() + 1, 0);
+    for (std::size_t si = 0; si < slots.size(); ++si) first_piece[si + 1] = first_piece[si] + slots[si].pieces.size();
+    lean_vector<std::size_t> seen(first_piece.back(), N);
+    lean_vector<std::size_t> region; // per piece of the batch: its dtype (packed staging regions)
+    for (std::size_t n = 0; n < N; ++n) {
+      std::size_t bytes = 0;
+      region.clear();
+      if (!d->plan[n].empty()) {
+        d->first_param[n] = units[d->plan[n].front().unit].param;
+        d->last_param[n] = units[d->plan[n].back().unit].param;
+      }
+      for (auto const& r : d->plan[n]) {
+        for (auto si : units[r.unit].slots) {
+          auto& s = slots[si];
+          if (!s.swappable) continue;
+          auto const p_k = s.piece_of(r.begin);
+          if (seen[first_piece[si] + p_k] == n) continue;
+          seen[first_piece[si] + p_k] = n;
+          auto* p = &s.pieces[p_k];
+          d->pieces.push_back(p);
+          region.push_back(static_cast<std::size_t>(descs[si].type));
+          bytes += p->bytes();
+        }
+      }
+      d->batch_begin.push_back(d->pieces.size());
+      d->max_batch_bytes = std::max(d->max_batch_bytes, bytes);
+      d->batch_bytes.push_back(bytes);
+      if (packed) {
+        d->staging.push_back(make_staging_layout<B>(d->batch(n), region));
+        d->arena_size = std::max(d->arena_size, d->staging.back().bytes);
+      }
+    }
+    if (resident_share > 0) {
+      for (std::size_t n = 0; n < N; ++n) {
+        auto const b = d->own_bytes(n, packed);
+        if (d->resident_bytes + b > resident_share) break;
+        d->resident_bytes += b;
+        d->resident = n + 1;
+      }
+    }
+    k.layout = 0; // segment() may have re-cut slots
+    for (auto const& u : units) {
+      for (auto si : u.slots) k.layout += slots[si].layout;
+    }
+    cached_ = std::move(d);
+    key_ = std::move(k);
+    return cached_;
+  }
+
+private:
+  /// Makes every swappable slot's pieces match the cuts of this step's plan. Re-cutting happens only
+  /// when the plan changes, on slots at rest on the host (it is bookkeeping over the mirror).
+  static void segment(std::span<update_unit const> units, batch_plan const& plan, lean_vector<slot_type>& slots,
+                      transfer_engine<B>& engine) {
+    // The cuts of unit u, flattened: cut[at[u], at[u + 1]).
+    lean_vector<std::size_t> at(units.size() + 1, 0);
+    for (auto const& batch : plan) {
+      for (auto const& r : batch) ++at[r.unit + 1];
+    }
+    for (std::size_t u = 0; u < units.size(); ++u) at[u + 1] += at[u];
+    lean_vector<std::size_t> cut(at.back());
+    {
+      auto fill = at;
+      for (auto const& batch : plan) {
+        for (auto const& r : batch) cut[fill[r.unit]++] = r.begin;
+      }
+    }
+    lean_vector<std::size_t> c;
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      c.assign(cut.begin() + static_cast<std::ptrdiff_t>(at[u]), cut.begin() + static_cast<std::ptrdiff_t>(at[u + 1]));
+      std::sort(c.begin(), c.end());
+      c.erase(std::unique(c.begin(), c.end()), c.end());
+      if (c.empty()) c.push_back(0);
+      for (auto si : units[u].slots) {
+        auto& s = slots.at(si);
+        if (!s.swappable || s.piece_begin == c) continue;
+        recut(s, c, engine);
+      }
+    }
+  }
+
+  static void recut(slot_type& s, lean_vector<std::size_t> const& cuts, transfer_engine<B>& engine) {
+    lean_vector<buffer*> ps;
+    for (auto& p : s.pieces) ps.push_back(&p);
+    if (!s.all(residency::host)) { // bring it home first (rare: after an interrupted offload)
+      engine.settle(ps);
+      engine.launch_offload(ps, "recut");
+      engine.wait_offload(ps, engine.compute());
+    }
+    engine.host_sync(ps);
+    auto const eb = s.element_bytes;
+    lean_vector<buffer> pieces;
+    pieces.reserve(cuts.size());
+    for (std::size_t i = 0; i < cuts.size(); ++i) {
+      auto const end = i + 1 < cuts.size() ? cuts[i + 1] : s.numel;
+      auto& p = pieces.emplace_back((end - cuts[i]) * eb);
+      engine.set_mirror(p, s.mirror + cuts[i] * eb);
+    }
+    s.pieces = std::move(pieces);
+    s.piece_begin = cuts;
+    ++s.layout;
+  }
+
+  plan_ptr cached_;
+  plan_key key_;
+};
+
+} // namespace pipeswap::detail
