@@ -84,6 +84,7 @@
 #include <pipeswap/error.hpp>
 #include <pipeswap/optim/concepts.hpp>
 #include <pipeswap/optim/state.hpp>
+#include <pipeswap/swap/detail/carry_over.hpp>
 #include <pipeswap/swap/detail/step_plan.hpp>
 #include <pipeswap/swap/detail/step_trace.hpp>
 #include <pipeswap/swap/partition.hpp>
@@ -193,9 +194,9 @@ public:
   /// compute stream's forward does not wait for them (the next prefetch orders after them anyway).
   void finish_offload(stream_type_t next_user);
   /// True while a deferred offload is in flight (step() with defer_offload returned).
-  [[nodiscard]] bool offload_pending() const noexcept { return deferred_; }
+  [[nodiscard]] bool offload_pending() const noexcept { return carry_.offload_pending(); }
   /// Batches resident or in flight for the next step (resident share included).
-  [[nodiscard]] std::size_t prefetched_batches() const noexcept { return kept_count_; }
+  [[nodiscard]] std::size_t prefetched_batches() const noexcept { return carry_.kept(); }
   /// Bytes of the resident share actually kept by the last plan (rounded down to whole batches).
   [[nodiscard]] std::size_t resident_share_bytes() const noexcept { return planner_.last() ? planner_.last()->resident_bytes : 0; }
   /// Batches of the resident share in the last plan.
@@ -477,8 +478,8 @@ private:
     pending_.reset();
     trace_.clear_listener(); // nothing to trace any more, and nothing here may throw
     try {
-      finish_deferred(engine_.compute());
-      evict_kept();
+      carry_.finish_deferred(engine_.compute());
+      carry_.evict();
       evacuate();
       auto all = pieces(false);
       engine_.settle(all);
@@ -503,9 +504,7 @@ private:
     } catch (...) {
       home.set_lost(access());
       try {
-        for (auto& a : own_) engine_.release_arena(a);
-        for (auto& a : deferred_arenas_) engine_.release_arena(a);
-        unhold_all();
+        carry_.release_all();
         auto all = pieces(false);
         engine_.settle(all);
         for (auto& s : slots_) {
@@ -569,7 +568,7 @@ private:
       st.d = std::move(hit);
       return;
     }
-    if (kept_plan_) evict_kept(); // the batch order changed: what was kept goes home first
+    if (carry_.plan()) carry_.evict(); // the batch order changed: what was kept goes home first
     auto batches = policy_(key.items, cfg_.swap_times);
     st.d = planner_.build(std::move(key), std::move(batches), units, opt_.slots(), slots_, engine_, cfg_.packed,
                           cfg_.resident_share);
@@ -592,7 +591,7 @@ private:
 
   void update(step_state& st, std::size_t n) {
     trace_.emit("update", n);
-    detail::scoped_label<B> l(b_, label("update", n).c_str());
+    detail::scoped_label<B> l(b_, detail::batch_label("update", n).c_str());
     opt_.update(st.d->plan[n], st.ctx, state_view<B>(this, &optimizer_swap::resolve));
   }
 
@@ -604,17 +603,17 @@ private:
     auto bufs = [&](std::size_t n) { return d.batch(n); };
     // Own batches [k, own): resident or prefetched, in their own storage; only a whole step keeps any.
     auto const resident = k == 0 ? d.resident : 0;
-    auto const own = k == 0 ? std::max(kept_count_, resident) : 0;
+    auto const own = k == 0 ? std::max(carry_.kept(), resident) : 0;
     gate_step();
-    kept_plan_ = st.d;
-    for (std::size_t n = kept_count_; n < own; ++n) { // resident batches not on the device yet
-      kept_count_ = n + 1;
+    carry_.begin_step(st.d);
+    for (std::size_t n = carry_.kept(); n < own; ++n) { // resident batches not on the device yet
+      carry_.keep(n);
       trace_.emit("prefetch", n);
-      engine_.launch_load(bufs(n), label("prefetch", n).c_str());
+      engine_.launch_load(bufs(n), detail::batch_label("prefetch", n).c_str());
     }
     if (k >= own) {
       trace_.emit("prefetch", k);
-      engine_.launch_load(bufs(k), label("prefetch", k).c_str());
+      engine_.launch_load(bufs(k), detail::batch_label("prefetch", k).c_str());
     }
     for (std::size_t n = k; n < N; ++n) {
       trace_.emit("wait_prefetch", n);
@@ -625,7 +624,7 @@ private:
       }
       if (n + 1 < N && n + 1 >= own) {
         trace_.emit("prefetch", n + 1);
-        engine_.launch_load(bufs(n + 1), label("prefetch", n + 1).c_str());
+        engine_.launch_load(bufs(n + 1), detail::batch_label("prefetch", n + 1).c_str());
       }
       update(st, n);
       st.next = n + 1;
@@ -635,17 +634,17 @@ private:
       }
       if (n < own) continue; // offloaded behind the streamed batches, below
       trace_.emit("offload", n);
-      engine_.launch_offload(bufs(n), label("offload", n).c_str());
+      engine_.launch_offload(bufs(n), detail::batch_label("offload", n).c_str());
     }
     // The prefetched batches leave after the streamed ones: a streamed load waits the D2H that freed
     // its window, and copies of one direction run in enqueue order. Their storage is released behind
     // their D2Hs, which nothing waits before the step's end: the budget keeps counting it until then.
     for (std::size_t n = resident; n < own; ++n) {
       trace_.emit("offload", n);
-      engine_.launch_offload(bufs(n), label("offload", n).c_str());
-      hold_batch(n, d.batch_bytes[n]);
+      engine_.launch_offload(bufs(n), detail::batch_label("offload", n).c_str());
+      carry_.hold_batch(n, d.batch_bytes[n]);
     }
-    kept_count_ = resident;
+    carry_.keep_only(resident);
     // Offloads nothing has waited yet: the own batches after the resident share, and the last batch.
     detail::lean_vector<std::size_t> open;
     for (std::size_t n = resident; n < own; ++n) open.push_back(n);
@@ -653,11 +652,11 @@ private:
     if (open.empty()) return;
     if (cfg_.defer_offload) {
       for (auto n : open) trace_.emit("defer", n);
-      deferred_ = true;
+      carry_.defer();
       // The last batch's storage was released behind its D2H, before anything orders a reuse: the
       // budget keeps counting it until the deferred offload is finished.
       if (open.front() >= own) {
-        hold_batch(N - 1, d.batch_bytes[N - 1]);
+        carry_.hold_batch(N - 1, d.batch_bytes[N - 1]);
       }
       return;
     }
@@ -665,7 +664,7 @@ private:
       trace_.emit("wait_offload", n);
       engine_.wait_offload(bufs(n), engine_.compute());
     }
-    unhold_all();
+    carry_.release_holds();
   }
 
   /// Orders the step's first device allocation after the memory the previous step released: that
@@ -686,9 +685,9 @@ private:
       engine_.settle(all);
     } catch (...) { // every piece is still in a consistent state (see transfer_engine)
     }
-    unhold_all(); // the compute stream waited every offload
+    carry_.release_holds(); // the compute stream waited every offload
     try { // resident and prefetched batches are among them; what stayed on the device goes home next
-      evict_kept();
+      carry_.evict();
     } catch (...) {
     }
     trace_.restore(failed);
@@ -702,14 +701,14 @@ private:
     if (announce) trace_.emit("prefetch", n, n % 2);
     trace_.note("prefetch", n);
     auto s = in_arena(d, n);
-    engine_.launch_load(d.batch(n), s, label("prefetch", n).c_str());
+    engine_.launch_load(d.batch(n), s, detail::batch_label("prefetch", n).c_str());
   }
 
   /// D2H of batch n out of its arena, then the H2D of `next` into it (the reference's chain).
   void packed_chain(plan_data const& d, std::size_t n, std::optional<std::size_t> next) {
     trace_.emit("chain", n, next, n % 2);
     auto s = in_arena(d, n);
-    engine_.launch_offload(d.batch(n), s, label("offload", n).c_str());
+    engine_.launch_offload(d.batch(n), s, detail::batch_label("offload", n).c_str());
     if (next) packed_prefetch(d, *next, false);
   }
 
@@ -722,7 +721,7 @@ private:
     arena_plan_ = st.d;
     // Own batches [k, own): resident or prefetched, each in its own arena; only a whole step keeps any.
     auto const resident = k == 0 ? d.resident : 0;
-    auto const own = k == 0 ? std::max(kept_count_, resident) : 0;
+    auto const own = k == 0 ? std::max(carry_.kept(), resident) : 0;
     auto const s0 = std::max(k, own); // the first batch streamed through the two staging arenas
     // Relay: batches [s0 + 2, N) load into the storage that prefetched batches, offloaded as soon as
     // they are updated, give back, instead of each waiting the D2H out of a staging arena.
@@ -730,11 +729,10 @@ private:
     trace_.emit("begin", N - k);
     gate_step();
     auto bufs = [&](std::size_t n) { return d.batch(n); };
-    kept_plan_ = st.d;
-    if (own_.size() != N) own_.resize(N);
-    for (std::size_t n = kept_count_; n < own; ++n) { // resident batches not on the device yet
-      kept_count_ = n + 1;
-      own_load(d, n);
+    carry_.begin_step(st.d);
+        for (std::size_t n = carry_.kept(); n < own; ++n) { // resident batches not on the device yet
+      carry_.keep(n);
+      carry_.load_own(d, n);
     }
     for (std::size_t a = 0; a < std::min<std::size_t>(2, N - s0); ++a) {
       engine_.allocate_arena(arenas_[(s0 + a) % 2], d.arena_size);
@@ -756,13 +754,13 @@ private:
           trace_.emit("keep", n, "own"); // others leave behind the streamed batches, below
         } else if (relaying && n < own && relay < N) {
           trace_.emit("offload", n, "early");
-          arena_storage<B> s{own_[n], d.staging[n]};
-          engine_.launch_offload(bufs(n), s, label("offload", n).c_str());
+          arena_storage<B> s{carry_.own_arena(n), d.staging[n]};
+          engine_.launch_offload(bufs(n), s, detail::batch_label("offload", n).c_str());
           freed += d.staging[n].bytes;
-          engine_.release_offloaded_arena(own_[n], engine_.h2d());
+          engine_.release_offloaded_arena(carry_.own_arena(n), engine_.h2d());
           for (; relay < N && freed >= d.staging[relay].bytes; ++relay) {
             freed -= d.staging[relay].bytes;
-            own_load(d, relay);
+            carry_.load_own(d, relay);
           }
         }
         continue;
@@ -778,13 +776,13 @@ private:
     // The batches in own arenas leave after the streamed ones: the streamed loads wait the D2Hs out of
     // their arenas, and copies of one direction run in enqueue order.
     auto const away = [&](std::size_t n) { return n >= resident && in_own_arena(n); };
-    handoff_.clear();
+    carry_.clear_handoff();
     for (std::size_t n = resident; n < N; ++n) {
-      if (!away(n) || !own_[n].base) continue; // (not offloaded early)
-      if (relaying && cfg_.defer_offload) handoff_.push_back(n);
+      if (!away(n) || !carry_.has_own_arena(n)) continue; // (not offloaded early)
+      if (relaying && cfg_.defer_offload) carry_.add_handoff(n);
       trace_.emit("offload", n, "own");
-      arena_storage<B> s{own_[n], d.staging[n]};
-      engine_.launch_offload(bufs(n), s, label("offload", n).c_str());
+      arena_storage<B> s{carry_.own_arena(n), d.staging[n]};
+      engine_.launch_offload(bufs(n), s, detail::batch_label("offload", n).c_str());
     }
     auto const tail = relaying ? s0 : s0 < N ? std::max(s0, N >= 2 ? N - 2 : 0) : N;
     auto const tail_end = relaying ? s0 + 2 : N;
@@ -795,11 +793,11 @@ private:
       for (std::size_t n = tail; n < tail_end; ++n) trace_.emit("defer", n);
       trace_.emit("end");
       // Own arenas stay where they are: the next prefetch() loads the same batch into the same arena
-      // behind its D2H (arena_reuse), or finish_deferred() releases them.
-      for (auto& a : arenas_) hold_for_deferral(a);
-      deferred_ = deferred_ || own > resident;
+      // behind its D2H (arena_reuse), or carry_.finish_deferred() releases them.
+      for (auto& a : arenas_) carry_.defer(a);
+      if (own > resident) carry_.defer();
       arena_plan_.reset();
-      kept_count_ = resident;
+      carry_.keep_only(resident);
       return;
     }
     for (std::size_t n = tail; n < tail_end; ++n) finish_offload(d, n);
@@ -807,9 +805,9 @@ private:
       if (!away(n)) continue;
       trace_.emit("wait_offload", n);
       engine_.wait_offload(bufs(n), engine_.compute());
-      engine_.release_arena(own_[n]);
+      engine_.release_arena(carry_.own_arena(n));
     }
-    kept_count_ = resident;
+    carry_.keep_only(resident);
     trace_.emit("end");
     release_arenas();
   }
@@ -823,162 +821,6 @@ private:
     for (std::size_t n = resident; n < own; ++n) freed += d.staging[n].bytes;
     for (std::size_t n = s0 + 2; n < N; ++n) needed += d.staging[n].bytes;
     return freed >= needed;
-  }
-
-  /// H2D of batch n into its own arena (resident share, prefetch).
-  void own_load(plan_data const& d, std::size_t n) {
-    trace_.emit("prefetch", n, "own");
-    if (!own_[n].base) engine_.allocate_arena(own_[n], d.staging[n].bytes);
-    arena_storage<B> s{own_[n], d.staging[n]};
-    engine_.launch_load(d.batch(n), s, label("prefetch", n).c_str());
-  }
-
-  void hold_batch(std::size_t n, std::uint64_t bytes) {
-    if (held_.size() <= n) held_.resize(n + 1, 0);
-    if (engine_.hold(budget_client::optimizer, bytes)) held_[n] += bytes;
-  }
-  void unhold_batch(std::size_t n) noexcept {
-    if (n >= held_.size() || held_[n] == 0) return;
-    engine_.unhold(budget_client::optimizer, held_[n]);
-    held_[n] = 0;
-  }
-  void unhold_all() noexcept {
-    for (auto const bytes : held_) {
-      if (bytes) engine_.unhold(budget_client::optimizer, bytes);
-    }
-    held_.clear();
-  }
-
-  void hold_for_deferral(staging_arena<B>& a) {
-    if (!a.base) return;
-    deferred_arenas_.push_back(std::move(a));
-    a = staging_arena<B>{};
-    deferred_ = true;
-  }
-
-  /// The prefetch loop (see prefetch()).
-  ///
-  /// With a deferred offload pending, its storage is still counted in the budget (held) and every
-  /// release of the step before it is already ordered before the h2d stream, so batches that fit
-  /// next to it are loaded without waiting its D2Hs: the two directions of the link stay busy at
-  /// once. The deferred offload is finished (the h2d stream waits its D2Hs) only when the next batch
-  /// needs its room or is one of its batches.
-  void prefetch_batches(plan_data const& d, std::size_t max_batches) {
-    auto const N = d.plan.size();
-    auto const window_unit = cfg_.packed ? d.arena_size : d.max_batch_bytes;
-    bool gated = deferred_;
-    for (std::size_t launched = 0; kept_count_ < N && launched < max_batches; ++launched) {
-      auto const n = kept_count_;
-      auto const rest = N - n - 1;
-      if (deferred_) {
-        bool in_flight = false;
-        for (auto* p : d.batch(n)) in_flight = in_flight || p->state() == residency::d2h;
-        if (in_flight) finish_deferred_batch(d, n); // the rest of the deferred offload keeps running
-      }
-      if (cfg_.packed && n < own_.size() && !own_[n].base) take_handoff(d, n);
-      // An own arena the deferred offload left for this batch is reused (its bytes are counted), and
-      // the staging arenas it holds are the step's window (released before the step allocates).
-      std::size_t held_window = 0;
-      for (auto const& a : deferred_arenas_) held_window += a.bytes;
-      auto const full_window = std::min<std::size_t>(2, rest) * window_unit;
-      auto const window = full_window > held_window ? full_window - held_window : 0;
-      bool reuse = cfg_.packed && n < own_.size() && own_[n].base;
-      auto need = (reuse ? 0 : d.own_bytes(n, cfg_.packed)) + window;
-      if (deferred_ && !engine_.fits_optional(need)) { // the room the deferred offload holds is needed
-        finish_deferred(engine_.h2d());
-        reuse = cfg_.packed && n < own_.size() && own_[n].base;
-        need = (reuse ? 0 : d.own_bytes(n, cfg_.packed)) + full_window;
-      }
-      if (!engine_.admits_optional(need)) break;
-      if (!gated) { // the storage it takes may be what the d2h stream just released
-        detail::wait_at(detail::wait_site::prefetch_after_release, b_, engine_.h2d(), b_.record_event(engine_.d2h()));
-        gated = true;
-      }
-      kept_plan_ = planner_.last();
-      if (cfg_.packed && own_.size() != N) own_.resize(N);
-      kept_count_ = n + 1; // counted before the copies, so a failure brings it home
-      if (cfg_.packed) {
-        own_load(d, n);
-      } else {
-        trace_.emit("prefetch", n);
-        engine_.launch_load(d.batch(n), label("prefetch", n).c_str());
-      }
-    }
-  }
-
-  /// One batch of a deferred offload finished: the h2d stream waits its D2H only.
-  void finish_deferred_batch(plan_data const& d, std::size_t n) {
-    trace_.emit("finish_deferred", n);
-    engine_.wait_offload(d.batch(n), engine_.h2d(), detail::wait_site::finish_deferred);
-    unhold_batch(n); // per tensor: its storage's release is ordered before the h2d stream now
-  }
-
-  /// After a relayed step, batch n (offloaded early) has no own arena: it takes the first one the
-  /// deferred offload left, in the order of its D2Hs, that is large enough and belongs to a batch not
-  /// prefetched again yet, behind that batch's D2H only. So each prefetch waits one D2H, in D2H
-  /// order, as it does when every batch finds its own arena.
-  void take_handoff(plan_data const& d, std::size_t n) {
-    for (auto it = handoff_.begin(); it != handoff_.end(); ++it) {
-      auto const m = *it;
-      if (m < n || m >= own_.size() || !own_[m].base || own_[m].bytes < d.staging[n].bytes) continue;
-      finish_deferred_batch(d, m);
-      own_[n] = std::move(own_[m]);
-      own_[m] = staging_arena<B>{};
-      handoff_.erase(it);
-      return;
-    }
-  }
-
-  /// Finishes a deferred offload with `next_user` ordered behind its D2Hs and releases (see
-  /// finish_offload()). Returns whether there was one.
-  bool finish_deferred(stream_type_t next_user) {
-    if (!deferred_) return false;
-    trace_.emit("finish_deferred");
-    auto all = pieces(true); // only the pieces in d2h are touched
-    engine_.wait_offload(all, next_user, detail::wait_site::finish_deferred);
-    for (auto& a : deferred_arenas_) engine_.release_arena(a, next_user);
-    deferred_arenas_.clear();
-    unhold_all();
-    // Own arenas the deferred offload left and no prefetch took again.
-    for (std::size_t n = kept_count_; n < own_.size(); ++n) engine_.release_arena(own_[n], next_user);
-    handoff_.clear();
-    deferred_ = false;
-    return true;
-  }
-
-  /// Brings every resident and prefetched batch home and releases its own storage. Idempotent: if a
-  /// copy fails, what is left stays kept and the next call (every entry point retries) finishes.
-  void evict_kept() {
-    if (!kept_plan_) {
-      must_evict_ = false;
-      return;
-    }
-    must_evict_ = true;
-    auto const saved = trace_.where();
-    trace_.note("evict");
-    auto const& d = *kept_plan_;
-    auto const upto = std::max(kept_count_, cfg_.packed ? own_.size() : 0);
-    for (std::size_t n = 0; n < upto && n < d.plan.size(); ++n) {
-      auto bs = d.batch(n);
-      if (cfg_.packed) {
-        if (n >= own_.size() || !own_[n].base) continue;
-        engine_.settle(bs);
-        arena_storage<B> s{own_[n], d.staging[n]};
-        engine_.launch_offload(bs, s, "evict");
-        engine_.settle(bs);
-        engine_.release_arena(own_[n]);
-      } else {
-        engine_.settle(bs);
-        engine_.launch_offload(bs, "evict");
-        engine_.settle(bs);
-      }
-    }
-    own_.clear();
-    handoff_.clear();
-    kept_count_ = 0;
-    kept_plan_.reset();
-    must_evict_ = false;
-    trace_.restore(saved);
   }
 
   /// A failed phase outside the step: a step_error naming the phase, its batch and what became of it.
@@ -1026,8 +868,8 @@ private:
     auto const failed = trace_.where(); // the error names what failed, not the clean-up
     trace_.emit_quietly("end");
     try {
-      evict_kept(); // own arenas first: evacuate() copies only out of the staging arenas
-    } catch (...) { // kept: evict_kept() runs again first thing in the next call
+      carry_.evict(); // own arenas first: evacuate() copies only out of the staging arenas
+    } catch (...) { // kept: carry_.evict() runs again first thing in the next call
     }
     try {
       evacuate();
@@ -1046,7 +888,7 @@ private:
     auto const all = std::span<buffer* const>(d.pieces);
     engine_.settle(all);
     for (std::size_t n = 0; n < d.plan.size(); ++n) {
-      if (kept_plan_ == arena_plan_ && n < own_.size() && own_[n].base) continue; // own arena: evict_kept()
+      if (carry_.plan() == arena_plan_ && carry_.has_own_arena(n)) continue; // own arena: carry_.evict()
       bool on_device = false;
       for (auto* p : d.batch(n)) on_device = on_device || p->state() == residency::device;
       if (!on_device) continue;
@@ -1059,16 +901,7 @@ private:
   }
 
   /// Every piece (only the swappable ones if `swappable_only`).
-  detail::lean_vector<buffer*> pieces(bool swappable_only) {
-    detail::lean_vector<buffer*> out;
-    for (auto& s : slots_) {
-      if (swappable_only && !s.swappable) continue;
-      for (auto& p : s.pieces) out.push_back(&p);
-    }
-    return out;
-  }
-
-  static std::string label(char const* op, std::size_t n) { return std::string(op) + " b" + std::to_string(n); }
+  detail::lean_vector<buffer*> pieces(bool swappable_only) { return detail::pieces_of(slots_, swappable_only); }
 
   transfer_engine<B>& engine_;
   B& b_;
@@ -1085,21 +918,9 @@ private:
   std::array<staging_arena<B>, 2> arenas_{};
   std::shared_ptr<plan_data const> arena_plan_;
   detail::step_trace trace_; ///< the operation in progress, and the listener
-  /// Batches [0, kept_count_) of kept_plan_ are resident or prefetched, in their own storage (own_[n]
-  /// in the packed pipeline).
-  std::shared_ptr<plan_data const> kept_plan_;
-  std::size_t kept_count_ = 0;
-  detail::lean_vector<staging_arena<B>> own_;
-  bool must_evict_ = false; ///< an eviction failed part-way; every entry point retries it first
-  /// A deferred offload: its D2Hs are in flight, its arenas held until finish_deferred().
-  bool deferred_ = false;
-  detail::lean_vector<staging_arena<B>> deferred_arenas_;
-  /// After a relayed step: the batches whose own arenas its deferred offload left, in D2H order
-  /// (take_handoff()).
-  detail::lean_vector<std::size_t> handoff_;
-  /// Budget bytes held per batch for per-tensor storage released behind D2Hs nothing waited yet.
-  detail::lean_vector<std::uint64_t> held_; ///< indexed by batch; 0 = nothing held
   char const* busy_ = nullptr; ///< the public call in progress (reentrancy)
+  /// Kept batches, a deferred offload and their budget holds, from one step to the next.
+  detail::carry_over<B> carry_{engine_, trace_, slots_, cfg_.packed};
 };
 
 // The entry points a program calls are defined out of the class: they are not inline, so a
@@ -1147,8 +968,8 @@ void optimizer_swap<O, P>::step() {
   engine_.check_budget("optimizer_swap::step");
   trace_.note("step");
   try {
-    finish_deferred(engine_.h2d());
-    if (must_evict_) evict_kept();
+    carry_.finish_deferred(engine_.h2d());
+    if (carry_.eviction_failed()) carry_.evict();
     evacuate();
     if (!pending_) pending_.emplace(step_state{opt_.prepare_step(), nullptr, 0});
     auto& st = *pending_;
@@ -1179,8 +1000,8 @@ void optimizer_swap<O, P>::step() {
 template <swap_optimizer O, partition_policy P>
 void optimizer_swap<O, P>::synchronize_cpu_mirrors() {
   reentrancy_guard guard(*this, "synchronize_cpu_mirrors");
-  finish_deferred(engine_.compute());
-  evict_kept();
+  carry_.finish_deferred(engine_.compute());
+  carry_.evict();
   evacuate();
   auto bufs = pieces(true);
   engine_.synchronize_to_host(bufs);
@@ -1197,20 +1018,20 @@ std::size_t optimizer_swap<O, P>::prefetch(std::size_t max_batches) {
   trace_.note("prefetch");
   std::shared_ptr<plan_data const> plan;
   try {
-    if (must_evict_) evict_kept();
+    if (carry_.eviction_failed()) carry_.evict();
     evacuate();
     if (!planner_.last()) {
-      finish_deferred(engine_.h2d());
-      return kept_count_;
+      carry_.finish_deferred(engine_.h2d());
+      return carry_.kept();
     }
     plan = planner_.last();
-    if (kept_plan_ && kept_plan_ != plan) evict_kept();
-    prefetch_batches(*plan, max_batches);
-    return kept_count_;
+    if (carry_.plan() && carry_.plan() != plan) carry_.evict();
+    carry_.prefetch(plan, max_batches);
+    return carry_.kept();
   } catch (...) {
     auto const failed = trace_.where();
     try {
-      evict_kept();
+      carry_.evict();
     } catch (...) { // kept: retried first thing in the next call
     }
     trace_.restore(failed);
@@ -1223,7 +1044,7 @@ void optimizer_swap<O, P>::finish_offload(stream_type_t next_user) {
   reentrancy_guard guard(*this, "finish_offload");
   trace_.note("finish_offload");
   try {
-    finish_deferred(next_user);
+    carry_.finish_deferred(next_user);
   } catch (...) {
     rethrow_phase("finish_offload", planner_.last().get(), "the offload stays pending; call finish_offload() again");
   }

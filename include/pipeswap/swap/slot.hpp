@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/detail/lean_vector.hpp>
@@ -43,5 +44,19 @@ struct slot_storage {
     return std::all_of(pieces.begin(), pieces.end(), [r](auto const& p) { return p.state() == r; });
   }
 };
+
+/// Every piece of `slots` (only the swappable slots' if `swappable_only`).
+template <backend B>
+lean_vector<swap_buffer<B>*> pieces_of(lean_vector<slot_storage<B>>& slots, bool swappable_only) {
+  lean_vector<swap_buffer<B>*> out;
+  for (auto& s : slots) {
+    if (swappable_only && !s.swappable) continue;
+    for (auto& p : s.pieces) out.push_back(&p);
+  }
+  return out;
+}
+
+/// The label of a batch's operation in backend traces: "op bN".
+inline std::string batch_label(char const* op, std::size_t n) { return std::string(op) + " b" + std::to_string(n); }
 
 } // namespace pipeswap::detail
