@@ -85,6 +85,8 @@
 #include <pipeswap/optim/concepts.hpp>
 #include <pipeswap/optim/state.hpp>
 #include <pipeswap/swap/detail/carry_over.hpp>
+#include <pipeswap/swap/detail/packed_pipeline.hpp>
+#include <pipeswap/swap/detail/per_tensor_pipeline.hpp>
 #include <pipeswap/swap/detail/step_plan.hpp>
 #include <pipeswap/swap/detail/step_trace.hpp>
 #include <pipeswap/swap/partition.hpp>
@@ -214,7 +216,7 @@ public:
   /// Bytes of state that is swapped.
   [[nodiscard]] std::size_t swappable_bytes() const noexcept { return swappable_bytes_; }
   /// Bytes of the larger staging arena of the last packed step (0 for per-tensor).
-  [[nodiscard]] std::size_t arena_bytes() const noexcept { return arena_bytes_; }
+  [[nodiscard]] std::size_t arena_bytes() const noexcept { return packed_.arena_bytes(); }
   /// Bytes of the largest batch of the last step.
   [[nodiscard]] std::size_t max_batch_bytes() const noexcept { return max_batch_bytes_; }
   /// Pinned bytes of the host stores that hold the swapped state (one per dtype).
@@ -480,7 +482,7 @@ private:
     try {
       carry_.finish_deferred(engine_.compute());
       carry_.evict();
-      evacuate();
+      packed_.evacuate();
       auto all = pieces(false);
       engine_.settle(all);
       auto swapped = pieces(true);
@@ -589,238 +591,20 @@ private:
     return p.device() + (e - s.piece_begin[k]) * s.element_bytes;
   }
 
+  /// The update of batch n of the step in progress, for the pipelines.
+  struct update_target {
+    optimizer_swap* rt;
+    step_state* st;
+  };
+  static void update_batch(void* target, std::size_t n) {
+    auto const& t = *static_cast<update_target*>(target);
+    t.rt->update(*t.st, n);
+  }
+
   void update(step_state& st, std::size_t n) {
     trace_.emit("update", n);
     detail::scoped_label<B> l(b_, detail::batch_label("update", n).c_str());
     opt_.update(st.d->plan[n], st.ctx, state_view<B>(this, &optimizer_swap::resolve));
-  }
-
-  void run_per_tensor(step_state& st) {
-    auto const& d = *st.d;
-    auto const N = d.plan.size();
-    auto const k = st.next;
-    if (k >= N) return;
-    auto bufs = [&](std::size_t n) { return d.batch(n); };
-    // Own batches [k, own): resident or prefetched, in their own storage; only a whole step keeps any.
-    auto const resident = k == 0 ? d.resident : 0;
-    auto const own = k == 0 ? std::max(carry_.kept(), resident) : 0;
-    gate_step();
-    carry_.begin_step(st.d);
-    for (std::size_t n = carry_.kept(); n < own; ++n) { // resident batches not on the device yet
-      carry_.keep(n);
-      trace_.emit("prefetch", n);
-      engine_.launch_load(bufs(n), detail::batch_label("prefetch", n).c_str());
-    }
-    if (k >= own) {
-      trace_.emit("prefetch", k);
-      engine_.launch_load(bufs(k), detail::batch_label("prefetch", k).c_str());
-    }
-    for (std::size_t n = k; n < N; ++n) {
-      trace_.emit("wait_prefetch", n);
-      engine_.wait_load(bufs(n), engine_.compute());
-      if (n > k && n - 1 >= own) { // the window's memory gate; own batches were reserved with the window
-        trace_.emit("wait_offload", n - 1);
-        engine_.wait_offload(bufs(n - 1), engine_.h2d());
-      }
-      if (n + 1 < N && n + 1 >= own) {
-        trace_.emit("prefetch", n + 1);
-        engine_.launch_load(bufs(n + 1), detail::batch_label("prefetch", n + 1).c_str());
-      }
-      update(st, n);
-      st.next = n + 1;
-      if (n < resident) {
-        trace_.emit("keep", n);
-        continue;
-      }
-      if (n < own) continue; // offloaded behind the streamed batches, below
-      trace_.emit("offload", n);
-      engine_.launch_offload(bufs(n), detail::batch_label("offload", n).c_str());
-    }
-    // The prefetched batches leave after the streamed ones: a streamed load waits the D2H that freed
-    // its window, and copies of one direction run in enqueue order. Their storage is released behind
-    // their D2Hs, which nothing waits before the step's end: the budget keeps counting it until then.
-    for (std::size_t n = resident; n < own; ++n) {
-      trace_.emit("offload", n);
-      engine_.launch_offload(bufs(n), detail::batch_label("offload", n).c_str());
-      carry_.hold_batch(n, d.batch_bytes[n]);
-    }
-    carry_.keep_only(resident);
-    // Offloads nothing has waited yet: the own batches after the resident share, and the last batch.
-    detail::lean_vector<std::size_t> open;
-    for (std::size_t n = resident; n < own; ++n) open.push_back(n);
-    if (N - 1 >= std::max(resident, own)) open.insert(open.begin(), N - 1);
-    if (open.empty()) return;
-    if (cfg_.defer_offload) {
-      for (auto n : open) trace_.emit("defer", n);
-      carry_.defer();
-      // The last batch's storage was released behind its D2H, before anything orders a reuse: the
-      // budget keeps counting it until the deferred offload is finished.
-      if (open.front() >= own) {
-        carry_.hold_batch(N - 1, d.batch_bytes[N - 1]);
-      }
-      return;
-    }
-    for (auto n : open) {
-      trace_.emit("wait_offload", n);
-      engine_.wait_offload(bufs(n), engine_.compute());
-    }
-    carry_.release_holds();
-  }
-
-  /// Orders the step's first device allocation after the memory the previous step released: that
-  /// release was made visible to the compute stream, and the h2d stream starts behind it.
-  void gate_step() {
-    detail::wait_at(detail::wait_site::gate_after_offload, b_, engine_.h2d(), b_.record_event(engine_.compute()));
-  }
-
-  void recover_per_tensor(step_state& st) noexcept {
-    auto const all = std::span<buffer* const>(st.d->pieces);
-    auto const failed = trace_.where();
-    try {
-      engine_.settle(all);
-      try { // best effort: offload what is on the device; if that fails it stays there, intact
-        engine_.launch_offload(all, "recover");
-      } catch (...) {
-      }
-      engine_.settle(all);
-    } catch (...) { // every piece is still in a consistent state (see transfer_engine)
-    }
-    carry_.release_holds(); // the compute stream waited every offload
-    try { // resident and prefetched batches are among them; what stayed on the device goes home next
-      carry_.evict();
-    } catch (...) {
-    }
-    trace_.restore(failed);
-  }
-
-  // ----- packed pipeline ---------------------------------------------------------------------------
-
-  arena_storage<B> in_arena(plan_data const& d, std::size_t n) { return {arenas_[n % 2], d.staging[n]}; }
-
-  void packed_prefetch(plan_data const& d, std::size_t n, bool announce = true) {
-    if (announce) trace_.emit("prefetch", n, n % 2);
-    trace_.note("prefetch", n);
-    auto s = in_arena(d, n);
-    engine_.launch_load(d.batch(n), s, detail::batch_label("prefetch", n).c_str());
-  }
-
-  /// D2H of batch n out of its arena, then the H2D of `next` into it (the reference's chain).
-  void packed_chain(plan_data const& d, std::size_t n, std::optional<std::size_t> next) {
-    trace_.emit("chain", n, next, n % 2);
-    auto s = in_arena(d, n);
-    engine_.launch_offload(d.batch(n), s, detail::batch_label("offload", n).c_str());
-    if (next) packed_prefetch(d, *next, false);
-  }
-
-  void run_packed(step_state& st) {
-    auto const& d = *st.d;
-    auto const N = d.plan.size();
-    auto const k = st.next;
-    if (k >= N) return;
-    arena_bytes_ = d.arena_size;
-    arena_plan_ = st.d;
-    // Own batches [k, own): resident or prefetched, each in its own arena; only a whole step keeps any.
-    auto const resident = k == 0 ? d.resident : 0;
-    auto const own = k == 0 ? std::max(carry_.kept(), resident) : 0;
-    auto const s0 = std::max(k, own); // the first batch streamed through the two staging arenas
-    // Relay: batches [s0 + 2, N) load into the storage that prefetched batches, offloaded as soon as
-    // they are updated, give back, instead of each waiting the D2H out of a staging arena.
-    auto const relaying = relay_covers(d, resident, own, s0);
-    trace_.emit("begin", N - k);
-    gate_step();
-    auto bufs = [&](std::size_t n) { return d.batch(n); };
-    carry_.begin_step(st.d);
-        for (std::size_t n = carry_.kept(); n < own; ++n) { // resident batches not on the device yet
-      carry_.keep(n);
-      carry_.load_own(d, n);
-    }
-    for (std::size_t a = 0; a < std::min<std::size_t>(2, N - s0); ++a) {
-      engine_.allocate_arena(arenas_[(s0 + a) % 2], d.arena_size);
-    }
-    if (s0 < N) packed_prefetch(d, s0);
-    if (s0 + 1 < N) packed_prefetch(d, s0 + 1);
-    std::size_t relay = s0 + 2; // the next batch to relay
-    std::uint64_t freed = 0;    // bytes the early offloads released and no relayed batch took yet
-    // Resident, prefetched or relayed: in an own arena, not a staging one.
-    auto const in_own_arena = [&](std::size_t n) { return n < own || (relaying && n >= s0 + 2); };
-    for (std::size_t n = k; n < N; ++n) {
-      if (in_own_arena(n)) {
-        trace_.emit("wait_prefetch", n, "own");
-        engine_.wait_load(bufs(n), engine_.compute());
-        trace_.emit("activate", n, "own");
-        update(st, n);
-        st.next = n + 1;
-        if (n < resident) {
-          trace_.emit("keep", n, "own"); // others leave behind the streamed batches, below
-        } else if (relaying && n < own && relay < N) {
-          trace_.emit("offload", n, "early");
-          arena_storage<B> s{carry_.own_arena(n), d.staging[n]};
-          engine_.launch_offload(bufs(n), s, detail::batch_label("offload", n).c_str());
-          freed += d.staging[n].bytes;
-          engine_.release_offloaded_arena(carry_.own_arena(n), engine_.h2d());
-          for (; relay < N && freed >= d.staging[relay].bytes; ++relay) {
-            freed -= d.staging[relay].bytes;
-            carry_.load_own(d, relay);
-          }
-        }
-        continue;
-      }
-      trace_.emit("wait_prefetch", n, n % 2);
-      engine_.wait_load(bufs(n), engine_.compute());
-      if (n >= s0 + 2) finish_offload(d, n - 2);
-      trace_.emit("activate", n, n % 2);
-      update(st, n);
-      st.next = n + 1;
-      packed_chain(d, n, !relaying && n + 2 < N ? std::optional<std::size_t>(n + 2) : std::nullopt);
-    }
-    // The batches in own arenas leave after the streamed ones: the streamed loads wait the D2Hs out of
-    // their arenas, and copies of one direction run in enqueue order.
-    auto const away = [&](std::size_t n) { return n >= resident && in_own_arena(n); };
-    carry_.clear_handoff();
-    for (std::size_t n = resident; n < N; ++n) {
-      if (!away(n) || !carry_.has_own_arena(n)) continue; // (not offloaded early)
-      if (relaying && cfg_.defer_offload) carry_.add_handoff(n);
-      trace_.emit("offload", n, "own");
-      arena_storage<B> s{carry_.own_arena(n), d.staging[n]};
-      engine_.launch_offload(bufs(n), s, detail::batch_label("offload", n).c_str());
-    }
-    auto const tail = relaying ? s0 : s0 < N ? std::max(s0, N >= 2 ? N - 2 : 0) : N;
-    auto const tail_end = relaying ? s0 + 2 : N;
-    if (cfg_.defer_offload) {
-      for (std::size_t n = resident; n < N; ++n) {
-        if (away(n)) trace_.emit("defer", n);
-      }
-      for (std::size_t n = tail; n < tail_end; ++n) trace_.emit("defer", n);
-      trace_.emit("end");
-      // Own arenas stay where they are: the next prefetch() loads the same batch into the same arena
-      // behind its D2H (arena_reuse), or carry_.finish_deferred() releases them.
-      for (auto& a : arenas_) carry_.defer(a);
-      if (own > resident) carry_.defer();
-      arena_plan_.reset();
-      carry_.keep_only(resident);
-      return;
-    }
-    for (std::size_t n = tail; n < tail_end; ++n) finish_offload(d, n);
-    for (std::size_t n = resident; n < N; ++n) {
-      if (!away(n)) continue;
-      trace_.emit("wait_offload", n);
-      engine_.wait_offload(bufs(n), engine_.compute());
-      engine_.release_arena(carry_.own_arena(n));
-    }
-    carry_.keep_only(resident);
-    trace_.emit("end");
-    release_arenas();
-  }
-
-  /// Whether the prefetched batches of a whole step [resident, own) give back the storage of every
-  /// batch after the first two streamed ones [s0 + 2, N), so that these can relay (run_packed).
-  bool relay_covers(plan_data const& d, std::size_t resident, std::size_t own, std::size_t s0) const {
-    auto const N = d.plan.size();
-    if (own <= resident || s0 + 2 >= N) return false;
-    std::uint64_t freed = 0, needed = 0;
-    for (std::size_t n = resident; n < own; ++n) freed += d.staging[n].bytes;
-    for (std::size_t n = s0 + 2; n < N; ++n) needed += d.staging[n].bytes;
-    return freed >= needed;
   }
 
   /// A failed phase outside the step: a step_error naming the phase, its batch and what became of it.
@@ -848,58 +632,6 @@ private:
     std::throw_with_nested(step_error(what, w.op, w.batch));
   }
 
-  void finish_offload(plan_data const& d, std::size_t n) {
-    trace_.emit("wait_offload", n);
-    engine_.wait_offload(d.batch(n), engine_.compute());
-    trace_.emit("finish_offload", n);
-  }
-
-  void release_arenas() {
-    for (auto& a : arenas_) engine_.release_arena(a);
-    arena_plan_.reset();
-  }
-
-  /// After a failure inside a packed step: loads finish, every batch on the device is copied back out
-  /// of its arena, and the arenas are released. If a copy-back fails too, the arenas are kept
-  /// (stranded) with the pieces that still live in them, and evacuate() finishes the job before the
-  /// next step.
-  void abort_packed(step_state& st) noexcept {
-    (void)st;
-    auto const failed = trace_.where(); // the error names what failed, not the clean-up
-    trace_.emit_quietly("end");
-    try {
-      carry_.evict(); // own arenas first: evacuate() copies only out of the staging arenas
-    } catch (...) { // kept: carry_.evict() runs again first thing in the next call
-    }
-    try {
-      evacuate();
-    } catch (...) { // kept: evacuate() runs again first thing in the next call
-    }
-    trace_.restore(failed);
-  }
-
-  /// Brings home every piece that lives in a staging arena kept by a failed step, and releases the
-  /// arenas. A no-op when no arena is held.
-  void evacuate() {
-    if (!arena_plan_) return;
-    auto const saved = trace_.where();
-    trace_.note("evacuate");
-    auto const& d = *arena_plan_;
-    auto const all = std::span<buffer* const>(d.pieces);
-    engine_.settle(all);
-    for (std::size_t n = 0; n < d.plan.size(); ++n) {
-      if (carry_.plan() == arena_plan_ && carry_.has_own_arena(n)) continue; // own arena: carry_.evict()
-      bool on_device = false;
-      for (auto* p : d.batch(n)) on_device = on_device || p->state() == residency::device;
-      if (!on_device) continue;
-      auto s = in_arena(d, n);
-      engine_.launch_offload(d.batch(n), s, "evacuate");
-    }
-    engine_.settle(all);
-    release_arenas();
-    trace_.restore(saved);
-  }
-
   /// Every piece (only the swappable ones if `swappable_only`).
   detail::lean_vector<buffer*> pieces(bool swappable_only) { return detail::pieces_of(slots_, swappable_only); }
 
@@ -913,14 +645,13 @@ private:
   std::optional<step_state> pending_;
   batch_plan const no_plan_; ///< last_plan() before the first step
   detail::step_planner<B> planner_; ///< the last plan, reused while the step's units do not change
-  std::size_t resident_bytes_ = 0, swappable_bytes_ = 0, arena_bytes_ = 0, max_batch_bytes_ = 0;
-  /// The staging arenas of the packed step in progress (or kept by a failed one) and its plan.
-  std::array<staging_arena<B>, 2> arenas_{};
-  std::shared_ptr<plan_data const> arena_plan_;
+  std::size_t resident_bytes_ = 0, swappable_bytes_ = 0, max_batch_bytes_ = 0;
   detail::step_trace trace_; ///< the operation in progress, and the listener
   char const* busy_ = nullptr; ///< the public call in progress (reentrancy)
   /// Kept batches, a deferred offload and their budget holds, from one step to the next.
   detail::carry_over<B> carry_{engine_, trace_, slots_, cfg_.packed};
+  detail::per_tensor_pipeline<B> per_tensor_{{engine_, trace_, carry_, cfg_.defer_offload}};
+  detail::packed_pipeline<B> packed_{{engine_, trace_, carry_, cfg_.defer_offload}};
 };
 
 // The entry points a program calls are defined out of the class: they are not inline, so a
@@ -970,22 +701,24 @@ void optimizer_swap<O, P>::step() {
   try {
     carry_.finish_deferred(engine_.h2d());
     if (carry_.eviction_failed()) carry_.evict();
-    evacuate();
+    packed_.evacuate();
     if (!pending_) pending_.emplace(step_state{opt_.prepare_step(), nullptr, 0});
     auto& st = *pending_;
     if (!st.d) plan_step(st);
+    update_target target{this, &st};
+    detail::update_call const update{&target, &update_batch};
     if (cfg_.packed) {
       try {
-        run_packed(st);
+        packed_.run(st.d, st.next, update);
       } catch (...) {
-        abort_packed(st);
+        packed_.abort();
         throw;
       }
     } else {
       try {
-        run_per_tensor(st);
+        per_tensor_.run(st.d, st.next, update);
       } catch (...) {
-        recover_per_tensor(st);
+        per_tensor_.abort(*st.d);
         throw;
       }
     }
@@ -1002,7 +735,7 @@ void optimizer_swap<O, P>::synchronize_cpu_mirrors() {
   reentrancy_guard guard(*this, "synchronize_cpu_mirrors");
   carry_.finish_deferred(engine_.compute());
   carry_.evict();
-  evacuate();
+  packed_.evacuate();
   auto bufs = pieces(true);
   engine_.synchronize_to_host(bufs);
 }
@@ -1019,7 +752,7 @@ std::size_t optimizer_swap<O, P>::prefetch(std::size_t max_batches) {
   std::shared_ptr<plan_data const> plan;
   try {
     if (carry_.eviction_failed()) carry_.evict();
-    evacuate();
+    packed_.evacuate();
     if (!planner_.last()) {
       carry_.finish_deferred(engine_.h2d());
       return carry_.kept();

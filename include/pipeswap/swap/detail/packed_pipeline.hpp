@@ -1,0 +1,238 @@
+// pipeswap — the packed step pipeline of the optimizer-swap runtime (two staging arenas).
+//
+//     begin; prefetch(0, 0); prefetch(1, 1)
+//     for n: wait_prefetch(n); [n >= 2: wait_offload(n-2); finish_offload(n-2)]; activate(n);
+//            update(n); chain(n, n+2): D2H of n out of its arena, then H2D of n+2 into it
+//     drain the last two; end
+//
+// Batch n is staged in arena n % 2, laid out by its step plan (one large copy per contiguous host
+// run). The H2D of n+2 waits the D2H of n out of the same arena (wait_site::arena_reuse); the compute
+// stream only ever waits events. Kept batches (resident share, prefetch) are in their own arenas and
+// leave after the streamed ones; with the relay, the batches after the first two streamed ones load
+// into the storage that prefetched batches, offloaded as soon as they are updated, release.
+//
+// The staging arenas outlive a failed step (stranded, with the pieces that still live in them) until
+// evacuate() brings those home: every entry point of the runtime calls it first.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+
+#include <pipeswap/backend/concepts.hpp>
+#include <pipeswap/core/transfer.hpp>
+#include <pipeswap/swap/detail/step_pipeline.hpp>
+
+namespace pipeswap::detail {
+
+template <backend B>
+class packed_pipeline {
+public:
+  using buffer = swap_buffer<B>;
+  using plan_ptr = std::shared_ptr<step_plan<B> const>;
+
+  explicit packed_pipeline(pipeline_env<B> env)
+      : env_(env), engine_(env.engine), trace_(env.trace), carry_(env.carry), defer_offload_(env.defer_offload) {}
+
+  /// Bytes of the larger staging arena of the last step (0 before the first).
+  [[nodiscard]] std::size_t arena_bytes() const noexcept { return arena_bytes_; }
+
+  /// Runs the batches [next, N) of `plan`; `next` advances past each updated batch.
+  void run(plan_ptr const& plan, std::size_t& next, update_call update) {
+    auto const& d = *plan;
+    auto const N = d.plan.size();
+    auto const k = next;
+    if (k >= N) return;
+    arena_bytes_ = d.arena_size;
+    arena_plan_ = plan;
+    // Own batches [k, own): resident or prefetched, each in its own arena; only a whole step keeps any.
+    auto const resident = k == 0 ? d.resident : 0;
+    auto const own = k == 0 ? std::max(carry_.kept(), resident) : 0;
+    auto const s0 = std::max(k, own); // the first batch streamed through the two staging arenas
+    // Relay: batches [s0 + 2, N) load into the storage that prefetched batches, offloaded as soon as
+    // they are updated, give back, instead of each waiting the D2H out of a staging arena.
+    auto const relaying = relay_covers(d, resident, own, s0);
+    trace_.emit("begin", N - k);
+    env_.gate_step();
+    auto bufs = [&](std::size_t n) { return d.batch(n); };
+    carry_.begin_step(plan);
+        for (std::size_t n = carry_.kept(); n < own; ++n) { // resident batches not on the device yet
+      carry_.keep(n);
+      carry_.load_own(d, n);
+    }
+    for (std::size_t a = 0; a < std::min<std::size_t>(2, N - s0); ++a) {
+      engine_.allocate_arena(arenas_[(s0 + a) % 2], d.arena_size);
+    }
+    if (s0 < N) prefetch(d, s0);
+    if (s0 + 1 < N) prefetch(d, s0 + 1);
+    std::size_t relay = s0 + 2; // the next batch to relay
+    std::uint64_t freed = 0;    // bytes the early offloads released and no relayed batch took yet
+    // Resident, prefetched or relayed: in an own arena, not a staging one.
+    auto const in_own_arena = [&](std::size_t n) { return n < own || (relaying && n >= s0 + 2); };
+    for (std::size_t n = k; n < N; ++n) {
+      if (in_own_arena(n)) {
+        trace_.emit("wait_prefetch", n, "own");
+        engine_.wait_load(bufs(n), engine_.compute());
+        trace_.emit("activate", n, "own");
+        update(n);
+        next = n + 1;
+        if (n < resident) {
+          trace_.emit("keep", n, "own"); // others leave behind the streamed batches, below
+        } else if (relaying && n < own && relay < N) {
+          trace_.emit("offload", n, "early");
+          arena_storage<B> s{carry_.own_arena(n), d.staging[n]};
+          engine_.launch_offload(bufs(n), s, batch_label("offload", n).c_str());
+          freed += d.staging[n].bytes;
+          engine_.release_offloaded_arena(carry_.own_arena(n), engine_.h2d());
+          for (; relay < N && freed >= d.staging[relay].bytes; ++relay) {
+            freed -= d.staging[relay].bytes;
+            carry_.load_own(d, relay);
+          }
+        }
+        continue;
+      }
+      trace_.emit("wait_prefetch", n, n % 2);
+      engine_.wait_load(bufs(n), engine_.compute());
+      if (n >= s0 + 2) finish_offload(d, n - 2);
+      trace_.emit("activate", n, n % 2);
+      update(n);
+      next = n + 1;
+      chain(d, n, !relaying && n + 2 < N ? std::optional<std::size_t>(n + 2) : std::nullopt);
+    }
+    // The batches in own arenas leave after the streamed ones: the streamed loads wait the D2Hs out of
+    // their arenas, and copies of one direction run in enqueue order.
+    auto const away = [&](std::size_t n) { return n >= resident && in_own_arena(n); };
+    carry_.clear_handoff();
+    for (std::size_t n = resident; n < N; ++n) {
+      if (!away(n) || !carry_.has_own_arena(n)) continue; // (not offloaded early)
+      if (relaying && defer_offload_) carry_.add_handoff(n);
+      trace_.emit("offload", n, "own");
+      arena_storage<B> s{carry_.own_arena(n), d.staging[n]};
+      engine_.launch_offload(bufs(n), s, batch_label("offload", n).c_str());
+    }
+    auto const tail = relaying ? s0 : s0 < N ? std::max(s0, N >= 2 ? N - 2 : 0) : N;
+    auto const tail_end = relaying ? s0 + 2 : N;
+    if (defer_offload_) {
+      for (std::size_t n = resident; n < N; ++n) {
+        if (away(n)) trace_.emit("defer", n);
+      }
+      for (std::size_t n = tail; n < tail_end; ++n) trace_.emit("defer", n);
+      trace_.emit("end");
+      // Own arenas stay where they are: the next prefetch() loads the same batch into the same arena
+      // behind its D2H (arena_reuse), or carry_.finish_deferred() releases them.
+      for (auto& a : arenas_) carry_.defer(a);
+      if (own > resident) carry_.defer();
+      arena_plan_.reset();
+      carry_.keep_only(resident);
+      return;
+    }
+    for (std::size_t n = tail; n < tail_end; ++n) finish_offload(d, n);
+    for (std::size_t n = resident; n < N; ++n) {
+      if (!away(n)) continue;
+      trace_.emit("wait_offload", n);
+      engine_.wait_offload(bufs(n), engine_.compute());
+      engine_.release_arena(carry_.own_arena(n));
+    }
+    carry_.keep_only(resident);
+    trace_.emit("end");
+    release_arenas();
+  }
+
+  /// After a failure inside a packed step: loads finish, every batch on the device is copied back out
+  /// of its arena, and the arenas are released. If a copy-back fails too, the arenas are kept
+  /// (stranded) with the pieces that still live in them, and evacuate() finishes the job before the
+  /// next step.
+  void abort() noexcept {
+    auto const failed = trace_.where(); // the error names what failed, not the clean-up
+    trace_.emit_quietly("end");
+    try {
+      carry_.evict(); // own arenas first: evacuate() copies only out of the staging arenas
+    } catch (...) { // kept: carry_.evict() runs again first thing in the next call
+    }
+    try {
+      evacuate();
+    } catch (...) { // kept: evacuate() runs again first thing in the next call
+    }
+    trace_.restore(failed);
+  }
+
+  /// Brings home every piece that lives in a staging arena kept by a failed step, and releases the
+  /// arenas. A no-op when no arena is held.
+  void evacuate() {
+    if (!arena_plan_) return;
+    auto const saved = trace_.where();
+    trace_.note("evacuate");
+    auto const& d = *arena_plan_;
+    auto const all = std::span<buffer* const>(d.pieces);
+    engine_.settle(all);
+    for (std::size_t n = 0; n < d.plan.size(); ++n) {
+      if (carry_.plan() == arena_plan_ && carry_.has_own_arena(n)) continue; // own arena: carry_.evict()
+      bool on_device = false;
+      for (auto* p : d.batch(n)) on_device = on_device || p->state() == residency::device;
+      if (!on_device) continue;
+      auto s = in_arena(d, n);
+      engine_.launch_offload(d.batch(n), s, "evacuate");
+    }
+    engine_.settle(all);
+    release_arenas();
+    trace_.restore(saved);
+  }
+
+private:
+  arena_storage<B> in_arena(step_plan<B> const& d, std::size_t n) { return {arenas_[n % 2], d.staging[n]}; }
+
+  void prefetch(step_plan<B> const& d, std::size_t n, bool announce = true) {
+    if (announce) trace_.emit("prefetch", n, n % 2);
+    trace_.note("prefetch", n);
+    auto s = in_arena(d, n);
+    engine_.launch_load(d.batch(n), s, batch_label("prefetch", n).c_str());
+  }
+
+  /// D2H of batch n out of its arena, then the H2D of `next` into it (one chain per arena: the load reuses the arena behind the offload).
+  void chain(step_plan<B> const& d, std::size_t n, std::optional<std::size_t> next) {
+    trace_.emit("chain", n, next, n % 2);
+    auto s = in_arena(d, n);
+    engine_.launch_offload(d.batch(n), s, batch_label("offload", n).c_str());
+    if (next) prefetch(d, *next, false);
+  }
+
+
+  /// Whether the prefetched batches of a whole step [resident, own) give back the storage of every
+  /// batch after the first two streamed ones [s0 + 2, N), so that these can relay (run()).
+  bool relay_covers(step_plan<B> const& d, std::size_t resident, std::size_t own, std::size_t s0) const {
+    auto const N = d.plan.size();
+    if (own <= resident || s0 + 2 >= N) return false;
+    std::uint64_t freed = 0, needed = 0;
+    for (std::size_t n = resident; n < own; ++n) freed += d.staging[n].bytes;
+    for (std::size_t n = s0 + 2; n < N; ++n) needed += d.staging[n].bytes;
+    return freed >= needed;
+  }
+
+
+  void finish_offload(step_plan<B> const& d, std::size_t n) {
+    trace_.emit("wait_offload", n);
+    engine_.wait_offload(d.batch(n), engine_.compute());
+    trace_.emit("finish_offload", n);
+  }
+
+  void release_arenas() {
+    for (auto& a : arenas_) engine_.release_arena(a);
+    arena_plan_.reset();
+  }
+
+  pipeline_env<B> env_;
+  transfer_engine<B>& engine_;
+  step_trace& trace_;
+  carry_over<B>& carry_;
+  bool defer_offload_;
+  /// The staging arenas of the step in progress (or kept by a failed one) and its plan.
+  std::array<staging_arena<B>, 2> arenas_{};
+  plan_ptr arena_plan_;
+  std::size_t arena_bytes_ = 0;
+};
+
+} // namespace pipeswap::detail

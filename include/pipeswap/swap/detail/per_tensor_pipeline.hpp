@@ -1,0 +1,137 @@
+// pipeswap — the per-tensor step pipeline of the optimizer-swap runtime (one batch ahead).
+//
+//     prefetch(0)
+//     for n: wait_prefetch(n); wait_offload(n-1); prefetch(n+1); update(n); offload(n)
+//     wait_offload(last)
+//
+// Each piece gets its own device storage, allocated on the h2d stream behind the offload that freed
+// the batch before (so at most two batches are resident) and released on the d2h stream behind its
+// own D2H. The compute stream waits only for the loads it consumes. Kept batches (resident share,
+// prefetch) are taken first, waiting only their loads, and leave after the streamed ones.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+
+#include <pipeswap/backend/concepts.hpp>
+#include <pipeswap/core/detail/lean_vector.hpp>
+#include <pipeswap/core/transfer.hpp>
+#include <pipeswap/swap/detail/step_pipeline.hpp>
+
+namespace pipeswap::detail {
+
+template <backend B>
+class per_tensor_pipeline {
+public:
+  using buffer = swap_buffer<B>;
+  using plan_ptr = std::shared_ptr<step_plan<B> const>;
+
+  explicit per_tensor_pipeline(pipeline_env<B> env)
+      : env_(env), engine_(env.engine), trace_(env.trace), carry_(env.carry), defer_offload_(env.defer_offload) {}
+
+  /// Runs the batches [next, N) of `plan`; `next` advances past each updated batch.
+  void run(plan_ptr const& plan, std::size_t& next, update_call update) {
+    auto const& d = *plan;
+    auto const N = d.plan.size();
+    auto const k = next;
+    if (k >= N) return;
+    auto bufs = [&](std::size_t n) { return d.batch(n); };
+    // Own batches [k, own): resident or prefetched, in their own storage; only a whole step keeps any.
+    auto const resident = k == 0 ? d.resident : 0;
+    auto const own = k == 0 ? std::max(carry_.kept(), resident) : 0;
+    env_.gate_step();
+    carry_.begin_step(plan);
+    for (std::size_t n = carry_.kept(); n < own; ++n) { // resident batches not on the device yet
+      carry_.keep(n);
+      trace_.emit("prefetch", n);
+      engine_.launch_load(bufs(n), batch_label("prefetch", n).c_str());
+    }
+    if (k >= own) {
+      trace_.emit("prefetch", k);
+      engine_.launch_load(bufs(k), batch_label("prefetch", k).c_str());
+    }
+    for (std::size_t n = k; n < N; ++n) {
+      trace_.emit("wait_prefetch", n);
+      engine_.wait_load(bufs(n), engine_.compute());
+      if (n > k && n - 1 >= own) { // the window's memory gate; own batches were reserved with the window
+        trace_.emit("wait_offload", n - 1);
+        engine_.wait_offload(bufs(n - 1), engine_.h2d());
+      }
+      if (n + 1 < N && n + 1 >= own) {
+        trace_.emit("prefetch", n + 1);
+        engine_.launch_load(bufs(n + 1), batch_label("prefetch", n + 1).c_str());
+      }
+      update(n);
+      next = n + 1;
+      if (n < resident) {
+        trace_.emit("keep", n);
+        continue;
+      }
+      if (n < own) continue; // offloaded behind the streamed batches, below
+      trace_.emit("offload", n);
+      engine_.launch_offload(bufs(n), batch_label("offload", n).c_str());
+    }
+    // The prefetched batches leave after the streamed ones: a streamed load waits the D2H that freed
+    // its window, and copies of one direction run in enqueue order. Their storage is released behind
+    // their D2Hs, which nothing waits before the step's end: the budget keeps counting it until then.
+    for (std::size_t n = resident; n < own; ++n) {
+      trace_.emit("offload", n);
+      engine_.launch_offload(bufs(n), batch_label("offload", n).c_str());
+      carry_.hold_batch(n, d.batch_bytes[n]);
+    }
+    carry_.keep_only(resident);
+    // Offloads nothing has waited yet: the own batches after the resident share, and the last batch.
+    lean_vector<std::size_t> open;
+    for (std::size_t n = resident; n < own; ++n) open.push_back(n);
+    if (N - 1 >= std::max(resident, own)) open.insert(open.begin(), N - 1);
+    if (open.empty()) return;
+    if (defer_offload_) {
+      for (auto n : open) trace_.emit("defer", n);
+      carry_.defer();
+      // The last batch's storage was released behind its D2H, before anything orders a reuse: the
+      // budget keeps counting it until the deferred offload is finished.
+      if (open.front() >= own) {
+        carry_.hold_batch(N - 1, d.batch_bytes[N - 1]);
+      }
+      return;
+    }
+    for (auto n : open) {
+      trace_.emit("wait_offload", n);
+      engine_.wait_offload(bufs(n), engine_.compute());
+    }
+    carry_.release_holds();
+  }
+
+
+  /// After a failure inside run(): transfers in flight settle, what is on the device is offloaded
+  /// (best effort: what cannot be stays there, intact), and the kept batches go home.
+  void abort(step_plan<B> const& d) noexcept {
+    auto const all = std::span<buffer* const>(d.pieces);
+    auto const failed = trace_.where();
+    try {
+      engine_.settle(all);
+      try { // best effort: offload what is on the device; if that fails it stays there, intact
+        engine_.launch_offload(all, "recover");
+      } catch (...) {
+      }
+      engine_.settle(all);
+    } catch (...) { // every piece is still in a consistent state (see transfer_engine)
+    }
+    carry_.release_holds(); // the compute stream waited every offload
+    try { // resident and prefetched batches are among them; what stayed on the device goes home next
+      carry_.evict();
+    } catch (...) {
+    }
+    trace_.restore(failed);
+  }
+
+private:
+  pipeline_env<B> env_;
+  transfer_engine<B>& engine_;
+  step_trace& trace_;
+  carry_over<B>& carry_;
+  bool defer_offload_;
+};
+
+} // namespace pipeswap::detail

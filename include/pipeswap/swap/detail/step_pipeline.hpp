@@ -1,0 +1,50 @@
+// pipeswap — what the two step pipelines of the optimizer-swap runtime share.
+//
+// A pipeline runs the batches of one step plan, from the first batch not yet updated, through the
+// transfer engine; the update of a batch is the runtime's (the optimizer's kernels over the batch's
+// device views), called back through a plain function pointer so that the pipelines depend on the
+// backend only, not on the optimizer.
+#pragma once
+
+#include <cstddef>
+
+#include <pipeswap/backend/concepts.hpp>
+#include <pipeswap/core/detail/mutation.hpp>
+#include <pipeswap/core/transfer.hpp>
+#include <pipeswap/swap/detail/carry_over.hpp>
+#include <pipeswap/swap/detail/step_plan.hpp>
+#include <pipeswap/swap/detail/step_trace.hpp>
+
+namespace pipeswap::detail {
+
+/// Updates batch n of the step in progress (the optimizer's update over the batch's device views).
+struct update_call {
+  void* target = nullptr;
+  void (*fn)(void*, std::size_t) = nullptr;
+  void operator()(std::size_t n) const { fn(target, n); }
+};
+
+/// A step's progress: its plan, and the first batch not yet updated (a failed step resumes there).
+template <backend B>
+struct step_progress {
+  step_plan<B> const& plan;
+  std::size_t& next;
+};
+
+/// What both pipelines work with.
+template <backend B>
+struct pipeline_env {
+  transfer_engine<B>& engine;
+  step_trace& trace;
+  carry_over<B>& carry;
+  bool defer_offload = false;
+
+  /// Orders the step's first device allocation after the memory the previous step released: that
+  /// release was made visible to the compute stream, and the h2d stream starts behind it.
+  void gate_step() {
+    auto& b = engine.backend();
+    wait_at(wait_site::gate_after_offload, b, engine.h2d(), b.record_event(engine.compute()));
+  }
+};
+
+} // namespace pipeswap::detail
