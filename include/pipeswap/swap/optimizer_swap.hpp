@@ -84,6 +84,7 @@
 #include <pipeswap/error.hpp>
 #include <pipeswap/optim/concepts.hpp>
 #include <pipeswap/optim/state.hpp>
+#include <pipeswap/swap/detail/attachment.hpp>
 #include <pipeswap/swap/detail/carry_over.hpp>
 #include <pipeswap/swap/detail/packed_pipeline.hpp>
 #include <pipeswap/swap/detail/per_tensor_pipeline.hpp>
@@ -212,9 +213,9 @@ public:
   /// The batches of the last step.
   [[nodiscard]] batch_plan const& last_plan() const noexcept { return planner_.last() ? planner_.last()->plan : no_plan_; }
   /// Device bytes of state that never leaves the device.
-  [[nodiscard]] std::size_t resident_bytes() const noexcept { return resident_bytes_; }
+  [[nodiscard]] std::size_t resident_bytes() const noexcept { return attached_.resident_bytes(); }
   /// Bytes of state that is swapped.
-  [[nodiscard]] std::size_t swappable_bytes() const noexcept { return swappable_bytes_; }
+  [[nodiscard]] std::size_t swappable_bytes() const noexcept { return attached_.swappable_bytes(); }
   /// Bytes of the larger staging arena of the last packed step (0 for per-tensor).
   [[nodiscard]] std::size_t arena_bytes() const noexcept { return packed_.arena_bytes(); }
   /// Bytes of the largest batch of the last step.
@@ -303,252 +304,30 @@ private:
 
   // ----- attaching and handing back ----------------------------------------------------------------
 
-  [[nodiscard]] bool eligible(slot_desc const& s) const {
-    return s.numel > 0 && s.numel >= cfg_.min_numel &&
-           (key_mask_ >> static_cast<unsigned>(s.key) & 1u) != 0;
-  }
-
-  /// Builds the runtime's storage from the optimizer's descriptions and what an earlier runtime
-  /// handed back. Either everything is adopted or nothing of the parked state changes.
-  void adopt() {
-    using rec_t = typename optimizer_state<B>::record;
-    using where = typename optimizer_state<B>::where;
-    auto& home = opt_.swap_state();
-    auto const descs = opt_.slots();
-    auto& recs = home.records(access());
-    using stores_t = typename optimizer_state<B>::host_stores_type;
-    auto& old_stores = home.host_stores(access());
-    if (recs.size() > descs.size()) {
-      throw state_error("optimizer_swap: the optimizer describes " + std::to_string(descs.size()) +
-                        " slots but its parked state holds " + std::to_string(recs.size()));
-    }
-    detail::lean_vector<rec_t> parked(recs.begin(), recs.end());
-    parked.resize(descs.size());
-    for (std::size_t i = 0; i < descs.size(); ++i) {
-      if (parked[i].at != where::none && parked[i].bytes != descs[i].bytes()) {
-        throw state_error("optimizer_swap: slot " + descs[i].name() + " has " + std::to_string(descs[i].bytes()) +
-                          " bytes but its parked state " + std::to_string(parked[i].bytes));
-      }
-    }
-    // The host layout: one host store per dtype (indexed by its value), eligible slots in order.
-    // An eligible slot has bytes, so a dtype has a store exactly when its size is positive.
-    std::array<std::size_t, detail::dtype_count> sizes{};
-    detail::lean_vector<std::size_t> offset(descs.size(), 0);
-    for (std::size_t i = 0; i < descs.size(); ++i) {
-      if (!eligible(descs[i])) continue;
-      auto const t = static_cast<std::size_t>(descs[i].type);
-      offset[i] = sizes[t];
-      sizes[t] += descs[i].bytes();
-    }
-    bool reuse = true;
-    for (std::size_t t = 0; t < sizes.size(); ++t) reuse = reuse && old_stores[t].bytes == sizes[t];
-    for (std::size_t i = 0; i < descs.size() && reuse; ++i) {
-      if (parked[i].at != where::host) continue;
-      reuse = eligible(descs[i]) && parked[i].host_type == descs[i].type && parked[i].host_offset == offset[i];
-    }
-    auto const bytes_ok = detail::holds_bytes(b_);
-    stores_t stores{};
-    detail::lean_vector<std::size_t> adopted;     // slots whose parked device storage is now their piece
-    detail::lean_vector<std::size_t> copied_back; // slots whose parked device bytes went to the host
-    try {
-      if (reuse) {
-        stores = old_stores;
-      } else {
-        for (std::size_t t = 0; t < sizes.size(); ++t) {
-          if (sizes[t]) stores[t] = {b_.allocate_host(sizes[t]), sizes[t]};
-        }
-      }
-      slots_.clear();
-      slots_.reserve(descs.size());
-      detail::lean_vector<buffer*> cold;           // device-initialized swappable pieces to offload
-      detail::lean_vector<host_copy<B>> to_host;   // parked device bytes of now-swappable slots
-      detail::lean_vector<host_copy<B>> to_device; // parked host bytes of now-resident slots
-      for (std::size_t i = 0; i < descs.size(); ++i) {
-        auto const& d = descs[i];
-        auto const& r = parked[i];
-        auto& s = slots_.emplace_back();
-        s.swappable = eligible(d);
-        s.element_bytes = d.element_bytes();
-        s.numel = d.numel;
-        s.pieces.emplace_back(d.bytes());
-        s.piece_begin.assign(1, 0);
-        auto& p = s.pieces[0];
-        std::byte* const old_host =
-            r.at == where::host ? old_stores[static_cast<std::size_t>(r.host_type)].ptr + r.host_offset : nullptr;
-        if (s.swappable) {
-          swappable_bytes_ += d.bytes();
-          s.mirror = stores[static_cast<std::size_t>(d.type)].ptr + offset[i];
-          engine_.set_mirror(p, s.mirror);
-          if (r.at == where::host) {
-            if (!reuse && bytes_ok && d.bytes()) {
-              detail::note_host_read(b_, old_host, d.bytes());
-              detail::note_host_write(b_, s.mirror, d.bytes());
-              std::memcpy(s.mirror, old_host, d.bytes());
-            }
-          } else if (r.at == where::device) {
-            to_host.push_back({s.mirror, r.device, d.bytes()});
-            copied_back.push_back(i);
-          } else if (d.init == slot_init::zeros) {
-            fill_zero(s.mirror, d.bytes());
-          } else {
-            engine_.allocate(p, engine_.compute());
-            opt_.initialize(i, p.device());
-            cold.push_back(&p);
-          }
-        } else {
-          resident_bytes_ += d.bytes();
-          if (r.at == where::device) {
-            engine_.adopt_device(p, r.device);
-            adopted.push_back(i);
-          } else if (r.at == where::host) {
-            auto const fresh = engine_.allocate_device(d.bytes());
-            try {
-              engine_.adopt_device(p, fresh);
-            } catch (...) {
-              engine_.deallocate_device(fresh, d.bytes());
-              throw;
-            }
-            to_device.push_back({old_host, fresh, d.bytes()});
-          } else if (d.init == slot_init::zeros) {
-            zero_on_device(p);
-          } else {
-            engine_.allocate(p, engine_.compute());
-            opt_.initialize(i, p.device());
-          }
-        }
-      }
-      event_handle<B> in_flight;
-      engine_.copy_to_host(to_host, in_flight, "adopt parked state");
-      if (!to_device.empty()) {
-        engine_.copy_to_device(to_device, in_flight, "adopt parked state");
-        b_.synchronize(*in_flight); // the old host stores are freed below
-      }
-      // Cold states leave the device before the first forward (reference offload_initial_slots).
-      engine_.launch_offload(cold, "offload initial");
-      engine_.wait_offload(cold, engine_.compute());
-    } catch (...) {
-      rollback(adopted, reuse ? stores_t{} : stores);
-      throw;
-    }
-    // Commit: nothing below throws on a conforming backend.
-    auto const cs = engine_.compute();
-    try {
-      for (auto i : copied_back) b_.deallocate_device(parked[i].device, parked[i].bytes, cs);
-      if (!reuse) {
-        for (auto& a : old_stores) {
-          if (a.ptr) b_.deallocate_host(a.ptr, a.bytes);
-        }
-      }
-    } catch (...) { // left with the backend; the state itself is adopted
-    }
-    old_stores = stores;
-    recs.assign(descs.size(), rec_t{});
-  }
-
-  /// Undoes a failed adopt(): new storage is released, parked device storage is left where it was.
-  void rollback(detail::lean_vector<std::size_t> const& adopted,
-                typename optimizer_state<B>::host_stores_type const& fresh_stores) noexcept {
-    try {
-      auto all = pieces(false);
-      engine_.settle(all);
-      engine_.host_sync(all);
-      for (std::size_t i = 0; i < slots_.size(); ++i) {
-        bool const parked = std::find(adopted.begin(), adopted.end(), i) != adopted.end();
-        for (auto& p : slots_[i].pieces) {
-          if (parked && p.state() == residency::device) {
-            (void)engine_.take_device(p); // parked storage: stays with the optimizer's state
-          } else {
-            engine_.discard_device(p, engine_.compute());
-          }
-        }
-      }
-      slots_.clear();
-      for (auto const& a : fresh_stores) {
-        if (a.ptr) b_.deallocate_host(a.ptr, a.bytes);
-      }
-    } catch (...) { // what could not be released stays with the backend
-    }
-    resident_bytes_ = swappable_bytes_ = 0;
+  static void initialize_slot(void* opt, std::size_t i, device_pointer_t<B> dst) {
+    static_cast<O*>(opt)->initialize(i, dst);
   }
 
   /// Hands the state back to the optimizer (destructor). Never throws.
   void hand_back() noexcept {
-    using where = typename optimizer_state<B>::where;
     auto& home = opt_.swap_state();
-    auto& recs = home.records(access());
-    auto const descs = opt_.slots();
     pending_.reset();
     trace_.clear_listener(); // nothing to trace any more, and nothing here may throw
     try {
       carry_.finish_deferred(engine_.compute());
       carry_.evict();
       packed_.evacuate();
-      auto all = pieces(false);
-      engine_.settle(all);
-      auto swapped = pieces(true);
-      engine_.synchronize_to_host(swapped, "hand back");
-      auto& stores = home.host_stores(access());
-      recs.assign(slots_.size(), {});
-      for (std::size_t i = 0; i < slots_.size(); ++i) {
-        auto& s = slots_[i];
-        auto& r = recs[i];
-        r.bytes = s.bytes();
-        if (s.swappable) {
-          r.at = where::host;
-          r.host_type = descs[i].type;
-          r.host_offset = static_cast<std::size_t>(s.mirror - stores[static_cast<std::size_t>(descs[i].type)].ptr);
-        } else {
-          r.at = where::device;
-          r.device = engine_.take_device(s.pieces.at(0));
-        }
-      }
-      slots_.clear();
+      attached_.park(home, opt_.slots());
     } catch (...) {
       home.set_lost(access());
       try {
         carry_.release_all();
-        auto all = pieces(false);
-        engine_.settle(all);
-        for (auto& s : slots_) {
-          for (auto& p : s.pieces) engine_.discard_device(p, engine_.compute());
-        }
+        attached_.discard();
       } catch (...) { // what could not be released stays with the backend
       }
-      slots_.clear();
-      recs.assign(recs.size(), {});
+      attached_.forget(home);
     }
     home.set_attached(access(), false);
-  }
-
-  void fill_zero(std::byte* p, std::size_t n) {
-    if (n == 0 || !detail::holds_bytes(b_)) return;
-    detail::note_host_write(b_, p, n);
-    std::memset(p, 0, n);
-  }
-
-  /// A non-swappable zero state: device storage filled from a zeroed pinned block.
-  void zero_on_device(buffer& p) {
-    if (p.bytes() == 0) {
-      engine_.adopt_device(p, {});
-      return;
-    }
-    auto blk = engine_.pool().allocate_for_host(p.bytes());
-    fill_zero(blk.ptr, blk.bytes);
-    buffer tmp(p.bytes());
-    engine_.set_mirror(tmp, blk.ptr);
-    buffer* one[] = {&tmp};
-    event_handle<B> used;
-    try {
-      engine_.launch_load(one, "zero state");
-      used = tmp.event();
-      engine_.wait_load(one, engine_.compute());
-      engine_.adopt_device(p, engine_.take_device(tmp));
-    } catch (...) {
-      engine_.pool().deallocate(blk, used);
-      if (tmp.state() == residency::device) engine_.discard_device(tmp, engine_.compute());
-      throw;
-    }
-    engine_.pool().deallocate(blk, used);
   }
 
   // ----- steps -------------------------------------------------------------------------------------
@@ -640,12 +419,12 @@ private:
   O& opt_;
   swap_config cfg_;
   P policy_;
-  unsigned key_mask_ = 0; ///< bit k: state_key k is eligible for swap
-  detail::lean_vector<slot_type> slots_;
+  detail::attachment<B> attached_{engine_}; ///< the slots and their storage
+  detail::lean_vector<slot_type>& slots_ = attached_.slots();
   std::optional<step_state> pending_;
   batch_plan const no_plan_; ///< last_plan() before the first step
   detail::step_planner<B> planner_; ///< the last plan, reused while the step's units do not change
-  std::size_t resident_bytes_ = 0, swappable_bytes_ = 0, max_batch_bytes_ = 0;
+  std::size_t max_batch_bytes_ = 0;
   detail::step_trace trace_; ///< the operation in progress, and the listener
   char const* busy_ = nullptr; ///< the public call in progress (reentrancy)
   /// Kept batches, a deferred offload and their budget holds, from one step to the next.
@@ -676,14 +455,16 @@ optimizer_swap<O, P>::optimizer_swap(transfer_engine<B>& engine, O& opt, swap_co
     throw state_error("optimizer_swap: the optimizer's state was lost when an earlier runtime could not "
                       "hand it back (its backend failed during destruction); build a new optimizer");
   }
+  unsigned key_mask = 0; // bit k: state_key k is eligible for swap
   if (cfg_.state_keys) {
-    for (auto k : validate_state_keys(*cfg_.state_keys)) key_mask_ |= 1u << static_cast<unsigned>(k);
+    for (auto k : validate_state_keys(*cfg_.state_keys)) key_mask |= 1u << static_cast<unsigned>(k);
   } else {
-    for (auto k : supported_state_keys) key_mask_ |= 1u << static_cast<unsigned>(k);
+    for (auto k : supported_state_keys) key_mask |= 1u << static_cast<unsigned>(k);
   }
   home.set_attached(access(), true);
   try {
-    adopt();
+    attached_.adopt(home, opt_.slots(), {cfg_.min_numel, key_mask},
+                    typename detail::attachment<B>::initializer{&opt_, &initialize_slot});
   } catch (...) {
     home.set_attached(access(), false);
     throw;
