@@ -3,48 +3,18 @@
 // optimizer_swap<O, Partition> keeps an optimizer's swappable state in pinned host memory between
 // steps and streams it through the device during step(), in batches chosen by the partition policy.
 // It is a client of transfer_engine: every state change, copy, release and wait of a piece goes
-// through the engine's life cycle (core/transfer.hpp); this file only orders the engine's calls.
+// through the engine's life cycle (core/transfer.hpp). This class orders its parts, each in
+// swap/detail/ and each depending on the backend only:
+//   attachment.hpp           adopting the optimizer's state, handing it back
+//   step_plan.hpp            a step's batches, the pieces each moves, the plan cache
+//   per_tensor_pipeline.hpp  the step one batch ahead, each piece in its own storage
+//   packed_pipeline.hpp      the step through two staging arenas, the relay
+//   carry_over.hpp           what one step leaves the next: the resident share, prefetched batches,
+//                            a deferred offload, their budget holds
+//   step_trace.hpp           the operation in progress (named by errors) and the listener
 //
-// Per-tensor pipeline (the reference order, one batch ahead; per_buffer_storage):
-//     prefetch(0)
-//     for n: wait_prefetch(n); wait_offload(n-1); prefetch(n+1); update(n); offload(n)
-//     wait_offload(last)
-//   Each piece gets its own device storage, allocated on the h2d stream behind the offload that
-//   freed the batch before (so at most two batches are resident) and released on the d2h stream
-//   behind its own D2H. The compute stream waits only for the loads it consumes.
-//
-// Packed pipeline (two staging arenas, batch n in arena n % 2; arena_storage):
-//     begin; prefetch(0, 0); prefetch(1, 1)
-//     for n: wait_prefetch(n); [n ≥ 2: wait_offload(n-2); finish_offload(n-2)]; activate(n);
-//            update(n); chain(n, n+2): D2H of n out of its arena, then H2D of n+2 into it
-//     drain the last two; end
-//   Swappable state lives in one exact-size pinned host store per dtype, in slot order, so a batch is
-//   a few large copies (one per contiguous host run). The H2D of n+2 waits the D2H of n out of the
-//   same arena (wait_site::arena_reuse); the compute stream only ever waits events.
-//
-// Phases around the step (docs/optimizer.md, "Phases"): all optional, all off by default, and with
-// them off the two pipelines above run op for op.
-//   resident share   swap_config::resident_share bytes of whole batches from the front of the step's
-//                    batch order stay on the device across steps, in their own storage (an own arena
-//                    per batch in the packed pipeline), reserved from the engine's budget.
-//   prefetch()       starts the H2D of the next step's first batches that are not resident, in step
-//                    order, into their own storage, while the budget's optional room allows (it leaves
-//                    the activations' reload demand and the step's streaming window free). Typically
-//                    called after each backward of the pipeline's cool-down. Never blocks the host.
-//   step()           takes the resident and prefetched batches first (waiting only their loads), then
-//                    streams the rest through the two-batch window as above.
-//   defer_offload    step() returns with the D2H of its last batches in flight (their storage held
-//                    and still counted in the budget); finish_offload(), synchronize_cpu_mirrors(),
-//                    the next step(), the destructor, or a prefetch() that needs its room finish it:
-//                    the next user of the memory waits the D2Hs and the storage is released
-//                    stream-ordered. A prefetch of one of its batches waits only that batch's D2H
-//                    (packed: into the own arena it leaves). No call blocks the host at the forward
-//                    boundary. Within a step, prefetched batches are offloaded after the streamed ones
-//                    (same-direction copies run in enqueue order).
-//   relay            (packed, when the prefetched batches cover them) the batches after the first two
-//                    streamed ones load into the storage that prefetched batches, offloaded as soon
-//                    as they are updated, release: the stream's H2Ds wait those early D2Hs, not the
-//                    D2H out of a staging arena, and no more device memory is used.
+// Phases around the step (docs/optimizer.md, "Phases") are all optional and off by default; with
+// them off the two pipelines run op for op as written in their headers.
 //
 // Ownership (docs/optimizer.md): the state belongs to the optimizer (O::swap_state()). A runtime
 // attaches on construction (a second live runtime over one optimizer is refused), adopts what an
@@ -53,32 +23,24 @@
 //
 // Guarantees (docs/guarantees.md): results are bit-identical to the same optimizer without swap;
 // device memory holds at most the resident (non-swappable) state plus two batches (per-tensor) or
-// two arenas (packed); every release is stream-ordered behind the copy that reads it. If step()
-// throws, transfers in flight are drained, no piece is left in d2h or h2d, every state is intact, and
-// the next step() resumes the interrupted step from the batch that failed (the same gradients must
-// still be in place) — or discard_interrupted_step() abandons it. The exception is a step_error that
-// names the batch, its parameters and the operation, with the original nested.
+// two arenas (packed), plus the resident share and what prefetch() admits; every release is
+// stream-ordered behind the copy that reads it. If step() throws, transfers in flight are drained,
+// no piece is left in d2h or h2d, every state is intact, and the next step() resumes the interrupted
+// step from the batch that failed (the same gradients must still be in place), or
+// discard_interrupted_step() abandons it. The exception is a step_error that names the batch, its
+// parameters and the operation, with the original nested.
 #pragma once
 
-#include <algorithm>
-#include <array>
 #include <cstddef>
-#include <cstring>
-#include <exception>
-#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
-#include <string_view>
 #include <utility>
-#include <vector>
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/detail/lean_vector.hpp>
-#include <pipeswap/core/detail/mutation.hpp>
-#include <pipeswap/core/dtype.hpp>
 #include <pipeswap/core/event_handle.hpp>
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/error.hpp>
@@ -92,48 +54,9 @@
 #include <pipeswap/swap/detail/step_trace.hpp>
 #include <pipeswap/swap/partition.hpp>
 #include <pipeswap/swap/slot.hpp>
+#include <pipeswap/swap/swap_config.hpp>
 
 namespace pipeswap {
-
-/// Runtime knobs of optimizer_swap.
-struct swap_config {
-  /// Number of batches a step is split into (clamped to the number of units); must be positive.
-  std::size_t swap_times = 16;
-  /// State keys eligible for swap, by name, each once; empty optional = every supported key.
-  std::optional<std::vector<std::string>> state_keys;
-  /// Slots with fewer elements stay on the device.
-  std::size_t min_numel = 1024;
-  /// Use the packed pipeline (two staging arenas) instead of per-tensor storage.
-  bool packed = true;
-  /// Bytes of swappable state (whole batches, from the front of the step's batch order) that stay on
-  /// the device across steps. Rounded down to whole batches; 0 = none (every batch streams).
-  std::size_t resident_share = 0;
-  /// step() returns with the D2H of its last batches in flight; finish_offload(),
-  /// synchronize_cpu_mirrors(), the next step(), the destructor, or a prefetch() that needs its room
-  /// finish it.
-  bool defer_offload = false;
-
-  void validate() const {
-    if (swap_times == 0) throw invalid_argument("swap_config::swap_times must be positive.");
-    if (state_keys) (void)validate_state_keys(*state_keys);
-  }
-};
-
-/// A step failed: names the batch, its parameters and the operation; the original exception (the
-/// backend's, the optimizer's or the listener's) is nested (std::rethrow_if_nested).
-class step_error : public error {
-public:
-  step_error(std::string const& what, std::string op, std::optional<std::size_t> batch)
-      : error(what), op_(std::move(op)), batch_(batch) {}
-  /// The pipeline operation that failed ("prefetch", "update", "offload", "wait_offload", ...).
-  [[nodiscard]] std::string const& operation() const noexcept { return op_; }
-  /// The batch it failed in (none for work outside a batch, e.g. the staging arenas).
-  [[nodiscard]] std::optional<std::size_t> batch() const noexcept { return batch_; }
-
-private:
-  std::string op_;
-  std::optional<std::size_t> batch_;
-};
 
 template <swap_optimizer O, partition_policy P = balanced_partition>
 class optimizer_swap {
@@ -176,17 +99,14 @@ public:
   // ----- phases around the step (docs/optimizer.md, "Phases") -------------------------------------
 
   /// Starts the H2D of the next step's first batches that are neither resident nor in flight, in
-  /// step order, into their own device storage, at most `max_batches` of them, each only while the
-  /// engine's budget admits it as an optional reservation (its bytes plus the step's streaming window,
-  /// with the activations' reload demand left free; no budget: no limit). A deferred offload is
-  /// finished, stream-ordered (the h2d stream waits its D2Hs; the compute stream is left alone), as
-  /// soon as a batch needs its room or is one of its batches; batches that fit next to its held
-  /// storage load while its D2Hs still run. Never blocks the host. Returns the batches resident or in
-  /// flight for the next step (resident share included); before the first step no batch order is
-  /// known and it returns 0. Safe to call
-  /// repeatedly (after every backward of the cool-down). Throws state_error while an interrupted
-  /// step is pending or from inside step(); a failing copy or allocation throws step_error
-  /// (operation "prefetch"), and every batch it had kept is back on the host, nothing lost.
+  /// step order, into their own device storage: at most `max_batches`, each only while the engine's
+  /// budget admits it as an optional reservation (its bytes plus the step's streaming window, the
+  /// activations' reload demand left free; no budget: no limit). A deferred offload is finished,
+  /// stream-ordered, as soon as a batch needs its room or is one of its batches. Never blocks the
+  /// host; safe to call after every backward of the cool-down. Returns the batches resident or in
+  /// flight for the next step (0 before the first step: no batch order is known yet). Throws
+  /// state_error while an interrupted step is pending or from inside step(); a failing copy or
+  /// allocation throws step_error (operation "prefetch"), every batch it had kept back on the host.
   std::size_t prefetch(std::size_t max_batches = std::numeric_limits<std::size_t>::max());
 
   /// Finishes a deferred offload: the compute stream waits its D2Hs and its storage is released
@@ -219,7 +139,7 @@ public:
   /// Bytes of the larger staging arena of the last packed step (0 for per-tensor).
   [[nodiscard]] std::size_t arena_bytes() const noexcept { return packed_.arena_bytes(); }
   /// Bytes of the largest batch of the last step.
-  [[nodiscard]] std::size_t max_batch_bytes() const noexcept { return max_batch_bytes_; }
+  [[nodiscard]] std::size_t max_batch_bytes() const noexcept { return planner_.last() ? planner_.last()->max_batch_bytes : 0; }
   /// Pinned bytes of the host stores that hold the swapped state (one per dtype).
   [[nodiscard]] std::size_t host_store_bytes() const noexcept { return opt_.swap_state().host_bytes(); }
   /// The former name of host_store_bytes() ("arena" now means device staging memory only).
@@ -230,77 +150,33 @@ public:
   // ----- the placement of one slot (checkpoints, tests) --------------------------------------------
 
   /// Whether slot i (an index into the optimizer's slots()) is swapped.
-  [[nodiscard]] bool is_swappable(std::size_t i) const { return slot(i).swappable; }
+  [[nodiscard]] bool is_swappable(std::size_t i) const { return attached_.slot(i).swappable; }
   /// The host mirror of swappable slot i (its bytes are current after synchronize_cpu_mirrors()).
-  [[nodiscard]] std::span<std::byte> host_mirror(std::size_t i) const {
-    auto const& s = slot(i);
-    if (!s.swappable) throw state_error("optimizer_swap: slot " + name(i) + " is not swapped and has no host mirror");
-    return {s.mirror, s.bytes()};
-  }
+  [[nodiscard]] std::span<std::byte> host_mirror(std::size_t i) const { return attached_.host_mirror(i, opt_.slots()); }
   /// The device storage of non-swappable slot i.
   [[nodiscard]] device_pointer_t<B> resident_device(std::size_t i) const {
-    auto const& s = slot(i);
-    if (s.swappable) throw state_error("optimizer_swap: slot " + name(i) + " is swapped and has no fixed device storage");
-    return s.pieces.at(0).device();
+    return attached_.resident_device(i, opt_.slots());
   }
   /// True when every piece of slot i is in `r`.
-  [[nodiscard]] bool slot_in(std::size_t i, residency r) const { return slot(i).all(r); }
+  [[nodiscard]] bool slot_in(std::size_t i, residency r) const { return attached_.slot(i).all(r); }
   /// True when no copy of any piece is in flight.
-  [[nodiscard]] bool at_rest() const noexcept {
-    for (auto const& s : slots_) {
-      for (auto const& p : s.pieces) {
-        if (!p.at_rest()) return false;
-      }
-    }
-    return true;
-  }
+  [[nodiscard]] bool at_rest() const noexcept { return attached_.at_rest(); }
 
   /// Checkpoint loads: gives non-swappable slot i the device storage `fresh` (same size, filled and
   /// ordered before the compute stream's next work); the old one is released stream-ordered.
   void replace_resident(detail::runtime_access, std::size_t i, device_pointer_t<B> fresh) {
-    auto& s = slots_.at(i);
+    auto& s = attached_.slots().at(i);
     engine_.replace_device(s.pieces.at(0), fresh);
   }
 
 private:
-  using slot_type = detail::slot_storage<B>;
-
   using plan_data = detail::step_plan<B>;
   struct step_state {
     typename O::step_context ctx;
     std::shared_ptr<plan_data const> d; // null until planned
     std::size_t next = 0;               // first batch not yet updated
   };
-  struct position {
-    char const* op = "step";
-    std::optional<std::size_t> batch;
-  };
-
   static detail::runtime_access access() noexcept { return detail::runtime_access{}; }
-
-  /// Refuses a call from inside another (a listener calling back into the runtime).
-  struct reentrancy_guard {
-    optimizer_swap& rt;
-    reentrancy_guard(optimizer_swap& r, char const* op) : rt(r) {
-      if (rt.busy_) {
-        throw state_error(std::string("optimizer_swap::") + op + ": called from inside " + rt.busy_ +
-                          " (a listener); the runtime is not reentrant");
-      }
-      rt.busy_ = op;
-    }
-    ~reentrancy_guard() { rt.busy_ = nullptr; }
-    reentrancy_guard(reentrancy_guard const&) = delete;
-    reentrancy_guard& operator=(reentrancy_guard const&) = delete;
-  };
-
-  slot_type const& slot(std::size_t i) const {
-    if (i >= slots_.size()) {
-      throw invalid_argument("optimizer_swap: slot index " + std::to_string(i) + " is out of range (" +
-                             std::to_string(slots_.size()) + " slots)");
-    }
-    return slots_[i];
-  }
-  std::string name(std::size_t i) const { return "'" + opt_.slots()[i].name() + "'"; }
 
   // ----- attaching and handing back ----------------------------------------------------------------
 
@@ -344,75 +220,36 @@ private:
   void plan_step(step_state& st) {
     trace_.note("plan");
     auto units = opt_.update_units(st.ctx);
-    auto key = planner_.key(units, slots_);
+    auto key = planner_.key(units, attached_.slots());
     if (auto hit = planner_.lookup(key)) {
       st.d = std::move(hit);
       return;
     }
     if (carry_.plan()) carry_.evict(); // the batch order changed: what was kept goes home first
     auto batches = policy_(key.items, cfg_.swap_times);
-    st.d = planner_.build(std::move(key), std::move(batches), units, opt_.slots(), slots_, engine_, cfg_.packed,
+    st.d = planner_.build(std::move(key), std::move(batches), units, opt_.slots(), attached_.slots(), engine_, cfg_.packed,
                           cfg_.resident_share);
-    max_batch_bytes_ = st.d->max_batch_bytes;
   }
 
   /// The device address of element e of slot i, for the optimizer's update() (state_view).
   static device_pointer_t<B> resolve(void const* self, std::size_t i, std::size_t e) {
     auto const& rt = *static_cast<optimizer_swap const*>(self);
-    auto const& s = rt.slot(i);
-    if (s.pieces.empty()) throw state_error("optimizer_swap: slot " + rt.name(i) + " has no storage");
-    auto const k = s.piece_of(e);
-    auto const& p = s.pieces[k];
-    if (p.state() != residency::device || (!p.device() && p.bytes() != 0)) {
-      throw state_error("optimizer_swap: slot " + rt.name(i) + " is " + std::string(to_string(p.state())) +
-                        " at element " + std::to_string(e) + ", not on the device");
-    }
-    return p.device() + (e - s.piece_begin[k]) * s.element_bytes;
+    return rt.attached_.device_address(i, e, rt.opt_.slots());
   }
 
-  /// The update of batch n of the step in progress, for the pipelines.
-  struct update_target {
-    optimizer_swap* rt;
-    step_state* st;
-  };
-  static void update_batch(void* target, std::size_t n) {
-    auto const& t = *static_cast<update_target*>(target);
-    t.rt->update(*t.st, n);
+  /// The update of batch n of the step in progress (the pipelines call it through update_call).
+  static void update_batch(void* self, std::size_t n) {
+    auto& rt = *static_cast<optimizer_swap*>(self);
+    auto& st = *rt.pending_;
+    rt.trace_.emit("update", n);
+    detail::scoped_label<B> l(rt.b_, detail::batch_label("update", n).c_str());
+    rt.opt_.update(st.d->plan[n], st.ctx, state_view<B>(&rt, &optimizer_swap::resolve));
   }
 
-  void update(step_state& st, std::size_t n) {
-    trace_.emit("update", n);
-    detail::scoped_label<B> l(b_, detail::batch_label("update", n).c_str());
-    opt_.update(st.d->plan[n], st.ctx, state_view<B>(this, &optimizer_swap::resolve));
-  }
-
-  /// A failed phase outside the step: a step_error naming the phase, its batch and what became of it.
+  /// A failed phase: a step_error naming the phase, its batch and what became of it.
   [[noreturn]] void rethrow_phase(char const* phase, plan_data const* d, char const* outcome) {
-    auto const w = trace_.where();
-    std::string what = std::string("optimizer_swap::") + phase + ": " + w.op;
-    if (w.batch) {
-      what += " of batch " + std::to_string(*w.batch);
-      if (d && *w.batch < d->first_param.size()) {
-        auto const lo = d->first_param[*w.batch], hi = d->last_param[*w.batch];
-        what += lo == hi ? " (parameter " + std::to_string(lo) + ")"
-                         : " (parameters " + std::to_string(lo) + " to " + std::to_string(hi) + ")";
-      }
-    }
-    what += " failed";
-    try {
-      throw;
-    } catch (std::exception const& e) {
-      what += ": ";
-      what += e.what();
-    } catch (...) {
-    }
-    what += "; ";
-    what += outcome;
-    std::throw_with_nested(step_error(what, w.op, w.batch));
+    detail::rethrow_as_step_error(trace_.where(), phase, d, outcome);
   }
-
-  /// Every piece (only the swappable ones if `swappable_only`).
-  detail::lean_vector<buffer*> pieces(bool swappable_only) { return detail::pieces_of(slots_, swappable_only); }
 
   transfer_engine<B>& engine_;
   B& b_;
@@ -420,15 +257,13 @@ private:
   swap_config cfg_;
   P policy_;
   detail::attachment<B> attached_{engine_}; ///< the slots and their storage
-  detail::lean_vector<slot_type>& slots_ = attached_.slots();
   std::optional<step_state> pending_;
   batch_plan const no_plan_; ///< last_plan() before the first step
   detail::step_planner<B> planner_; ///< the last plan, reused while the step's units do not change
-  std::size_t max_batch_bytes_ = 0;
   detail::step_trace trace_; ///< the operation in progress, and the listener
   char const* busy_ = nullptr; ///< the public call in progress (reentrancy)
   /// Kept batches, a deferred offload and their budget holds, from one step to the next.
-  detail::carry_over<B> carry_{engine_, trace_, slots_, cfg_.packed};
+  detail::carry_over<B> carry_{engine_, trace_, attached_.slots(), cfg_.packed};
   detail::per_tensor_pipeline<B> per_tensor_{{engine_, trace_, carry_, cfg_.defer_offload}};
   detail::packed_pipeline<B> packed_{{engine_, trace_, carry_, cfg_.defer_offload}};
 };
@@ -476,7 +311,7 @@ optimizer_swap<O, P>::~optimizer_swap() { hand_back(); }
 
 template <swap_optimizer O, partition_policy P>
 void optimizer_swap<O, P>::step() {
-  reentrancy_guard guard(*this, "step");
+  detail::call_guard guard(busy_, "step");
   engine_.check_budget("optimizer_swap::step");
   trace_.note("step");
   try {
@@ -486,22 +321,14 @@ void optimizer_swap<O, P>::step() {
     if (!pending_) pending_.emplace(step_state{opt_.prepare_step(), nullptr, 0});
     auto& st = *pending_;
     if (!st.d) plan_step(st);
-    update_target target{this, &st};
-    detail::update_call const update{&target, &update_batch};
-    if (cfg_.packed) {
-      try {
-        packed_.run(st.d, st.next, update);
-      } catch (...) {
-        packed_.abort();
-        throw;
-      }
-    } else {
-      try {
-        per_tensor_.run(st.d, st.next, update);
-      } catch (...) {
-        per_tensor_.abort(*st.d);
-        throw;
-      }
+    detail::update_call const update{this, &update_batch};
+    try { // each pipeline recovers from its own failures, leaving every state intact
+      if (cfg_.packed) packed_.run(st.d, st.next, update);
+      else per_tensor_.run(st.d, st.next, update);
+    } catch (...) {
+      if (cfg_.packed) packed_.abort();
+      else per_tensor_.abort(*st.d);
+      throw;
     }
     trace_.note("finish_step");
     opt_.finish_step(st.ctx);
@@ -513,17 +340,17 @@ void optimizer_swap<O, P>::step() {
 
 template <swap_optimizer O, partition_policy P>
 void optimizer_swap<O, P>::synchronize_cpu_mirrors() {
-  reentrancy_guard guard(*this, "synchronize_cpu_mirrors");
+  detail::call_guard guard(busy_, "synchronize_cpu_mirrors");
   carry_.finish_deferred(engine_.compute());
   carry_.evict();
   packed_.evacuate();
-  auto bufs = pieces(true);
+  auto bufs = detail::pieces_of(attached_.slots(), true);
   engine_.synchronize_to_host(bufs);
 }
 
 template <swap_optimizer O, partition_policy P>
 std::size_t optimizer_swap<O, P>::prefetch(std::size_t max_batches) {
-  reentrancy_guard guard(*this, "prefetch");
+  detail::call_guard guard(busy_, "prefetch");
   if (pending_) {
     throw state_error("optimizer_swap::prefetch: a step is interrupted; call step() to resume it or "
                       "discard_interrupted_step() before prefetching the next one");
@@ -555,7 +382,7 @@ std::size_t optimizer_swap<O, P>::prefetch(std::size_t max_batches) {
 
 template <swap_optimizer O, partition_policy P>
 void optimizer_swap<O, P>::finish_offload(stream_type_t next_user) {
-  reentrancy_guard guard(*this, "finish_offload");
+  detail::call_guard guard(busy_, "finish_offload");
   trace_.note("finish_offload");
   try {
     carry_.finish_deferred(next_user);

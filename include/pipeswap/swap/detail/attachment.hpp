@@ -59,6 +59,52 @@ public:
   /// Bytes of state that is swapped.
   [[nodiscard]] std::size_t swappable_bytes() const noexcept { return swappable_bytes_; }
 
+  /// Slot i (an index into the optimizer's slots()).
+  [[nodiscard]] slot_type const& slot(std::size_t i) const {
+    if (i >= slots_.size()) {
+      throw invalid_argument("optimizer_swap: slot index " + std::to_string(i) + " is out of range (" +
+                             std::to_string(slots_.size()) + " slots)");
+    }
+    return slots_[i];
+  }
+  /// The host mirror of swappable slot i.
+  [[nodiscard]] std::span<std::byte> host_mirror(std::size_t i, std::span<slot_desc const> descs) const {
+    auto const& s = slot(i);
+    if (!s.swappable) {
+      throw state_error("optimizer_swap: slot " + name(i, descs) + " is not swapped and has no host mirror");
+    }
+    return {s.mirror, s.bytes()};
+  }
+  /// The device storage of non-swappable slot i.
+  [[nodiscard]] device_pointer_t<B> resident_device(std::size_t i, std::span<slot_desc const> descs) const {
+    auto const& s = slot(i);
+    if (s.swappable) {
+      throw state_error("optimizer_swap: slot " + name(i, descs) + " is swapped and has no fixed device storage");
+    }
+    return s.pieces.at(0).device();
+  }
+  /// The device address of element e of slot i, which must be on the device (the update's views).
+  [[nodiscard]] device_pointer_t<B> device_address(std::size_t i, std::size_t e, std::span<slot_desc const> descs) const {
+    auto const& s = slot(i);
+    if (s.pieces.empty()) throw state_error("optimizer_swap: slot " + name(i, descs) + " has no storage");
+    auto const k = s.piece_of(e);
+    auto const& p = s.pieces[k];
+    if (p.state() != residency::device || (!p.device() && p.bytes() != 0)) {
+      throw state_error("optimizer_swap: slot " + name(i, descs) + " is " + std::string(to_string(p.state())) +
+                        " at element " + std::to_string(e) + ", not on the device");
+    }
+    return p.device() + (e - s.piece_begin[k]) * s.element_bytes;
+  }
+  /// True when no copy of any piece is in flight.
+  [[nodiscard]] bool at_rest() const noexcept {
+    for (auto const& s : slots_) {
+      for (auto const& p : s.pieces) {
+        if (!p.at_rest()) return false;
+      }
+    }
+    return true;
+  }
+
   /// Builds the runtime's storage from the optimizer's descriptions and what an earlier runtime
   /// handed back. Either everything is adopted or nothing of the parked state changes.
   void adopt(optimizer_state<B>& home, std::span<slot_desc const> descs, eligibility rule, initializer init) {
@@ -240,6 +286,8 @@ public:
   }
 
 private:
+  static std::string name(std::size_t i, std::span<slot_desc const> descs) { return "'" + descs[i].name() + "'"; }
+
   /// Undoes a failed adopt(): new storage is released, parked device storage is left where it was.
   void rollback(lean_vector<std::size_t> const& adopted,
                 typename optimizer_state<B>::host_stores_type const& fresh_stores) noexcept {

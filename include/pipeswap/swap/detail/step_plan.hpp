@@ -10,8 +10,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <span>
+#include <string>
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/detail/lean_vector.hpp>
@@ -19,7 +21,9 @@
 #include <pipeswap/error.hpp>
 #include <pipeswap/optim/state.hpp>
 #include <pipeswap/swap/partition.hpp>
+#include <pipeswap/swap/detail/step_trace.hpp>
 #include <pipeswap/swap/slot.hpp>
+#include <pipeswap/swap/swap_config.hpp>
 
 namespace pipeswap::detail {
 
@@ -217,5 +221,33 @@ private:
   plan_ptr cached_;
   plan_key key_;
 };
+
+/// Rethrows the exception in flight as a step_error that names the phase, the operation `w` and its
+/// batch (with the batch's parameters from `d`, when known), and says what became of the state
+/// (`outcome`); the original is nested.
+template <backend B>
+[[noreturn]] void rethrow_as_step_error(step_trace::position w, char const* phase, step_plan<B> const* d,
+                                      char const* outcome) {
+  std::string what = std::string("optimizer_swap::") + phase + ": " + w.op;
+  if (w.batch) {
+    what += " of batch " + std::to_string(*w.batch);
+    if (d && *w.batch < d->first_param.size()) {
+      auto const lo = d->first_param[*w.batch], hi = d->last_param[*w.batch];
+      what += lo == hi ? " (parameter " + std::to_string(lo) + ")"
+                       : " (parameters " + std::to_string(lo) + " to " + std::to_string(hi) + ")";
+    }
+  }
+  what += " failed";
+  try {
+    throw;
+  } catch (std::exception const& e) {
+    what += ": ";
+    what += e.what();
+  } catch (...) {
+  }
+  what += "; ";
+  what += outcome;
+  std::throw_with_nested(step_error(what, w.op, w.batch));
+}
 
 } // namespace pipeswap::detail

@@ -11,6 +11,8 @@
 #include <string>
 #include <string_view>
 
+#include <pipeswap/error.hpp>
+
 namespace pipeswap::detail {
 
 class step_trace {
@@ -72,6 +74,25 @@ public:
 private:
   listener listener_;
   position where_;
+};
+
+/// Refuses a call of the runtime from inside another (a listener calling back into it): `busy`
+/// names the public call in progress.
+class call_guard {
+public:
+  call_guard(char const*& busy, char const* op) : busy_(busy) {
+    if (busy_) {
+      throw state_error(std::string("optimizer_swap::") + op + ": called from inside " + busy_ +
+                        " (a listener); the runtime is not reentrant");
+    }
+    busy_ = op;
+  }
+  ~call_guard() { busy_ = nullptr; }
+  call_guard(call_guard const&) = delete;
+  call_guard& operator=(call_guard const&) = delete;
+
+private:
+  char const*& busy_;
 };
 
 } // namespace pipeswap::detail
