@@ -7,6 +7,8 @@
 #define BOOST_TEST_MODULE optimizer_swap
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
+
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -131,13 +133,13 @@ BOOST_AUTO_TEST_CASE(reference_call_traces) {
   std::vector<std::string> const packed3{
       "begin:3",          "prefetch:0:0",    "prefetch:1:1",      "wait_prefetch:0:0", "activate:0:0",
       "update:0",         "chain:0:2:0",     "wait_prefetch:1:1", "activate:1:1",
-      "update:1",         "chain:1:None:1",  "wait_prefetch:2:0", "wait_offload:0",    "finish_offload:0",
-      "activate:2:0",     "update:2",        "chain:2:None:0",    "wait_offload:1",    "finish_offload:1",
+      "update:1",         "chain:1:-:1",  "wait_prefetch:2:0", "wait_offload:0",    "finish_offload:0",
+      "activate:2:0",     "update:2",        "chain:2:-:0",    "wait_offload:1",    "finish_offload:1",
       "wait_offload:2",   "finish_offload:2", "end"};
   std::vector<std::string> const per_tensor1{"prefetch:0", "wait_prefetch:0", "update:0", "offload:0",
                                              "wait_offload:0"};
   std::vector<std::string> const packed1{"begin:1",  "prefetch:0:0",   "wait_prefetch:0:0", "activate:0:0",
-                                         "update:0", "chain:0:None:0", "wait_offload:0",
+                                         "update:0", "chain:0:-:0", "wait_offload:0",
                                          "finish_offload:0", "end"};
   for (bool packed : {false, true}) {
     for (std::size_t n : {0u, 1u, 2u, 3u}) {
@@ -146,10 +148,25 @@ BOOST_AUTO_TEST_CASE(reference_call_traces) {
       mock_model m(b, std::vector<std::size_t>(n, 16), 1, false);
       ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, swap(n ? n : 1, packed));
       std::vector<std::string> trace;
+      std::vector<ps::swap_event> events;
       rt.set_listener([&](std::string_view s) { trace.emplace_back(s); });
+      rt.set_event_listener([&](ps::swap_event const& e) { events.push_back(e); });
       m.set_grads(0);
       rt.step();
       BOOST_TEST_CONTEXT("packed " << packed << " batches " << n) {
+        // The typed events are the same operations, and their string form is the listener's.
+        BOOST_TEST_REQUIRE(events.size() == trace.size());
+        for (std::size_t i = 0; i < events.size(); ++i) BOOST_TEST(ps::to_string(events[i]) == trace[i]);
+        if (n == 3 && packed) {
+          using st = ps::swap_event::storage;
+          auto const chain = [&](std::size_t batch) {
+            return *std::find_if(events.begin(), events.end(),
+                                 [&](auto const& e) { return e.op == "chain" && e.batch == batch; });
+          };
+          BOOST_TEST((chain(0) == ps::swap_event{"chain", 0, 2, st::staging, 0, true}));
+          BOOST_TEST((chain(1) == ps::swap_event{"chain", 1, std::nullopt, st::staging, 1, true}));
+          BOOST_TEST((events.front() == ps::swap_event{"begin", 3, std::nullopt, st::unspecified, 0, false}));
+        }
         if (n == 0) BOOST_TEST(trace.empty());
         if (n == 1) BOOST_TEST((trace == (packed ? packed1 : per_tensor1)));
         if (n == 3) BOOST_TEST((trace == (packed ? packed3 : per_tensor3)));
@@ -162,8 +179,8 @@ BOOST_AUTO_TEST_CASE(reference_call_traces) {
         if (n == 2 && packed) {
           std::vector<std::string> const two{
               "begin:2",        "prefetch:0:0",     "prefetch:1:1",   "wait_prefetch:0:0", "activate:0:0",
-              "update:0",       "chain:0:None:0",   "wait_prefetch:1:1", "activate:1:1",   "update:1",
-              "chain:1:None:1", "wait_offload:0",   "finish_offload:0", "wait_offload:1",  "finish_offload:1",
+              "update:0",       "chain:0:-:0",   "wait_prefetch:1:1", "activate:1:1",   "update:1",
+              "chain:1:-:1", "wait_offload:0",   "finish_offload:0", "wait_offload:1",  "finish_offload:1",
               "end"};
           BOOST_TEST((trace == two));
         }

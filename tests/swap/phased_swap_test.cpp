@@ -633,11 +633,11 @@ BOOST_AUTO_TEST_CASE(phased_call_traces) {
     std::string const packed_trace =
         "=> 0 begin:4 prefetch:0:own prefetch:1:own prefetch:2:0 prefetch:3:1 wait_prefetch:0:own "
         "activate:0:own update:0 keep:0:own wait_prefetch:1:own activate:1:own update:1 keep:1:own "
-        "wait_prefetch:2:0 activate:2:0 update:2 chain:2:None:0 wait_prefetch:3:1 activate:3:1 update:3 "
-        "chain:3:None:1 defer:2 defer:3 end -- finish_deferred:2 prefetch:2:own => 3 finish_deferred begin:4 "
+        "wait_prefetch:2:0 activate:2:0 update:2 chain:2:-:0 wait_prefetch:3:1 activate:3:1 update:3 "
+        "chain:3:-:1 defer:2 defer:3 end -- finish_deferred:2 prefetch:2:own => 3 finish_deferred begin:4 "
         "prefetch:3:1 wait_prefetch:0:own activate:0:own update:0 keep:0:own wait_prefetch:1:own "
         "activate:1:own update:1 keep:1:own wait_prefetch:2:own activate:2:own update:2 wait_prefetch:3:1 "
-        "activate:3:1 update:3 chain:3:None:1 offload:2:own defer:2 defer:3 end -- ";
+        "activate:3:1 update:3 chain:3:-:1 offload:2:own defer:2 defer:3 end -- ";
     BOOST_TEST(all == (packed ? packed_trace : per_tensor));
     // A 16-element slot is 64 bytes: per tensor a batch is 128 bytes, packed a 512-byte arena.
     BOOST_TEST(rt.resident_share_bytes() == (packed ? 1024u : 128u));

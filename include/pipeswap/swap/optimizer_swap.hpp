@@ -55,6 +55,7 @@
 #include <pipeswap/swap/partition.hpp>
 #include <pipeswap/swap/slot.hpp>
 #include <pipeswap/swap/swap_config.hpp>
+#include <pipeswap/swap/swap_event.hpp>
 
 namespace pipeswap {
 
@@ -65,8 +66,10 @@ public:
   using backend_type = typename O::backend_type;
   using B = backend_type;
   using buffer = swap_buffer<B>;
-  /// Receives "op:batch[:arena]" for every pipeline operation, in order (tests, tracing, progress).
+  /// Receives every pipeline operation, in issue order, as to_string(swap_event) (tests, tracing).
   using listener = detail::step_trace::listener;
+  /// Receives every pipeline operation, in issue order, as a swap_event.
+  using event_listener = detail::step_trace::event_listener;
   using stream_type_t = stream_t<B>;
 
   /// Attaches to `opt`'s state and materializes it: adopts what an earlier runtime handed back,
@@ -126,6 +129,7 @@ public:
   [[nodiscard]] std::size_t resident_batches() const noexcept { return planner_.last() ? planner_.last()->resident : 0; }
 
   void set_listener(listener l) { trace_.set_listener(std::move(l)); }
+  void set_event_listener(event_listener l) { trace_.set_event_listener(std::move(l)); }
 
   [[nodiscard]] O& optimizer() noexcept { return opt_; }
   [[nodiscard]] transfer_engine<B>& engine() noexcept { return engine_; }

@@ -76,7 +76,7 @@ public:
 
   /// Packed: the H2D of batch n into its own arena (allocated if it has none).
   void load_own(step_plan<B> const& d, std::size_t n) {
-    trace_.emit("prefetch", n, "own");
+    trace_.emit("prefetch", n, swap_event::storage::own);
     if (!own_[n].base) engine_.allocate_arena(own_[n], d.staging[n].bytes);
     arena_storage<B> s{own_[n], d.staging[n]};
     engine_.launch_load(d.batch(n), s, batch_label("prefetch", n).c_str());

@@ -75,15 +75,15 @@ public:
     auto const in_own_arena = [&](std::size_t n) { return n < own || (relaying && n >= s0 + 2); };
     for (std::size_t n = k; n < N; ++n) {
       if (in_own_arena(n)) {
-        trace_.emit("wait_prefetch", n, "own");
+        trace_.emit("wait_prefetch", n, swap_event::storage::own);
         engine_.wait_load(bufs(n), engine_.compute());
-        trace_.emit("activate", n, "own");
+        trace_.emit("activate", n, swap_event::storage::own);
         update(n);
         next = n + 1;
         if (n < resident) {
-          trace_.emit("keep", n, "own"); // others leave behind the streamed batches, below
+          trace_.emit("keep", n, swap_event::storage::own); // others leave behind the streamed batches, below
         } else if (relaying && n < own && relay < N) {
-          trace_.emit("offload", n, "early");
+          trace_.emit("offload", n, swap_event::storage::early);
           arena_storage<B> s{carry_.own_arena(n), d.staging[n]};
           engine_.launch_offload(bufs(n), s, batch_label("offload", n).c_str());
           freed += d.staging[n].bytes;
@@ -110,7 +110,7 @@ public:
     for (std::size_t n = resident; n < N; ++n) {
       if (!away(n) || !carry_.has_own_arena(n)) continue; // (not offloaded early)
       if (relaying && defer_offload_) carry_.add_handoff(n);
-      trace_.emit("offload", n, "own");
+      trace_.emit("offload", n, swap_event::storage::own);
       arena_storage<B> s{carry_.own_arena(n), d.staging[n]};
       engine_.launch_offload(bufs(n), s, batch_label("offload", n).c_str());
     }

@@ -1,7 +1,8 @@
 // pipeswap — where the optimizer-swap runtime is, and what it tells its listener.
 //
 // Every pipeline operation is noted (so a failure names the operation and its batch) and, when a
-// listener is set, announced as a string "op[:batch[:...]]" in the order the operations are issued.
+// listener is set, announced as a swap_event, or its string form "op[:batch[:...]]", in the order the
+// operations are issued.
 // Backend-independent: compiled once, whatever the backend or optimizer.
 #pragma once
 
@@ -12,12 +13,14 @@
 #include <string_view>
 
 #include <pipeswap/error.hpp>
+#include <pipeswap/swap/swap_event.hpp>
 
 namespace pipeswap::detail {
 
 class step_trace {
 public:
   using listener = std::function<void(std::string_view)>;
+  using event_listener = std::function<void(swap_event const&)>;
 
   /// The operation in progress and its batch (none outside a batch).
   struct position {
@@ -26,7 +29,11 @@ public:
   };
 
   void set_listener(listener l) { listener_ = std::move(l); }
-  void clear_listener() noexcept { listener_ = {}; }
+  void set_event_listener(event_listener l) { events_ = std::move(l); }
+  void clear_listener() noexcept {
+    listener_ = {};
+    events_ = {};
+  }
 
   [[nodiscard]] position where() const noexcept { return where_; }
   void restore(position p) noexcept { where_ = p; }
@@ -35,44 +42,40 @@ public:
   void note(char const* op, std::optional<std::size_t> n = std::nullopt) noexcept { where_ = {op, n}; }
 
   /// "op"
-  void emit(char const* op) {
-    note(op);
-    if (listener_) listener_(op);
-  }
+  void emit(char const* op) { announce({.op = op}); }
   /// "op:batch"
-  void emit(char const* op, std::size_t n) {
-    note(op, n);
-    if (listener_) listener_(std::string(op) + ":" + std::to_string(n));
-  }
+  void emit(char const* op, std::size_t n) { announce({.op = op, .batch = n}); }
   /// "op:batch:arena" (a staging arena, 0 or 1)
   void emit(char const* op, std::size_t n, std::size_t arena) {
-    note(op, n);
-    if (listener_) listener_(std::string(op) + ":" + std::to_string(n) + ":" + std::to_string(arena));
+    announce({.op = op, .batch = n, .where = swap_event::storage::staging, .arena = arena});
   }
-  /// "chain:batch:next:arena", next "None" when no load follows the offload.
+  /// "chain:batch:next:arena": the offload of batch n out of its arena, and the load that follows.
   void emit(char const* op, std::size_t n, std::optional<std::size_t> next, std::size_t arena) {
-    note(op, n);
-    if (listener_) {
-      listener_(std::string(op) + ":" + std::to_string(n) + ":" + (next ? std::to_string(*next) : "None") + ":" +
-                std::to_string(arena));
-    }
+    announce({.op = op, .batch = n, .next = next, .where = swap_event::storage::staging, .arena = arena, .chained = true});
   }
-  /// "op:batch:tag" for a batch outside the staging arenas: "own" (its own storage), "early".
-  void emit(char const* op, std::size_t n, char const* tag) {
-    note(op, n);
-    if (listener_) listener_(std::string(op) + ":" + std::to_string(n) + ":" + tag);
-  }
+  /// "op:batch:own" or "op:batch:early" for a batch in its own storage.
+  void emit(char const* op, std::size_t n, swap_event::storage where) { announce({.op = op, .batch = n, .where = where}); }
 
   /// Announces without noting, and swallows what the listener throws (clean-up after a failure).
   void emit_quietly(char const* op) noexcept {
     try {
-      if (listener_) listener_(op);
+      send({.op = op});
     } catch (...) {
     }
   }
 
 private:
+  void announce(swap_event const& e) {
+    where_ = {e.op.data(), e.batch};
+    send(e);
+  }
+  void send(swap_event const& e) {
+    if (events_) events_(e);
+    if (listener_) listener_(to_string(e));
+  }
+
   listener listener_;
+  event_listener events_;
   position where_;
 };
 
