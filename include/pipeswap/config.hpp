@@ -6,6 +6,9 @@
 //                       CUDA backend is available exactly when this is 1; it needs libcudart at link
 //                       time but not nvcc.
 // PIPESWAP_CUDA_COMPILER 1 when compiled by a CUDA compiler (kernels may be launched), else 0.
+// PIPESWAP_ASSERTIONS   1 to check the preconditions of the library's internal containers (an index
+//                       past the end aborts with a message); on by default when _GLIBCXX_ASSERTIONS
+//                       is defined, as libstdc++'s own checks are. Define it to 0 or 1 to choose.
 #pragma once
 
 #define PIPESWAP_VERSION_MAJOR 0
@@ -28,6 +31,14 @@
 #  endif
 #else
 #  define PIPESWAP_HAS_CTK 0
+#endif
+
+#ifndef PIPESWAP_ASSERTIONS
+#  if defined(_GLIBCXX_ASSERTIONS)
+#    define PIPESWAP_ASSERTIONS 1
+#  else
+#    define PIPESWAP_ASSERTIONS 0
+#  endif
 #endif
 
 #if __cplusplus < 202002L && !defined(_MSVC_LANG)

@@ -1,7 +1,10 @@
 // detail::lean_vector, the runtime's bookkeeping vector: the same contents as std::vector after
-// every operation of a random sequence, for trivially copyable and for owning element types; every
-// element constructed is destroyed once; a throwing copy leaves the vector as it was; arguments
-// that refer into the vector survive its growth; at() names the index and the size.
+// every operation of a random sequence, for trivially copyable and for owning element types (and,
+// under AddressSanitizer, the storage past the end poisoned after each); every element constructed
+// is destroyed once; a throwing copy leaves the vector as it was, and a throwing copy constructor
+// destroys what it built; arguments that refer into the vector survive its growth; at() names the
+// index and the size; sizes that overflow throw length_error; under PIPESWAP_ASSERTIONS an index past
+// the end aborts with a message, and under ASan reading past the end is a container-overflow.
 #include <boost/test/unit_test.hpp>
 
 #include <cstddef>
@@ -11,6 +14,9 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <pipeswap/core/detail/lean_vector.hpp>
 
@@ -62,9 +68,23 @@ bool equal(T const& x, T const& y) {
   else return x == y;
 }
 
+/// Under ASan: the bytes [0, size) of the buffer are addressable and [size, capacity) poisoned.
+template <class T>
+bool annotated(lean_vector<T> const& a) {
+#if PIPESWAP_DETAIL_ASAN
+  if (a.capacity() == 0) return true;
+  auto const* beg = reinterpret_cast<char const*>(a.data());
+  return __sanitizer_verify_contiguous_container(beg, beg + a.size() * sizeof(T), beg + a.capacity() * sizeof(T)) != 0;
+#else
+  (void)a;
+  return true;
+#endif
+}
+
 template <class T>
 bool same(lean_vector<T> const& a, std::vector<T> const& b) {
   if (a.size() != b.size() || a.empty() != b.empty() || a.capacity() < a.size()) return false;
+  if (!annotated(a)) return false;
   if (static_cast<std::size_t>(a.end() - a.begin()) != a.size()) return false;
   for (std::size_t i = 0; i < b.size(); ++i) {
     if (!equal(a[i], b[i])) return false;
@@ -248,6 +268,102 @@ BOOST_AUTO_TEST_CASE(at_names_the_index_and_the_size) {
   } catch (std::out_of_range const& e) {
     BOOST_TEST(std::string(e.what()) == "lean_vector::at: index 3 is not below the size 3");
   }
+}
+
+// A copy constructor that throws part-way destroys the elements it had copied.
+BOOST_AUTO_TEST_CASE(a_throwing_copy_constructor_destroys_what_it_built) {
+  lean_vector<counted> v;
+  for (int i = 0; i < 10; ++i) v.emplace_back(i);
+  counted::copies_left = 4; // the fifth copy throws
+  BOOST_CHECK_THROW(lean_vector<counted>{v}, std::runtime_error);
+  BOOST_TEST(counted::live == 10);
+  counted::copies_left = 2;
+  BOOST_CHECK_THROW((lean_vector<counted>(v.begin(), v.end())), std::runtime_error);
+  BOOST_TEST(counted::live == 10);
+  counted::copies_left = 1;
+  BOOST_CHECK_THROW((lean_vector<counted>{counted(1), counted(2), counted(3)}), std::runtime_error);
+  BOOST_TEST(counted::live == 10);
+  counted::copies_left = -1;
+}
+
+BOOST_AUTO_TEST_CASE(sizes_that_overflow_throw_length_error) {
+  lean_vector<pod> v;
+  BOOST_CHECK_THROW(v.reserve(~std::size_t{0} / 4), std::length_error);
+  BOOST_CHECK_THROW(v.resize(~std::size_t{0} / 2), std::length_error);
+  lean_vector<std::string> s;
+  BOOST_CHECK_THROW(s.reserve(~std::size_t{0} / 8), std::length_error);
+  BOOST_TEST(v.empty());
+  BOOST_TEST(s.empty());
+}
+
+namespace {
+
+/// Runs `body` in a child process; returns whether the child died by a signal or a non-zero exit,
+/// and what it wrote to stderr.
+template <class F>
+std::pair<bool, std::string> dies(F body) {
+  int fd[2];
+  BOOST_TEST_REQUIRE(::pipe(fd) == 0);
+  auto const pid = ::fork();
+  BOOST_TEST_REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::dup2(fd[1], 2);
+    ::close(fd[0]);
+    body();
+    ::_exit(0);
+  }
+  ::close(fd[1]);
+  std::string err;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd[0], buf, sizeof buf)) > 0;) err.append(buf, static_cast<std::size_t>(n));
+  ::close(fd[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return {WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0), err};
+}
+
+volatile std::size_t sink = 0;
+
+} // namespace
+
+// Under PIPESWAP_ASSERTIONS (on with _GLIBCXX_ASSERTIONS, as in CI's sanitizer pass) an index past the
+// end aborts and says where; without it the check costs nothing and this case has nothing to show.
+BOOST_AUTO_TEST_CASE(an_index_past_the_end_aborts_under_assertions) {
+  if constexpr (!PIPESWAP_ASSERTIONS) {
+    BOOST_TEST_MESSAGE("PIPESWAP_ASSERTIONS is off in this build: nothing to check");
+    return;
+  } else {
+    lean_vector<std::size_t> v{1, 2, 3};
+    auto const [died, err] = dies([&] { sink = v[3]; });
+    BOOST_TEST(died);
+    BOOST_TEST(err.find("lean_vector::operator[]: index 3 with size 3") != std::string::npos, err);
+    auto const [died_empty, err_empty] = dies([] {
+      lean_vector<std::string> e;
+      e.pop_back();
+    });
+    BOOST_TEST(died_empty);
+    BOOST_TEST(err_empty.find("lean_vector::pop_back") != std::string::npos, err_empty);
+    BOOST_TEST(!dies([&] { sink = v[2]; }).first); // the check itself does not fire on a valid index
+  }
+}
+
+// Under AddressSanitizer the storage between the size and the capacity is poisoned: reading an element
+// there through the data pointer, where no bounds check applies, is reported as a container-overflow.
+BOOST_AUTO_TEST_CASE(reading_past_the_end_is_a_container_overflow_under_asan) {
+#if PIPESWAP_DETAIL_ASAN
+  lean_vector<std::size_t> v;
+  v.reserve(8);
+  v.push_back(1);
+  v.push_back(2);
+  auto const [died, err] = dies([&] { sink = v.data()[2]; });
+  BOOST_TEST(died);
+  BOOST_TEST(err.find("container-overflow") != std::string::npos, err);
+  BOOST_TEST(!dies([&] { sink = v.data()[1]; }).first);
+  v.pop_back(); // shrinking poisons again
+  BOOST_TEST(dies([&] { sink = v.data()[1]; }).first);
+#else
+  BOOST_TEST_MESSAGE("not an AddressSanitizer build: nothing to check");
+#endif
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -51,6 +51,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/budget.hpp>
@@ -141,32 +142,51 @@ struct staging_arena {
   std::uint64_t reserved = 0;
 };
 
-/// Where the buffers of one batch sit in a staging arena, and the merged copies that move them.
-struct staging_layout {
-  struct run {
-    std::size_t first = 0; ///< index (into the batch's buffer list) of the run's first buffer
-    std::size_t offset = 0; ///< byte offset in the arena
-    std::size_t bytes = 0;
-  };
-  detail::lean_vector<std::size_t> offset; ///< per buffer: byte offset in the arena
-  detail::lean_vector<std::size_t> order;  ///< buffer indices in arena order (ascending offset)
-  detail::lean_vector<run> runs;           ///< copies: host bytes from buffers[first].mirror(), contiguous
-  std::size_t bytes = 0;                   ///< arena bytes the batch needs
-};
+class staging_layout;
 
 /// Lays out `bufs` (host mirrors set) for an arena: sorted by (region, mirror address), each region
 /// starting `align`-aligned, buffers adjacent in host memory merged into one run. `region[i]` groups
 /// buffer i (e.g. by dtype, so every dtype region is aligned).
 template <backend B>
 staging_layout make_staging_layout(std::span<swap_buffer<B>* const> bufs, std::span<std::size_t const> region,
-                                   std::size_t align = 512) {
+                                   std::size_t align = 512);
+
+/// Where the buffers of one batch sit in a staging arena, and the merged copies that move them.
+class staging_layout {
+public:
+  struct run {
+    std::size_t first = 0; ///< index (into the batch's buffer list) of the run's first buffer
+    std::size_t offset = 0; ///< byte offset in the arena
+    std::size_t bytes = 0;
+  };
+  std::size_t bytes = 0; ///< arena bytes the batch needs
+
+  /// Per buffer: its byte offset in the arena.
+  [[nodiscard]] std::span<std::size_t const> offsets() const noexcept { return offset_; }
+  /// Buffer indices in arena order (ascending offset).
+  [[nodiscard]] std::span<std::size_t const> order() const noexcept { return order_; }
+  /// The copies: host bytes from buffers[first].mirror(), contiguous in host memory and in the arena.
+  [[nodiscard]] std::span<run const> runs() const noexcept { return runs_; }
+
+private:
+  template <backend B>
+  friend staging_layout make_staging_layout(std::span<swap_buffer<B>* const>, std::span<std::size_t const>,
+                                            std::size_t);
+  detail::lean_vector<std::size_t> offset_;
+  detail::lean_vector<std::size_t> order_;
+  detail::lean_vector<run> runs_;
+};
+
+template <backend B>
+staging_layout make_staging_layout(std::span<swap_buffer<B>* const> bufs, std::span<std::size_t const> region,
+                                   std::size_t align) {
   staging_layout l;
   detail::lean_vector<std::size_t> order(bufs.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
   std::sort(order.begin(), order.end(), [&](auto a, auto c) {
     return std::pair{region[a], bufs[a]->mirror()} < std::pair{region[c], bufs[c]->mirror()};
   });
-  l.offset.assign(bufs.size(), 0);
+  l.offset_.assign(bufs.size(), 0);
   std::size_t off = 0;
   std::size_t cur = ~std::size_t{0};
   std::byte const* host_end = nullptr;
@@ -175,17 +195,17 @@ staging_layout make_staging_layout(std::span<swap_buffer<B>* const> bufs, std::s
     if (region[i] != cur) {
       off = detail::round_up(off, align);
       cur = region[i];
-      l.runs.push_back({i, off, 0});
+      l.runs_.push_back({i, off, 0});
     } else if (host_end != p->mirror()) {
-      l.runs.push_back({i, off, 0});
+      l.runs_.push_back({i, off, 0});
     }
-    l.offset[i] = off;
-    l.runs.back().bytes += p->bytes();
+    l.offset_[i] = off;
+    l.runs_.back().bytes += p->bytes();
     off += p->bytes();
     host_end = p->mirror() + p->bytes();
   }
   l.bytes = detail::round_up(off, align);
-  l.order = std::move(order);
+  l.order_ = std::move(order);
   return l;
 }
 
@@ -652,8 +672,8 @@ private:
   /// released as a whole).
   void copy_runs(std::span<buffer* const> bufs, detail::lean_vector<buffer*> const& targets,
                  staging_arena<B>& arena, staging_layout const& lay, bool load) {
-    if (lay.offset.size() != bufs.size() || lay.order.size() != bufs.size()) {
-      throw state_error("staging layout of " + std::to_string(lay.offset.size()) + " buffers used for a batch of " +
+    if (lay.offsets().size() != bufs.size() || lay.order().size() != bufs.size()) {
+      throw state_error("staging layout of " + std::to_string(lay.offsets().size()) + " buffers used for a batch of " +
                         std::to_string(bufs.size()));
     }
     if (lay.bytes > arena.bytes) {
@@ -680,14 +700,14 @@ private:
     bool whole = true;
     for (auto* x : bufs) whole = whole && (x->state_ == from || x->bytes_ == 0);
     for (std::size_t i = 0; i < bufs.size(); ++i) {
-      if (load && bufs[i]->state_ == from) bufs[i]->device_ = base + lay.offset[i];
+      if (load && bufs[i]->state_ == from) bufs[i]->device_ = base + lay.offsets()[i];
     }
     if (whole) {
       std::size_t k = 0;
-      for (auto const& r : lay.runs) {
+      for (auto const& r : lay.runs()) {
         copy(bufs[r.first]->mirror_, base + r.offset, r.bytes);
-        while (k < lay.order.size() && lay.offset[lay.order[k]] < r.offset + r.bytes) {
-          auto* x = bufs[lay.order[k]];
+        while (k < lay.order().size() && lay.offsets()[lay.order()[k]] < r.offset + r.bytes) {
+          auto* x = bufs[lay.order()[k]];
           if (x->state_ == from && x->bytes_ > 0) moved(*x);
           ++k;
         }
@@ -698,7 +718,7 @@ private:
       auto* x = bufs[i];
       if (x->state_ != from || x->bytes_ == 0) continue;
       if (std::find(targets.begin(), targets.end(), x) == targets.end()) continue;
-      copy(x->mirror_, base + lay.offset[i], x->bytes_);
+      copy(x->mirror_, base + lay.offsets()[i], x->bytes_);
       moved(*x);
     }
   }

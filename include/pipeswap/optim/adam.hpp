@@ -56,7 +56,9 @@ public:
     bool master = false;          ///< keep an fp32 master_param slot (needs a bf16/f16 parameter)
   };
 
-  struct step_context {
+  /// What prepare_step() hands to the rest of the step (opaque to everyone but adam).
+  class step_context {
+    friend class adam;
     detail::lean_vector<adam_step_scalars> scalars; ///< per distinct step count
     detail::lean_vector<std::uint32_t> unit_scalars;
   };
