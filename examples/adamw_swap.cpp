@@ -14,7 +14,7 @@
 
 #include <pipeswap/backend/mock.hpp>
 #include <pipeswap/core/half.hpp>
-#include <pipeswap/backend/mock/adam_kernels.hpp>
+#include <pipeswap/optim/mock/adam_kernels.hpp>
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/sim/model.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>

@@ -45,7 +45,7 @@
 
 #include <pipeswap/backend/cuda.hpp>
 #include <pipeswap/backend/mock.hpp>
-#include <pipeswap/backend/mock/adam_kernels.hpp>
+#include <pipeswap/optim/mock/adam_kernels.hpp>
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/optim/cuda/adam_kernels.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>

@@ -15,7 +15,7 @@
 
 #include <pipeswap/backend/mock.hpp>
 #include <pipeswap/core/half.hpp>
-#include <pipeswap/backend/mock/adam_kernels.hpp>
+#include <pipeswap/optim/mock/adam_kernels.hpp>
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/optim/concepts.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>

@@ -13,6 +13,13 @@ prefix=$(meson introspect "$build" --buildoptions |
   python3 -c 'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"]=="prefix"))')
 root="$work/stage$prefix"
 
+# The library install holds no simulator (it is the pipeswap command's, installed only on request).
+if [ -e "$root/include/pipeswap/sim.hpp" ] || [ -e "$root/include/pipeswap/sim" ]; then
+  echo "the library install holds the simulator headers: $root/include/pipeswap/sim*" >&2
+  exit 1
+fi
+test -f "$root/include/pipeswap/pipeswap.hpp"
+
 echo "== CMake: find_package(pipeswap CONFIG) from $root"
 cmake -S "$src/cmake" -B "$work/cmake-build" -G Ninja -DCMAKE_PREFIX_PATH="$root" \
   -DCMAKE_CXX_COMPILER="${!#}" -DCMAKE_BUILD_TYPE= >/dev/null

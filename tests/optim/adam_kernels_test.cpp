@@ -15,7 +15,7 @@
 
 #include "support/backend_list.hpp"
 
-#include <pipeswap/backend/mock/adam_kernels.hpp>
+#include <pipeswap/optim/mock/adam_kernels.hpp>
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/optim/adam_tensor.hpp>
 #if defined(PIPESWAP_TEST_CUDA)

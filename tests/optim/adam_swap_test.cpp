@@ -14,7 +14,7 @@
 
 #include "support/backend_list.hpp"
 
-#include <pipeswap/backend/mock/adam_kernels.hpp>
+#include <pipeswap/optim/mock/adam_kernels.hpp>
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
 #if defined(PIPESWAP_TEST_CUDA)

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include <pipeswap/backend/mock/adam_kernels.hpp>
+#include <pipeswap/optim/mock/adam_kernels.hpp>
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/optim/adam_math.hpp>
 #include <pipeswap/optim/adam_tensor.hpp>

@@ -26,7 +26,7 @@
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/detail/lean_vector.hpp>
-#include <pipeswap/core/detail/round.hpp>
+#include <pipeswap/detail/round.hpp>
 #include <pipeswap/core/event_handle.hpp>
 #include <pipeswap/error.hpp>
 

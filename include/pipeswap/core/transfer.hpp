@@ -46,175 +46,23 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <numeric>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
-#include <vector>
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/budget.hpp>
 #include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/detail/mutation.hpp>
-#include <pipeswap/core/detail/round.hpp>
+#include <pipeswap/detail/round.hpp>
 #include <pipeswap/core/event_handle.hpp>
 #include <pipeswap/core/pinned_pool.hpp>
+#include <pipeswap/core/staging.hpp>
+#include <pipeswap/core/swap_buffer.hpp>
 #include <pipeswap/error.hpp>
 
 namespace pipeswap {
-
-/// Where a swap_buffer's bytes are.
-enum class residency : std::uint8_t {
-  device, ///< on the device; no copy in flight
-  d2h,    ///< offload in flight; device storage already released behind the copy (stream-ordered)
-  host,   ///< in the host mirror (or nowhere yet, for a buffer without storage); no device storage
-  h2d,    ///< load in flight into device storage
-};
-
-constexpr std::string_view to_string(residency r) noexcept {
-  switch (r) {
-  case residency::device: return "device";
-  case residency::d2h: return "d2h";
-  case residency::host: return "host";
-  case residency::h2d: return "h2d";
-  }
-  return "?";
-}
-
-template <backend B>
-class transfer_engine;
-
-/// One swappable piece of device memory and its host mirror. Read-only outside the engine.
-///
-/// Invariants (kept by transfer_engine): device: `device()` set (or bytes 0), no event. d2h: no
-/// device storage of its own, `event()` completes the D2H into the mirror. host: no device storage;
-/// `event()` is the D2H that filled the mirror until the host synchronized with it or it was reloaded.
-/// h2d: `device()` set, `event()` completes the H2D.
-template <backend B>
-class swap_buffer {
-public:
-  swap_buffer() = default;
-  /// A buffer of `bytes` with no storage yet (host state, no mirror).
-  explicit swap_buffer(std::size_t bytes) noexcept : bytes_(bytes) {}
-  swap_buffer(swap_buffer&&) noexcept = default;
-  swap_buffer& operator=(swap_buffer&&) noexcept = default;
-  swap_buffer(swap_buffer const&) = delete;
-  swap_buffer& operator=(swap_buffer const&) = delete;
-
-  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
-  [[nodiscard]] device_pointer_t<B> device() const noexcept { return device_; }
-  /// Host bytes: a pool block when owns_mirror(), else a view into memory owned elsewhere.
-  [[nodiscard]] std::byte* mirror() const noexcept { return mirror_; }
-  [[nodiscard]] bool owns_mirror() const noexcept { return owns_mirror_; }
-  [[nodiscard]] residency state() const noexcept { return state_; }
-  [[nodiscard]] event_handle<B> const& event() const noexcept { return event_; }
-  /// At rest: no copy in flight (device or host).
-  [[nodiscard]] bool at_rest() const noexcept { return state_ == residency::device || state_ == residency::host; }
-  /// The budget client its storage is counted for.
-  [[nodiscard]] budget_client client() const noexcept { return client_; }
-  /// Whether its current device storage is reserved in the engine's budget.
-  [[nodiscard]] bool reserved() const noexcept { return reserved_; }
-
-private:
-  friend class transfer_engine<B>;
-  std::size_t bytes_ = 0;
-  bool reserved_ = false;
-  budget_client client_ = budget_client::optimizer;
-  device_pointer_t<B> device_{};
-  std::byte* mirror_ = nullptr;
-  bool owns_mirror_ = false;
-  residency state_ = residency::host;
-  event_handle<B> event_;
-};
-
-/// Storage policy: every buffer owns its device storage between a load and the next offload.
-struct per_buffer_storage {};
-
-/// A device region that batches are staged in (arena_storage). Allocated and released by the engine.
-template <backend B>
-struct staging_arena {
-  device_pointer_t<B> base{};
-  std::size_t bytes = 0;
-  /// The last D2H out of the arena: a load into it waits this (wait_site::arena_reuse).
-  event_handle<B> fence;
-  /// Bytes reserved for it in the engine's budget (0 when it has none).
-  std::uint64_t reserved = 0;
-};
-
-class staging_layout;
-
-/// Lays out `bufs` (host mirrors set) for an arena: sorted by (region, mirror address), each region
-/// starting `align`-aligned, buffers adjacent in host memory merged into one run. `region[i]` groups
-/// buffer i (e.g. by dtype, so every dtype region is aligned).
-template <backend B>
-staging_layout make_staging_layout(std::span<swap_buffer<B>* const> bufs, std::span<std::size_t const> region,
-                                   std::size_t align = 512);
-
-/// Where the buffers of one batch sit in a staging arena, and the merged copies that move them.
-class staging_layout {
-public:
-  struct run {
-    std::size_t first = 0; ///< index (into the batch's buffer list) of the run's first buffer
-    std::size_t offset = 0; ///< byte offset in the arena
-    std::size_t bytes = 0;
-  };
-  std::size_t bytes = 0; ///< arena bytes the batch needs
-
-  /// Per buffer: its byte offset in the arena.
-  [[nodiscard]] std::span<std::size_t const> offsets() const noexcept { return offset_; }
-  /// Buffer indices in arena order (ascending offset).
-  [[nodiscard]] std::span<std::size_t const> order() const noexcept { return order_; }
-  /// The copies: host bytes from buffers[first].mirror(), contiguous in host memory and in the arena.
-  [[nodiscard]] std::span<run const> runs() const noexcept { return runs_; }
-
-private:
-  template <backend B>
-  friend staging_layout make_staging_layout(std::span<swap_buffer<B>* const>, std::span<std::size_t const>,
-                                            std::size_t);
-  detail::lean_vector<std::size_t> offset_;
-  detail::lean_vector<std::size_t> order_;
-  detail::lean_vector<run> runs_;
-};
-
-template <backend B>
-staging_layout make_staging_layout(std::span<swap_buffer<B>* const> bufs, std::span<std::size_t const> region,
-                                   std::size_t align) {
-  staging_layout l;
-  detail::lean_vector<std::size_t> order(bufs.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::sort(order.begin(), order.end(), [&](auto a, auto c) {
-    return std::pair{region[a], bufs[a]->mirror()} < std::pair{region[c], bufs[c]->mirror()};
-  });
-  l.offset_.assign(bufs.size(), 0);
-  std::size_t off = 0;
-  std::size_t cur = ~std::size_t{0};
-  std::byte const* host_end = nullptr;
-  for (auto i : order) {
-    auto const* p = bufs[i];
-    if (region[i] != cur) {
-      off = detail::round_up(off, align);
-      cur = region[i];
-      l.runs_.push_back({i, off, 0});
-    } else if (host_end != p->mirror()) {
-      l.runs_.push_back({i, off, 0});
-    }
-    l.offset_[i] = off;
-    l.runs_.back().bytes += p->bytes();
-    off += p->bytes();
-    host_end = p->mirror() + p->bytes();
-  }
-  l.bytes = detail::round_up(off, align);
-  l.order_ = std::move(order);
-  return l;
-}
-
-/// Storage policy: the batch lives in `arena` at `layout` (made for exactly this buffer list).
-template <backend B>
-struct arena_storage {
-  staging_arena<B>& arena;
-  staging_layout const& layout;
-};
 
 /// A device → host copy of bytes that stay on the device (checkpoints of resident state).
 template <backend B>

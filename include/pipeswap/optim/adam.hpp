@@ -11,7 +11,7 @@
 //
 // adam_tensor<B> and the policy's contract are in <pipeswap/optim/adam_tensor.hpp>. adam_kernels<B> is
 // the default policy, specialised next to each backend: the mock's in
-// <pipeswap/backend/mock/adam_kernels.hpp> (host math in mock kernels), CUDA's in
+// <pipeswap/optim/mock/adam_kernels.hpp> (host math in mock kernels), CUDA's in
 // <pipeswap/optim/cuda/adam_kernels.hpp> (fused kernels; include that header too, and
 // <pipeswap/optim/cuda/adam_kernels.cuh> in one .cu file — docs/cuda.md). A user backend specialises
 // adam_kernels<B> or passes its own policy; host_adam_kernels<B>

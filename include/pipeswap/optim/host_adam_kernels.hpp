@@ -13,7 +13,7 @@
 // @endcode
 // A backend that runs work asynchronously writes update() and init_master() as kernels of its own
 // that call adam_update_host / master_from_param_host on its stream (the mock's policy,
-// <pipeswap/backend/mock/adam_kernels.hpp>, is such a one). docs/optimizer.md has the contract.
+// <pipeswap/optim/mock/adam_kernels.hpp>, is such a one). docs/optimizer.md has the contract.
 #pragma once
 
 #include <cstddef>

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include <pipeswap/backend/mock/timing.hpp>
-#include <pipeswap/core/detail/round.hpp>
+#include <pipeswap/detail/round.hpp>
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/error.hpp>
 

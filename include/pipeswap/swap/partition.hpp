@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include <pipeswap/core/detail/round.hpp>
+#include <pipeswap/detail/round.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/swap/slot.hpp>
 

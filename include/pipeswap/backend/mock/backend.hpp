@@ -33,7 +33,7 @@
 #include <pipeswap/backend/mock/timing.hpp>
 #include <pipeswap/backend/mock/trace.hpp>
 #include <pipeswap/backend/mock/types.hpp>
-#include <pipeswap/core/detail/round.hpp>
+#include <pipeswap/detail/round.hpp>
 
 namespace pipeswap::mock {
 

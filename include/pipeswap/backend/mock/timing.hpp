@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include <pipeswap/core/detail/round.hpp>
+#include <pipeswap/detail/round.hpp>
 
 namespace pipeswap::mock {
 

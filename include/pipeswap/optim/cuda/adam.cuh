@@ -66,7 +66,7 @@ nvcc. Host code uses <pipeswap/optim/cuda/adam_kernels.hpp>."
 #include <pipeswap/backend/cuda/backend.hpp>
 #include <pipeswap/backend/cuda/device.hpp>
 #include <pipeswap/backend/cuda/error.hpp>
-#include <pipeswap/core/detail/round.hpp>
+#include <pipeswap/detail/round.hpp>
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/core/half.hpp>
 #include <pipeswap/error.hpp>

@@ -32,7 +32,7 @@
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/backend/device_ptr.hpp>
 #include <pipeswap/config.hpp>
-#include <pipeswap/core/detail/round.hpp>
+#include <pipeswap/detail/round.hpp>
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/core/half.hpp>
 #include <pipeswap/error.hpp>

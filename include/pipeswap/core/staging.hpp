@@ -1,0 +1,108 @@
+// pipeswap — staging arenas: one device region a batch of swap buffers is copied through.
+//
+// The packed optimizer pipeline stages each batch in a staging_arena, at the offsets of a
+// staging_layout; copies of buffers adjacent in host memory and in the arena are merged into one copy
+// per run (core/transfer.hpp, arena_storage).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <utility>
+
+#include <pipeswap/backend/concepts.hpp>
+#include <pipeswap/core/detail/lean_vector.hpp>
+#include <pipeswap/detail/round.hpp>
+#include <pipeswap/core/event_handle.hpp>
+#include <pipeswap/core/swap_buffer.hpp>
+
+namespace pipeswap {
+
+/// A device region that batches are staged in (arena_storage). Allocated and released by the engine.
+template <backend B>
+struct staging_arena {
+  device_pointer_t<B> base{};
+  std::size_t bytes = 0;
+  /// The last D2H out of the arena: a load into it waits this (wait_site::arena_reuse).
+  event_handle<B> fence;
+  /// Bytes reserved for it in the engine's budget (0 when it has none).
+  std::uint64_t reserved = 0;
+};
+
+class staging_layout;
+
+/// Lays out `bufs` (host mirrors set) for an arena: sorted by (region, mirror address), each region
+/// starting `align`-aligned, buffers adjacent in host memory merged into one run. `region[i]` groups
+/// buffer i (e.g. by dtype, so every dtype region is aligned).
+template <backend B>
+staging_layout make_staging_layout(std::span<swap_buffer<B>* const> bufs, std::span<std::size_t const> region,
+                                   std::size_t align = 512);
+
+/// Where the buffers of one batch sit in a staging arena, and the merged copies that move them.
+class staging_layout {
+public:
+  struct run {
+    std::size_t first = 0; ///< index (into the batch's buffer list) of the run's first buffer
+    std::size_t offset = 0; ///< byte offset in the arena
+    std::size_t bytes = 0;
+  };
+  std::size_t bytes = 0; ///< arena bytes the batch needs
+
+  /// Per buffer: its byte offset in the arena.
+  [[nodiscard]] std::span<std::size_t const> offsets() const noexcept { return offset_; }
+  /// Buffer indices in arena order (ascending offset).
+  [[nodiscard]] std::span<std::size_t const> order() const noexcept { return order_; }
+  /// The copies: host bytes from buffers[first].mirror(), contiguous in host memory and in the arena.
+  [[nodiscard]] std::span<run const> runs() const noexcept { return runs_; }
+
+private:
+  template <backend B>
+  friend staging_layout make_staging_layout(std::span<swap_buffer<B>* const>, std::span<std::size_t const>,
+                                            std::size_t);
+  detail::lean_vector<std::size_t> offset_;
+  detail::lean_vector<std::size_t> order_;
+  detail::lean_vector<run> runs_;
+};
+
+template <backend B>
+staging_layout make_staging_layout(std::span<swap_buffer<B>* const> bufs, std::span<std::size_t const> region,
+                                   std::size_t align) {
+  staging_layout l;
+  detail::lean_vector<std::size_t> order(bufs.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](auto a, auto c) {
+    return std::pair{region[a], bufs[a]->mirror()} < std::pair{region[c], bufs[c]->mirror()};
+  });
+  l.offset_.assign(bufs.size(), 0);
+  std::size_t off = 0;
+  std::size_t cur = ~std::size_t{0};
+  std::byte const* host_end = nullptr;
+  for (auto i : order) {
+    auto const* p = bufs[i];
+    if (region[i] != cur) {
+      off = detail::round_up(off, align);
+      cur = region[i];
+      l.runs_.push_back({i, off, 0});
+    } else if (host_end != p->mirror()) {
+      l.runs_.push_back({i, off, 0});
+    }
+    l.offset_[i] = off;
+    l.runs_.back().bytes += p->bytes();
+    off += p->bytes();
+    host_end = p->mirror() + p->bytes();
+  }
+  l.bytes = detail::round_up(off, align);
+  l.order_ = std::move(order);
+  return l;
+}
+
+/// Storage policy: the batch lives in `arena` at `layout` (made for exactly this buffer list).
+template <backend B>
+struct arena_storage {
+  staging_arena<B>& arena;
+  staging_layout const& layout;
+};
+
+} // namespace pipeswap
