@@ -1,6 +1,6 @@
 // Order generators and swap injection: exact orders for small pipelines (cross-checked entry by entry
-// against the reference implementation), the upstream expectations of reference §4.1 items 1-6, the
-// placement rules of §2.6 one by one, the eligibility predicate and bad input.
+// against hyper-parallel's scheduler), the expectations of hyper-parallel's own injection tests, the
+// placement rules of docs/schedules.md one by one, the eligibility predicate and bad input.
 #include <boost/test/unit_test.hpp>
 
 #include "support.hpp"
@@ -230,7 +230,7 @@ BOOST_AUTO_TEST_CASE(gpipe_lifecycle_order) {
              "BR0.3 WL0.3 B0.3 BS0.3");
 }
 
-// inject_options: the default is the reference placement exactly; a lookahead of 2 moves each load of
+// inject_options: inject_options{} is the default placement exactly; a lookahead of 2 moves each load of
 // this GPipe order one compute slot earlier, as far as its offload's wait allows (computed by hand: with
 // gaps of four slots every chunk is clamped to fwd + 2), and nothing else.
 BOOST_AUTO_TEST_CASE(load_lookahead_moves_only_the_load) {
@@ -249,10 +249,10 @@ BOOST_AUTO_TEST_CASE(load_lookahead_moves_only_the_load) {
   BOOST_TEST(pos(eight, "LL0.0") + 2 == pos(eight, "F0.5"));
   BOOST_TEST(pos(eight, "SG0.5") + 1 == pos(eight, "F0.5"));
   expect_error([&] { ps::inject_swap_steps(in, ps::inject_options{0}); },
-               "inject_options.load_lookahead must be at least 1 (1 is the reference placement)");
+               "inject_options.load_lookahead must be at least 1 (1 is the default placement)");
 }
 
-// inject_options::offload_wait_delay: 1 is the reference placement; on GPipe with eight micro-batches
+// inject_options::offload_wait_delay: 1 is the default placement; on GPipe with eight micro-batches
 // (gaps of eight slots, one rank: no sends) a delay of 3 waits each offload after the third forward
 // behind its own (after that forward's offload launch), and leaves the load where the lookahead puts it; a
 // lookahead of 5 leaves room for a wait after slot fwd + 2 only (bwd − 5 − 1), and the load still goes
@@ -270,7 +270,7 @@ BOOST_AUTO_TEST_CASE(offload_wait_delay_moves_only_the_wait) {
   BOOST_TEST(pos(k5, "LL0.0") + 2 == pos(k5, "F0.3"));
   BOOST_TEST((ps::inject_swap_steps(g, ps::inject_options{1, 100}) == ps::inject_swap_steps(g, ps::inject_options{1, 6})));
   expect_error([&] { ps::inject_swap_steps(g, ps::inject_options{1, 0}); },
-               "inject_options.offload_wait_delay must be at least 1 (1 is the reference placement)");
+               "inject_options.offload_wait_delay must be at least 1 (1 is the default placement)");
 }
 
 // Reference §4.1 item 2.

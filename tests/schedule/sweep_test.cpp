@@ -1,9 +1,9 @@
 // Sweeps: GPipe and 1F1B for 1..8 ranks x 1..32 micro-batches, interleaved 1F1B also for 1..4 chunks,
 // with and without OVERLAP_B_F composites. Every schedule must be fully paired, deadlock-free and free
-// of reference-label cycles; every injected order well-formed, with the original entries in their
+// of label cycles; every injected order well-formed, with the original entries in their
 // order, exactly five swap steps per swapped chunk, each swapped chunk's backward at least four compute
 // slots after its forward, and the whole injected schedule still valid. The totals are pinned to the
-// values the reference implementation produces for the same sweep.
+// values hyper-parallel's scheduler produces for the same sweep.
 #include <boost/test/unit_test.hpp>
 
 #include "support/sanitized.hpp"

@@ -1,5 +1,5 @@
 // Validators: every rule of check_order and check_schedule with its exact report, deadlock cycles,
-// and the reference's label-cycle check (reference §4.1 items 9 and 10).
+// and the label-cycle check ported from hyper-parallel (its own two label tests).
 #include <boost/test/unit_test.hpp>
 
 #include "support.hpp"

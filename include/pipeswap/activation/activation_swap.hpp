@@ -6,7 +6,7 @@
 // launch_load before the backward, wait_load right before it. The injected pipeline order
 // (schedule/inject.hpp) says when.
 //
-// What it fixes relative to the reference SwapManager (reference.md §3, §5):
+// What it fixes relative to hyper-parallel's SwapManager (docs/activation.md):
 //  * Registration is scoped, not process-wide: saved buffers go to the group of the forward_scope
 //    that is open, and scopes nest and restore on exit (also on exceptions). In an OVERLAP_B_F step
 //    only the forward leaf runs inside its scope, so the backward's buffers cannot land in the
@@ -89,7 +89,7 @@ public:
   }
   [[nodiscard]] std::uint64_t run() const noexcept { return run_; }
 
-  /// The reference-compatible name of a chunk's group in this run: "pp_swap_run{g}_s{s}_m{m}".
+  /// The hyper-parallel-compatible name of a chunk's group in this run: "pp_swap_run{g}_s{s}_m{m}".
   [[nodiscard]] std::string group_name(schedule::chunk c) const {
     return "pp_swap_run" + std::to_string(run_) + "_s" + std::to_string(c.stage) + "_m" +
            std::to_string(c.micro);

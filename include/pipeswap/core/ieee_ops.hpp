@@ -16,7 +16,7 @@
 //   contracted into a following add or subtract, at any -O level and after any inlining. (Checked by
 //   tests/optim: a TU built with -O2 -march=haswell -ffp-contract=fast gives the same bytes as one
 //   built with -ffp-contract=off, with g++ and clang.) The asm also keeps the host loop from being
-//   auto-vectorized; the host loop is the reference, not the fast path.
+//   auto-vectorized; the host loop is the oracle, not the fast path.
 //
 // Requirements (checked where possible): float evaluation without excess precision
 // (FLT_EVAL_METHOD == 0: x86-64 SSE, AArch64, CUDA); no -ffast-math family (-fassociative-math,

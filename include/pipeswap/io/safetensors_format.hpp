@@ -23,7 +23,7 @@ static_assert(std::endian::native == std::endian::little,
 /// Size of the header-length field at the start of the file.
 inline constexpr std::size_t header_length_bytes = 8;
 
-/// Largest header accepted or written by default (the reference implementation's limit, 100 MB).
+/// Largest header accepted or written by default (the safetensors package's limit, 100 MB).
 inline constexpr std::uint64_t default_max_header_size = 100'000'000;
 
 /// The reserved key holding the string metadata; no tensor may have this name.

@@ -45,7 +45,7 @@ struct tensor_view {
 
 /// Runtime knobs of the reader.
 struct read_options {
-  /// Reject headers longer than this (100 MB by default, like the reference implementation).
+  /// Reject headers longer than this (100 MB by default, like the safetensors package).
   std::uint64_t max_header_size = default_max_header_size;
 };
 

@@ -46,7 +46,7 @@ struct save_options {
 /// The layout of one safetensors file for a set of tensors and metadata: validated input, header,
 /// tensor order and offsets, computed once; the bytes are then written to a buffer or a file.
 ///
-/// Output is deterministic and matches the reference implementation (`safetensors.serialize`)
+/// Output is deterministic and matches the safetensors package (`safetensors.serialize`)
 /// byte for byte: tensors ordered by descending dtype alignment rank, then by name (bytewise);
 /// header `{"__metadata__":{...sorted keys...},"name":{"dtype":..,"shape":[..],"data_offsets":[b,e]},...}`
 /// with no whitespace ("__metadata__" omitted when there is no metadata), padded with spaces to a
@@ -214,7 +214,7 @@ private:
     }
   }
 
-  /// JSON string as serde_json writes it (what the reference emits): `"` and `\` escaped, the
+  /// JSON string as serde_json writes it (what the safetensors package emits): `"` and `\` escaped, the
   /// control characters as \b \f \n \r \t or \u00xx, everything else (UTF-8 included) verbatim.
   static void append_json_string(std::string& out, std::string_view s) {
     char const* hex = "0123456789abcdef";

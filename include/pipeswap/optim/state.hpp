@@ -54,7 +54,7 @@ constexpr std::optional<state_key> parse_state_key(std::string_view s) noexcept 
 }
 
 /// Validates user-given state key names, keeping their order. Unknown names are rejected (invalid
-/// names sorted, as the reference does); a name given twice is rejected too.
+/// names sorted, as hyper-parallel does); a name given twice is rejected too.
 inline std::vector<state_key> validate_state_keys(std::span<std::string const> names) {
   std::vector<std::string> invalid;
   std::vector<state_key> keys;

@@ -1,8 +1,8 @@
 // pipeswap — per-rank order generators: GPipe, 1F1B, interleaved 1F1B, and the column-scan P2P pass.
 //
-// The generators reproduce the reference scheduler (reference §2.4) entry for entry, bubbles included,
+// The generators reproduce hyper-parallel's scheduler entry for entry (docs/conformance.md), bubbles included,
 // so that orders, swap injection and the upstream expectations carry over unchanged. Every generated
-// schedule is fully paired, deadlock-free under check_schedule() and free of reference-label cycles;
+// schedule is fully paired, deadlock-free under check_schedule() and free of label cycles (labels.hpp);
 // tests/schedule/sweep_test.cpp checks this for 1..8 ranks, 1..32 micro-batches and 1..4 chunks.
 #pragma once
 
@@ -46,7 +46,7 @@ inline void append_bubbles(order& o, std::int64_t n) {
   if (n > 0) o.insert(o.end(), std::size_t(n), entry{});
 }
 
-// The P2P steps that the compute leaf `s`, run on `rank`, adds to the schedule (reference add_send_recv).
+// The P2P steps that the compute leaf `s`, run on `rank`, adds to the schedule (add_send_recv in the ported scheduler).
 inline void add_p2p_for(step const& s, index_type rank, stage_layout const& layout, rank_orders& out) {
   if (is_composite(s.kind)) {
     for (step const& l : s.sub) add_p2p_for(l, rank, layout, out);
@@ -68,7 +68,7 @@ inline void add_p2p_for(step const& s, index_type rank, stage_layout const& layo
 } // namespace detail
 
 /// Adds the FWD_SEND/FWD_RECV and BWD_SEND/BWD_RECV steps to per-rank compute orders whose entries are
-/// aligned in time slots (bubbles mark idle slots), by the reference's column scan: slot by slot,
+/// aligned in time slots (bubbles mark idle slots), by a column scan: slot by slot,
 /// every rank first appends its own entry, then even ranks and then odd ranks append, for each FWD
 /// leaf at stage s whose successor stage runs on another rank, FWD_SEND(s) to themselves and
 /// FWD_RECV(s+1) to that rank (BWD: BWD_SEND(s) and BWD_RECV(s-1)). A composite takes one slot per
@@ -138,7 +138,7 @@ inline rank_orders insert_p2p(rank_orders const& compute, stage_layout const& la
   return out;
 }
 
-/// GPipe (reference ScheduleGPipe): rank s runs stage s; for each micro-batch
+/// GPipe (ScheduleGPipe): rank s runs stage s; for each micro-batch
 /// `[FWD_RECV if s>0] FWD [FWD_SEND if s<R-1]`, then for each micro-batch
 /// `[BWD_RECV if s<R-1] BWD [BWD_SEND if s>0]`. Throws invalid_argument unless ranks, micro >= 1.
 inline rank_orders gpipe(index_type ranks, index_type micro) {
@@ -156,10 +156,10 @@ inline rank_orders gpipe(index_type ranks, index_type micro) {
   });
 }
 
-/// 1F1B (reference Schedule1F1B, §2.4): rank s runs stage s; `min(R-s, M)` warm-up forwards (even
+/// 1F1B (Schedule1F1B): rank s runs stage s; `min(R-s, M)` warm-up forwards (even
 /// ranks send after each forward but the last, odd ranks send the previous forward's output before
 /// the next forward), then `M - warm-up` steady backward/forward pairs, then the remaining backwards,
-/// with the hand-laid sends and receives of the reference. Throws invalid_argument unless ranks,
+/// with hand-laid sends and receives. Throws invalid_argument unless ranks,
 /// micro >= 1.
 inline rank_orders one_f_one_b(index_type ranks, index_type micro) {
   return detail::stage_per_rank("1f1b", ranks, micro, [&](index_type s, order& o) {
@@ -216,7 +216,7 @@ struct interleaved_options {
   bool overlap_b_f = false;
 };
 
-/// Interleaved 1F1B (reference ScheduleInterleaved1F1B, §2.4), then insert_p2p.
+/// Interleaved 1F1B (ScheduleInterleaved1F1B), then insert_p2p.
 ///
 /// Micro-batches are processed in rounds of `R + base (+1)` per chunk; rank s runs
 /// `warmup = min((V-1)*count[0] + 2*(R-1-s), M*V)` forwards, then (forward, backward) pairs — with
@@ -224,7 +224,7 @@ struct interleaved_options {
 /// leading ones, `max(0, 2(R-s-1)-M) + R-1-s` before the steady state, and with M < R the padding of
 /// the missing micro-batches: `R-M` after the last micro-batch's warm-up forward, `2(R-M)` after a last
 /// micro-batch's backward in the cool-down (and on the last rank in the steady state). The doubled
-/// padding is the reference's later fix; with single padding a wrapped-around gradient for M < R-1 is
+/// padding is the ported scheduler's later fix; with single padding a wrapped-around gradient for M < R-1 is
 /// consumed before it is received.
 ///
 /// Throws invalid_argument unless ranks, chunks, micro >= 1 and ranks*chunks and micro*chunks fit in

@@ -1,4 +1,4 @@
-// pipeswap — activation-swap step injection into one rank's order (reference §2.6, seed semantics).
+// pipeswap — activation-swap step injection into one rank's order (docs/schedules.md, "Swap-step injection").
 //
 // A chunk (stage, micro) whose backward runs at least min_swap_gap compute slots after its forward
 // gets five steps, one life cycle:
@@ -23,15 +23,15 @@
 //
 // Steps placed at the same entry come out by descending priority, ties in registration order, which
 // is chunk order: chunks are taken in the order of their first FWD; a chunk with two FWD (BWD) leaves
-// uses the last of each (the reference's dict semantics). The original entries keep their order.
+// uses the last of each (a later entry of a key wins, as in the ported implementation). The original entries keep their order.
 //
-// inject_options::load_lookahead moves LAUNCH_LOAD earlier (an option beyond the reference; its
+// inject_options::load_lookahead moves LAUNCH_LOAD earlier (an option beyond the default placement; its
 // default, 1, is the placement above): with lookahead k the load goes out before the entry of compute
 // slot max(bwd_slot − k, fwd_slot + 2) — k slots ahead of the backward, but never before the slot that
 // follows the one whose P2P run holds WAIT_OFFLOAD, so the life cycle stays in order. A load launched
 // earlier has more compute to hide behind and keeps its bytes resident longer.
 //
-// inject_options::offload_wait_delay moves WAIT_OFFLOAD later (also beyond the reference; its default,
+// inject_options::offload_wait_delay moves WAIT_OFFLOAD later (also beyond the default placement; its default,
 // 1, is the placement above): with delay d the wait goes after post_anchor(entry of compute slot w,
 // that entry), w = max(fwd_slot + 1, min(fwd_slot + d, bwd_slot − k − 1)) for load lookahead k, and
 // the load goes out before slot max(bwd_slot − k, w + 1): the load's lookahead comes first (a late
@@ -41,7 +41,7 @@
 // storage is released at the wait, so it stays on the device longer. With d = 1 both placements are
 // the ones above, exactly.
 //
-// Cost: linear in the order's length (the reference is quadratic: it materialises every `between`).
+// Cost: linear in the order's length (a direct implementation is quadratic: it materialises every `between`).
 #pragma once
 
 #include <algorithm>
@@ -75,23 +75,23 @@ struct swap_candidate {
   friend bool operator==(swap_candidate const&, swap_candidate const&) = default;
 };
 
-/// Options of inject_swap_steps() beyond the reference placement.
+/// Options of inject_swap_steps() beyond the default placement.
 struct inject_options {
-  /// Compute slots between LAUNCH_LOAD and the chunk's backward slot: 1 is the reference placement
+  /// Compute slots between LAUNCH_LOAD and the chunk's backward slot: 1 is the default placement
   /// (before the last slot in between); larger values launch the load earlier, clamped so it never
   /// precedes the slot after the one that waits for the offload (see the header comment). Must be ≥ 1.
   std::size_t load_lookahead = 1;
   /// Compute slots after the chunk's forward slot whose entry WAIT_OFFLOAD follows: 1 is the
-  /// reference placement (after the first slot in between); larger values wait later, clamped to
+  /// default placement (after the first slot in between); larger values wait later, clamped to
   /// two slots before the backward (see the header comment). Must be ≥ 1.
   std::size_t offload_wait_delay = 1;
 
   /// Throws invalid_argument naming the field if an option is out of range.
   void validate() const {
     if (load_lookahead == 0)
-      throw invalid_argument("inject_options.load_lookahead must be at least 1 (1 is the reference placement)");
+      throw invalid_argument("inject_options.load_lookahead must be at least 1 (1 is the default placement)");
     if (offload_wait_delay == 0)
-      throw invalid_argument("inject_options.offload_wait_delay must be at least 1 (1 is the reference placement)");
+      throw invalid_argument("inject_options.offload_wait_delay must be at least 1 (1 is the default placement)");
   }
   friend bool operator==(inject_options const&, inject_options const&) = default;
 };
@@ -108,7 +108,7 @@ inline std::vector<swap_candidate> candidates_of(slot_index const& idx) {
   return out;
 }
 
-// post_anchor of reference §2.6 step 3. Each P2P run is scanned by at most four queries (two FWD
+// post_anchor (docs/schedules.md). Each P2P run is scanned by at most four queries (two FWD
 // leaves of a composite and two first-of-between probes), so all anchors together cost O(n).
 inline std::size_t post_anchor(order const& o, std::size_t i, step const& probe) {
   step_kind const send = probe.kind == step_kind::fwd   ? step_kind::fwd_send
@@ -209,7 +209,7 @@ order inject_swap_steps(order const& o, Eligible eligible, inject_options const&
   return out;
 }
 
-/// inject_swap_steps() with the reference placement.
+/// inject_swap_steps() with the default placement.
 template <class Eligible>
   requires std::predicate<Eligible&, chunk>
 order inject_swap_steps(order const& o, Eligible eligible) {
@@ -221,13 +221,13 @@ inline order inject_swap_steps(order const& o, inject_options const& opts) {
   return inject_swap_steps(o, [](chunk) { return true; }, opts);
 }
 
-/// inject_swap_steps() with every candidate chunk eligible: the reference's inject_pipeline_swap_steps.
+/// inject_swap_steps() with every candidate chunk eligible: hyper-parallel's inject_pipeline_swap_steps.
 inline order inject_swap_steps(order const& o) {
   return inject_swap_steps(o, [](chunk) { return true; }, inject_options{});
 }
 
 /// A copy of `orders` in which only `rank`'s order has its swap steps: each rank swaps its own
-/// activations, so a rank builds the whole schedule and injects into its own order (the reference's
+/// activations, so a rank builds the whole schedule and injects into its own order (as hyper-parallel's
 /// _inject_local_pp_swap_actions). Throws invalid_argument if `rank` has no order.
 inline rank_orders inject_swap_steps_for_rank(rank_orders const& orders, index_type rank) {
   if (rank < 0 || std::size_t(rank) >= orders.size())

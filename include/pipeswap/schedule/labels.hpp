@@ -1,4 +1,5 @@
-// pipeswap — the reference's P2P label check (reference §2.5), ported with its exact outputs.
+// pipeswap — hyper-parallel's P2P label check, ported with its exact outputs
+// (docs/conformance.md).
 //
 // Every send and receive becomes a label `Send_Receive_({src})->({dst})_micro{m}_{k}th` on its rank,
 // `k` counting the earlier labels of the same (src, dst, micro) on that rank. Consecutive labels of a
@@ -7,7 +8,7 @@
 //
 // check_schedule() (validate.hpp) is the richer check — pairing, dataflow, and a simulation whose
 // deadlock report names steps and positions; this port exists so that tools and tests written against
-// the reference keep their exact paths and edge strings.
+// hyper-parallel keep their exact paths and edge strings.
 #pragma once
 
 #include <cstddef>
@@ -25,7 +26,7 @@
 
 namespace pipeswap::schedule {
 
-/// Rank name → that rank's labels, in insertion order (the reference's dict).
+/// Rank name → that rank's labels, in insertion order (an insertion-ordered map).
 using label_map = std::vector<std::pair<std::string, std::vector<std::string>>>;
 
 /// A cycle: its nodes (the first repeated at the end) and its edges as "{rank} {u} -> {v}", where
@@ -36,7 +37,7 @@ struct label_cycle {
   friend bool operator==(label_cycle const&, label_cycle const&) = default;
 };
 
-/// The reference's generate_operations: labels of the top-level sends and receives of each rank
+/// generate_operations: labels of the top-level sends and receives of each rank
 /// (`orders[r]` is rank r, named "r"; there are orders.size() * chunks stages placed by `style`).
 /// A send's target (receive's source) stage is s±1; messages to or from a stage outside the layout are
 /// dropped. Ranks without labels are absent. Bubbles and composites carry no labels.
@@ -64,7 +65,7 @@ inline label_map p2p_labels(rank_orders const& orders, index_type chunks, placem
   return out;
 }
 
-/// The reference's detect_cycle_in_graph, with its exact traversal: roots are edge sources in order of
+/// detect_cycle_in_graph, with its exact traversal: roots are edge sources in order of
 /// first appearance, an iterative depth-first search visits neighbours in insertion order (parallel
 /// edges kept), and the first node found on the current path closes the reported cycle. nullopt when
 /// the graph is acyclic.
@@ -136,7 +137,7 @@ inline std::optional<label_cycle> find_label_cycle(label_map const& ranks) {
   return std::nullopt;
 }
 
-/// The reference's validate_pipeline_execution: the labels and their first cycle.
+/// validate_pipeline_execution: the labels and their first cycle.
 struct execution_report {
   label_map operations;
   std::optional<label_cycle> cycle;

@@ -9,7 +9,7 @@
 
 namespace pipeswap::schedule {
 
-/// How stages map to ranks (reference §2.3, generate_stage_to_rank_mapping).
+/// How stages map to ranks (generate_stage_to_rank_mapping).
 enum class placement : std::uint8_t {
   /// Stage s runs on rank s % R: rank r owns r, r+R, r+2R, ...
   loop,
@@ -20,7 +20,7 @@ enum class placement : std::uint8_t {
 
 /// `ranks` ranks running `ranks * chunks` stages, placed by `style`.
 ///
-/// The reference's older generate_operations mapped a 'v' stage s >= R to `stages - 1 - s`, which is
+/// An older generate_operations mapped a 'v' stage s >= R to `stages - 1 - s`, which is
 /// the zig-zag for two chunks and out of range beyond; this class uses the zig-zag for any chunk count.
 class stage_layout {
 public:

@@ -22,11 +22,11 @@
 
 namespace pipeswap::schedule {
 
-/// Stage and micro-batch numbers. Valid values are >= 0; no_index marks "absent" (the reference's None).
+/// Stage and micro-batch numbers. Valid values are >= 0; no_index marks "absent" (no value).
 using index_type = std::int32_t;
 inline constexpr index_type no_index = -1;
 
-/// What a step does. The enumerators and their names (step_kind_name) follow the reference's
+/// What a step does. The enumerators and their names (step_kind_name) follow hyper-parallel's
 /// MetaStepType; the names are the JSON spelling.
 ///
 ///   group      kinds                                         stage  micro  leaves
@@ -39,7 +39,7 @@ inline constexpr index_type no_index = -1;
 ///              fsdp_wait_reduce_grad                         yes    null   -
 ///
 /// Opaque kinds are carried through every pass untouched: they are neither compute slots nor P2P, and
-/// they end a run of P2P steps (reference §2.6). Names outside this table are rejected by the parsers,
+/// they end a run of P2P steps (docs/schedules.md). Names outside this table are rejected by the parsers,
 /// FSDP_* ones included: a kind this library cannot classify cannot be placed safely around swaps.
 enum class step_kind : std::uint8_t {
   fwd,
@@ -77,7 +77,7 @@ inline constexpr step_kind all_step_kinds[] = {
     step_kind::fsdp_wait_reduce_grad,
 };
 
-/// The reference's name of `k` ("FWD", "SWAP_LAUNCH_OFFLOAD", ...): the JSON "type" value.
+/// The canonical name of `k` ("FWD", "SWAP_LAUNCH_OFFLOAD", ...): the JSON "type" value.
 constexpr std::string_view step_kind_name(step_kind k) noexcept {
   switch (k) {
   case step_kind::fwd: return "FWD";
@@ -111,7 +111,7 @@ constexpr std::optional<step_kind> step_kind_from_name(std::string_view name) no
   return std::nullopt;
 }
 
-/// FWD or BWD: the steps that form compute slots and own activations (reference §2.6).
+/// FWD or BWD: the steps that form compute slots and own activations.
 constexpr bool is_compute(step_kind k) noexcept { return k == step_kind::fwd || k == step_kind::bwd; }
 /// The four point-to-point kinds.
 constexpr bool is_p2p(step_kind k) noexcept {
@@ -135,8 +135,8 @@ constexpr bool has_micro(step_kind k) noexcept { return !is_fsdp(k) && !is_compo
 /// One entry of an order that is not a bubble.
 ///
 /// Leaves have `sub` empty. A composite has `stage == micro == no_index` and its leaves in `sub`, in
-/// the order the reference's sequential fallback runs them. Equality compares kind, stage, micro and
-/// leaves (reference §2.2); step_hash hashes kind, stage and micro only, which is consistent with it.
+/// the order a sequential run executes them. Equality compares kind, stage, micro and
+/// leaves; step_hash hashes kind, stage and micro only, which is consistent with it.
 struct step {
   step_kind kind{};
   index_type stage = no_index;
@@ -169,7 +169,7 @@ using order = std::vector<entry>;
 /// The orders of all ranks, indexed by rank.
 using rank_orders = std::vector<order>;
 
-/// The unit of activation swap: one micro-batch of one stage (the reference's `(stage, micro)` key).
+/// The unit of activation swap: one micro-batch of one stage (the `(stage, micro)` key).
 struct chunk {
   index_type stage = no_index;
   index_type micro = no_index;

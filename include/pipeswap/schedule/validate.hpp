@@ -23,7 +23,7 @@
 //              BWD_SEND(s, m) needs BWD(s, m) or BWD_INPUT(s, m). The leaves of one composite run
 //              together, so they cannot feed each other.
 // and simulates execution: every rank walks its order; a send never blocks (it is posted and
-// completes on its own, like isend, which is also how the reference's labels pair messages); an entry
+// completes on its own, like isend, which is also how the label check pairs messages); an entry
 // holding a paired receive blocks its rank until the matching send has executed; everything else runs
 // at once. Unpaired receives are reported above and do not block. If ranks remain blocked, the
 // simulation has deadlocked: report.deadlock is the cycle of blocked receives, each waiting for a send

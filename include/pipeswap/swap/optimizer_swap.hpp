@@ -94,7 +94,7 @@ public:
   void discard_interrupted_step() noexcept { pending_.reset(); }
 
   /// Quiesces for a checkpoint: every swappable piece ends host-resident with its mirror complete and
-  /// host-synchronized, device storage released (reference synchronize_cpu_mirrors). A deferred
+  /// host-synchronized, device storage released (as hyper-parallel's synchronize_cpu_mirrors). A deferred
   /// offload is finished first; prefetched and resident-share batches go home too (the next step
   /// brings the resident share back). Must not be called from inside a step (it is not reentrant).
   void synchronize_cpu_mirrors();

@@ -1,7 +1,7 @@
 // pipeswap — splitting a step's update units into swap batches.
 //
 // Two policies, both runtime-knob objects in the manner of Taskflow's partitioners:
-//  * balanced_partition: the reference rule exactly. Whole units, order kept, every batch non-empty,
+//  * balanced_partition: the integer rule of hyper-parallel's swap runtime exactly. Whole units, order kept, every batch non-empty,
 //    greedy prefixes balanced against the remaining average in integer arithmetic.
 //  * split_partition: cuts inside units at element granularity so every batch carries the same bytes
 //    (to within one element), for optimizers whose update is elementwise (Adam).
@@ -41,7 +41,7 @@ inline void check_swap_times(std::size_t swap_times) {
 
 } // namespace detail
 
-/// The reference partition rule over unit costs: returns the number of units in each batch.
+/// The balanced partition rule over unit costs: returns the number of units in each batch.
 ///
 ///   k = min(swap_times, n); w_i = max(1, cost_i); greedily grow each of the first k-1 batches while
 ///   adding the next unit brings the batch closer to the remaining average (left / batches still
@@ -95,7 +95,7 @@ struct partition_item {
 
 using batch_plan = std::vector<std::vector<unit_range>>;
 
-/// The reference rule: whole units.
+/// The balanced rule: whole units.
 struct balanced_partition {
   static constexpr bool splits_units = false;
 

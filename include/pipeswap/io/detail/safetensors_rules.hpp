@@ -1,5 +1,5 @@
 // pipeswap — small pieces the safetensors reader and writer share: UTF-8 validation, the
-// reference implementation's dtype order, overflow-checked sizes, text for error messages.
+// safetensors package's dtype order, overflow-checked sizes, text for error messages.
 #pragma once
 
 #include <array>
@@ -51,7 +51,7 @@ constexpr std::size_t find_invalid_utf8(std::string_view s) noexcept {
   return no_error;
 }
 
-/// Position of `t` in the reference implementation's Dtype enum, which is in increasing alignment
+/// Position of `t` in the safetensors package's Dtype enum, which is in increasing alignment
 /// order; the writer sorts by it (descending) so every tensor starts aligned to its element size.
 constexpr int dtype_rank(dtype t) noexcept {
   switch (t) {

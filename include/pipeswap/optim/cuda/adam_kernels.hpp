@@ -18,7 +18,7 @@
 //                                    adam.cuh); throws before enqueueing anything that writes a tensor.
 //   init_master(b, s, param, master, numel, type)   one launch: master = float(param).
 //
-// The device results equal the host reference math (and the mock backend) bit for bit;
+// The device results equal the host math (and the mock backend) bit for bit;
 // docs/cuda.md and docs/optimizer-math.md say why.
 #pragma once
 

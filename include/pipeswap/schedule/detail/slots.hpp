@@ -1,4 +1,4 @@
-// pipeswap — compute slots of an order, indexed once (reference §2.6 steps 1 and 2).
+// pipeswap — compute slots of an order, indexed once (docs/schedules.md, "Swap-step injection").
 #pragma once
 
 #include <cstddef>
@@ -26,7 +26,7 @@ struct slot_index {
   /// Entry position of each compute slot.
   std::vector<std::size_t> position_of_slot;
   /// The FWD leaf of each chunk in the order the chunk's first FWD appears; a later FWD of the same
-  /// chunk replaces the leaf but keeps the place (dict semantics, reference §5).
+  /// chunk replaces the leaf but keeps the place (a later entry of a key replaces the earlier one but keeps its place).
   std::vector<std::pair<chunk, compute_leaf>> fwd;
   /// The last BWD leaf of each chunk (leaf == nullptr: none).
   chunk_table<compute_leaf> bwd;

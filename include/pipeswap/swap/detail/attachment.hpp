@@ -218,7 +218,7 @@ public:
         engine_.copy_to_device(to_device, in_flight, "adopt parked state");
         b_.synchronize(*in_flight); // the old host stores are freed below
       }
-      // Cold states leave the device before the first forward (reference offload_initial_slots).
+      // Cold states leave the device before the first forward (as hyper-parallel's offload_initial_slots does).
       engine_.launch_offload(cold, "offload initial");
       engine_.wait_offload(cold, engine_.compute());
     } catch (...) {
