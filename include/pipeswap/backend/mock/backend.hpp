@@ -1,7 +1,8 @@
 // pipeswap — the mock backend's model of one accelerator: the Backend concept, its optional
-// capabilities, kernels, peek and poke for tests, accounting. The hazard checker (checker.hpp), the
-// trace export (trace.hpp), fault injection (faults.hpp) and the effect queue (detail/storage.hpp) are
-// its parts; <pipeswap/backend/mock.hpp> describes the whole.
+// capabilities, kernels, peek and poke for tests, accounting. Its parts: the hazard checker
+// (checker.hpp), the trace export (trace.hpp), fault injection (faults.hpp), kernel bodies' views
+// (kernel_context.hpp), the effect queue (detail/storage.hpp) and the memory timeline
+// (detail/memory_timeline.hpp); <pipeswap/backend/mock.hpp> describes the whole.
 #pragma once
 
 #include <algorithm>
@@ -12,60 +13,30 @@
 #include <limits>
 #include <map>
 #include <memory>
-#include <optional>
 #include <ostream>
 #include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/backend/device_ptr.hpp>
 #include <pipeswap/backend/mock/checker.hpp>
+#include <pipeswap/backend/mock/detail/memory_timeline.hpp>
 #include <pipeswap/backend/mock/detail/op_log.hpp>
 #include <pipeswap/backend/mock/detail/storage.hpp>
 #include <pipeswap/backend/mock/detail/vector_clock.hpp>
 #include <pipeswap/backend/mock/faults.hpp>
 #include <pipeswap/backend/mock/hazard.hpp>
+#include <pipeswap/backend/mock/kernel_context.hpp>
 #include <pipeswap/backend/mock/timing.hpp>
 #include <pipeswap/backend/mock/trace.hpp>
 #include <pipeswap/backend/mock/types.hpp>
 #include <pipeswap/detail/round.hpp>
 
 namespace pipeswap::mock {
-
-class backend;
-
-/// What a kernel body sees: typed views of the regions its launch declared. Asking for bytes outside
-/// the declared regions throws mock_error (the launch must declare everything it touches).
-class kernel_context {
-public:
-  template <class T>
-  [[nodiscard]] std::span<T const> read(device_ptr p, std::size_t count) const {
-    static_assert(std::is_trivially_copyable_v<T>);
-    return {reinterpret_cast<T const*>(bytes(p, count * sizeof(T), false)), count};
-  }
-  template <class T>
-  [[nodiscard]] std::span<T> write(device_ptr p, std::size_t count) const {
-    static_assert(std::is_trivially_copyable_v<T>);
-    return {reinterpret_cast<T*>(bytes(p, count * sizeof(T), true)), count};
-  }
-
-private:
-  friend class backend;
-  struct bound {
-    device_ptr ptr;
-    std::size_t bytes;
-    bool writable;
-    std::byte* data;
-  };
-  std::byte* bytes(device_ptr p, std::size_t n, bool writable) const;
-  std::string name_;
-  std::vector<bound> regions_;
-};
 
 /// The mock backend. See the header comment.
 class backend {
@@ -131,7 +102,7 @@ public:
     faults_.attempt(fault_site::allocation, "allocate_device", n);
     auto const p = plan(s, 0, engine::none);
     if (opts_.device_capacity != std::numeric_limits<std::size_t>::max()) {
-      auto const live = device_bytes_at(p.start);
+      auto const live = memory_.live_at(p.start);
       if (live + n > opts_.device_capacity) {
         throw mock_error("mock::backend::allocate_device: out of device memory allocating " +
                          std::to_string(n) + " bytes on " + log_.stream_lane(s.id) + " (" +
@@ -151,7 +122,7 @@ public:
     auto const op = commit(s, p, op_kind::allocate, n, engine::none, label("allocate"));
     a->shadow.emplace(n, detail::access_ref{p.agent, p.seq, op});
     device_allocs_.emplace(a->base, a);
-    mem_events_.push_back({p.start, static_cast<std::int64_t>(n), op});
+    memory_.add({p.start, static_cast<std::int64_t>(n), op});
     device_live_ += n;
     ++live_device_allocations_;
     return device_ptr(a->base);
@@ -173,7 +144,7 @@ public:
     auto const op = commit(s, p, op_kind::release, n, engine::none, label("release"));
     a->released = true;
     a->release_op = op;
-    mem_events_.push_back({p.start, -static_cast<std::int64_t>(n), op});
+    memory_.add({p.start, -static_cast<std::int64_t>(n), op});
     device_live_ -= n;
     --live_device_allocations_;
     effects_.push(p.end, op, [a] { a->free_storage(); });
@@ -391,27 +362,13 @@ public:
 
   /// Device bytes allocated and not yet released, counting in enqueue order.
   [[nodiscard]] std::size_t device_bytes_in_use() const noexcept { return device_live_; }
-  [[nodiscard]] std::size_t live_device_allocations() const noexcept {
-    return live_device_allocations_;
-  }
+  [[nodiscard]] std::size_t live_device_allocations() const noexcept { return live_device_allocations_; }
   /// Highest device bytes live at any simulated instant (allocations and releases placed at their
   /// simulated times; at equal times in the order they were enqueued).
-  [[nodiscard]] std::size_t peak_device_bytes() const {
-    std::int64_t live = 0, peak = 0;
-    for (auto const& e : sorted_mem_events()) peak = std::max(peak, live += e.delta);
-    return static_cast<std::size_t>(peak);
-  }
+  [[nodiscard]] std::size_t peak_device_bytes() const { return memory_.peak(); }
   /// (time, live bytes) after the changes at each instant, in simulated-time order.
   [[nodiscard]] std::vector<std::pair<sim_time, std::size_t>> device_memory_timeline() const {
-    auto ev = sorted_mem_events();
-    std::vector<std::pair<sim_time, std::size_t>> out;
-    std::int64_t live = 0;
-    for (auto const& e : ev) {
-      live += e.delta;
-      if (!out.empty() && out.back().first == e.time) out.back().second = static_cast<std::size_t>(live);
-      else out.emplace_back(e.time, static_cast<std::size_t>(live));
-    }
-    return out;
+    return memory_.timeline();
   }
   [[nodiscard]] std::size_t host_bytes_in_use() const noexcept { return host_live_; }
   [[nodiscard]] std::size_t peak_host_bytes() const noexcept { return host_peak_; }
@@ -424,13 +381,13 @@ public:
   /// stream, one per copy engine and the compute engine, a host lane, and a device-memory counter.
   /// Output depends only on the sequence of calls, never on host addresses or wall time.
   void write_chrome_trace(std::ostream& os) const {
-    detail::write_chrome_trace(os, log_, sorted_mem_events());
+    detail::write_chrome_trace(os, log_, memory_.sorted());
   }
 
   /// Writes this device's trace events (no enclosing object) as process `pid` named `name`, so that
   /// several simulated devices can share one trace. `first` is true until an event was written.
   void write_trace_events(std::ostream& os, bool& first, int pid, std::string_view name) const {
-    detail::write_trace_events(os, log_, sorted_mem_events(), first, pid, name);
+    detail::write_trace_events(os, log_, memory_.sorted(), first, pid, name);
   }
 
   /// The op trace that ends at operation `op` (at most `count` entries), one line per operation.
@@ -456,9 +413,7 @@ private:
   static std::uint32_t agent_of(stream s) noexcept { return s.id + 1; }
   static std::string bytes_text(std::size_t n) { return std::to_string(n) + " B"; }
 
-  std::string label(std::string what) const {
-    return label_.empty() ? what : what + " · " + label_;
-  }
+  std::string label(std::string what) const { return label_.empty() ? what : what + " · " + label_; }
 
   stream_state& state_of(stream s, char const* call) {
     if (s.id >= streams_.size()) {
@@ -613,20 +568,6 @@ private:
     return off;
   }
 
-  std::vector<mem_event> sorted_mem_events() const {
-    auto ev = mem_events_;
-    std::stable_sort(ev.begin(), ev.end(), [](mem_event const& a, mem_event const& b) {
-      return a.time != b.time ? a.time < b.time : a.op < b.op;
-    });
-    return ev;
-  }
-
-  std::size_t device_bytes_at(sim_time t) const {
-    std::int64_t live = 0;
-    for (auto const& e : mem_events_) if (e.time <= t) live += e.delta;
-    return static_cast<std::size_t>(std::max<std::int64_t>(live, 0));
-  }
-
   options opts_;
   std::vector<stream_state> streams_;
   stream current_{};
@@ -642,7 +583,7 @@ private:
   std::map<std::uintptr_t, alloc_ptr> host_allocs_;
   detail::op_log log_;
   std::vector<hazard> hazards_;
-  std::vector<mem_event> mem_events_;
+  detail::memory_timeline memory_; ///< every allocation and release, at its simulated time
   detail::effect_queue effects_;
   std::string label_;
   std::size_t device_live_ = 0;
@@ -655,21 +596,5 @@ private:
 };
 
 static_assert(pipeswap::backend<backend>);
-
-// ----- out-of-line members -------------------------------------------------------------------------
-
-inline std::byte* kernel_context::bytes(device_ptr p, std::size_t n, bool writable) const {
-  if (n == 0) return nullptr;
-  for (auto const& r : regions_) {
-    if (p.address() >= r.ptr.address() && p.address() + n <= r.ptr.address() + r.bytes) {
-      if (writable && !r.writable) {
-        throw mock_error("mock kernel '" + name_ + "' writes bytes it declared as read-only");
-      }
-      return r.data + (p.address() - r.ptr.address());
-    }
-  }
-  throw mock_error("mock kernel '" + name_ + "' touches " + std::to_string(n) +
-                   " bytes outside the regions its launch declared");
-}
 
 } // namespace pipeswap::mock

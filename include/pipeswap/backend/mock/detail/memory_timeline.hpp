@@ -1,0 +1,58 @@
+// pipeswap — the mock's device memory over simulated time: every allocation and release at its time.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include <pipeswap/backend/mock/detail/storage.hpp>
+#include <pipeswap/backend/mock/types.hpp>
+
+namespace pipeswap::mock::detail {
+
+class memory_timeline {
+public:
+  void add(mem_event e) { events_.push_back(e); }
+
+  /// Device bytes live at simulated time `t` (every change at or before it).
+  [[nodiscard]] std::size_t live_at(sim_time t) const {
+    std::int64_t live = 0;
+    for (auto const& e : events_) if (e.time <= t) live += e.delta;
+    return static_cast<std::size_t>(std::max<std::int64_t>(live, 0));
+  }
+
+  /// The changes in simulated-time order (at equal times, in the order they were enqueued).
+  [[nodiscard]] std::vector<mem_event> sorted() const {
+    auto ev = events_;
+    std::stable_sort(ev.begin(), ev.end(), [](mem_event const& a, mem_event const& b) {
+      return a.time != b.time ? a.time < b.time : a.op < b.op;
+    });
+    return ev;
+  }
+
+  /// The highest device bytes live at any simulated instant.
+  [[nodiscard]] std::size_t peak() const {
+    std::int64_t live = 0, peak = 0;
+    for (auto const& e : sorted()) peak = std::max(peak, live += e.delta);
+    return static_cast<std::size_t>(peak);
+  }
+
+  /// (time, live bytes) after the changes at each instant, in simulated-time order.
+  [[nodiscard]] std::vector<std::pair<sim_time, std::size_t>> timeline() const {
+    std::vector<std::pair<sim_time, std::size_t>> out;
+    std::int64_t live = 0;
+    for (auto const& e : sorted()) {
+      live += e.delta;
+      if (!out.empty() && out.back().first == e.time) out.back().second = static_cast<std::size_t>(live);
+      else out.emplace_back(e.time, static_cast<std::size_t>(live));
+    }
+    return out;
+  }
+
+private:
+  std::vector<mem_event> events_;
+};
+
+} // namespace pipeswap::mock::detail
