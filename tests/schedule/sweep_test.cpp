@@ -268,7 +268,8 @@ BOOST_AUTO_TEST_CASE(offload_wait_delay_sweep) {
     for (int ranks : {1, 2, 3, 4, 8}) {
       for (int micro : {3, 8, 13, 32}) {
         auto const orders = families[f].second(ranks, micro);
-        for (auto const& [k, d] : {std::pair<std::size_t, std::size_t>{1, 1}, {1, 2}, {3, 3}, {2, 7}}) {
+        for (auto const& kd : {std::pair<std::size_t, std::size_t>{1, 1}, {1, 2}, {3, 3}, {2, 7}}) {
+          auto const k = kd.first, d = kd.second; // named: clang 14 cannot capture structured bindings
           auto const where = [&] {
             return std::string(families[f].first) + " ranks=" + std::to_string(ranks) + " micro=" +
                    std::to_string(micro) + " lookahead=" + std::to_string(k) + " delay=" + std::to_string(d);
