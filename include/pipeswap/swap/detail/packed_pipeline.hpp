@@ -22,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <utility>
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/transfer.hpp>
@@ -67,8 +68,8 @@ public:
     for (std::size_t a = 0; a < std::min<std::size_t>(2, N - s0); ++a) {
       engine_.allocate_arena(arenas_[(s0 + a) % 2], d.arena_size);
     }
-    if (s0 < N) prefetch(d, s0);
-    if (s0 + 1 < N) prefetch(d, s0 + 1);
+    if (s0 < N) load(d, s0);
+    if (s0 + 1 < N) load(d, s0 + 1);
     std::size_t relay = s0 + 2; // the next batch to relay
     std::uint64_t freed = 0;    // bytes the early offloads released and no relayed batch took yet
     // Resident, prefetched or relayed: in an own arena, not a staging one.
@@ -97,7 +98,7 @@ public:
       }
       trace_.emit("wait_prefetch", n, n % 2);
       engine_.wait_load(bufs(n), engine_.compute());
-      if (n >= s0 + 2) finish_offload(d, n - 2);
+      if (n >= s0 + 2) drain(d, n - 2);
       trace_.emit("activate", n, n % 2);
       update(n);
       next = n + 1;
@@ -114,8 +115,7 @@ public:
       arena_storage<B> s{carry_.own_arena(n), d.staging[n]};
       engine_.launch_offload(bufs(n), s, batch_label("offload", n).c_str());
     }
-    auto const tail = relaying ? s0 : s0 < N ? std::max(s0, N >= 2 ? N - 2 : 0) : N;
-    auto const tail_end = relaying ? s0 + 2 : N;
+    auto const [tail, tail_end] = unwaited_staging(N, s0, relaying);
     if (defer_offload_) {
       for (std::size_t n = resident; n < N; ++n) {
         if (away(n)) trace_.emit("defer", n);
@@ -130,7 +130,7 @@ public:
       carry_.keep_only(resident);
       return;
     }
-    for (std::size_t n = tail; n < tail_end; ++n) finish_offload(d, n);
+    for (std::size_t n = tail; n < tail_end; ++n) drain(d, n);
     for (std::size_t n = resident; n < N; ++n) {
       if (!away(n)) continue;
       trace_.emit("wait_offload", n);
@@ -183,9 +183,21 @@ public:
   }
 
 private:
+  /// The streamed batches [first, last) whose D2H out of a staging arena no later load waited, so
+  /// the step's end (or the deferred offload) must: with the relay, the first two streamed ones (the
+  /// rest loaded into own arenas); otherwise the last two batches, fewer when fewer were streamed
+  /// (from s0 on); none when every batch was in an own arena.
+  static std::pair<std::size_t, std::size_t> unwaited_staging(std::size_t N, std::size_t s0, bool relaying) {
+    if (relaying) return {s0, s0 + 2};
+    if (s0 >= N) return {N, N};
+    return {std::max(s0, N >= 2 ? N - 2 : 0), N};
+  }
+
   arena_storage<B> in_arena(step_plan<B> const& d, std::size_t n) { return {arenas_[n % 2], d.staging[n]}; }
 
-  void prefetch(step_plan<B> const& d, std::size_t n, bool announce = true) {
+  /// The H2D of batch n into its staging arena (announced as the "prefetch" event unless `announce`
+  /// is false: a chain announces the load it ends with).
+  void load(step_plan<B> const& d, std::size_t n, bool announce = true) {
     if (announce) trace_.emit("prefetch", n, n % 2);
     trace_.note("prefetch", n);
     auto s = in_arena(d, n);
@@ -197,7 +209,7 @@ private:
     trace_.emit("chain", n, next, n % 2);
     auto s = in_arena(d, n);
     engine_.launch_offload(d.batch(n), s, batch_label("offload", n).c_str());
-    if (next) prefetch(d, *next, false);
+    if (next) load(d, *next, false);
   }
 
 
@@ -213,7 +225,8 @@ private:
   }
 
 
-  void finish_offload(step_plan<B> const& d, std::size_t n) {
+  /// The compute stream waits the D2H of batch n out of its staging arena, which is then free.
+  void drain(step_plan<B> const& d, std::size_t n) {
     trace_.emit("wait_offload", n);
     engine_.wait_offload(d.batch(n), engine_.compute());
     trace_.emit("finish_offload", n);
