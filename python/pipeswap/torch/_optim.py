@@ -188,14 +188,14 @@ class _SwapAdamBase(Optimizer):
             if p.dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
                 raise ValueError(f"{name}: {where} has dtype {p.dtype}; float32, float64, bfloat16 and "
                                  "float16 are supported")
-            if p.device.type not in ("cpu", "cuda"):
-                raise ValueError(f"{name}: {where} is on {p.device}; CPU and CUDA devices are supported")
             if device is None:
                 device = p.device
             elif p.device != device:
                 raise ValueError(f"{name}: {where} is on {p.device} but the optimizer's parameters are on "
                                  f"{device}; all parameters of one optimizer must share a device "
                                  "(use one optimizer per device)")
+            if p.device.type not in ("cpu", "cuda"):
+                raise ValueError(f"{name}: {where} is on {p.device}; CPU and CUDA devices are supported")
             if not _dense(p):
                 raise ValueError(f"{name}: {where} is not dense and non-overlapping (shape "
                                  f"{tuple(p.shape)}, stride {p.stride()}); its state needs that layout")
