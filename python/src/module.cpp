@@ -11,7 +11,9 @@
 // optimizer_swap; the state carries over (optimizer_state).
 #include <torch/extension.h>
 
+#include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <optional>
 #include <string>
 #include <vector>
@@ -151,6 +153,54 @@ void rethrow_innermost(std::exception const& e) {
   }
 }
 
+/// The Backend concept's semantic rules, checked on a torch backend of `device` (tests/python runs it
+/// on the CPU, bench/gpu on CUDA): round trips through device memory on new streams, ordering by
+/// events, zero sizes, and the errors a misuse gets. Throws std::runtime_error naming the rule.
+void backend_selftest(c10::Device device) {
+  auto require = [](bool ok, char const* rule) {
+    if (!ok) throw std::runtime_error(std::string("torch backend self-test: ") + rule);
+  };
+  pt::backend b(device);
+  auto const s1 = b.new_stream();
+  auto const s2 = b.new_stream();
+  require(s1 != s2 && s1 != b.current_stream(), "new_stream() gives distinct streams");
+  std::size_t const n = 1 << 20;
+  std::byte* h = b.allocate_host(n);
+  std::byte* back = b.allocate_host(n);
+  for (std::size_t i = 0; i < n; ++i) h[i] = static_cast<std::byte>(i * 7 + 3);
+  auto d = b.allocate_device(n, s1);
+  b.copy_h2d(d, h, n, s1);
+  b.wait_event(s2, b.record_event(s1));
+  b.copy_d2h(back, d, n, s2);
+  auto const done = b.record_event(s2);
+  b.synchronize(done);
+  require(std::memcmp(h, back, n) == 0, "h2d on one stream, d2h on another after its event: bytes round-trip");
+  b.deallocate_device(d, n, s2); // released on another stream than its allocation's
+  require(b.device_blocks() == 0, "deallocate_device returns the block");
+  require(!b.allocate_device(0, s1) && b.allocate_host(0) == nullptr, "zero sizes give null");
+  b.deallocate_device({}, 0, s1);
+  b.deallocate_host(nullptr, 0);
+  b.copy_h2d({}, nullptr, 0, s1);
+  bool threw = false;
+  try {
+    b.deallocate_device(pipeswap::device_ptr(h), n, s1);
+  } catch (pipeswap::error const&) {
+    threw = true;
+  }
+  require(threw, "deallocate_device of an address it did not allocate throws error_type");
+  threw = false;
+  try {
+    (void)b.allocate_device(16, c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::kMeta)));
+  } catch (pipeswap::error const&) {
+    threw = true;
+  }
+  require(threw, "a stream of another device throws error_type");
+  auto const d2 = b.allocate_device(64, b.current_stream()); // still usable after the errors
+  b.deallocate_device(d2, 64, b.current_stream());
+  b.deallocate_host(h, n);
+  b.deallocate_host(back, n);
+}
+
 } // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -182,6 +232,8 @@ PYBIND11_MODULE(_C, m) {
       PyErr_SetString(PyExc_RuntimeError, e.what());
     }
   });
+
+  m.def("_backend_selftest", &backend_selftest, py::arg("device"));
 
   py::class_<runtime>(m, "Runtime")
       .def(py::init<c10::Device, py::function>(), py::arg("device"), py::arg("update"))
