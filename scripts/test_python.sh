@@ -11,7 +11,7 @@
 #   PIPESWAP_TORCH_VERSION  the torch installed into a new environment (default 2.15.0)
 #   PYTHON_BUILD_DIR        meson-python's build directory, kept for incremental rebuilds
 #                           (default build-python)
-#   PIPESWAP_TEST_DEVICE    cpu (default) or cuda: the device the tests run on
+#   PIPESWAP_TORCH_DEVICE   cpu (default) or cuda: the device tests/python runs on
 # Extra arguments go to pytest (e.g. -k bitwise, -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,10 +44,21 @@ fi
 # The package, built against that torch (no build isolation: it must not fetch another torch).
 t0=$SECONDS
 mkdir -p "$build"
-PATH="$venv/bin:$PATH" "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation --no-deps \
-  -Cbuild-dir="$build" . >"$build/pip-install.log" 2>&1 || { cat "$build/pip-install.log"; echo "pipeswap: building the Python package failed"; exit 1; }
+# The same build also compiles the Backend rules for the torch backend (-Dtorch_backend_tests=true).
+# A build directory Meson cannot reconfigure (options added since, another torch) is made afresh once.
+build_package() {
+  PATH="$venv/bin:$PATH" "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation --no-deps \
+    -Cbuild-dir="$build" -Csetup-args=-Dtorch_backend_tests=true . >"$build.log" 2>&1
+}
+fail() { cat "$build.log"; echo "pipeswap: building the Python package failed (log: $build.log)"; exit 1; }
+if ! build_package; then
+  grep -q "^ *FAILED: " "$build.log" && fail # a compile error: building again would not help
+  echo "pipeswap: Meson could not reuse $build; once more from an empty build directory"
+  rm -rf "$build" && mkdir -p "$build"
+  build_package || fail
+fi
 echo "pipeswap: package built and installed in $((SECONDS - t0)) s"
 
 rm -f "$build/pytest-junit.xml"
 cd tests/python
-"$py" -m pytest -q -p no:cacheprovider --junitxml="$build/pytest-junit.xml" "$@"
+PIPESWAP_TORCH_RULES_DIR="$build/python" "$py" -m pytest -q -p no:cacheprovider --junitxml="$build/pytest-junit.xml" "$@"

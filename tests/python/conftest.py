@@ -4,7 +4,7 @@ The oracle is torch itself: the same parameters, the same gradients and the same
 torch.optim.Adam/AdamW and to pipeswap.torch.SwapAdam/SwapAdamW, and every parameter and state
 tensor must come out with the same bits.
 
-PIPESWAP_TEST_DEVICE selects the device (default: cpu). On CUDA the OptimizerInfo inputs include
+PIPESWAP_TORCH_DEVICE selects the device (default: cpu). On CUDA the OptimizerInfo inputs include
 torch's CUDA-only ones (capturable, tensor betas) and the foreach variants.
 """
 
@@ -13,10 +13,10 @@ import os
 import pytest
 import torch
 
-DEVICE = torch.device(os.environ.get("PIPESWAP_TEST_DEVICE", "cpu"))
+DEVICE = torch.device(os.environ.get("PIPESWAP_TORCH_DEVICE", "cpu"))
 
 if DEVICE.type == "cuda" and not torch.cuda.is_available():  # pragma: no cover
-    pytest.exit("PIPESWAP_TEST_DEVICE asks for CUDA but torch sees no CUDA device", returncode=4)
+    pytest.exit("PIPESWAP_TORCH_DEVICE asks for CUDA but torch sees no CUDA device", returncode=4)
 
 
 def bits(t):
