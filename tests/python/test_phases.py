@@ -70,3 +70,23 @@ def test_cuda_path_compiled():
     if torch.version.cuda is None:
         pytest.skip("this torch has no CUDA")
     assert extension().has_cuda
+
+
+def test_a_call_from_inside_the_step_is_refused():
+    # A global optimizer hook fires for the torch optimizer that runs each batch's update, inside
+    # SwapAdamW.step(): calling back into the runtime from there is refused, and the step fails.
+    m = model()
+    opt = SwapAdamW(m.parameters(), swap_times=2, min_swap_numel=8)
+    m(torch.randn(4, 32, device=DEVICE)).sum().backward()
+    opt.step()
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    def hook(optimizer, args, kwargs):  # fires for SwapAdamW.step (allowed) and the inner step (not)
+        opt.prefetch()
+
+    handle = register_optimizer_step_pre_hook(hook)
+    try:
+        with pytest.raises(RuntimeError, match="not reentrant|from inside|reentr"):
+            opt.step()
+    finally:
+        handle.remove()
+    opt.step()  # usable afterwards
