@@ -24,7 +24,7 @@ py="$venv/bin/python"
 
 if [ ! -x "$py" ]; then
   echo "pipeswap: creating the virtual environment $venv (torch $torch_version: about 2 minutes, 3 GB)"
-  python3 -m venv "$venv"
+  python3 -m venv "$venv" || { echo "pipeswap: python3 -m venv failed (Debian's python3 needs python3-venv)"; exit 1; }
 fi
 need=()
 "$py" -c "import torch" 2>/dev/null || need+=("torch==$torch_version")

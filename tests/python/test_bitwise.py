@@ -150,3 +150,12 @@ def test_corrupted_state_is_caught():
         for k, (a, b) in enumerate(zip(params, ref_params)):
             assert_same_bits(a, b, f"param {k}")
         assert_same_state(opt.state_dict(), ref.state_dict())
+
+
+@pytest.mark.parametrize("impl", [dict(foreach=False), dict(fused=True)], ids=["single_tensor", "fused"])
+@pytest.mark.parametrize("torch_cls", [torch.optim.Adam, torch.optim.AdamW], ids=["Adam", "AdamW"])
+def test_tensor_lr_with_a_scheduler(torch_cls, impl):
+    # A tensor lr (torch's schedulers fill_ it in place), on every device, with its own value per group.
+    kwargs = dict(lr=torch.tensor(0.01), weight_decay=0.1, **impl)
+    for swap in ("packed-3", "per_tensor-2-phases"):
+        check(torch_cls, kwargs, torch.float32, SWAPS[swap], phases=swap.endswith("phases"))

@@ -126,3 +126,22 @@ def test_state_tensors_and_checkpoint_keys():
     assert st["step"].item() == 2 and st["exp_avg"].shape == ps[0].shape
     with pytest.raises(KeyError):
         s.state_tensors(torch.zeros(3))
+
+
+def test_named_parameters():
+    # torch >= 2.6 takes (name, tensor) pairs and keeps the names in the groups and the state dict.
+    m = torch.nn.Linear(20, 30).to(DEVICE)
+    ref_m = torch.nn.Linear(20, 30).to(DEVICE)
+    ref_m.load_state_dict(m.state_dict())
+    opt = SwapAdamW(m.named_parameters(), lr=0.01, swap_times=2, min_swap_numel=8)
+    ref = torch.optim.AdamW(ref_m.named_parameters(), lr=0.01)
+    if "param_names" not in ref.param_groups[0]:
+        pytest.skip("this torch does not take named parameters")
+    for step in range(3):
+        for mm, o in ((m, opt), (ref_m, ref)):
+            o.zero_grad()
+            mm(torch.ones(4, 20, device=DEVICE) * step).sum().backward()
+            o.step()
+    assert opt.param_groups[0]["param_names"] == ["weight", "bias"]
+    assert_same_state(opt.state_dict(), ref.state_dict())
+    assert_same_bits(m.weight, ref_m.weight, "weight")

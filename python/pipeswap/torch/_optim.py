@@ -169,10 +169,13 @@ class _SwapAdamBase(Optimizer):
                             "but the ordering of tensors in sets will change between runs; use a list")
         else:
             params = list(params)
+        # Named parameters ((name, tensor) pairs, torch >= 2.6) are torch's to unpack; the checks
+        # below look at the tensors.
+        tensors = [x[1] if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) else x for x in params]
         gi = len(self.param_groups)
         device = self._device
         seen = set()
-        for k, p in enumerate(params):
+        for k, p in enumerate(tensors):
             where = f"param_groups[{gi}]['params'][{k}]"
             if not isinstance(p, torch.Tensor):
                 raise TypeError(f"{name}: {where} is a {type(p).__name__}, not a tensor")
@@ -206,11 +209,11 @@ class _SwapAdamBase(Optimizer):
         super().add_param_group(param_group)  # torch's own checks: leaves, defaults, groups
         group = self.param_groups[-1]
         with self._lock:
-            if self._rt is None and params:
+            if self._rt is None and group["params"]:
                 self._device = device
                 self._rt = _C.Runtime(device, _update_callback(weakref.ref(self)))
                 self._configure()
-            for p in params:
+            for p in group["params"]:
                 amsgrad = bool(group["amsgrad"])
                 i = self._rt.add_param(p, _slot_keys(amsgrad))
                 self._index[p] = i
@@ -380,6 +383,8 @@ class _SwapAdamBase(Optimizer):
     def state_dict(self):
         """torch's format: {'state': {id: {'step', 'exp_avg', 'exp_avg_sq'[, 'max_exp_avg_sq']}},
         'param_groups': [...]}, ids numbered over the groups in order. Every tensor is a CPU copy."""
+        for hook in getattr(self, "_optimizer_state_dict_pre_hooks", {}).values():
+            hook(self)
         with self._lock:
             mapping, groups, start = {}, [], 0
             for group in self.param_groups:
@@ -397,13 +402,22 @@ class _SwapAdamBase(Optimizer):
                     continue
                 i = self._index[p]
                 state[mapping[id(p)]] = self._state_entry(p, i, self._rt.state_views(i))
-            return {"state": state, "param_groups": groups}
+        out = {"state": state, "param_groups": groups}
+        for hook in getattr(self, "_optimizer_state_dict_post_hooks", {}).values():
+            result = hook(self, out)
+            if result is not None:
+                out = result
+        return out
 
     def load_state_dict(self, state_dict):
         """Loads a state dict of torch.optim.Adam/AdamW or of this class. Everything is checked first
         (groups, ids, keys, shapes); on a mismatch a ValueError names it and nothing changes. The
         state goes into pipeswap's host stores; 'step' is placed as torch places it."""
         name = self._name
+        for hook in getattr(self, "_optimizer_load_state_dict_pre_hooks", {}).values():
+            result = hook(self, state_dict)
+            if result is not None:
+                state_dict = result
         if not isinstance(state_dict, dict) or "state" not in state_dict or "param_groups" not in state_dict:
             raise ValueError(f"{name}.load_state_dict: expected a dict with 'state' and 'param_groups'")
         with self._lock:
@@ -489,6 +503,8 @@ class _SwapAdamBase(Optimizer):
                     for view in self._rt.state_views(i):
                         view.zero_()
                     del self.state[p]
+        for hook in getattr(self, "_optimizer_load_state_dict_post_hooks", {}).values():
+            hook(self)
 
     def __getstate__(self):
         raise TypeError(f"{self._name} cannot be pickled (its state lives in pipeswap's host stores); "

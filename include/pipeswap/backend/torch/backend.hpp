@@ -43,7 +43,6 @@
 // thread's current stream: call the runtime from the thread whose stream the compute work is on.
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <span>
@@ -30,8 +31,9 @@
 #include <vector>
 
 #include <ATen/Tensor.h>
-#include <ATen/Functions.h>
+#include <ATen/ops/from_blob.h>
 #include <c10/core/ScalarType.h>
+#include <c10/core/TensorOptions.h>
 #include <c10/util/ArrayRef.h>
 
 #include <pipeswap/backend/torch/backend.hpp>
