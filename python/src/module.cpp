@@ -6,12 +6,13 @@
 // operators would suit stateless kernels; this object owns a runtime with state, a callback into
 // Python and phases called between steps, which a custom operator cannot express.
 //
-// One Runtime per optimizer: a torch backend for its device, a transfer engine, a tensor_optimizer
-// and, once configured, an optimizer_swap. Changing the parameters or the settings rebuilds the
+// One Runtime per optimizer: the device's shared torch backend and transfer engine, a
+// tensor_optimizer and, once configured, an optimizer_swap. Changing the parameters or the settings rebuilds the
 // optimizer_swap; the state carries over (optimizer_state).
 #include <torch/extension.h>
 
 #include <cstring>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <optional>
@@ -32,10 +33,28 @@ std::vector<pipeswap::state_key> parse_keys(std::vector<std::string> const& name
   return pipeswap::validate_state_keys(names);
 }
 
+/// The torch backend and the transfer engine of one device, shared by every runtime on it: one
+/// copy-stream pair and one pinned pool per device, as the swap jobs are meant to share them (the
+/// optimizers' now, an activation manager's later). Runtimes hold it; it goes with the last one.
+struct device_context {
+  explicit device_context(c10::Device d) : b(d), engine(b) {}
+  pt::backend b;
+  pipeswap::transfer_engine<pt::backend> engine;
+
+  static std::shared_ptr<device_context> of(c10::Device d) {
+    static std::map<std::string, std::weak_ptr<device_context>> contexts;
+    auto& slot = contexts[d.str()];
+    auto ctx = slot.lock();
+    if (!ctx) slot = ctx = std::make_shared<device_context>(d);
+    return ctx;
+  }
+};
+
 class runtime {
 public:
   runtime(c10::Device device, py::function update)
-      : b_(device), engine_(b_), opt_(b_, [this](std::vector<pt::tensor_optimizer::batch_item>& items) {
+      : ctx_(device_context::of(device)), b_(ctx_->b), engine_(ctx_->engine),
+        opt_(b_, [this](std::vector<pt::tensor_optimizer::batch_item>& items) {
           py::list l;
           for (auto& it : items) l.append(py::make_tuple(it.param, py::cast(it.states)));
           update_(l);
@@ -132,8 +151,9 @@ private:
   }
   void detach() { rt_.reset(); }
 
-  pt::backend b_;
-  pipeswap::transfer_engine<pt::backend> engine_;
+  std::shared_ptr<device_context> ctx_; // first: outlives the optimizer's state and the runtime
+  pt::backend& b_;
+  pipeswap::transfer_engine<pt::backend>& engine_;
   pt::tensor_optimizer opt_;
   py::function update_;
   pipeswap::swap_config cfg_;

@@ -90,3 +90,26 @@ def test_a_call_from_inside_the_step_is_refused():
     finally:
         handle.remove()
     opt.step()  # usable afterwards
+
+
+def test_two_optimizers_share_a_device():
+    # Optimizers on one device share its backend and copy streams; stepped in turn, each still gives
+    # torch's bits.
+    ms, refs = [model(1), model(2)], [model(1), model(2)]
+    opts = [SwapAdamW(ms[0].parameters(), lr=0.01, swap_times=3, min_swap_numel=8),
+            SwapAdamW(ms[1].parameters(), lr=0.02, swap_times=2, pipeline="per_tensor", defer_offload=True,
+                      min_swap_numel=8)]
+    ref_opts = [torch.optim.AdamW(refs[0].parameters(), lr=0.01), torch.optim.AdamW(refs[1].parameters(), lr=0.02)]
+    g = torch.Generator().manual_seed(5)
+    for step in range(4):
+        x = torch.randn(8, 32, generator=g).to(DEVICE)
+        for mm, o in zip(ms + refs, opts + ref_opts):
+            o.zero_grad()
+            mm(x).square().mean().backward()
+        opts[1].prefetch()
+        for o in opts + ref_opts:
+            o.step()
+    for k in range(2):
+        for a, b in zip(ms[k].parameters(), refs[k].parameters()):
+            assert_same_bits(a, b, f"model {k}")
+        assert_same_state(opts[k].state_dict(), ref_opts[k].state_dict())
