@@ -13,7 +13,8 @@
 #
 #   bash bench/gpu/torch_check.sh [--quick] [--out DIR] [--no-tests] [--no-bench] [--cpu]
 #
-# --cpu runs steps 1 and 2 on the CPU (a check of this script on a machine without a GPU).
+# --cpu runs steps 1 and 2 on the CPU and step 3 as torch_bench.py --cpu-smoke (a check of this
+# script on a machine without a GPU).
 # TORCH_CHECK_BUILD=meson skips meson-python and builds with Meson directly; PYTHON names the Python.
 #
 # Output in DIR (default bench/gpu/out): torch_build.log, torch_tests.log, torch_figures.json,
@@ -33,7 +34,7 @@ while (($#)); do
     --out) shift; out=${1:?--out needs a directory} ;;
     --no-tests) tests=0 ;;
     --no-bench) bench=0 ;;
-    --cpu) device=cpu; bench=0 ;;
+    --cpu) device=cpu ;;
     -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "torch_check.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
@@ -121,6 +122,7 @@ fi
 if ((bench)); then
   bargs=(--out "$out/torch_figures.json")
   ((quick)) && bargs+=(--quick)
+  [ $device = cpu ] && bargs+=(--cpu-smoke)
   "$py" "$here/torch_bench.py" "${bargs[@]}" 2>&1 | tee "$out/torch_bench.log"
   status=${PIPESTATUS[0]}
   [ "$status" -eq 0 ] || failed=1
