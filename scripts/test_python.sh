@@ -61,4 +61,7 @@ echo "pipeswap: package built and installed in $((SECONDS - t0)) s"
 
 rm -f "$build/pytest-junit.xml"
 cd tests/python
+# One intra-op thread: the tensors are small, and on a shared machine torch's thread pool only
+# oversubscribes the cores (the pass took 9 s to 110 s with it, depending on the load).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 PIPESWAP_TORCH_RULES_DIR="$build/python" "$py" -m pytest -q -p no:cacheprovider --junitxml="$build/pytest-junit.xml" "$@"
