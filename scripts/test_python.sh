@@ -48,11 +48,11 @@ mkdir -p "$build"
 # A build directory Meson cannot reconfigure (options added since, another torch) is made afresh once.
 build_package() {
   PATH="$venv/bin:$PATH" "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation --no-deps \
-    -Cbuild-dir="$build" -Csetup-args=-Dtorch_backend_tests=true . >"$build.log" 2>&1
+    -Cbuild-dir="$build" -Csetup-args=-Dtorch_backend_tests=true . >"$build/pip-install.log" 2>&1
 }
-fail() { cat "$build.log"; echo "pipeswap: building the Python package failed (log: $build.log)"; exit 1; }
+fail() { cat "$build/pip-install.log"; echo "pipeswap: building the Python package failed (log: $build/pip-install.log)"; exit 1; }
 if ! build_package; then
-  grep -q "^ *FAILED: " "$build.log" && fail # a compile error: building again would not help
+  grep -q "^ *FAILED: " "$build/pip-install.log" && fail # a compile error: building again would not help
   echo "pipeswap: Meson could not reuse $build; once more from an empty build directory"
   rm -rf "$build" && mkdir -p "$build"
   build_package || fail
