@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Builds pipeswap and runs its test suite; prints `N passed, N failed` last.
+# Builds pipeswap and runs its test suite, then the PyTorch pass (scripts/test_python.sh: the Python
+# package against torch, tests/python); prints `N passed, N failed` last, over both.
 #
 #   bash scripts/test.sh                  # build/ (-O1, no debug info) with CUDA if the toolkit is present
 #   BUILD_DIR=build-asan bash scripts/test.sh -Db_sanitize=address,undefined -Dbuildtype=debug
+#   PIPESWAP_SKIP_PYTHON=1 bash scripts/test.sh     # the C++ suite only
 #
-# Extra arguments go to `meson setup`. The script installs missing Debian packages first.
+# Extra arguments go to `meson setup`. The script installs missing Debian packages first; the
+# PyTorch pass keeps torch in a virtual environment outside the clone (PIPESWAP_VENV, default
+# ~/.cache/pipeswap/venv), created on the first run (about 2 minutes) and reused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
@@ -30,5 +34,13 @@ ninja -C "$build" || status=$?
 if [ $status -eq 0 ]; then
   meson test -C "$build" --print-errorlogs --num-processes "${TEST_JOBS:-$(nproc)}" || status=$?
 fi
-python3 scripts/count_results.py "$build/meson-logs/testlog.json" || status=1
+logs=("$build/meson-logs/testlog.json")
+if [ "${PIPESWAP_SKIP_PYTHON:-0}" != 1 ]; then
+  echo "=== PyTorch pass (scripts/test_python.sh; PIPESWAP_SKIP_PYTHON=1 skips it) ==="
+  bash scripts/test_python.sh || status=1
+  pybuild=${PYTHON_BUILD_DIR:-build-python}
+  case "$pybuild" in /*) ;; *) pybuild="$(pwd)/$pybuild" ;; esac
+  logs+=("$pybuild/pytest-junit.xml")
+fi
+python3 scripts/count_results.py "${logs[@]}" || status=1
 exit $status

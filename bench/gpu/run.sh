@@ -2,9 +2,11 @@
 # The GPU check: on a machine with one CUDA device (an H200 is what it is sized for), within about
 # 8 minutes, builds what it needs, runs the CUDA test suite and bench/gpu/gpu_check (self-test,
 # pinned bandwidth, optimizer-swap step times against the copy bound, bit-exactness against the
-# no-swap run), and writes the figures.
+# no-swap run), and writes the figures. Then, when time is left (or alone with --torch-only), the
+# PyTorch part, bench/gpu/torch_check.sh: the package built against the machine's torch, tests/python
+# on CUDA, SwapAdamW against torch.optim.AdamW(fused=True) on ~1 B parameters.
 #
-#   bash bench/gpu/run.sh [--quick] [--budget SECONDS] [--no-tests]    on the GPU machine
+#   bash bench/gpu/run.sh [--quick] [--budget SECONDS] [--no-tests] [--no-torch | --torch-only]
 #   bash bench/gpu/run.sh --prepare [BUILD_DIR]                          on the build machine
 #
 # --prepare (no GPU needed) fills bench/gpu/prebuilt/ (git-ignored) with stripped binaries that need
@@ -14,7 +16,11 @@
 # and cuda_adam_check are built with nvcc from the tree (no Boost, Meson or range-v3 needed) and the
 # Boost test executables are skipped — gpu_check's self-test covers the kernels and the swap then.
 #
-# Output: $OUT if set, else bench/gpu/out/: gpu_figures.json, gpu_check.log, tests.log, summary.md.
+# --prepare also fetches the expecttest wheel (pip download) into bench/gpu/prebuilt/wheels: torch's
+# OptimizerInfo tests need it and the GPU machine has no network.
+#
+# Output: $OUT if set, else bench/gpu/out/: gpu_figures.json, gpu_check.log, tests.log, summary.md,
+# and the PyTorch part's torch_*.{log,json,md}.
 # Exit status: 0 everything passed; 1 a test or check failed; 77 no CUDA device; 2 setup problem.
 set -euo pipefail
 
@@ -26,6 +32,8 @@ quick=0
 budget=480
 tests=1
 prepare=0
+torch_part=1
+torch_only=0
 build_dir="$root/build"
 
 die() { echo "run.sh: $*" >&2; exit 2; }
@@ -36,8 +44,10 @@ while (($#)); do
     --quick) quick=1 ;;
     --budget) shift; budget=${1:?--budget needs seconds} ;;
     --no-tests) tests=0 ;;
+    --no-torch) torch_part=0 ;;
+    --torch-only) torch_only=1 ;;
     --prepare) prepare=1; if [ $# -gt 1 ] && [ "${2#--}" = "$2" ]; then shift; build_dir=$(cd "$1" && pwd); fi ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
   shift
@@ -95,6 +105,11 @@ if ((prepare)); then
     echo "run.sh: no Meson build in $build_dir: only gpu_check and cuda_adam_check are prebuilt"
   fi
   strip "$prebuilt/gpu_check" "$prebuilt/cuda_adam_check" "$prebuilt/overlap_check"
+  if python3 -m pip download -q --no-deps --only-binary=:all: -d "$prebuilt/wheels" expecttest; then
+    echo "run.sh: expecttest wheel in $prebuilt/wheels (for tests/python on the GPU machine)"
+  else
+    echo "run.sh: could not fetch the expecttest wheel; the GPU run skips torch's OptimizerInfo tests"
+  fi
   du -sh "$prebuilt"
   echo "run.sh: carry bench/gpu/prebuilt to the GPU machine"
   exit 0
@@ -102,6 +117,22 @@ fi
 
 out=${OUT:-$here/out}
 mkdir -p "$out"
+
+# The PyTorch part (bench/gpu/torch_check.sh). 77 from it (no torch, no device) is not a failure.
+torch_check() {
+  local targs=(--out "$out")
+  ((quick)) && targs+=(--quick)
+  set +e
+  timeout "$1" bash "$here/torch_check.sh" "${targs[@]}"
+  local st=$?
+  set -e
+  if [ $st -eq 77 ]; then echo "run.sh: PyTorch part skipped (see above)"; return 0; fi
+  [ $st -eq 0 ] && echo "run.sh: PyTorch part passed" || echo "run.sh: PyTorch part FAILED with status $st"
+  return $st
+}
+if ((torch_only)); then
+  torch_check 600 && exit 0 || exit 1
+fi
 bin="$prebuilt"
 if ! "$prebuilt/gpu_check" --version >/dev/null 2>&1 || [ ! -x "$prebuilt/cuda_adam_check" ]; then
   [ -d "$prebuilt" ] && echo "run.sh: the prebuilt binaries do not run here; building from the tree"
@@ -170,6 +201,14 @@ if [ -x "$bin/overlap_check" ] && (($(left) > 60)); then
   status=${PIPESTATUS[0]}
   set -e
   [ "$status" -eq 0 ] || failed=1
+fi
+
+if ((torch_part)); then
+  if (($(left) > 150)); then
+    torch_check "$(left)" || failed=1
+  else
+    echo "run.sh: $(left) s left: no time for the PyTorch part; run it alone with bash bench/gpu/run.sh --torch-only"
+  fi
 fi
 
 # The Markdown part of gpu_check's output, for the docs.

@@ -1,8 +1,9 @@
 // pipeswap — umbrella header: the library. Backend concepts, core, optimizers, the swap runtimes,
 // schedules and activation swapping; needs no JSON library.
 //
-// Included separately: the CUDA backend (<pipeswap/backend/cuda.hpp>) and kernels (*.cuh); the mock
-// backend (<pipeswap/backend/mock.hpp>); optimizer checkpoints (<pipeswap/swap/checkpoint.hpp>) and
+// Included separately: the CUDA backend (<pipeswap/backend/cuda.hpp>) and kernels (*.cuh); the torch
+// backend (<pipeswap/backend/torch.hpp>, needs torch's headers); the mock backend
+// (<pipeswap/backend/mock.hpp>); optimizer checkpoints (<pipeswap/swap/checkpoint.hpp>) and
 // the safetensors file layer (<pipeswap/io/safetensors.hpp>), which parse JSON headers; the schedule
 // JSON form (<pipeswap/schedule/json.hpp>); the MPI and NCCL comms (<pipeswap/exec/mpi_comm.hpp>,
 // <pipeswap/exec/nccl_comm.hpp>); the simulator and the command's pieces (<pipeswap/sim.hpp>).

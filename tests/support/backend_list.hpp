@@ -2,6 +2,9 @@
 //
 //   default                std::tuple<mock::backend, sync_host_backend>   (always runs)
 //   -DPIPESWAP_TEST_CUDA   std::tuple<cuda::backend>                      (skips without a GPU)
+//   -DPIPESWAP_TEST_TORCH       std::tuple<torch_cpu_backend>    (the torch backend on the CPU)
+//   -DPIPESWAP_TEST_TORCH_CUDA  std::tuple<torch_cuda_backend>   (on CUDA; skips without a GPU)
+//                          (python/meson.build builds both against torch, -Dtorch_backend_tests=true)
 //
 // A test source written over backends_under_test is compiled once per list (tests/meson.build and
 // tests/cuda/meson.build), so the same bodies run on the oracle, on a user-written backend and on
@@ -24,12 +27,18 @@
 
 #if defined(PIPESWAP_TEST_CUDA)
 #  include "support/cuda_backend.hpp"
+#elif defined(PIPESWAP_TEST_TORCH) || defined(PIPESWAP_TEST_TORCH_CUDA)
+#  include "support/torch_backend.hpp"
 #endif
 
 namespace pipeswap::test {
 
 #if defined(PIPESWAP_TEST_CUDA)
 using backends_under_test = std::tuple<cuda::backend>;
+#elif defined(PIPESWAP_TEST_TORCH_CUDA)
+using backends_under_test = std::tuple<torch_cuda_backend>;
+#elif defined(PIPESWAP_TEST_TORCH)
+using backends_under_test = std::tuple<torch_cpu_backend>;
 #else
 using backends_under_test = std::tuple<mock::backend, sync_host_backend>;
 #endif

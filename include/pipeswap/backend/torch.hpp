@@ -1,0 +1,10 @@
+// pipeswap — the torch backend (umbrella header). Needs torch's C++ headers; not included by
+// <pipeswap/pipeswap.hpp>. Components:
+//
+//   <pipeswap/backend/torch/backend.hpp>    backend (CPU and CUDA), event, torch_error
+//   <pipeswap/backend/torch/optimizer.hpp>  tensor_optimizer: the Optimizer concept over torch
+//                                           tensors, the update left to a callback
+#pragma once
+
+#include <pipeswap/backend/torch/backend.hpp>
+#include <pipeswap/backend/torch/optimizer.hpp>
