@@ -26,6 +26,8 @@
 #include <map>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/detail/lean_vector.hpp>
@@ -72,15 +74,39 @@ public:
   /// Registers a parameter and describes its state slots; returns its index. Refused (state_error)
   /// while an optimizer_swap manages this optimizer: destroy the runtime, add the parameter, build a
   /// new runtime; the state of the other parameters carries over.
+  ///
+  /// Storage is checked (invalid_argument naming both indices; nothing registered): a parameter
+  /// whose bytes overlap a registered parameter's (registered twice, e.g. tied embeddings: register
+  /// the shared tensor once) is refused, as is a gradient that overlaps its own parameter or any
+  /// registered parameter, and a parameter that overlaps a registered gradient. Each step would
+  /// otherwise update those bytes twice, or read a gradient its own update rewrites. Parameters with
+  /// numel 0 hold no bytes and overlap nothing. O(number of parameters) per call.
   std::size_t add_param(param_desc d);
 
-  /// Sets (or clears, with a null pointer) parameter i's gradient for the coming steps.
-  void set_grad(std::size_t i, device_pointer_t<B> grad) { params_.at(i).desc.grad = grad; }
+  /// Sets (or clears, with a null pointer: no gradient, so the parameter is skipped from the next
+  /// step on) parameter i's gradient for the coming steps. invalid_argument for an index not below
+  /// size() or a gradient that overlaps a registered parameter; nothing changes then.
+  void set_grad(std::size_t i, device_pointer_t<B> grad) {
+    auto& p = checked(i, "set_grad");
+    if (grad) {
+      auto const bytes = p.desc.numel * size_of(p.desc.grad_type);
+      for (std::size_t j = 0; j < params_.size(); ++j) {
+        if (overlaps(grad, bytes, params_[j].desc.param, param_bytes(params_[j].desc))) {
+          throw invalid_argument("adam::set_grad: the gradient of parameter " + std::to_string(i) +
+                                 " overlaps the storage of parameter " + std::to_string(j) +
+                                 "; a gradient must not share bytes with any parameter");
+        }
+      }
+    }
+    p.desc.grad = grad;
+  }
 
-  [[nodiscard]] std::int64_t step_count(std::size_t i) const { return params_.at(i).step; }
+  /// Parameter i's step count. invalid_argument for an index not below size().
+  [[nodiscard]] std::int64_t step_count(std::size_t i) const { return checked(i, "step_count").step; }
   [[nodiscard]] adam_config const& config() const noexcept { return cfg_; }
   [[nodiscard]] std::size_t size() const noexcept { return params_.size(); }
-  [[nodiscard]] param_desc const& param(std::size_t i) const { return params_.at(i).desc; }
+  /// Parameter i as registered. invalid_argument for an index not below size().
+  [[nodiscard]] param_desc const& param(std::size_t i) const { return checked(i, "param").desc; }
 
   // ----- Optimizer concept -------------------------------------------------------------------------
 
@@ -90,7 +116,11 @@ public:
   optimizer_state<B>& swap_state() noexcept { return state_; }
 
   void initialize(std::size_t slot, device_pointer_t<B> dst) {
-    auto const& d = params_.at(slots_.at(slot).param).desc;
+    if (slot >= slots_.size()) {
+      throw invalid_argument("adam::initialize: slot " + std::to_string(slot) + " is not below the " +
+                             std::to_string(slots_.size()) + " slots of this optimizer");
+    }
+    auto const& d = params_[slots_[slot].param].desc;
     kernels_.init_master(b_, b_.current_stream(), d.param, dst, d.numel, d.type);
   }
 
@@ -214,6 +244,24 @@ private:
     std::int64_t step = 0;
   };
 
+  param_state& checked(std::size_t i, char const* call) {
+    return const_cast<param_state&>(std::as_const(*this).checked(i, call));
+  }
+  param_state const& checked(std::size_t i, char const* call) const {
+    if (i >= params_.size()) {
+      throw invalid_argument(std::string("adam::") + call + ": parameter index " + std::to_string(i) +
+                             " is not below the " + std::to_string(params_.size()) +
+                             " parameters of this optimizer");
+    }
+    return params_[i];
+  }
+  static std::size_t param_bytes(param_desc const& d) noexcept { return d.numel * size_of(d.type); }
+  static std::size_t grad_bytes(param_desc const& d) noexcept { return d.numel * size_of(d.grad_type); }
+  /// Whether [a, a + na) and [b, b + nb) share a byte (null or empty ranges share none).
+  static bool overlaps(device_pointer_t<B> a, std::size_t na, device_pointer_t<B> b, std::size_t nb) {
+    return a && b && na && nb && a < b + nb && b < a + na;
+  }
+
   B& b_;
   adam_config cfg_;
   Kernels kernels_;
@@ -242,6 +290,24 @@ std::size_t adam<B, Kernels>::add_param(param_desc d) {
                            " is F32 and needs no master_param");
   }
   auto const i = params_.size();
+  auto refuse = [&](std::string const& what, std::size_t j, char const* theirs) {
+    throw invalid_argument("adam::add_param: " + what + " of parameter " + std::to_string(i) +
+                           " overlaps the " + theirs + " of parameter " + std::to_string(j) +
+                           (std::string_view(theirs) == "storage" && what == "the storage"
+                                ? "; register a shared (tied) tensor once"
+                                : "; a gradient must not share bytes with any parameter"));
+  };
+  auto const pb = param_bytes(d), gb = grad_bytes(d);
+  if (overlaps(d.grad, gb, d.param, pb)) {
+    throw invalid_argument("adam::add_param: the gradient of parameter " + std::to_string(i) +
+                           " overlaps its own storage; a gradient must not share bytes with any parameter");
+  }
+  for (std::size_t j = 0; j < i; ++j) {
+    auto const& o = params_[j].desc;
+    if (overlaps(d.param, pb, o.param, param_bytes(o))) refuse("the storage", j, "storage");
+    if (overlaps(d.grad, gb, o.param, param_bytes(o))) refuse("the gradient", j, "storage");
+    if (overlaps(d.param, pb, o.grad, grad_bytes(o))) refuse("the storage", j, "gradient");
+  }
   params_.push_back({d, 0});
   auto& u = all_units_.emplace_back();
   u.param = i;
