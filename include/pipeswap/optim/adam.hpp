@@ -156,8 +156,19 @@ public:
   void update(std::span<unit_range const> batch, step_context& ctx, state_view<B> const& view) {
     detail::lean_vector<adam_tensor<B>> ts;
     ts.reserve(batch.size());
-    for (auto const& r : batch) {
-      auto const& u = units_.at(r.unit);
+    for (std::size_t k = 0; k < batch.size(); ++k) {
+      auto const& r = batch[k];
+      if (r.unit >= units_.size()) {
+        throw invalid_argument("adam::update: batch range " + std::to_string(k) + " names unit " +
+                               std::to_string(r.unit) + ", not below the step's " +
+                               std::to_string(units_.size()) + " units");
+      }
+      auto const& u = units_[r.unit];
+      if (r.begin > r.end || r.end > u.numel) {
+        throw invalid_argument("adam::update: batch range " + std::to_string(k) + " covers elements [" +
+                               std::to_string(r.begin) + ", " + std::to_string(r.end) + ") of a unit of " +
+                               std::to_string(u.numel) + " elements");
+      }
       auto const& d = params_[u.param].desc;
       adam_tensor<B> t;
       t.numel = r.end - r.begin;
