@@ -169,6 +169,15 @@ template <backend B> using backend_error_t = typename B::error_type;
 template <class B>
 concept labelled_backend = requires(B& b, char const* s) { b.set_label(s); };
 
+/// b.synchronize_device(): blocks the calling host thread until all work on all of b's streams is
+/// complete. The pipeline executor needs it when executor_options::settle_device is on (it settles
+/// the device after the optimizer step and after a failed step); without it the executor waits
+/// each of its own streams instead.
+template <class B>
+concept device_synchronizing = requires(B& b) {
+  { b.synchronize_device() } -> std::same_as<void>;
+};
+
 template <class B>
 concept host_access_checked = requires(B& b, std::byte const* p, std::size_t n) {
   b.note_host_read(p, n);
