@@ -28,8 +28,10 @@
 //            by the runtime's prefetch() (the backward tail gives memory back);
 //   end      every send completes, the host synchronizes the compute stream (the gradient-norm
 //            reduction of mixed precision; unless sync_before_finish is off), then `finish` runs:
-//            the optimizer-swap runtime's step(); then the host waits the device (settle_device) or
-//            only the compute stream, leaving a deferred offload in flight into the next step.
+//            the optimizer-swap runtime's step(); then the host waits the device (settle_device:
+//            synchronize_device() where the backend models device_synchronizing, else each stream
+//            the executor and its transfer engine use) or only the compute stream, leaving a
+//            deferred offload in flight into the next step.
 //
 // run_step() does all of it; begin_step(), advance() (runs entries until a receive's message has
 // not arrived) and end_step() are the same step resumable, for a caller that interleaves every rank
@@ -358,7 +360,7 @@ public:
       if (o_.sync_before_finish) b_.synchronize(b_.record_event(b_.current_stream())); // the gradient-norm reduction point
       detail::finish_step(finish);
       if (o_.settle_device) {
-        b_.synchronize_device();
+        settle();
       } else {
         b_.synchronize(b_.record_event(b_.current_stream()));
         if (!staging_.empty()) { // the staging memory's last copies
@@ -406,7 +408,7 @@ private:
   using mkey = std::tuple<int, index_type, index_type>; // direction, stage, micro
 
   stream_t<B> new_stream(char const* name) {
-    if constexpr (requires { b_.new_stream(std::string(name)); }) return b_.new_stream(std::string(name));
+    if constexpr (named_streams<B>) return b_.new_stream(std::string(name));
     else return b_.new_stream();
   }
 
@@ -988,6 +990,18 @@ private:
     staging_.clear();
   }
 
+  /// The host waits the whole device: synchronize_device() where the backend has it
+  /// (device_synchronizing), else every stream the executor and its transfer engine use (compute,
+  /// the p2p streams, the engine's copy streams). Work a stage enqueued on streams of its own is
+  /// ordered before the compute stream by the stage (the Stage concept's rule), so it is covered.
+  void settle() {
+    if constexpr (device_synchronizing<B>) {
+      b_.synchronize_device();
+    } else {
+      for (auto s : {b_.current_stream(), send_, recv_, x_.h2d(), x_.d2h()}) b_.synchronize(b_.record_event(s));
+    }
+  }
+
   /// After a failure: settle the device, release everything the step held. Never throws.
   void cleanup() noexcept {
     try {
@@ -1007,7 +1021,7 @@ private:
     } catch (...) {
     }
     try {
-      b_.synchronize_device();
+      settle();
     } catch (...) {
     }
     auto const cs = b_.current_stream();
@@ -1029,7 +1043,7 @@ private:
     for (auto& s : sends_) free_dev(s.dev, cs);
     sends_.clear();
     try {
-      b_.synchronize_device();
+      settle();
     } catch (...) {
     }
     free_staging();

@@ -9,7 +9,8 @@
 //   Kernels::update(B&, stream, std::span<adam_tensor<B> const>, std::span<adam_step_scalars const>)
 //   Kernels::init_master(B&, stream, param, master, numel, dtype)
 //
-// adam_tensor<B> and the policy's contract are in <pipeswap/optim/adam_tensor.hpp>. adam_kernels<B> is
+// adam_tensor<B> and the policy's contract (the concept adam_kernel_policy<K, B>, which adam<B, K>
+// requires) are in <pipeswap/optim/adam_tensor.hpp>. adam_kernels<B> is
 // the default policy, specialised next to each backend: the mock's in
 // <pipeswap/backend/mock/adam_kernels.hpp> (host math in mock kernels), CUDA's in
 // <pipeswap/optim/cuda/adam_kernels.hpp> (fused kernels; include that header too, and
@@ -42,6 +43,7 @@
 namespace pipeswap {
 
 template <backend B, class Kernels = adam_kernels<B>>
+  requires adam_kernel_policy<Kernels, B>
 class adam {
 public:
   using optimizer_concept = optimizer_tag;
@@ -286,9 +288,11 @@ private:
 // Defined out of the class, so not inline: a translation unit that declares adam<B> extern
 // (PIPESWAP_EXTERN_ADAM) neither instantiates nor compiles them.
 template <backend B, class Kernels>
+  requires adam_kernel_policy<Kernels, B>
 adam<B, Kernels>::~adam() = default;
 
 template <backend B, class Kernels>
+  requires adam_kernel_policy<Kernels, B>
 std::size_t adam<B, Kernels>::add_param(param_desc d) {
   state_.require_detached("adam::add_param");
   if (!detail::is_adam_storage(d.type) || !detail::is_adam_storage(d.grad_type)) {
@@ -336,6 +340,7 @@ std::size_t adam<B, Kernels>::add_param(param_desc d) {
 
 /// AdamW: Adam with decoupled weight decay (PyTorch's default weight_decay for AdamW is 0.01).
 template <backend B, class Kernels = adam_kernels<B>>
+  requires adam_kernel_policy<Kernels, B>
 class adamw : public adam<B, Kernels> {
 public:
   explicit adamw(B& b, adam_config cfg = with_decay(), Kernels kernels = {})
