@@ -436,6 +436,49 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(the_executor_runs_the_same_bytes_with_and_without_
   BOOST_TEST((plain[1] != zeros)); // the last stage's losses and gradient sum were written
 }
 
+BOOST_AUTO_TEST_CASE(the_schedule_check_runs_again_when_the_orders_change) {
+  // Steps 1-2 run 1F1B with 4 micro-batches, step 3 GPipe with 2 on every rank (checked again, one
+  // schedule: it runs), step 4 changes rank 1 only, to 1F1B (checked again: GPipe then 1F1B pair up,
+  // it runs), step 5 changes both: 1F1B on rank 0, GPipe on rank 1 (refused on both ranks before any
+  // entry, naming the deadlock).
+  using B = mock::backend;
+  int const ranks = 2;
+  ps::exec::thread_world world(ranks);
+  std::vector<std::string> errors(ranks);
+  std::vector<int> steps_done(ranks, 0);
+  auto const f4 = ps::schedule::one_f_one_b(ranks, 4), g2 = ps::schedule::gpipe(ranks, 2),
+             f2 = ps::schedule::one_f_one_b(ranks, 2);
+  std::vector<ps::schedule::rank_orders> per_step = {f4, f4, g2, {g2[0], f2[1]}, {f2[0], g2[1]}};
+  std::vector<std::thread> ts;
+  for (int r = 0; r < ranks; ++r) {
+    ts.emplace_back([&, r] {
+      try {
+        B b;
+        ps::transfer_engine<B> x(b);
+        toy_stage<B> st(b, r, ranks);
+        auto c = world.comm(r);
+        ps::exec::executor_options eo;
+        eo.wait_timeout = std::chrono::seconds(60);
+        ps::exec::pipeline_executor<B, ps::exec::thread_comm, toy_stage<B>> ex(x, c, ps::schedule::stage_layout(ranks),
+                                                                              {{r, &st}}, eo);
+        for (auto const& o : per_step) {
+          ex.run_step(o[static_cast<std::size_t>(r)], [] {});
+          ++steps_done[static_cast<std::size_t>(r)];
+        }
+      } catch (std::exception const& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < ranks; ++r) {
+    auto const& e = errors[static_cast<std::size_t>(r)];
+    BOOST_TEST(steps_done[static_cast<std::size_t>(r)] == 4, "rank " << r);
+    BOOST_TEST(e.find("at schedule check") != std::string::npos, "rank " << r << ": " << e);
+    BOOST_TEST(e.find("do not form one schedule") != std::string::npos, "rank " << r << ": " << e);
+  }
+}
+
 // ----- the self-check ----------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(without_its_waits_the_threaded_backend_fails_the_bodies) {

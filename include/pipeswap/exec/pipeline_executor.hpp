@@ -146,15 +146,15 @@ struct executor_options {
   /// (and the receive and send streams where the comm's staging memory needs them), so that device
   /// work `finish` left in flight (a deferred optimizer offload) runs into the next step.
   bool settle_device = true;
-  /// The schedule check: at the first step, and at every step whose order differs from the last
-  /// checked one, the ranks exchange their orders through the comm (on the comm's largest tag,
-  /// which boundary messages then never use) and every rank verifies that they form one schedule:
-  /// the same layout, the same micro-batch count, the same schedule_label, and orders that pair
-  /// every send with its receive and cannot deadlock (schedule::check_schedule). A mismatch fails
-  /// the step on every rank before any entry runs (invalid_argument naming the ranks and the first
-  /// difference). Every rank must use the same setting and change its order at the same step. Done
-  /// for comms that take host memory (thread_comm, mpi_comm); a comm that reads device memory
-  /// (NCCL) skips it. Off: a mismatch shows as a wait past wait_timeout.
+  /// The schedule check: every step begins with the ranks exchanging a digest of their label and
+  /// order through the comm (on the comm's largest tag, which boundary messages then never use); at
+  /// the first step, and whenever a digest changed on any rank, they exchange the orders too and
+  /// every rank verifies that they form one schedule: the same layout, the same micro-batch count,
+  /// the same schedule_label, and orders that pair every send with its receive and cannot deadlock
+  /// (schedule::check_schedule). A mismatch fails the step on every rank before any entry runs
+  /// (invalid_argument naming the ranks and the first difference). Every rank must use the same
+  /// setting. Done for comms that take host memory (thread_comm, mpi_comm); a comm that reads device
+  /// memory (NCCL) skips it. Off: a mismatch shows as a wait past wait_timeout.
   bool check_schedule = true;
   /// The schedule's parameters as the engine names them (e.g. "1f1b micro=8"), compared verbatim
   /// across ranks by the schedule check: orders from different generators that happen to pair up
@@ -414,10 +414,12 @@ private:
 
   // ----- the schedule check (executor_options::check_schedule) --------------------------------------
   //
-  // Each rank sends every other rank a fixed header (layout, micro-batches, sizes, digest) and then
-  // its label and order as text, all posted at begin_step; run_entries completes the exchange first
-  // (blocking under the watchdog, or by test() in advance()). Every rank then holds every order and
-  // reaches the same verdict.
+  // Every step, each rank sends every other rank a fixed header (layout, micro-batches, sizes, the
+  // digest of its label and order), posted at begin_step; run_entries completes the exchange first
+  // (blocking under the watchdog, or by test() in advance()). Every rank then holds every digest and
+  // decides alike: when one differs from the digests of the last passed check (always at the first
+  // step), each rank sends every other its label and order as text, and every rank reaches the same
+  // verdict on them. So a change on some ranks only is checked too.
 
   /// Header fields, in order.
   enum header_field : std::size_t { h_magic, h_rank, h_stages, h_ranks, h_chunks, h_micro, h_label, h_text, h_digest, h_count };
@@ -425,10 +427,10 @@ private:
 
   struct schedule_exchange {
     bool pending = false;
-    int round = 0; // 1: headers awaited, 2: bodies awaited, 3: sends awaited
-    std::uint64_t digest = 0;
+    int round = 0; // 1: headers awaited, 2: orders awaited, 3: sends awaited
+    bool full = false; // the orders are exchanged and compared
     std::vector<std::int64_t> header;
-    std::string body;                              // label, then the order's text
+    std::string body;                               // label, then the order's text
     std::vector<std::vector<std::int64_t>> headers; // per rank (this rank's too)
     std::vector<std::string> bodies;
     std::vector<request_t<C>> recvs, sends;
@@ -454,18 +456,17 @@ private:
     return m + 1;
   }
 
+  int check_tag() const { return c_.max_tag(); }
+
   void start_schedule_check() {
     if (!checks_schedules()) return;
+    phase_ = phase::checking;
     auto text = schedule::to_text(order_);
     auto const digest = fnv1a(text, fnv1a(o_.schedule_label));
-    if (checked_digest_ == digest) return;
-    phase_ = phase::checking;
     auto const n = static_cast<std::size_t>(c_.size());
     auto const me = static_cast<std::size_t>(c_.rank());
-    int const tag = c_.max_tag();
     check_ = {};
     auto& k = check_;
-    k.digest = digest;
     k.header = {header_magic, c_.rank(), layout_.stages(), layout_.ranks(), layout_.chunks(), micro_count(order_),
                 static_cast<std::int64_t>(o_.schedule_label.size()), static_cast<std::int64_t>(text.size()),
                 static_cast<std::int64_t>(digest)};
@@ -483,14 +484,13 @@ private:
     for (std::size_t p = 0; p < n; ++p) {
       if (p == me) continue;
       int const peer = static_cast<int>(p);
-      k.sends.push_back(c_.isend(k.header.data(), header_bytes, peer, tag));
-      k.sends.push_back(c_.isend(k.body.data(), k.body.size(), peer, tag));
-      k.recvs[p] = c_.irecv(k.headers[p].data(), header_bytes, peer, tag);
+      k.sends.push_back(c_.isend(k.header.data(), header_bytes, peer, check_tag()));
+      k.recvs[p] = c_.irecv(k.headers[p].data(), header_bytes, peer, check_tag());
     }
     phase_ = phase::posting;
   }
 
-  /// Completes the requests of the current round; false when one is not complete (non-blocking).
+  /// Completes the requests in `rs` not done yet; false when one is not complete (non-blocking).
   bool complete_round(std::vector<request_t<C>>& rs, bool blocking, char const* what) {
     for (std::size_t p = 0; p < rs.size(); ++p) {
       if (check_.done[p]) continue;
@@ -519,14 +519,26 @@ private:
                                  " sent no schedule header (is its executor_options::check_schedule on?)");
         }
       }
-      k.done.assign(n, 0);
-      k.done[me] = 1;
-      for (std::size_t p = 0; p < n; ++p) {
-        if (p == me) continue;
-        k.bodies[p].assign(static_cast<std::size_t>(k.headers[p][h_label] + k.headers[p][h_text]) + 1, '\0');
-        k.recvs[p] = c_.irecv(k.bodies[p].data(), k.bodies[p].size(), static_cast<int>(p), c_.max_tag());
+      // Every rank holds the same digests and the same record of the last check: all decide alike.
+      k.full = checked_digests_.size() != n;
+      for (std::size_t p = 0; p < n && !k.full; ++p) {
+        k.full = checked_digests_[p] != static_cast<std::uint64_t>(k.headers[p][h_digest]);
       }
-      k.round = 2;
+      if (k.full) {
+        k.done.assign(n, 0);
+        k.done[me] = 1;
+        for (std::size_t p = 0; p < n; ++p) {
+          if (p == me) continue;
+          int const peer = static_cast<int>(p);
+          k.sends.push_back(c_.isend(k.body.data(), k.body.size(), peer, check_tag()));
+          k.bodies[p].assign(static_cast<std::size_t>(k.headers[p][h_label] + k.headers[p][h_text]) + 1, '\0');
+          k.recvs[p] = c_.irecv(k.bodies[p].data(), k.bodies[p].size(), peer, check_tag());
+        }
+        k.round = 2;
+      } else {
+        k.done.assign(k.sends.size(), 0);
+        k.round = 3;
+      }
     }
     if (k.round == 2) {
       if (!complete_round(k.recvs, blocking, "order")) return false;
@@ -534,10 +546,12 @@ private:
       k.round = 3;
     }
     if (!complete_round(k.sends, blocking, "own header and order sent to every")) return false;
-    auto const digest = k.digest;
-    compare_schedules();
+    if (k.full) {
+      compare_schedules();
+      checked_digests_.assign(n, 0);
+      for (std::size_t p = 0; p < n; ++p) checked_digests_[p] = static_cast<std::uint64_t>(k.headers[p][h_digest]);
+    }
     check_ = {};
-    checked_digest_ = digest;
     phase_ = phase::entries;
     return true;
   }
@@ -1064,7 +1078,7 @@ private:
   std::vector<pending_send> sends_;
   std::vector<std::pair<std::byte*, std::size_t>> staging_;
   schedule_exchange check_;
-  std::optional<std::uint64_t> checked_digest_; // the order (and label) the last check passed
+  std::vector<std::uint64_t> checked_digests_; // every rank's digest at the last passed check
   std::optional<schedule::chunk> group_;
   std::optional<event_t<B>> last_compute_;
   schedule::order order_;
