@@ -153,6 +153,26 @@ BOOST_AUTO_TEST_CASE(activation_swap_budget_transfer_and_pool) {
   });
   // (the group owned d from save() on: release() freed it)
 
+  ps::staging_arena<B> arena;
+  x.allocate_arena(arena, 4096);
+  ps::device_budget elsewhere(1 << 20);
+  sweep({
+      {"allocate_arena twice", [&] { x.allocate_arena(arena, 4096); }, {"allocate_arena", "staging arena", "already allocated"}},
+  });
+  {
+    // While the engine holds reserved bytes in a budget it cannot move to another one.
+    ps::device_budget held(1 << 20);
+    x.set_budget(&held);
+    ps::staging_arena<B> a2;
+    x.allocate_arena(a2, 512);
+    sweep({{"set_budget while holding", [&] { x.set_budget(&elsewhere); },
+            {"transfer_engine::set_budget", "512 reserved bytes", "change budgets only while"}}});
+    x.release_arena(a2);
+    b.synchronize_device();
+    x.set_budget(nullptr);
+  }
+  x.release_arena(arena);
+
   ps::device_budget budget(1000);
   budget.reserve(ps::budget_client::optimizer, 100);
   sweep({{"release", [&] { budget.release(ps::budget_client::activation, 1); },

@@ -70,7 +70,7 @@ public:
   using options = threaded_backend_options;
 
   threaded_backend() : threaded_backend(options{}) {}
-  explicit threaded_backend(options o) : o_(o), rng_(o.seed) { add_stream(); }
+  explicit threaded_backend(options o) : o_(o) { add_stream(); }
   threaded_backend(threaded_backend const&) = delete;
   threaded_backend& operator=(threaded_backend const&) = delete;
   ~threaded_backend() {
@@ -237,7 +237,6 @@ private:
   }
 
   options o_;
-  std::mt19937_64 rng_;
   std::vector<std::unique_ptr<stream_state>> streams_;
   std::mutex flags_m_;
   std::condition_variable flags_cv_;
