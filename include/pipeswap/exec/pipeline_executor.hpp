@@ -81,11 +81,11 @@
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/exec/comm.hpp>
+#include <pipeswap/exec/detail/schedule_check.hpp>
 #include <pipeswap/exec/stage.hpp>
 #include <pipeswap/schedule/layout.hpp>
 #include <pipeswap/schedule/step.hpp>
 #include <pipeswap/schedule/text.hpp>
-#include <pipeswap/schedule/validate.hpp>
 
 namespace pipeswap::exec {
 
@@ -412,190 +412,24 @@ private:
     else return b_.new_stream();
   }
 
-  // ----- the schedule check (executor_options::check_schedule) --------------------------------------
-  //
-  // Every step, each rank sends every other rank a fixed header (layout, micro-batches, sizes, the
-  // digest of its label and order), posted at begin_step; run_entries completes the exchange first
-  // (blocking under the watchdog, or by test() in advance()). Every rank then holds every digest and
-  // decides alike: when one differs from the digests of the last passed check (always at the first
-  // step), each rank sends every other its label and order as text, and every rank reaches the same
-  // verdict on them. So a change on some ranks only is checked too.
-
-  /// Header fields, in order.
-  enum header_field : std::size_t { h_magic, h_rank, h_stages, h_ranks, h_chunks, h_micro, h_label, h_text, h_digest, h_count };
-  static constexpr std::int64_t header_magic = 0x7073636865636b31; // "pscheck1"
-
-  struct schedule_exchange {
-    bool pending = false;
-    int round = 0; // 1: headers awaited, 2: orders awaited, 3: sends awaited
-    bool full = false; // the orders are exchanged and compared
-    std::vector<std::int64_t> header;
-    std::string body;                               // label, then the order's text
-    std::vector<std::vector<std::int64_t>> headers; // per rank (this rank's too)
-    std::vector<std::string> bodies;
-    std::vector<request_t<C>> recvs, sends;
-    std::vector<char> done;
-  };
+  // ----- the schedule check (executor_options::check_schedule; exec/detail/schedule_check.hpp) -----
 
   [[nodiscard]] bool checks_schedules() const noexcept {
     return !C::reads_device_memory && o_.check_schedule && c_.size() > 1;
   }
 
-  static std::uint64_t fnv1a(std::string_view s, std::uint64_t h = 1469598103934665603ull) noexcept {
-    for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
-    return h;
-  }
-
-  static std::int64_t micro_count(schedule::order const& o) {
-    schedule::index_type m = -1;
-    for (auto const& e : o) {
-      if (!e) continue;
-      m = std::max(m, e->micro);
-      for (auto const& l : e->sub) m = std::max(m, l.micro);
-    }
-    return m + 1;
-  }
-
-  int check_tag() const { return c_.max_tag(); }
-
   void start_schedule_check() {
     if (!checks_schedules()) return;
     phase_ = phase::checking;
-    auto text = schedule::to_text(order_);
-    auto const digest = fnv1a(text, fnv1a(o_.schedule_label));
-    auto const n = static_cast<std::size_t>(c_.size());
-    auto const me = static_cast<std::size_t>(c_.rank());
-    check_ = {};
-    auto& k = check_;
-    k.header = {header_magic, c_.rank(), layout_.stages(), layout_.ranks(), layout_.chunks(), micro_count(order_),
-                static_cast<std::int64_t>(o_.schedule_label.size()), static_cast<std::int64_t>(text.size()),
-                static_cast<std::int64_t>(digest)};
-    k.body = o_.schedule_label + text + "."; // never empty
-    k.headers.assign(n, std::vector<std::int64_t>(h_count));
-    k.headers[me] = k.header;
-    k.bodies.assign(n, std::string());
-    k.bodies[me] = k.body;
-    k.recvs.resize(n);
-    k.done.assign(n, 0);
-    k.done[me] = 1;
-    k.pending = true;
-    k.round = 1;
-    std::size_t const header_bytes = h_count * sizeof(std::int64_t);
-    for (std::size_t p = 0; p < n; ++p) {
-      if (p == me) continue;
-      int const peer = static_cast<int>(p);
-      k.sends.push_back(c_.isend(k.header.data(), header_bytes, peer, check_tag()));
-      k.recvs[p] = c_.irecv(k.headers[p].data(), header_bytes, peer, check_tag());
-    }
+    check_.start(c_, layout_, order_, o_.schedule_label);
     phase_ = phase::posting;
   }
 
-  /// Completes the requests in `rs` not done yet; false when one is not complete (non-blocking).
-  bool complete_round(std::vector<request_t<C>>& rs, bool blocking, char const* what) {
-    for (std::size_t p = 0; p < rs.size(); ++p) {
-      if (check_.done[p]) continue;
-      if (blocking) {
-        await(rs[p], std::string("the schedule check's ") + what + " of rank " + std::to_string(p));
-      } else if (!c_.test(rs[p])) {
-        return false;
-      }
-      check_.done[p] = 1;
-    }
-    return true;
-  }
-
   bool progress_schedule_check(bool blocking) {
-    auto& k = check_;
     phase_ = phase::checking;
-    auto const n = static_cast<std::size_t>(c_.size());
-    auto const me = static_cast<std::size_t>(c_.rank());
-    if (k.round == 1) {
-      if (!complete_round(k.recvs, blocking, "header")) return false;
-      for (std::size_t p = 0; p < n; ++p) {
-        auto const& h = k.headers[p];
-        if (h[h_magic] != header_magic || h[h_rank] != static_cast<std::int64_t>(p) || h[h_label] < 0 ||
-            h[h_text] < 0 || h[h_label] + h[h_text] > (std::int64_t{1} << 32)) {
-          throw invalid_argument("pipeline_executor: schedule check: rank " + std::to_string(p) +
-                                 " sent no schedule header (is its executor_options::check_schedule on?)");
-        }
-      }
-      // Every rank holds the same digests and the same record of the last check: all decide alike.
-      k.full = checked_digests_.size() != n;
-      for (std::size_t p = 0; p < n && !k.full; ++p) {
-        k.full = checked_digests_[p] != static_cast<std::uint64_t>(k.headers[p][h_digest]);
-      }
-      if (k.full) {
-        k.done.assign(n, 0);
-        k.done[me] = 1;
-        for (std::size_t p = 0; p < n; ++p) {
-          if (p == me) continue;
-          int const peer = static_cast<int>(p);
-          k.sends.push_back(c_.isend(k.body.data(), k.body.size(), peer, check_tag()));
-          k.bodies[p].assign(static_cast<std::size_t>(k.headers[p][h_label] + k.headers[p][h_text]) + 1, '\0');
-          k.recvs[p] = c_.irecv(k.bodies[p].data(), k.bodies[p].size(), peer, check_tag());
-        }
-        k.round = 2;
-      } else {
-        k.done.assign(k.sends.size(), 0);
-        k.round = 3;
-      }
-    }
-    if (k.round == 2) {
-      if (!complete_round(k.recvs, blocking, "order")) return false;
-      k.done.assign(k.sends.size(), 0);
-      k.round = 3;
-    }
-    if (!complete_round(k.sends, blocking, "own header and order sent to every")) return false;
-    if (k.full) {
-      compare_schedules();
-      checked_digests_.assign(n, 0);
-      for (std::size_t p = 0; p < n; ++p) checked_digests_[p] = static_cast<std::uint64_t>(k.headers[p][h_digest]);
-    }
-    check_ = {};
-    phase_ = phase::entries;
-    return true;
-  }
-
-  /// Throws invalid_argument naming the ranks and the first difference unless every rank's header
-  /// agrees with rank 0's and the orders form one schedule.
-  void compare_schedules() const {
-    auto const& k = check_;
-    auto const n = k.headers.size();
-    auto label = [&](std::size_t r) { return k.bodies[r].substr(0, static_cast<std::size_t>(k.headers[r][h_label])); };
-    auto fail = [&](std::size_t r, std::string const& what) {
-      throw invalid_argument("pipeline_executor: schedule check: ranks 0 and " + std::to_string(r) +
-                             " do not run the same schedule: " + what);
-    };
-    for (std::size_t r = 1; r < n; ++r) {
-      auto const &a = k.headers[0], &h = k.headers[r];
-      if (a[h_stages] != h[h_stages] || a[h_ranks] != h[h_ranks] || a[h_chunks] != h[h_chunks]) {
-        fail(r, "layouts of " + std::to_string(a[h_stages]) + " stages on " + std::to_string(a[h_ranks]) +
-                    " ranks against " + std::to_string(h[h_stages]) + " stages on " + std::to_string(h[h_ranks]) +
-                    " ranks");
-      }
-      if (a[h_micro] != h[h_micro]) {
-        fail(r, std::to_string(a[h_micro]) + " against " + std::to_string(h[h_micro]) + " micro-batches");
-      }
-      if (label(0) != label(r)) fail(r, "schedule_label '" + label(0) + "' against '" + label(r) + "'");
-    }
-    schedule::rank_orders orders;
-    for (std::size_t r = 0; r < n; ++r) {
-      auto const& b = k.bodies[r];
-      auto const from = static_cast<std::size_t>(k.headers[r][h_label]);
-      orders.push_back(schedule::order_from_text(std::string_view(b).substr(from, static_cast<std::size_t>(k.headers[r][h_text]))));
-    }
-    auto const report = schedule::check_schedule(orders, layout_);
-    if (!report.problems.empty() || !report.deadlock.empty()) {
-      std::string digests;
-      for (std::size_t r = 0; r < n; ++r) {
-        char hex[20];
-        std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(k.headers[r][h_digest]));
-        digests += (r ? ", rank " : "rank ") + std::to_string(r) + " " + hex;
-      }
-      throw invalid_argument("pipeline_executor: schedule check: the orders of the " + std::to_string(n) +
-                             " ranks do not form one schedule (order digests: " + digests + "): " +
-                             schedule::to_string(report));
-    }
+    bool const done = check_.progress(c_, layout_, blocking, [&](request_t<C>& r, std::string const& what) { await(r, what); });
+    if (done) phase_ = phase::entries;
+    return done;
   }
 
   /// Runs `f`; a failure becomes rank_failure (the original nested), the comm aborted when this rank
@@ -624,7 +458,7 @@ private:
   }
 
   std::size_t run_entries(bool blocking) {
-    if (check_.pending && !progress_schedule_check(blocking)) return 0;
+    if (check_.pending() && !progress_schedule_check(blocking)) return 0;
     std::size_t n = 0;
     for (; pc_ < order_.size(); ++pc_, ++n) {
       auto const& e = order_[pc_];
@@ -1026,7 +860,7 @@ private:
 
   void release_all() {
     in_step_ = false;
-    check_ = {}; // an aborted comm never completes its requests
+    check_.drop(); // an aborted comm never completes its requests
     prefetch_ = {};
     group_.reset();
     last_compute_.reset();
@@ -1077,8 +911,7 @@ private:
   std::map<mkey, posted_recv> posted_;
   std::vector<pending_send> sends_;
   std::vector<std::pair<std::byte*, std::size_t>> staging_;
-  schedule_exchange check_;
-  std::vector<std::uint64_t> checked_digests_; // every rank's digest at the last passed check
+  detail::schedule_check<C> check_;
   std::optional<schedule::chunk> group_;
   std::optional<event_t<B>> last_compute_;
   schedule::order order_;
