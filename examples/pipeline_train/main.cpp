@@ -6,6 +6,10 @@
 //                               --swap none|activations|optimizer|both [--phases] --steps S [--seed X]
 //   pipeline_train --ranks N ...          every rank as a thread of this process (thread_comm)
 //
+// Each rank labels its schedule ("1f1b micro=4"; executor_options::schedule_label) and the executor
+// checks at the first step that every rank runs the same one. --rank-schedule R=KIND makes rank R
+// run another kind, to see that check fail on every rank; --no-schedule-check turns it off.
+//
 // Prints the loss per step, each rank's peak device bytes, and ends with `bit-identical: yes` or
 // `bit-identical: no` (exit status 1). A rank that fails brings every rank down; the error names the
 // rank and the entry it failed at (exit status 2).
@@ -200,9 +204,39 @@ int main(int argc, char** argv) {
   app.add_option("--fail-kernel", fail_kernel, "fault injection: fail the rank's (N+1)-th kernel launch instead");
   app.add_option("--orders", orders_file,
                  "run these orders (a JSON array of rank orders, swap steps as given) instead of --schedule");
+  std::vector<std::string> rank_schedules;
+  app.add_option("--rank-schedule", rank_schedules,
+                 "R=KIND: rank R runs schedule KIND (gpipe, 1f1b, interleaved) instead of --schedule");
+  bool no_check = false;
+  app.add_flag("--no-schedule-check", no_check, "skip the executor's check that every rank runs one schedule");
   CLI11_PARSE(app, argc, argv);
-  o.kind = kind == "gpipe" ? pt::schedule_kind::gpipe : kind == "1f1b" ? pt::schedule_kind::one_f_one_b
-                                                                       : pt::schedule_kind::interleaved;
+  auto kind_of = [](std::string const& k) {
+    return k == "gpipe" ? pt::schedule_kind::gpipe : k == "1f1b" ? pt::schedule_kind::one_f_one_b
+                                                                 : pt::schedule_kind::interleaved;
+  };
+  o.kind = kind_of(kind);
+  o.exec.check_schedule = !no_check;
+  std::map<int, std::string> kind_of_rank;
+  for (auto const& rs : rank_schedules) {
+    auto const eq = rs.find('=');
+    auto const k = eq == std::string::npos ? std::string() : rs.substr(eq + 1);
+    if (eq == std::string::npos || (k != "gpipe" && k != "1f1b" && k != "interleaved")) {
+      std::fprintf(stderr, "pipeline_train: --rank-schedule takes R=KIND, got '%s'\n", rs.c_str());
+      return 2;
+    }
+    kind_of_rank[std::stoi(rs.substr(0, eq))] = k;
+  }
+  // The options rank r trains with: its schedule kind and the label the schedule check compares.
+  auto for_rank = [&](pt::train_options r, int rank) {
+    auto const it = kind_of_rank.find(rank);
+    auto const k = it == kind_of_rank.end() ? kind : it->second;
+    r.kind = kind_of(k);
+    if (!r.orders) {
+      r.exec.schedule_label = k + " micro=" + std::to_string(r.model.micro) + " chunks=" + std::to_string(r.chunks) +
+                              (r.overlap_b_f ? " overlap" : "");
+    }
+    return r;
+  };
   if (o.kind != pt::schedule_kind::interleaved && (o.chunks != 1 || o.overlap_b_f)) {
     std::fprintf(stderr, "pipeline_train: --chunks and --overlap need --schedule interleaved\n");
     return 2;
@@ -247,7 +281,7 @@ int main(int argc, char** argv) {
       std::vector<std::thread> ts;
       for (int k = 0; k < o.ranks; ++k) {
         ts.emplace_back([&, k] {
-          auto mine = run_opts;
+          auto mine = for_rank(run_opts, k);
           if (fail_rank != k) mine.exec.fail_at.reset();
           try {
             auto c = w.comm(k);
@@ -273,7 +307,7 @@ int main(int argc, char** argv) {
     {
       ex::mpi_comm c;
       o.ranks = c.size();
-      per_rank = o;
+      per_rank = for_rank(o, c.rank());
       if (fail_rank != c.rank()) per_rank.exec.fail_at.reset();
       if (c.rank() == 0) print_verdict(o);
       try {

@@ -48,6 +48,9 @@ struct train_options {
   ps::exec::executor_options exec;
   /// Orders to run instead of the generated schedule (one per rank, swap steps as given).
   std::optional<ps::schedule::rank_orders> orders;
+  /// Per rank, its executor_options::schedule_label (the schedule check compares them); empty: the
+  /// label of `exec` on every rank.
+  std::vector<std::string> schedule_labels;
   /// Fault injection: on this rank, make the n-th operation of `site` on the mock backend throw.
   std::optional<int> fault_rank;
   mock::fault_site fault_site = mock::fault_site::kernel;
@@ -199,6 +202,7 @@ rank_outcome train_rank(C& comm, train_options const& o) {
     bool const phased = o.swap_optimizer && o.optimizer_phases;
     ps::optimizer_swap<opt_type> osw(x, opt, swap_config_of(o.swap_optimizer, phased));
     auto eo = o.exec;
+    if (!o.schedule_labels.empty()) eo.schedule_label = o.schedule_labels.at(static_cast<std::size_t>(rank));
     if (phased) {
       eo.optimizer_phases = true;
       eo.settle_device = false; // the deferred offload drains into the next step's forward

@@ -102,15 +102,20 @@ BOOST_AUTO_TEST_CASE(injected_allocation_and_kernel_faults) {
 }
 
 BOOST_AUTO_TEST_CASE(traces_are_byte_identical_across_runs) {
-  mock::backend a;
+  // Hazards recorded, not raised: the program's own ordering is checked by hazards() below.
+  mock::options rec;
+  rec.hazards = mock::hazard_policy::record;
+  mock::backend a{rec};
   auto const first = run_program(a);
   // Disturb the host heap between runs: no host address may leak into the trace.
   std::vector<std::vector<char>> junk;
   for (int i = 0; i < 100; ++i) junk.emplace_back(static_cast<std::size_t>(i * 37 + 1));
-  mock::backend b;
+  mock::backend b{rec};
   auto const second = run_program(b);
   BOOST_TEST(first == second);
   BOOST_TEST(a.hazards().empty());
+  BOOST_TEST(b.hazards().empty());
+  BOOST_TEST(first.find("prefetch") != std::string::npos);
 }
 
 BOOST_AUTO_TEST_CASE(trace_is_valid_chrome_json_with_a_lane_per_stream_and_engine) {
@@ -149,26 +154,38 @@ BOOST_AUTO_TEST_CASE(trace_is_valid_chrome_json_with_a_lane_per_stream_and_engin
 }
 
 BOOST_AUTO_TEST_CASE(the_program_computes_the_right_bytes) {
-  mock::backend b;
-  auto cs = b.current_stream();
-  auto cp = b.new_stream();
-  auto* h = b.allocate_host(16);
-  std::memset(h, 3, 16);
-  auto d = b.allocate_device(16, cs);
-  b.wait_event(cp, b.record_event(cs));
-  b.copy_h2d(d, h, 16, cp);
-  b.wait_event(cs, b.record_event(cp));
-  b.launch(cs, {"scale", {}, {{d, 16}}, 7}, [d](mock::kernel_context const& k) {
-    for (auto& v : k.write<unsigned char>(d, 16)) v = static_cast<unsigned char>(v * 2);
-  });
-  b.wait_event(cp, b.record_event(cs));
-  b.copy_d2h(h, d, 16, cp);
-  b.synchronize(b.record_event(cp));
-  b.note_host_read(h, 16);
-  BOOST_TEST(static_cast<int>(h[15]) == 6);
-  BOOST_TEST(b.hazards().empty());
-  b.deallocate_device(d, 16, cs);
-  b.deallocate_host(h, 16);
+  // The same program with every wait, then with the kernel's wait for the H2D dropped: hazards are
+  // recorded (not raised), so hazards() is silent on the first and names the race in the second.
+  for (bool wait : {true, false}) {
+    mock::options rec;
+    rec.hazards = mock::hazard_policy::record;
+    mock::backend b{rec};
+    auto cs = b.current_stream();
+    auto cp = b.new_stream();
+    auto* h = b.allocate_host(16);
+    std::memset(h, 3, 16);
+    auto d = b.allocate_device(16, cs);
+    b.wait_event(cp, b.record_event(cs));
+    b.copy_h2d(d, h, 16, cp);
+    if (wait) b.wait_event(cs, b.record_event(cp));
+    b.launch(cs, {"scale", {}, {{d, 16}}, 7}, [d](mock::kernel_context const& k) {
+      for (auto& v : k.write<unsigned char>(d, 16)) v = static_cast<unsigned char>(v * 2);
+    });
+    b.wait_event(cp, b.record_event(cs));
+    b.copy_d2h(h, d, 16, cp);
+    b.synchronize(b.record_event(cp));
+    b.note_host_read(h, 16);
+    if (wait) {
+      BOOST_TEST(static_cast<int>(h[15]) == 6);
+      BOOST_TEST(b.hazards().empty());
+    } else {
+      BOOST_TEST_REQUIRE(!b.hazards().empty());
+      BOOST_TEST(b.hazards().front().message.find("scale") != std::string::npos, b.hazards().front().message);
+    }
+    b.wait_event(cs, b.record_event(cp));
+    b.deallocate_device(d, 16, cs);
+    b.deallocate_host(h, 16);
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END() // mock_faults_trace

@@ -29,6 +29,8 @@ cmake --build "$work/cmake-build" >/dev/null
 echo "== pkg-config pipeswap from $root"
 pcdir=$(dirname "$(find "$root" -name pipeswap.pc | head -n 1)")
 flags=$(PKG_CONFIG_PATH="$pcdir" pkg-config --define-variable=prefix="$root" --cflags --libs pipeswap)
+# The .pc file carries -std=c++20 itself: the consumer passes no -std of its own.
+case " $flags " in *" -std=c++20 "*) ;; *) echo "pipeswap.pc lacks -std=c++20: $flags"; exit 1 ;; esac
 # shellcheck disable=SC2086
-"$@" -std=c++20 "$src/main.cpp" $flags -o "$work/pkgconfig-consumer"
+"$@" "$src/main.cpp" $flags -o "$work/pkgconfig-consumer"
 "$work/pkgconfig-consumer"

@@ -180,7 +180,7 @@ sch::rank_orders perturb(sch::rank_orders o, std::mt19937& rng) {
 BOOST_AUTO_TEST_CASE(random_schedules_run_exactly_when_the_validator_predicts_no_deadlock) {
   std::mt19937 rng(20261201);
   int const trials = sampled ? 14 : 48;
-  int ran = 0, deadlocked = 0, tries = 0;
+  int ran = 0, deadlocked = 0, refused = 0, tries = 0;
   while (ran + deadlocked < trials && tries < 20 * trials) {
     ++tries;
     int const ranks = std::uniform_int_distribution<int>(2, 4)(rng);
@@ -205,8 +205,12 @@ BOOST_AUTO_TEST_CASE(random_schedules_run_exactly_when_the_validator_predicts_no
     BOOST_TEST_REQUIRE(report.problems.empty(), sch::to_string(report));
     bool const predicted_deadlock = !report.deadlock.empty();
     if (predicted_deadlock && deadlocked >= trials / 4) continue; // each costs a watchdog period
-    // A deadlock costs one watchdog period; a schedule predicted to run gets a generous one.
+    // A deadlock costs one watchdog period; a schedule predicted to run gets a generous one. Every
+    // other predicted deadlock runs with the schedule check, which refuses it before any entry runs.
     o.exec.wait_timeout = predicted_deadlock ? 300ms : 60s;
+    bool const checked = predicted_deadlock && deadlocked % 2 == 1;
+    o.exec.check_schedule = !predicted_deadlock || checked;
+    if (checked) o.exec.wait_timeout = 60s; // the check, not the watchdog, must end it
     o.orders = orders;
     BOOST_TEST_CONTEXT(name_of(o) << " trial " << tries << "\n" << sch::to_string(report)) {
       auto const r = pt::train_threads(o);
@@ -214,6 +218,20 @@ BOOST_AUTO_TEST_CASE(random_schedules_run_exactly_when_the_validator_predicts_no
         ++ran;
         BOOST_TEST_REQUIRE(r.ok(), all_errors(r));
         BOOST_TEST(pt::bit_identical(r.outcomes, pt::reference(o)));
+      } else if (checked) {
+        ++deadlocked;
+        ++refused;
+        // Every rank fails at the schedule check with the validator's verdict: the cycle, each
+        // blocked receive named by rank and position.
+        for (std::size_t k = 0; k < r.errors.size(); ++k) {
+          auto const& e = r.errors[k];
+          BOOST_TEST(e.find("at schedule check") != std::string::npos, "rank " << k << ": " << e);
+          BOOST_TEST(e.find("do not form one schedule") != std::string::npos, "rank " << k << ": " << e);
+          for (auto const& b : report.deadlock) {
+            BOOST_TEST(e.find("rank " + std::to_string(b.rank) + " blocks at position " + std::to_string(b.position) +
+                              " (" + b.step + ")") != std::string::npos, e);
+          }
+        }
       } else {
         ++deadlocked;
         BOOST_TEST(!r.ok());
@@ -237,6 +255,60 @@ BOOST_AUTO_TEST_CASE(random_schedules_run_exactly_when_the_validator_predicts_no
   BOOST_TEST_MESSAGE(ran << " random schedules ran, " << deadlocked << " deadlocked as predicted, " << tries << " tried");
   BOOST_TEST(ran >= trials / 2);
   BOOST_TEST(deadlocked >= 2);
+  BOOST_TEST(refused >= 1);
+}
+
+BOOST_AUTO_TEST_CASE(ranks_with_different_schedules_fail_at_the_first_step_on_every_rank) {
+  // The watchdog is 60 s: without the check each of these runs would end only there (or, for the
+  // schedules that happen to pair up, train with a schedule the engine did not mean).
+  auto mixed = [](int ranks, int micro, std::vector<int> gpipe_ranks, int micro_of_last = 0) {
+    auto f = sch::one_f_one_b(ranks, micro), g = sch::gpipe(ranks, micro);
+    auto other = sch::one_f_one_b(ranks, micro_of_last ? micro_of_last : micro);
+    sch::rank_orders o = f;
+    for (int r : gpipe_ranks) o[std::size_t(r)] = g[std::size_t(r)];
+    if (micro_of_last) o.back() = other.back();
+    return o;
+  };
+  struct run_case {
+    std::string name;
+    int ranks, micro;
+    sch::rank_orders orders;
+    std::vector<std::string> labels;
+    std::vector<std::string> words; // each rank's error holds them
+  };
+  std::vector<run_case> const cases = {
+      {"1F1B on ranks 0 and 2, GPipe on rank 1", 3, 4, mixed(3, 4, {1}), {},
+       {"at schedule check", "do not form one schedule", "deadlock", "rank 1 blocks at position"}},
+      {"4 micro-batches on ranks 0-2, 8 on rank 3", 4, 8, mixed(4, 4, {}, 8), {},
+       {"at schedule check", "ranks 0 and 3 do not run the same schedule: 4 against 8 micro-batches"}},
+      {"GPipe on rank 0, 1F1B on rank 1, labelled", 2, 4, mixed(2, 4, {0}), {"gpipe micro=4", "1f1b micro=4"},
+       {"at schedule check", "ranks 0 and 1 do not run the same schedule: schedule_label 'gpipe micro=4' against '1f1b micro=4'"}},
+  };
+  for (auto const& c : cases) {
+    BOOST_TEST_CONTEXT(c.name) {
+      auto o = small(pt::schedule_kind::one_f_one_b, c.ranks, 1, c.micro);
+      o.steps = 2;
+      o.orders = c.orders;
+      o.schedule_labels = c.labels;
+      auto const t0 = std::chrono::steady_clock::now();
+      auto const r = pt::train_threads(o);
+      auto const took = std::chrono::steady_clock::now() - t0;
+      BOOST_TEST_MESSAGE(c.name << ": every rank failed after "
+                                << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
+      BOOST_TEST(took < 20s, "the watchdog (60 s), not the check, ended the run");
+      for (std::size_t k = 0; k < r.errors.size(); ++k) {
+        BOOST_TEST(!r.outcomes[k].has_value(), "rank " << k << " trained");
+        for (auto const& w : c.words) BOOST_TEST(r.errors[k].find(w) != std::string::npos, "rank " << k << ": " << r.errors[k]);
+      }
+    }
+  }
+  // The unlabelled GPipe/1F1B pair forms a valid schedule (every send meets its receive, nothing
+  // can deadlock): it runs, bit-identical to the reference of those orders; labelled, it was refused.
+  auto o = small(pt::schedule_kind::one_f_one_b, 2, 1, 4);
+  o.orders = mixed(2, 4, {0});
+  auto const r = pt::train_threads(o);
+  BOOST_TEST_REQUIRE(r.ok(), all_errors(r));
+  BOOST_TEST(pt::bit_identical(r.outcomes, pt::reference(o)));
 }
 
 BOOST_AUTO_TEST_CASE(a_fault_on_one_rank_brings_every_rank_down_naming_rank_and_site) {
@@ -340,8 +412,10 @@ BOOST_AUTO_TEST_CASE(bad_input_is_rejected_naming_the_rule) {
   }
   b.synchronize_device();
   auto const baseline = b.live_device_allocations();
-  // Each case on a fresh world: a failed step aborts its comm.
+  // Each case on a fresh world: a failed step aborts its comm. Rank 1 never runs here, so the
+  // schedule check (which would wait for its order) is off.
   auto run = [&](sch::order const& o, std::string part, bool aborts = true, ex::executor_options opts = {}) {
+    opts.check_schedule = false;
     ex::thread_world w(2);
     auto c = w.comm(0);
     exe e(x, c, two, {{0, &s0}, {2, &s2}}, opts);

@@ -2,8 +2,10 @@
 """pipeline_train under mpirun with 2, 3 and 4 processes: a sampled matrix of schedules, chunks,
 micro-batches and swap settings must end `bit-identical: yes`; a fault on one rank must bring every
 process down naming the rank and the site; a deadlocking schedule must fail within its watchdog,
-each rank saying what it waited on. Every run has a watchdog of its own: a run that does not end in
-time is killed and reported with what it printed.
+each rank saying what it waited on, or at once at the executor's schedule check; ranks given
+different schedules must all fail at the first step, naming the ranks and both schedules. Every run
+has a watchdog of its own: a run that does not end in time is killed and reported with what it
+printed.
 
 usage: mpirun_test.py MPIRUN PIPELINE_TRAIN WORKDIR
 """
@@ -89,13 +91,38 @@ dl = [[{"type": "FWD", "stage": 0, "micro": 0}, {"type": "BWD_RECV", "stage": 0,
 path = os.path.join(work, "deadlock.json")
 with open(path, "w") as f:
     json.dump(dl, f)
-rc, out, err, took = run(2, ["--orders", path, "--wait-timeout", "1500"], 60)
+# Without the executor's schedule check the watchdog ends it, each rank saying what it waited on.
+rc, out, err, took = run(2, ["--orders", path, "--wait-timeout", "1500", "--no-schedule-check"], 60)
 if rc is not None:
     said = ("rank 0 waited 1500 ms at position 1 (BR0.0)" in err) or ("rank 1 waited 1500 ms at position 0 (FR1.0)" in err)
     if rc == 0 or "deadlock" not in out or not said:
         failures.append(f"deadlock run: exit {rc}; expected the validator's verdict and a watchdog naming the wait\n{out}\n{err}")
     else:
         print(f"ok: the predicted deadlock ended after {took:.1f} s naming the waits")
+# With it (the default) the ranks refuse the orders at the first step, long before the watchdog.
+rc, out, err, took = run(2, ["--orders", path, "--wait-timeout", "30000"], 60)
+if rc is not None:
+    if rc == 0 or "failed at schedule check" not in err or "rank 0 blocks at position 1 (BR0.0)" not in err:
+        failures.append(f"checked deadlock run: exit {rc}; expected the schedule check's verdict\n{out}\n{err}")
+    elif took > 20:
+        failures.append(f"checked deadlock run took {took:.1f} s: the watchdog, not the check, ended it\n{err}")
+    else:
+        print(f"ok: the schedule check refused the deadlocking orders in {took:.1f} s")
+
+# Ranks given different schedules (1F1B on ranks 0 and 2, GPipe on rank 1; then 4 ranks with GPipe on
+# rank 3): every process goes down at the first step, the error names the ranks and both schedules.
+for np, extra, words in [
+        (3, ["--rank-schedule", "1=gpipe"], ["'1f1b micro=4 chunks=1' against 'gpipe micro=4 chunks=1'", "ranks 0 and 1"]),
+        (4, ["--rank-schedule", "3=gpipe"], ["'1f1b micro=4 chunks=1' against 'gpipe micro=4 chunks=1'", "ranks 0 and 3"])]:
+    rc, out, err, took = run(np, ["--schedule", "1f1b", "--micro", "4", "--wait-timeout", "30000"] + extra, 60)
+    if rc is None:
+        continue
+    if rc == 0 or "bit-identical" in out or "failed at schedule check" not in err or any(w not in err for w in words):
+        failures.append(f"mixed schedules on {np} processes: exit {rc}; expected the schedule check naming {words}\n{out}\n{err}")
+    elif took > 20:
+        failures.append(f"mixed schedules on {np} processes took {took:.1f} s: the watchdog ended it\n{err}")
+    else:
+        print(f"ok: mixed schedules on {np} processes refused on every rank in {took:.1f} s")
 
 for f in failures:
     print("FAIL:", f, file=sys.stderr)

@@ -18,6 +18,7 @@
 #include <pipeswap/swap/checkpoint.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
 
+#include "support/backend_fixture.hpp"
 #include "support/sanitized.hpp"
 #include "support/step_error_check.hpp"
 #include "support/toy_optimizer.hpp"
@@ -544,6 +545,119 @@ BOOST_AUTO_TEST_CASE(budget_accounting_rules) {
   d.reset_high_water();
   BOOST_TEST(d.high_water() == 400u);
   BOOST_TEST(d.high_water(ps::budget_client::optimizer) == 400u);
+}
+
+BOOST_AUTO_TEST_CASE(strict_budget_rules) {
+  ps::device_budget over(1000);
+  BOOST_TEST((over.policy() == ps::budget_policy::overshoot)); // today's behaviour stays the default
+  ps::device_budget d(1000, ps::budget_policy::strict);
+  d.reserve(ps::budget_client::optimizer, 600);
+  BOOST_CHECK_EXCEPTION(d.reserve(ps::budget_client::activation, 401), ps::budget_exceeded, [](auto const& e) {
+    BOOST_TEST(e.requested() == 401u);
+    BOOST_TEST(e.available() == 400u);
+    BOOST_TEST((e.client() == ps::budget_client::activation));
+    return std::string(e.what()) ==
+           "device_budget::reserve: the activation client needs 401 bytes but the strict budget has 400 of 1000 "
+           "bytes left; nothing was allocated (raise the capacity or free memory, then retry)";
+  });
+  BOOST_TEST(d.used() == 600u); // nothing changed
+  BOOST_TEST(d.refused_count() == 1u);
+  d.reserve(ps::budget_client::activation, 400); // exactly the room: made
+  BOOST_TEST(d.used() == 1000u);
+  BOOST_TEST(d.over_budget_count() == 0u);
+  BOOST_CHECK_THROW(d.require_room(ps::budget_client::optimizer, 1), ps::budget_exceeded);
+  d.reserve_unchecked(ps::budget_client::optimizer, 10); // memory already in use: counted, never refused
+  BOOST_TEST(d.over_budget_count() == 1u);
+  BOOST_TEST(d.high_water() == 1010u);
+  d.set_policy(ps::budget_policy::overshoot);
+  d.reserve(ps::budget_client::optimizer, 5);
+  BOOST_TEST(d.used() == 1015u);
+}
+
+BOOST_AUTO_TEST_CASE(a_strict_budget_refuses_before_allocating_and_the_step_resumes) {
+  // A budget smaller than one batch: the step's first reservation is refused, before its
+  // allocation; no device byte is allocated by the failed call, the step is kept, and with room
+  // given it resumes to the bytes of a run that never failed. Per tensor and packed, and through
+  // activation_swap's loads.
+  for (bool packed : {false, true}) {
+    BOOST_TEST_CONTEXT("packed " << packed) {
+      auto const cfg = config(4, packed, {});
+      auto const ref = train(sizes, cfg, {}, 2);
+      mock::backend b{recording()};
+      ps::transfer_engine<mock::backend> x(b, small_pool());
+      ps::device_budget budget(std::uint64_t{1} << 30, ps::budget_policy::strict);
+      x.set_budget(&budget);
+      mock_model m(b, sizes, 7, true);
+      std::vector<std::vector<std::byte>> got;
+      {
+        runtime rt(x, m.opt, cfg); // its masters are written on the device: room for them
+        BOOST_TEST(budget.used() == 0u);
+        budget.set_capacity(64);
+        for (int s = 0; s < 2; ++s) {
+          stand_in(b, m, "forward", 20000);
+          m.set_grads(static_cast<std::uint64_t>(s));
+          stand_in(b, m, "backward", 20000);
+          stand_in(b, m, "backward tail", 20000);
+          if (s == 0) {
+            b.synchronize_device();
+            auto const live = b.live_device_allocations();
+            auto const bytes = b.device_bytes_in_use();
+            auto const what = ps::test::throws_step_error<ps::budget_exceeded>([&] { rt.step(); });
+            BOOST_TEST(what.find("strict budget has") != std::string::npos, what);
+            BOOST_TEST(rt.has_interrupted_step());
+            b.synchronize_device();
+            BOOST_TEST(b.live_device_allocations() == live); // nothing allocated by the refused call
+            BOOST_TEST(b.device_bytes_in_use() == bytes);
+            BOOST_TEST(budget.used() == 0u);
+            BOOST_TEST(budget.refused_count() >= 1u);
+            budget.set_capacity(std::uint64_t{1} << 30);
+          }
+          rt.step(); // resumes the interrupted step, then a plain one
+        }
+        BOOST_TEST(budget.over_budget_count() == 0u);
+        BOOST_TEST(budget.high_water() <= budget.capacity());
+        got = m.snapshot(rt);
+      }
+      check_equal(got, ref.bytes);
+      BOOST_TEST(b.hazards().empty());
+    }
+  }
+  // Activation loads: a load the strict budget cannot hold is refused with the group still
+  // offloaded; with room it loads the same bytes.
+  mock::backend b{recording()};
+  ps::transfer_engine<mock::backend> x(b, small_pool());
+  ps::device_budget budget(1000, ps::budget_policy::strict);
+  x.set_budget(&budget);
+  ps::activation_swap<mock::backend> acts(x);
+  acts.begin_run();
+  ps::schedule::chunk const c{0, 0};
+  std::vector<std::byte> data(4096);
+  ps::test::fill_pattern(data.data(), data.size(), 3);
+  ps::activation_handle h;
+  {
+    auto scope = acts.forward(c);
+    auto d = b.allocate_device(data.size(), b.current_stream());
+    b.write_device(d, data);
+    h = acts.save(d, data.size());
+  }
+  acts.launch_offload(c);
+  acts.wait_offload(c);
+  b.synchronize_device();
+  auto const live = b.live_device_allocations();
+  BOOST_CHECK_EXCEPTION(acts.launch_load(c), ps::budget_exceeded, [](auto const& e) {
+    return std::string(e.what()).find("the activation client needs 4096 bytes but the strict budget has 1000") !=
+           std::string::npos;
+  });
+  BOOST_TEST((acts.state(c) == ps::group_state::offloaded));
+  BOOST_TEST(b.live_device_allocations() == live);
+  budget.set_capacity(8192);
+  acts.launch_load(c);
+  acts.wait_load(c);
+  BOOST_TEST((b.read_device(acts.ptr(h), data.size()) == data));
+  acts.release(c);
+  acts.end_run();
+  BOOST_TEST(budget.used() == 0u);
+  BOOST_TEST(b.hazards().empty());
 }
 
 BOOST_AUTO_TEST_CASE(activation_loads_take_precedence_over_prefetch) {

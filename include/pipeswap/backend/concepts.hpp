@@ -73,6 +73,7 @@
 #include <concepts>
 #include <cstddef>
 #include <exception>
+#include <string>
 #include <type_traits>
 
 #include <pipeswap/backend/device_ptr.hpp>
@@ -156,23 +157,40 @@ template <backend B> using device_pointer_t = typename B::device_pointer;
 template <backend B> using backend_error_t = typename B::error_type;
 
 // ---------------------------------------------------------------------------------------------------
-// Optional capabilities. The runtimes use them when a backend has them and do without otherwise.
+// Optional capabilities, each a named concept. The runtimes test for them with `if constexpr` and
+// do without otherwise (docs/backend.md lists what each one changes):
 //
-//   b.set_label(std::string_view)           names the work enqueued next (traces, profilers)
-//   b.note_host_read(const std::byte*, n)   the host is about to read pinned bytes (hazard checking)
-//   b.note_host_write(const std::byte*, n)  the host is about to write pinned bytes
-//   b.synchronize_device()                  blocks until all work on all streams is complete
-//   b.holds_bytes() -> bool                 false for a simulator that models time without data:
-//                                           host mirrors are then addresses only and must not be
-//                                           touched by the host
+//   labelled_backend      b.set_label(std::string_view)           names the work enqueued next
+//   host_access_checked   b.note_host_read(const std::byte*, n)   the host is about to read / write
+//                         b.note_host_write(const std::byte*, n)  pinned bytes (hazard checking)
+//   device_synchronizing  b.synchronize_device() -> void          blocks until every stream is idle
+//   named_streams         b.new_stream(std::string) -> stream_type   a new stream with a name
+//   bytes_optional        b.holds_bytes() -> bool                 false for a simulator that models
+//                                                                 time without data: host mirrors
+//                                                                 are then addresses only
 
 template <class B>
 concept labelled_backend = requires(B& b, char const* s) { b.set_label(s); };
+
+/// b.synchronize_device(): blocks the calling host thread until all work on all of b's streams is
+/// complete. The pipeline executor needs it when executor_options::settle_device is on (it settles
+/// the device after the optimizer step and after a failed step); without it the executor waits
+/// each of its own streams instead.
+template <class B>
+concept device_synchronizing = requires(B& b) {
+  { b.synchronize_device() } -> std::same_as<void>;
+};
 
 template <class B>
 concept host_access_checked = requires(B& b, std::byte const* p, std::size_t n) {
   b.note_host_read(p, n);
   b.note_host_write(p, n);
+};
+
+/// b.new_stream(name): a new stream as new_stream() makes, named for traces and profilers.
+template <class B>
+concept named_streams = stream_source<B> && requires(B& b, std::string name) {
+  { b.new_stream(name) } -> std::same_as<typename B::stream_type>;
 };
 
 template <class B>

@@ -10,9 +10,12 @@
 // size the capacity as the room left once they are placed.
 //
 // Two kinds of reservation (docs/guarantees.md, "Device budget"):
-//   required  an activation load, a step's streaming batch or staging arena, the resident share. It
-//             always proceeds (correctness first); when it goes above the capacity it is counted
-//             (over_budget_count(), and high_water() above capacity()).
+//   required  an activation load, a step's streaming batch or staging arena, the resident share. By
+//             default (budget_policy::overshoot) it always proceeds (correctness first); when it goes
+//             above the capacity it is counted (over_budget_count(), and high_water() above
+//             capacity()). A strict budget (budget_policy::strict) refuses it instead: reserve()
+//             throws budget_exceeded with nothing changed, and the engine reserves before it
+//             allocates, so the refused call has allocated nothing.
 //   optional  an optimizer prefetch. It starts only when its bytes fit in optional_room(): the
 //             capacity minus what is reserved minus the reload demand, i.e. the bytes of activation
 //             groups that are offloaded and will be loaded again. So activation loads take precedence
@@ -43,6 +46,27 @@ constexpr std::string_view to_string(budget_client c) noexcept {
 
 class device_budget;
 
+/// What a device_budget does with a required reservation that does not fit.
+enum class budget_policy : std::uint8_t {
+  overshoot, ///< make it and count it (over_budget_count()): the work goes on, the peak rises
+  strict,    ///< refuse it: reserve() throws budget_exceeded and changes nothing
+};
+
+/// A strict budget refused a required reservation. The call that needed the memory failed before
+/// allocating it; raise the capacity (set_capacity) or free memory and call again.
+class budget_exceeded : public state_error {
+public:
+  budget_exceeded(std::string const& what, budget_client c, std::uint64_t requested, std::uint64_t available)
+      : state_error(what), client_(c), requested_(requested), available_(available) {}
+  [[nodiscard]] budget_client client() const noexcept { return client_; }
+  [[nodiscard]] std::uint64_t requested() const noexcept { return requested_; }
+  [[nodiscard]] std::uint64_t available() const noexcept { return available_; }
+
+private:
+  budget_client client_;
+  std::uint64_t requested_, available_;
+};
+
 namespace detail {
 /// The engine's end of its link to a budget (non-template, so the budget can detach any engine).
 struct budget_link {
@@ -53,7 +77,8 @@ struct budget_link {
 
 class device_budget {
 public:
-  explicit device_budget(std::uint64_t capacity_bytes) noexcept : capacity_(capacity_bytes) {}
+  explicit device_budget(std::uint64_t capacity_bytes, budget_policy policy = budget_policy::overshoot) noexcept
+      : capacity_(capacity_bytes), policy_(policy) {}
   device_budget(device_budget const&) = delete;
   device_budget& operator=(device_budget const&) = delete;
   /// Detaches every engine still using the budget; their next reservation throws state_error.
@@ -74,14 +99,34 @@ public:
   [[nodiscard]] std::uint64_t high_water(budget_client c) const noexcept { return client_high_[idx(c)]; }
   /// capacity() - used(), never negative.
   [[nodiscard]] std::uint64_t available() const noexcept { return capacity_ > used() ? capacity_ - used() : 0; }
-  /// May shrink below used(): then nothing optional fits until enough is released.
+  /// May shrink below used(): then nothing optional fits until enough is released (and, strict,
+  /// nothing required either).
   void set_capacity(std::uint64_t c) noexcept { capacity_ = c; }
+  [[nodiscard]] budget_policy policy() const noexcept { return policy_; }
+  void set_policy(budget_policy p) noexcept { policy_ = p; }
 
   // ----- reservations (the engine makes them; tests and custom clients may too) -------------------
 
-  /// A required reservation: always made; counted in over_budget_count() when used() exceeds the
-  /// capacity afterwards.
-  void reserve(budget_client c, std::uint64_t bytes) noexcept {
+  /// A required reservation. Overshoot (the default): always made; counted in over_budget_count()
+  /// when used() exceeds the capacity afterwards. Strict: when `bytes` do not fit in available(),
+  /// throws budget_exceeded naming the client, the bytes and the room, and changes nothing (the
+  /// refusal is counted in refused_count()).
+  void reserve(budget_client c, std::uint64_t bytes) {
+    if (bytes == 0) return;
+    require_room(c, bytes);
+    reserve_unchecked(c, bytes);
+  }
+  /// Throws budget_exceeded, exactly as reserve(c, bytes) would, when the budget is strict and
+  /// `bytes` do not fit; changes nothing otherwise (a caller about to reserve several pieces checks
+  /// their sum first).
+  void require_room(budget_client c, std::uint64_t bytes) {
+    if (policy_ != budget_policy::strict || bytes <= available()) return;
+    ++refused_;
+    throw_exceeded(c, bytes);
+  }
+  /// Counts bytes whatever the policy (overshoot counted as in reserve()): for memory that is
+  /// already allocated, such as storage kept after its release was issued. Never throws.
+  void reserve_unchecked(budget_client c, std::uint64_t bytes) noexcept {
     if (bytes == 0) return;
     used_[idx(c)] += bytes;
     if (used() > capacity_) ++over_budget_;
@@ -129,7 +174,7 @@ public:
 
   /// Required reservations that left used() above the capacity.
   [[nodiscard]] std::uint64_t over_budget_count() const noexcept { return over_budget_; }
-  /// Optional reservations refused for lack of room.
+  /// Optional reservations refused for lack of room (and, strict, required ones).
   [[nodiscard]] std::uint64_t refused_count() const noexcept { return refused_; }
   /// Restarts the high-water marks at the bytes reserved now.
   void reset_high_water() noexcept {
@@ -147,6 +192,13 @@ public:
   void detach(detail::budget_link& l) noexcept { links_.erase(std::remove(links_.begin(), links_.end(), &l), links_.end()); }
 
 private:
+  [[noreturn]] void throw_exceeded(budget_client c, std::uint64_t bytes) const {
+    throw budget_exceeded("device_budget::reserve: the " + std::string(to_string(c)) + " client needs " +
+                              std::to_string(bytes) + " bytes but the strict budget has " +
+                              std::to_string(available()) + " of " + std::to_string(capacity_) +
+                              " bytes left; nothing was allocated (raise the capacity or free memory, then retry)",
+                          c, bytes, available());
+  }
   static constexpr std::size_t idx(budget_client c) noexcept { return static_cast<std::size_t>(c); }
   void note_high() noexcept {
     high_water_ = std::max(high_water_, used());
@@ -154,6 +206,7 @@ private:
   }
 
   std::uint64_t capacity_;
+  budget_policy policy_ = budget_policy::overshoot;
   std::uint64_t used_[2] = {0, 0};
   std::uint64_t high_water_ = 0;
   std::uint64_t client_high_[2] = {0, 0};

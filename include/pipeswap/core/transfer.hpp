@@ -132,7 +132,7 @@ public:
   /// Keeps `bytes` reserved for `c` although no allocation of the engine holds them (a required
   /// reservation): storage whose release is issued but not yet ordered before the next allocation (a
   /// deferred offload). Returns whether a budget counted it; give it back with unhold().
-  bool hold(budget_client c, std::uint64_t bytes) { return reserve(c, bytes); }
+  bool hold(budget_client c, std::uint64_t bytes) { return reserve(c, bytes, true); }
   void unhold(budget_client c, std::uint64_t bytes) noexcept { unreserve(c, bytes); }
   /// As admits_optional(), counting nothing.
   [[nodiscard]] bool fits_optional(std::uint64_t bytes) const {
@@ -174,8 +174,8 @@ public:
   void allocate(buffer& x, stream_type s) {
     require_empty(x, "allocate");
     check_budget("transfer_engine::allocate");
-    x.device_ = x.bytes_ ? b_.allocate_device(x.bytes_, s) : device_pointer_t<B>{};
-    x.reserved_ = x.device_ && reserve(x.client_, x.bytes_);
+    x.reserved_ = false;
+    x.device_ = x.bytes_ ? allocate_reserved(x.client_, x.bytes_, s, x.reserved_) : device_pointer_t<B>{};
     x.state_ = residency::device;
   }
 
@@ -316,10 +316,12 @@ public:
         }
       }
       if constexpr (!is_arena<Storage>) {
-        for (auto* x : targets) {
-          x->device_ = b_.allocate_device(x->bytes_, h2d_);
-          x->reserved_ = reserve(x->client_, x->bytes_);
+        if (link_.budget && !targets.empty()) { // a strict budget refuses the batch before any allocation
+          std::uint64_t total = 0;
+          for (auto* x : targets) total += x->bytes_;
+          link_.budget->require_room(targets.front()->client_, total);
         }
+        for (auto* x : targets) x->device_ = allocate_reserved(x->client_, x->bytes_, h2d_, x->reserved_);
       }
       detail::lean_vector<event_handle<B>> events;
       for (auto* x : targets) detail::add_unique<B>(events, x->event_);
@@ -405,10 +407,11 @@ public:
   void allocate_arena(staging_arena<B>& a, std::size_t bytes) {
     if (a.base) throw state_error("allocate_arena: the staging arena is already allocated");
     check_budget("transfer_engine::allocate_arena");
-    a.base = bytes ? b_.allocate_device(bytes, h2d_) : device_pointer_t<B>{};
+    bool reserved = false;
+    a.base = bytes ? allocate_reserved(budget_client::optimizer, bytes, h2d_, reserved) : device_pointer_t<B>{};
     a.bytes = bytes;
     a.fence = nullptr;
-    a.reserved = a.base && reserve(budget_client::optimizer, bytes) ? bytes : 0;
+    a.reserved = reserved ? bytes : 0;
   }
 
   /// Releases an arena, stream-ordered on the d2h stream behind the h2d stream's work so far (the
@@ -630,13 +633,35 @@ private:
     x.reserved_ = false;
   }
 
-  /// A required reservation; true when a budget counted it.
-  bool reserve(budget_client c, std::uint64_t n) {
+  /// A required reservation; true when a budget counted it. A strict budget refuses one that does
+  /// not fit (budget_exceeded), unless `allocated` (the bytes are already in use).
+  bool reserve(budget_client c, std::uint64_t n, bool allocated = false) {
     check_budget("transfer_engine::reserve");
     if (!link_.budget || n == 0) return false;
-    link_.budget->reserve(c, n);
+    if (allocated) link_.budget->reserve_unchecked(c, n);
+    else link_.budget->reserve(c, n);
     held_[static_cast<int>(c)] += n;
     return true;
+  }
+  /// Allocates `n` bytes on `s` (null for 0) and reserves them. Under a strict budget the
+  /// reservation comes first, so its refusal allocates nothing, and a failed allocation returns it.
+  device_pointer_t<B> allocate_reserved(budget_client c, std::size_t n, stream_type s, bool& reserved) {
+    reserved = false;
+    if (!link_.budget || link_.budget->policy() != budget_policy::strict) {
+      auto const d = b_.allocate_device(n, s);
+      reserved = d && reserve(c, n);
+      return d;
+    }
+    bool const r = reserve(c, n);
+    try {
+      auto const d = b_.allocate_device(n, s);
+      reserved = r && d;
+      if (r && !d) unreserve(c, n);
+      return d;
+    } catch (...) {
+      if (r) unreserve(c, n);
+      throw;
+    }
   }
   void unreserve(budget_client c, std::uint64_t n) noexcept {
     auto& h = held_[static_cast<int>(c)];

@@ -28,8 +28,10 @@
 //            by the runtime's prefetch() (the backward tail gives memory back);
 //   end      every send completes, the host synchronizes the compute stream (the gradient-norm
 //            reduction of mixed precision; unless sync_before_finish is off), then `finish` runs:
-//            the optimizer-swap runtime's step(); then the host waits the device (settle_device) or
-//            only the compute stream, leaving a deferred offload in flight into the next step.
+//            the optimizer-swap runtime's step(); then the host waits the device (settle_device:
+//            synchronize_device() where the backend models device_synchronizing, else each stream
+//            the executor and its transfer engine use) or only the compute stream, leaving a
+//            deferred offload in flight into the next step.
 //
 // run_step() does all of it; begin_step(), advance() (runs entries until a receive's message has
 // not arrived) and end_step() are the same step resumable, for a caller that interleaves every rank
@@ -56,14 +58,18 @@
 // wait is bounded by executor_options::wait_timeout.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <functional>
 #include <limits>
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -75,6 +81,7 @@
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/exec/comm.hpp>
+#include <pipeswap/exec/detail/schedule_check.hpp>
 #include <pipeswap/exec/stage.hpp>
 #include <pipeswap/schedule/layout.hpp>
 #include <pipeswap/schedule/step.hpp>
@@ -139,6 +146,20 @@ struct executor_options {
   /// (and the receive and send streams where the comm's staging memory needs them), so that device
   /// work `finish` left in flight (a deferred optimizer offload) runs into the next step.
   bool settle_device = true;
+  /// The schedule check: every step begins with the ranks exchanging a digest of their label and
+  /// order through the comm (on the comm's largest tag, which boundary messages then never use); at
+  /// the first step, and whenever a digest changed on any rank, they exchange the orders too and
+  /// every rank verifies that they form one schedule: the same layout, the same micro-batch count,
+  /// the same schedule_label, and orders that pair every send with its receive and cannot deadlock
+  /// (schedule::check_schedule). A mismatch fails the step on every rank before any entry runs
+  /// (invalid_argument naming the ranks and the first difference). Every rank must use the same
+  /// setting. Done for comms that take host memory (thread_comm, mpi_comm); a comm that reads device
+  /// memory (NCCL) skips it. Off: a mismatch shows as a wait past wait_timeout.
+  bool check_schedule = true;
+  /// The schedule's parameters as the engine names them (e.g. "1f1b micro=8"), compared verbatim
+  /// across ranks by the schedule check: orders from different generators that happen to pair up
+  /// are then refused too. Empty on every rank: only the orders are compared.
+  std::string schedule_label{};
 };
 
 /// What the last run_step did.
@@ -299,6 +320,7 @@ public:
       for (auto& [s, st] : stages_) {
         if constexpr (stage_with_begin<S, B>) st->begin_step(b_, b_.current_stream());
       }
+      start_schedule_check();
       post_receives(order_);
     });
   }
@@ -338,7 +360,7 @@ public:
       if (o_.sync_before_finish) b_.synchronize(b_.record_event(b_.current_stream())); // the gradient-norm reduction point
       detail::finish_step(finish);
       if (o_.settle_device) {
-        b_.synchronize_device();
+        settle();
       } else {
         b_.synchronize(b_.record_event(b_.current_stream()));
         if (!staging_.empty()) { // the staging memory's last copies
@@ -386,8 +408,28 @@ private:
   using mkey = std::tuple<int, index_type, index_type>; // direction, stage, micro
 
   stream_t<B> new_stream(char const* name) {
-    if constexpr (requires { b_.new_stream(std::string(name)); }) return b_.new_stream(std::string(name));
+    if constexpr (named_streams<B>) return b_.new_stream(std::string(name));
     else return b_.new_stream();
+  }
+
+  // ----- the schedule check (executor_options::check_schedule; exec/detail/schedule_check.hpp) -----
+
+  [[nodiscard]] bool checks_schedules() const noexcept {
+    return !C::reads_device_memory && o_.check_schedule && c_.size() > 1;
+  }
+
+  void start_schedule_check() {
+    if (!checks_schedules()) return;
+    phase_ = phase::checking;
+    check_.start(c_, layout_, order_, o_.schedule_label);
+    phase_ = phase::posting;
+  }
+
+  bool progress_schedule_check(bool blocking) {
+    phase_ = phase::checking;
+    bool const done = check_.progress(c_, layout_, blocking, [&](request_t<C>& r, std::string const& what) { await(r, what); });
+    if (done) phase_ = phase::entries;
+    return done;
   }
 
   /// Runs `f`; a failure becomes rank_failure (the original nested), the comm aborted when this rank
@@ -416,6 +458,7 @@ private:
   }
 
   std::size_t run_entries(bool blocking) {
+    if (check_.pending() && !progress_schedule_check(blocking)) return 0;
     std::size_t n = 0;
     for (; pc_ < order_.size(); ++pc_, ++n) {
       auto const& e = order_[pc_];
@@ -427,13 +470,16 @@ private:
   }
 
   static std::string place(std::size_t pos, std::string const& entry) {
-    if (entry == "posting receives" || entry == "end of step" || entry == "optimizer step") return entry;
+    if (entry == "posting receives" || entry == "schedule check" || entry == "end of step" || entry == "optimizer step") {
+      return entry;
+    }
     return "position " + std::to_string(pos) + " (" + entry + ")";
   }
   /// What the step is doing: the entry's text, or the phase around the entries.
   std::string current() const {
     switch (phase_) {
     case phase::posting: return "posting receives";
+    case phase::checking: return "schedule check";
     case phase::end: return "end of step";
     case phase::optimizer: return "optimizer step";
     case phase::entries: break;
@@ -464,10 +510,12 @@ private:
 
   int tag_of(int dir, index_type stage, index_type micro) const {
     auto const t = boundary_tag({dir, stage, micro}, layout_.stages());
-    if (t > c_.max_tag()) {
+    long long const most = checks_schedules() ? c_.max_tag() - 1LL : c_.max_tag(); // the check's tag
+    if (t > most) {
       throw invalid_argument("pipeline_executor: message tag " + std::to_string(t) + " (stage " +
                              std::to_string(stage) + ", micro " + std::to_string(micro) +
-                             ") exceeds the comm's largest tag " + std::to_string(c_.max_tag()));
+                             ") exceeds the largest boundary tag " + std::to_string(most) +
+                             (checks_schedules() ? " (the comm's largest tag is the schedule check's)" : ""));
     }
     return static_cast<int>(t);
   }
@@ -790,6 +838,18 @@ private:
     staging_.clear();
   }
 
+  /// The host waits the whole device: synchronize_device() where the backend has it
+  /// (device_synchronizing), else every stream the executor and its transfer engine use (compute,
+  /// the p2p streams, the engine's copy streams). Work a stage enqueued on streams of its own is
+  /// ordered before the compute stream by the stage (the Stage concept's rule), so it is covered.
+  void settle() {
+    if constexpr (device_synchronizing<B>) {
+      b_.synchronize_device();
+    } else {
+      for (auto s : {b_.current_stream(), send_, recv_, x_.h2d(), x_.d2h()}) b_.synchronize(b_.record_event(s));
+    }
+  }
+
   /// After a failure: settle the device, release everything the step held. Never throws.
   void cleanup() noexcept {
     try {
@@ -800,6 +860,7 @@ private:
 
   void release_all() {
     in_step_ = false;
+    check_.drop(); // an aborted comm never completes its requests
     prefetch_ = {};
     group_.reset();
     last_compute_.reset();
@@ -808,7 +869,7 @@ private:
     } catch (...) {
     }
     try {
-      b_.synchronize_device();
+      settle();
     } catch (...) {
     }
     auto const cs = b_.current_stream();
@@ -830,7 +891,7 @@ private:
     for (auto& s : sends_) free_dev(s.dev, cs);
     sends_.clear();
     try {
-      b_.synchronize_device();
+      settle();
     } catch (...) {
     }
     free_staging();
@@ -850,13 +911,14 @@ private:
   std::map<mkey, posted_recv> posted_;
   std::vector<pending_send> sends_;
   std::vector<std::pair<std::byte*, std::size_t>> staging_;
+  detail::schedule_check<C> check_;
   std::optional<schedule::chunk> group_;
   std::optional<event_t<B>> last_compute_;
   schedule::order order_;
   std::function<void()> prefetch_;
   bool in_step_ = false;
   std::size_t pc_ = 0, forwards_left_ = 0;
-  enum class phase { posting, entries, end, optimizer } phase_ = phase::posting;
+  enum class phase { posting, checking, entries, end, optimizer } phase_ = phase::posting;
   step_stats stats_;
 };
 

@@ -9,7 +9,8 @@
 //   Kernels::update(B&, stream, std::span<adam_tensor<B> const>, std::span<adam_step_scalars const>)
 //   Kernels::init_master(B&, stream, param, master, numel, dtype)
 //
-// adam_tensor<B> and the policy's contract are in <pipeswap/optim/adam_tensor.hpp>. adam_kernels<B> is
+// adam_tensor<B> and the policy's contract (the concept adam_kernel_policy<K, B>, which adam<B, K>
+// requires) are in <pipeswap/optim/adam_tensor.hpp>. adam_kernels<B> is
 // the default policy, specialised next to each backend: the mock's in
 // <pipeswap/optim/mock/adam_kernels.hpp> (host math in mock kernels), CUDA's in
 // <pipeswap/optim/cuda/adam_kernels.hpp> (fused kernels; include that header too, and
@@ -26,6 +27,8 @@
 #include <map>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/detail/lean_vector.hpp>
@@ -40,6 +43,7 @@
 namespace pipeswap {
 
 template <backend B, class Kernels = adam_kernels<B>>
+  requires adam_kernel_policy<Kernels, B>
 class adam {
 public:
   using optimizer_concept = optimizer_tag;
@@ -74,15 +78,39 @@ public:
   /// Registers a parameter and describes its state slots; returns its index. Refused (state_error)
   /// while an optimizer_swap manages this optimizer: destroy the runtime, add the parameter, build a
   /// new runtime; the state of the other parameters carries over.
+  ///
+  /// Storage is checked (invalid_argument naming both indices; nothing registered): a parameter
+  /// whose bytes overlap a registered parameter's (registered twice, e.g. tied embeddings: register
+  /// the shared tensor once) is refused, as is a gradient that overlaps its own parameter or any
+  /// registered parameter, and a parameter that overlaps a registered gradient. Each step would
+  /// otherwise update those bytes twice, or read a gradient its own update rewrites. Parameters with
+  /// numel 0 hold no bytes and overlap nothing. O(number of parameters) per call.
   std::size_t add_param(param_desc d);
 
-  /// Sets (or clears, with a null pointer) parameter i's gradient for the coming steps.
-  void set_grad(std::size_t i, device_pointer_t<B> grad) { params_.at(i).desc.grad = grad; }
+  /// Sets (or clears, with a null pointer: no gradient, so the parameter is skipped from the next
+  /// step on) parameter i's gradient for the coming steps. invalid_argument for an index not below
+  /// size() or a gradient that overlaps a registered parameter; nothing changes then.
+  void set_grad(std::size_t i, device_pointer_t<B> grad) {
+    auto& p = checked(i, "set_grad");
+    if (grad) {
+      auto const bytes = p.desc.numel * size_of(p.desc.grad_type);
+      for (std::size_t j = 0; j < params_.size(); ++j) {
+        if (overlaps(grad, bytes, params_[j].desc.param, param_bytes(params_[j].desc))) {
+          throw invalid_argument("adam::set_grad: the gradient of parameter " + std::to_string(i) +
+                                 " overlaps the storage of parameter " + std::to_string(j) +
+                                 "; a gradient must not share bytes with any parameter");
+        }
+      }
+    }
+    p.desc.grad = grad;
+  }
 
-  [[nodiscard]] std::int64_t step_count(std::size_t i) const { return params_.at(i).step; }
+  /// Parameter i's step count. invalid_argument for an index not below size().
+  [[nodiscard]] std::int64_t step_count(std::size_t i) const { return checked(i, "step_count").step; }
   [[nodiscard]] adam_config const& config() const noexcept { return cfg_; }
   [[nodiscard]] std::size_t size() const noexcept { return params_.size(); }
-  [[nodiscard]] param_desc const& param(std::size_t i) const { return params_.at(i).desc; }
+  /// Parameter i as registered. invalid_argument for an index not below size().
+  [[nodiscard]] param_desc const& param(std::size_t i) const { return checked(i, "param").desc; }
 
   // ----- Optimizer concept -------------------------------------------------------------------------
 
@@ -92,7 +120,11 @@ public:
   optimizer_state<B>& swap_state() noexcept { return state_; }
 
   void initialize(std::size_t slot, device_pointer_t<B> dst) {
-    auto const& d = params_.at(slots_.at(slot).param).desc;
+    if (slot >= slots_.size()) {
+      throw invalid_argument("adam::initialize: slot " + std::to_string(slot) + " is not below the " +
+                             std::to_string(slots_.size()) + " slots of this optimizer");
+    }
+    auto const& d = params_[slots_[slot].param].desc;
     kernels_.init_master(b_, b_.current_stream(), d.param, dst, d.numel, d.type);
   }
 
@@ -128,8 +160,19 @@ public:
   void update(std::span<unit_range const> batch, step_context& ctx, state_view<B> const& view) {
     detail::lean_vector<adam_tensor<B>> ts;
     ts.reserve(batch.size());
-    for (auto const& r : batch) {
-      auto const& u = units_.at(r.unit);
+    for (std::size_t k = 0; k < batch.size(); ++k) {
+      auto const& r = batch[k];
+      if (r.unit >= units_.size()) {
+        throw invalid_argument("adam::update: batch range " + std::to_string(k) + " names unit " +
+                               std::to_string(r.unit) + ", not below the step's " +
+                               std::to_string(units_.size()) + " units");
+      }
+      auto const& u = units_[r.unit];
+      if (r.begin > r.end || r.end > u.numel) {
+        throw invalid_argument("adam::update: batch range " + std::to_string(k) + " covers elements [" +
+                               std::to_string(r.begin) + ", " + std::to_string(r.end) + ") of a unit of " +
+                               std::to_string(u.numel) + " elements");
+      }
       auto const& d = params_[u.param].desc;
       adam_tensor<B> t;
       t.numel = r.end - r.begin;
@@ -216,6 +259,24 @@ private:
     std::int64_t step = 0;
   };
 
+  param_state& checked(std::size_t i, char const* call) {
+    return const_cast<param_state&>(std::as_const(*this).checked(i, call));
+  }
+  param_state const& checked(std::size_t i, char const* call) const {
+    if (i >= params_.size()) {
+      throw invalid_argument(std::string("adam::") + call + ": parameter index " + std::to_string(i) +
+                             " is not below the " + std::to_string(params_.size()) +
+                             " parameters of this optimizer");
+    }
+    return params_[i];
+  }
+  static std::size_t param_bytes(param_desc const& d) noexcept { return d.numel * size_of(d.type); }
+  static std::size_t grad_bytes(param_desc const& d) noexcept { return d.numel * size_of(d.grad_type); }
+  /// Whether [a, a + na) and [b, b + nb) share a byte (null or empty ranges share none).
+  static bool overlaps(device_pointer_t<B> a, std::size_t na, device_pointer_t<B> b, std::size_t nb) {
+    return a && b && na && nb && a < b + nb && b < a + na;
+  }
+
   B& b_;
   adam_config cfg_;
   Kernels kernels_;
@@ -229,9 +290,11 @@ private:
 // Defined out of the class, so not inline: a translation unit that declares adam<B> extern
 // (PIPESWAP_EXTERN_ADAM) neither instantiates nor compiles them.
 template <backend B, class Kernels>
+  requires adam_kernel_policy<Kernels, B>
 adam<B, Kernels>::~adam() = default;
 
 template <backend B, class Kernels>
+  requires adam_kernel_policy<Kernels, B>
 std::size_t adam<B, Kernels>::add_param(param_desc d) {
   state_.require_detached("adam::add_param");
   if (!detail::is_adam_storage(d.type) || !detail::is_adam_storage(d.grad_type)) {
@@ -244,6 +307,24 @@ std::size_t adam<B, Kernels>::add_param(param_desc d) {
                            " is F32 and needs no master_param");
   }
   auto const i = params_.size();
+  auto refuse = [&](std::string const& what, std::size_t j, char const* theirs) {
+    throw invalid_argument("adam::add_param: " + what + " of parameter " + std::to_string(i) +
+                           " overlaps the " + theirs + " of parameter " + std::to_string(j) +
+                           (std::string_view(theirs) == "storage" && what == "the storage"
+                                ? "; register a shared (tied) tensor once"
+                                : "; a gradient must not share bytes with any parameter"));
+  };
+  auto const pb = param_bytes(d), gb = grad_bytes(d);
+  if (overlaps(d.grad, gb, d.param, pb)) {
+    throw invalid_argument("adam::add_param: the gradient of parameter " + std::to_string(i) +
+                           " overlaps its own storage; a gradient must not share bytes with any parameter");
+  }
+  for (std::size_t j = 0; j < i; ++j) {
+    auto const& o = params_[j].desc;
+    if (overlaps(d.param, pb, o.param, param_bytes(o))) refuse("the storage", j, "storage");
+    if (overlaps(d.grad, gb, o.param, param_bytes(o))) refuse("the gradient", j, "storage");
+    if (overlaps(d.param, pb, o.grad, grad_bytes(o))) refuse("the storage", j, "gradient");
+  }
   params_.push_back({d, 0});
   auto& u = all_units_.emplace_back();
   u.param = i;
@@ -261,6 +342,7 @@ std::size_t adam<B, Kernels>::add_param(param_desc d) {
 
 /// AdamW: Adam with decoupled weight decay (PyTorch's default weight_decay for AdamW is 0.01).
 template <backend B, class Kernels = adam_kernels<B>>
+  requires adam_kernel_policy<Kernels, B>
 class adamw : public adam<B, Kernels> {
 public:
   explicit adamw(B& b, adam_config cfg = with_decay(), Kernels kernels = {})

@@ -12,12 +12,14 @@
 //                                              dtype param_type) const;
 //                           update() enqueues the whole batch on the stream or throws before
 //                           enqueueing anything that writes a tensor.
+//   adam_kernel_policy<K,B> the concept a policy models (adam<B, K> requires it).
 //   validate_adam_batch     the checks every policy makes before it enqueues (host only).
 //
 // Kept apart from adam.hpp so that a CUDA translation unit (nvcc) sees only this, the element math
 // and the CUDA backend — not the mock simulator.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -46,6 +48,18 @@ struct adam_tensor {
 /// The default kernel policy of adam<B>; specialised per backend (see the header comment).
 template <class B>
 struct adam_kernels;
+
+/// What adam<B, K> requires of its kernel policy K: a complete type (so adam_kernels<B> must have
+/// been specialised for B, or a policy passed) with update() and init_master() as in the header
+/// comment, callable on a K lvalue. A missing or incomplete policy is reported at adam<B> by this
+/// concept's name.
+template <class K, class B>
+concept adam_kernel_policy = backend<B> && requires { sizeof(K); } &&
+    requires(K& k, B& b, stream_t<B> s, std::span<adam_tensor<B> const> ts,
+             std::span<adam_step_scalars const> scalars, device_pointer_t<B> p, std::size_t n, dtype t) {
+      { k.update(b, s, ts, scalars) } -> std::same_as<void>;
+      { k.init_master(b, s, p, p, n, t) } -> std::same_as<void>;
+    };
 
 namespace detail {
 
