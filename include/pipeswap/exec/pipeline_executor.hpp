@@ -2,60 +2,22 @@
 // and any Comm, calling the engine's own stages.
 //
 // pipeline_executor<B, C, S> runs the entries of one rank's order (schedule/generate.hpp, with swap
-// steps injected by schedule/inject.hpp or not) for one training step:
-//
-//   start    activation_swap's run begins; with executor_options::optimizer_phases a deferred
-//            offload still pending from the previous step is finished behind the transfer engine's
-//            h2d stream; every receive of the order is posted at once (so no neighbour ever waits on
-//            a late post), into pinned host staging memory when the comm cannot read device memory
-//            (a stream-ordered comm: each at its RECV entry instead);
-//   FWD      stages[s].forward() on the compute stream, with the input received or handed over by the
-//            previous stage on this rank and an output buffer the executor owns; what it saves goes
-//            into the group of activation_swap when SWAP_SET_GROUP of that chunk came first (the
-//            input joins the group protected: it stays on the device);
-//   BWD      stages[s].backward() with the input, the incoming gradient, the saved activations at
-//            their current addresses, and a gradient buffer for the previous stage;
-//   *_SEND   the send stream waits the compute work that wrote the boundary, then (staged) copies it
-//            to pinned memory, releases the device buffer behind the copy and posts the send, or
-//            (stream-ordered) enqueues the send and the release on the send stream;
-//   *_RECV   waits the posted receive (a watchdog bounds the wait), copies it to the device on the
-//            receive stream (staged), or allocates the buffer there and posts the receive on it
-//            (stream-ordered); the consumer waits the receive stream; with host_waits_receives the
-//            host does too;
-//   SWAP_*   activation_swap's life-cycle call for the chunk;
-//   OVERLAP_B_F / OVERLAP_F_B  their leaves in order (only the FWD leaf in its group's scope);
-//   tail     with optimizer_phases, from the rank's last forward on, each compute entry is preceded
-//            by the runtime's prefetch() (the backward tail gives memory back);
-//   end      every send completes, the host synchronizes the compute stream (the gradient-norm
-//            reduction of mixed precision; unless sync_before_finish is off), then `finish` runs:
-//            the optimizer-swap runtime's step(); then the host waits the device (settle_device:
-//            synchronize_device() where the backend models device_synchronizing, else each stream
-//            the executor and its transfer engine use) or only the compute stream, leaving a
-//            deferred offload in flight into the next step.
+// steps injected by schedule/inject.hpp or not) for one training step: FWD and BWD through the
+// engine's stages on the compute stream, SEND and RECV through the Comm (receives posted before any
+// entry runs; boundaries staged through pinned memory when the comm cannot read device memory),
+// SWAP_* through activation_swap, and at the end the optimizer-swap runtime's step (with
+// executor_options::optimizer_phases, its prefetch in the backward tail and its deferred offload
+// finished behind the h2d stream). What each entry does, the ordering rules it guarantees and the
+// failure model are in docs/executor.md; in short: every stage call sees complete inputs (stream
+// waits), every boundary leaves the device only after the work that wrote it and is released
+// stream-ordered behind its copy or send, no wait is unbounded (executor_options::wait_timeout), and
+// any failure becomes rank_failure on this rank and, through the comm's abort, on every other rank.
 //
 // run_step() does all of it; begin_step(), advance() (runs entries until a receive's message has
 // not arrived) and end_step() are the same step resumable, for a caller that interleaves every rank
-// on one thread (the simulator, sim/pipeline.hpp).
-//
-// Ordering rules the executor guarantees (docs/executor.md):
-//  * a stage call sees its input and incoming gradient complete (stream waits, never host waits);
-//  * a boundary leaves the device only after the forward or backward that wrote it, and its device
-//    memory is released stream-ordered behind the copy or the stream-ordered send that read it;
-//  * every buffer the executor lends or is handed (save, keep, release_after) is released only
-//    behind the compute work that used it;
-//  * receives are posted before any entry runs (stream-ordered comms: at their entry, where the
-//    receive stream is theirs); sends are posted at their SEND entry, as soon as the data is on the
-//    host or behind the compute on the send stream; the executor never blocks on a send before the
-//    end of the step;
-//  * with optimizer_phases the previous step's deferred offload is finished before the step's first
-//    entry, its storage returned behind the h2d stream, never behind the compute stream.
-//
-// Failures. Any exception inside run_step (a stage, the backend, the comm, an injected fault, a wait
-// past the watchdog) becomes rank_failure naming the rank, the position and the entry, with the
-// original exception nested (std::rethrow_if_nested); the executor aborts the comm with that
-// message, so every other rank's next wait throws comm_aborted (rethrown as rank_failure naming
-// where that rank stopped and why), and releases everything the step held. Nothing hangs: every
-// wait is bounded by executor_options::wait_timeout.
+// on one thread (the simulator, sim/pipeline.hpp). Options, errors and statistics:
+// exec/executor_options.hpp; the check that every rank runs the same schedule:
+// exec/detail/schedule_check.hpp.
 #pragma once
 
 #include <algorithm>
@@ -82,139 +44,13 @@
 #include <pipeswap/error.hpp>
 #include <pipeswap/exec/comm.hpp>
 #include <pipeswap/exec/detail/schedule_check.hpp>
+#include <pipeswap/exec/executor_options.hpp>
 #include <pipeswap/exec/stage.hpp>
 #include <pipeswap/schedule/layout.hpp>
 #include <pipeswap/schedule/step.hpp>
 #include <pipeswap/schedule/text.hpp>
 
 namespace pipeswap::exec {
-
-/// A rank's step failed (or stopped because another rank failed).
-class rank_failure : public error {
-public:
-  rank_failure(std::string what, int rank, std::size_t position, std::string entry, bool aborted_by_peer)
-      : error(std::move(what)), rank_(rank), position_(position), entry_(std::move(entry)),
-        by_peer_(aborted_by_peer) {}
-  [[nodiscard]] int rank() const noexcept { return rank_; }
-  /// Position in the order; order.size() for the optimizer step.
-  [[nodiscard]] std::size_t position() const noexcept { return position_; }
-  [[nodiscard]] std::string const& entry() const noexcept { return entry_; }
-  /// True when this rank stopped because another rank aborted the comm.
-  [[nodiscard]] bool aborted_by_peer() const noexcept { return by_peer_; }
-
-private:
-  int rank_;
-  std::size_t position_;
-  std::string entry_;
-  bool by_peer_;
-};
-
-/// The executor threw at an injected fault site (executor_options::fail_at).
-class injected_fault : public error {
-public:
-  using error::error;
-};
-
-struct executor_options {
-  /// Bound on every wait for a message; a wait past it fails the step with comm_timeout's message
-  /// (which rank waited, at which entry, for what).
-  std::chrono::milliseconds wait_timeout{60000};
-  /// Injected fault site: run_step throws injected_fault before the entry at this position (the
-  /// order's size: before the optimizer step).
-  std::optional<std::size_t> fail_at;
-  /// The host issues each compute entry (FWD, BWD, composite) only when the previous one finished on
-  /// the device: one entry of lookahead, so the swap steps between two compute entries go out while
-  /// the first runs, and allocations never run ahead of the offloads that free memory for them.
-  /// Off: the host enqueues as fast as it can (peak memory then depends on host speed).
-  bool host_paced = true;
-  /// The host waits each received boundary on the device before it goes on (blocking receives, as
-  /// pipeline runtimes issue them). Off: only the consumer's stream waits it.
-  bool host_waits_receives = false;
-  /// Drive the optimizer-swap runtime's phases (docs/optimizer.md): `finish` is then a phased
-  /// runtime (prefetch(n), offload_pending(), finish_offload(stream), step()). A deferred offload
-  /// still pending from the previous step is finished at the start of the step behind the transfer
-  /// engine's h2d stream (its storage returns behind the D2Hs; the forward does not wait them); from
-  /// the rank's last forward on, each compute entry is preceded by prefetch(prefetch_batches) (the
-  /// backward tail gives memory back); step() ends the step. Pair it with settle_device = false.
-  bool optimizer_phases = false;
-  /// With optimizer_phases: the batches one prefetch() call may start.
-  std::size_t prefetch_batches = std::numeric_limits<std::size_t>::max();
-  /// The host synchronizes the compute stream before `finish` (the gradient-norm reduction of mixed
-  /// precision). Off: `finish` synchronizes itself (e.g. after enqueuing gradient collectives).
-  bool sync_before_finish = true;
-  /// After `finish` the host waits every stream of the device. Off: it waits the compute stream only
-  /// (and the receive and send streams where the comm's staging memory needs them), so that device
-  /// work `finish` left in flight (a deferred optimizer offload) runs into the next step.
-  bool settle_device = true;
-  /// The schedule check: every step begins with the ranks exchanging a digest of their label and
-  /// order through the comm (on the comm's largest tag, which boundary messages then never use); at
-  /// the first step, and whenever a digest changed on any rank, they exchange the orders too and
-  /// every rank verifies that they form one schedule: the same layout, the same micro-batch count,
-  /// the same schedule_label, and orders that pair every send with its receive and cannot deadlock
-  /// (schedule::check_schedule). A mismatch fails the step on every rank before any entry runs
-  /// (invalid_argument naming the ranks and the first difference). Every rank must use the same
-  /// setting. Done for comms that take host memory (thread_comm, mpi_comm); a comm that reads device
-  /// memory (NCCL) skips it. Off: a mismatch shows as a wait past wait_timeout.
-  bool check_schedule = true;
-  /// The schedule's parameters as the engine names them (e.g. "1f1b micro=8"), compared verbatim
-  /// across ranks by the schedule check: orders from different generators that happen to pair up
-  /// are then refused too. Empty on every rank: only the orders are compared.
-  std::string schedule_label{};
-};
-
-/// What the last run_step did.
-struct step_stats {
-  std::size_t swapped_chunks = 0; ///< chunks whose activations went through activation_swap
-  std::size_t sends = 0, receives = 0;
-  std::size_t bytes_sent = 0, bytes_received = 0;
-};
-
-/// The boundary a message carries: its direction (0: activations forward, 1: gradients backward),
-/// the stage that receives it and the micro-batch.
-struct boundary_message {
-  int dir = 0;
-  schedule::index_type stage = 0;
-  schedule::index_type micro = 0;
-  friend bool operator==(boundary_message const&, boundary_message const&) = default;
-};
-
-/// The tag of a boundary message in a pipeline of `stages` stages: (micro * stages + stage) * 2 + dir.
-inline long long boundary_tag(boundary_message m, schedule::index_type stages) {
-  return (static_cast<long long>(m.micro) * stages + m.stage) * 2 + m.dir;
-}
-
-/// The boundary message of a tag (boundary_tag's inverse).
-inline boundary_message boundary_of_tag(long long tag, schedule::index_type stages) {
-  auto const k = tag / 2;
-  return {static_cast<int>(tag % 2), static_cast<schedule::index_type>(k % stages),
-          static_cast<schedule::index_type>(k / stages)};
-}
-
-namespace detail {
-
-/// The optimizer-swap runtime's step (or any callable): the one call the executor makes into it.
-template <class F>
-void finish_step(F& f) {
-  if constexpr (std::is_invocable_v<F&>) f();
-  else f.step();
-}
-
-template <class P>
-void* raw_address(P p) {
-  if constexpr (requires { p.template get<void>(); }) return p.template get<void>();
-  else return reinterpret_cast<void*>(p);
-}
-
-} // namespace detail
-
-/// Whether `F` offers the optimizer-swap runtime's phases (executor_options::optimizer_phases).
-template <class F, class B>
-concept phased_finish = requires(F& f, std::size_t n, stream_t<B> s) {
-  f.prefetch(n);
-  { f.offload_pending() } -> std::convertible_to<bool>;
-  f.finish_offload(s);
-  f.step();
-};
 
 template <backend B, comm C, class S>
   requires stage<S, B>
