@@ -2,7 +2,7 @@
 //
 // The packed optimizer pipeline stages each batch in a staging_arena, at the offsets of a
 // staging_layout; copies of buffers adjacent in host memory and in the arena are merged into one copy
-// per run (core/transfer.hpp, arena_storage).
+// per run (core/transfer.hpp, arena_storage), and a load into an arena waits the last D2H out of it.
 #pragma once
 
 #include <algorithm>

@@ -18,29 +18,23 @@
 // stream never waits for a copy it does not need: an offload orders only the D2H behind the compute
 // work (one event), and the D2H stream releases the storage itself.
 //
-// Where a buffer's device bytes live is a storage policy, chosen at compile time per call:
-//   per_buffer_storage   each buffer gets its own device storage: allocated on the h2d stream by
-//                        launch_load, released on the d2h stream behind its D2H by launch_offload
-//   arena_storage<B>     the buffers of a batch are views into one staging_arena at the offsets of a
-//                        staging_layout; copies of buffers adjacent in host and arena are merged
-//                        into one copy per run, and a load into the arena waits the last D2H out of it
-// The state machine, its events and its waits are the same for both. swap_buffer's fields are
-// private: the engine is their only writer.
+// Where a buffer's device bytes live is a storage policy chosen per call: per_buffer_storage (its
+// own storage, allocated on the h2d stream by launch_load, released on the d2h stream behind its D2H)
+// or arena_storage<B> (views into a staging arena, merged copies: core/staging.hpp). The states,
+// events and waits are the same for both; the engine is the only writer of a swap_buffer.
 //
-// A transfer_engine owns the copy-stream pair (one stream per direction, so offloads and loads
-// overlap on full-duplex links) and the pinned pool; the optimizer runtime and the activation manager
-// share one engine per device. Every wait it issues for correctness is a named site
-// (core/detail/mutation.hpp). All calls are made from one host thread.
+// A transfer_engine owns the copy-stream pair (one per direction, so offloads and loads overlap)
+// and the pinned pool; the optimizer runtime and the activation manager share one engine per device.
+// Every wait it issues for correctness is a named site (core/detail/mutation.hpp). All calls are made
+// from one host thread.
 //
-// Every device byte a swap job acquires or gives back passes through the engine: launch_load
-// (per-buffer storage), allocate_arena / allocate_device on the way in; launch_offload, wait_offload,
-// release_arena, discard_device / deallocate_device on the way out. That is where a per-device
-// budget (core/budget.hpp, set_budget) reserves bytes before an allocation and returns them when the
-// stream-ordered release is issued; launch_load / wait_load are separate calls, so a load can be
-// launched as early as the budget allows and waited only by its user. Each buffer carries the budget
-// client it is counted for (set_client; optimizer unless told otherwise); staging arenas are the
-// optimizer's. Storage handed in (adopt_device) or allocated for the caller (allocate_device) is not
-// counted: it is state that never swaps.
+// Every device byte a swap job acquires or gives back passes through the engine (launch_load,
+// allocate_arena, allocate_device in; launch_offload, wait_offload, release_arena, discard_device,
+// deallocate_device out): there a per-device budget (core/budget.hpp, set_budget) reserves bytes
+// before an allocation and gets them back when the stream-ordered release is issued. A load is
+// launched as early as the budget allows and waited only by its user. Each buffer is counted for
+// its client (set_client; the optimizer unless told otherwise); staging arenas are the optimizer's;
+// storage handed in (adopt_device) or allocated for the caller (allocate_device) is never counted.
 #pragma once
 
 #include <algorithm>
@@ -48,14 +42,13 @@
 #include <cstdint>
 #include <span>
 #include <string>
-#include <string_view>
 #include <utility>
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/budget.hpp>
+#include <pipeswap/core/detail/engine_budget.hpp>
 #include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/detail/mutation.hpp>
-#include <pipeswap/detail/round.hpp>
 #include <pipeswap/core/event_handle.hpp>
 #include <pipeswap/core/pinned_pool.hpp>
 #include <pipeswap/core/staging.hpp>
@@ -73,7 +66,7 @@ struct host_copy {
 };
 
 template <backend B>
-class transfer_engine {
+class transfer_engine : public detail::engine_budget {
 public:
   using buffer = swap_buffer<B>;
   using stream_type = stream_t<B>;
@@ -83,73 +76,13 @@ public:
   transfer_engine& operator=(transfer_engine const&) = delete;
   ~transfer_engine();
 
-  // ----- the device budget ------------------------------------------------------------------------
+  // The device budget (set_budget(), reserved_bytes(), admits_optional(), hold(), the reload demand,
+  // ...) is the engine's base, core/detail/engine_budget.hpp.
 
-  /// Counts the swap jobs' device storage in `b` from now on (nullptr: unlimited, nothing counted).
-  /// Throws state_error, changing nothing, while the engine holds bytes reserved in its current
-  /// budget or reload demand there: set the budget before the runtimes allocate (before building an
-  /// optimizer_swap with a resident share), or after everything went home.
-  void set_budget(device_budget* b) {
-    if (b == link_.budget && !link_.orphaned) return;
-    if (held_[0] + held_[1] + demand_ > 0 && !link_.orphaned) {
-      throw state_error("transfer_engine::set_budget: the engine holds " + std::to_string(held_[0] + held_[1]) +
-                        " reserved bytes and " + std::to_string(demand_) +
-                        " bytes of reload demand in its current budget; change budgets only while the swap jobs "
-                        "hold no device storage");
-    }
-    if (link_.budget) link_.budget->detach(link_);
-    link_.budget = nullptr;
-    link_.orphaned = false;
-    held_[0] = held_[1] = 0;
-    demand_ = 0;
-    if (b) {
-      b->attach(link_);
-      link_.budget = b;
-    }
-  }
-  [[nodiscard]] device_budget* budget() const noexcept { return link_.budget; }
-  /// Throws state_error when the engine's budget was destroyed under it (`op` names the caller).
-  void check_budget(std::string_view op) const {
-    if (link_.orphaned) {
-      throw state_error(std::string(op) +
-                        ": the engine's device_budget was destroyed while the engine still used it; a budget "
-                        "must outlive its engines (call set_budget(nullptr) or set_budget(other) first)");
-    }
-  }
-  /// Bytes this engine holds reserved in its budget for `c`.
-  [[nodiscard]] std::uint64_t reserved_bytes(budget_client c) const noexcept { return held_[static_cast<int>(c)]; }
   /// Sets the client a buffer without device storage is counted for.
   void set_client(buffer& x, budget_client c) {
     if (x.reserved_) throw state_error("set_client: the swap buffer holds reserved device storage");
     x.client_ = c;
-  }
-  /// Whether an optional allocation of `bytes` (an optimizer prefetch) may start now: always without
-  /// a budget; with one, when the bytes fit its optional_room() (reload demand left free).
-  [[nodiscard]] bool admits_optional(std::uint64_t bytes) {
-    check_budget("transfer_engine::admits_optional");
-    return !link_.budget || link_.budget->admits(bytes);
-  }
-  /// Keeps `bytes` reserved for `c` although no allocation of the engine holds them (a required
-  /// reservation): storage whose release is issued but not yet ordered before the next allocation (a
-  /// deferred offload). Returns whether a budget counted it; give it back with unhold().
-  bool hold(budget_client c, std::uint64_t bytes) { return reserve(c, bytes, true); }
-  void unhold(budget_client c, std::uint64_t bytes) noexcept { unreserve(c, bytes); }
-  /// As admits_optional(), counting nothing.
-  [[nodiscard]] bool fits_optional(std::uint64_t bytes) const {
-    check_budget("transfer_engine::fits_optional");
-    return !link_.budget || link_.budget->fits(bytes);
-  }
-  /// Reload demand of offloaded activations (device_budget::add_reload_demand), counted per engine.
-  void add_reload_demand(std::uint64_t bytes) {
-    check_budget("transfer_engine::add_reload_demand");
-    if (!link_.budget) return;
-    link_.budget->add_reload_demand(bytes);
-    demand_ += bytes;
-  }
-  void drop_reload_demand(std::uint64_t bytes) noexcept {
-    bytes = std::min(bytes, demand_);
-    if (link_.budget) link_.budget->drop_reload_demand(bytes);
-    demand_ -= bytes;
   }
 
   [[nodiscard]] B& backend() const noexcept { return b_; }
@@ -633,16 +566,6 @@ private:
     x.reserved_ = false;
   }
 
-  /// A required reservation; true when a budget counted it. A strict budget refuses one that does
-  /// not fit (budget_exceeded), unless `allocated` (the bytes are already in use).
-  bool reserve(budget_client c, std::uint64_t n, bool allocated = false) {
-    check_budget("transfer_engine::reserve");
-    if (!link_.budget || n == 0) return false;
-    if (allocated) link_.budget->reserve_unchecked(c, n);
-    else link_.budget->reserve(c, n);
-    held_[static_cast<int>(c)] += n;
-    return true;
-  }
   /// Allocates `n` bytes on `s` (null for 0) and reserves them. Under a strict budget the
   /// reservation comes first, so its refusal allocates nothing, and a failed allocation returns it.
   device_pointer_t<B> allocate_reserved(budget_client c, std::size_t n, stream_type s, bool& reserved) {
@@ -663,21 +586,8 @@ private:
       throw;
     }
   }
-  void unreserve(budget_client c, std::uint64_t n) noexcept {
-    auto& h = held_[static_cast<int>(c)];
-    n = std::min<std::uint64_t>(n, h);
-    h -= n;
-    if (!link_.budget) return; // orphaned: the budget is gone
-    try {
-      link_.budget->release(c, n);
-    } catch (...) { // cannot happen: the engine returns only what it reserved
-    }
-  }
 
   B& b_;
-  detail::budget_link link_;
-  std::uint64_t held_[2] = {0, 0};
-  std::uint64_t demand_ = 0;
   pinned_pool<B> pool_;
   stream_type h2d_;
   stream_type d2h_;
@@ -690,8 +600,6 @@ transfer_engine<B>::transfer_engine(B& b, pinned_pool_options pool)
     : b_(b), pool_(b, pool), h2d_(b.new_stream()), d2h_(b.new_stream()) {}
 
 template <backend B>
-transfer_engine<B>::~transfer_engine() {
-  if (link_.budget) link_.budget->detach(link_);
-}
+transfer_engine<B>::~transfer_engine() = default;
 
 } // namespace pipeswap
