@@ -373,7 +373,8 @@ class ScenarioFiles(unittest.TestCase):
     def test_scenario_prints_every_field_and_reads_back(self):
         _, out, _ = run("scenario", check=0)
         j = json.loads(out)
-        self.assertEqual(list(j), ["model", "device", "node", "parallel", "pipeline", "swap"])
+        self.assertEqual(list(j), ["model", "device", "node", "parallel", "pipeline", "swap", "plan"])
+        self.assertEqual(j["plan"], {"tolerance": 0.005})
         self.assertEqual(j["model"]["layers"], 80)
         self.assertEqual(j["device"]["memory_bytes"], 141_000_000_000)
         self.assertEqual(j["device"]["h2d_gbps"], 55)
@@ -845,6 +846,63 @@ class Plan(unittest.TestCase):
         j = json.loads(out)
         self.assertFalse(j["fits"])
         self.assertIsNone(j["chosen"])
+
+
+SCENARIOS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scenarios")
+
+
+class HonestPlanner(unittest.TestCase):
+    """The planner scenarios of issue #22: ties within the tolerance go to the fewest host-link bytes,
+    then the lowest peak; every verdict says what its numbers say; a change to the user's own
+    settings is printed as one."""
+
+    def plan(self, name, *extra):
+        _, out, _ = run("plan", "--scenario", os.path.join(SCENARIOS, name), "--json", *extra, check=0)
+        return json.loads(out)
+
+    def test_8b_the_chosen_plan_moves_the_fewest_bytes_of_the_equally_fast(self):
+        j = self.plan("llama3_8b_pp4_h100.json")
+        self.assertEqual(j["tolerance"], 0.005)
+        chosen = j["chosen"]["outcome"]
+        moved = lambda o: o["h2d_bytes"] + o["d2h_bytes"]
+        fitting = [c for c in j["simulated"] if c["fits"]]
+        fastest = min(c["outcome"]["step_ns"] for c in fitting)
+        self.assertLessEqual(chosen["step_ns"], fastest * 1.005)
+        within = [c for c in fitting if c["outcome"]["step_ns"] <= fastest * 1.005]
+        self.assertGreater(len(within), 1)
+        for c in within:
+            self.assertLessEqual(moved(chosen), moved(c["outcome"]), c["description"])
+            if c["verdict"] != "chosen":
+                self.assertIn("within the 0.50 % tolerance", c["verdict"])
+        for c in fitting:
+            if c["outcome"]["step_ns"] > fastest * 1.005:
+                self.assertIn("slower than the chosen plan (beyond the 0.50 % tolerance)", c["verdict"])
+        # It swaps optimizer state only: a few GB, where every eligible activation group moves hundreds.
+        self.assertLess(moved(chosen), 20e9)
+        self.assertEqual(j["chosen"]["changes"], [])
+
+    def test_tolerance_comes_from_the_scenario_or_the_option(self):
+        self.assertEqual(self.plan("llama3_8b_pp4_h100.json", "--tolerance", "0")["tolerance"], 0)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "t.json")
+            with open(path, "w") as f:
+                json.dump({"plan": {"tolerance": 0.02}, **TINY}, f)
+            _, out, _ = run("plan", "--scenario", path, "--json", check=0)
+            self.assertEqual(json.loads(out)["tolerance"], 0.02)
+            with open(path, "w") as f:
+                json.dump({"plan": {"tolerance": 1.5}}, f)
+            status, _, err = run("plan", "--scenario", path)
+            self.assertEqual(status, 2)
+            self.assertIn("plan.tolerance must be in [0, 1)", err)
+        status, _, err = run("plan", "--tolerance", "-1")
+        self.assertEqual(status, 2)
+
+    def test_70b_plan_prints_the_change_of_recomputation(self):
+        j = self.plan("70b_tp8_pp4_full_recompute.json")
+        self.assertEqual(j["chosen"]["recompute"], "none")
+        self.assertEqual(j["chosen"]["changes"], [{"field": "model.recompute", "from": "full", "to": "none"}])
+        _, text, _ = run("plan", "--scenario", os.path.join(SCENARIOS, "70b_tp8_pp4_full_recompute.json"), check=0)
+        self.assertIn("  changes your setting model.recompute: full -> none\n", text)
 
 
 if __name__ == "__main__":

@@ -125,13 +125,24 @@ struct swap_spec {
   bool overlap = true;
 };
 
+/// What the planner weighs besides the candidates' figures.
+struct plan_spec {
+  /// Plans whose step is within this fraction of the fastest count as equally fast; among them the
+  /// planner takes the fewest host-link bytes, then the lowest peak.
+  double tolerance = 0.005;
+};
+
 struct scenario {
+  /// Free text: where the configuration comes from (scenario files of published deployments cite
+  /// their source here).
+  std::string comment;
   model_spec model;
   device_spec device;
   node_spec node;
   parallel_spec parallel;
   pipeline_spec pipeline;
   swap_spec swap;
+  plan_spec plan;
 };
 
 /// One parameter tensor of a stage, as one device holds it (its tensor-parallel shard).
@@ -352,6 +363,7 @@ inline void validate(scenario const& s) {
   need(m.layers >= stages, "model.layers (" + std::to_string(m.layers) + ") must be at least the number of "
                                 "stages (pipeline.ranks × pipeline.chunks = " + std::to_string(stages) + ")");
   need(s.swap.swap_times >= 1, "swap.swap_times must be positive");
+  need(s.plan.tolerance >= 0 && s.plan.tolerance < 1, "plan.tolerance must be in [0, 1)");
 }
 
 /// Bus-bandwidth time of a collective moving `bytes` of data among `n` devices: an all-reduce costs

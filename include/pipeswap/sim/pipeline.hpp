@@ -91,6 +91,10 @@ struct sim_options {
   /// Hold real bytes on the mock devices and check saved activations in every backward. Meant for
   /// small scenarios (tests): every buffer is really allocated.
   bool materialize = false;
+  /// Check every operation with the mock's hazard checker (raising). The planner turns it off for
+  /// the candidates it only compares and checks the plan it chooses (sim/plan.hpp); timing and
+  /// memory do not depend on it.
+  bool check_hazards = true;
   /// Per rank: recomputation (empty: model.recompute everywhere).
   std::vector<recompute_kind> recompute;
   /// Per rank: whether optimizer state swaps (empty: swap_optimizer on every rank).
@@ -411,6 +415,7 @@ public:
         link_(link), b_(mock_options(s, o, link)), budget_(room_of(s)), x_(b_, pool_options(o)), opt_(b_),
         comm_(b_, mb, static_cast<int>(rank), static_cast<int>(s.pipeline.ranks), layout.stages(), s.device) {
     overlap_ = o.overlap;
+    declare_weights_ = o.check_hazards || o.materialize;
     // With overlap one budget governs both swap jobs of the device; it is attached before any
     // runtime allocates, and its capacity follows the room the rest of the step leaves.
     if (overlap_) x_.set_budget(&budget_);
@@ -613,7 +618,8 @@ private:
         acts.push_back({n ? b.allocate_device(n, cs) : device_ptr{}, n});
       }
       mock::kernel_desc d{name_of("FWD", f.stage, f.micro), {}, {}, st->fwd_ns};
-      for (auto const& p : r->weights_.at(st->stage).params) d.reads.push_back({p.ptr, p.bytes});
+      if (r->declare_weights_)
+        for (auto const& p : r->weights_.at(st->stage).params) d.reads.push_back({p.ptr, p.bytes});
       (first ? d.writes : d.reads).push_back({in.ptr, in.bytes});
       for (auto const& a : acts) d.writes.push_back({a.ptr, a.bytes});
       if (!last) d.writes.push_back({f.output.ptr, f.output.bytes});
@@ -647,12 +653,14 @@ private:
       mock::kernel_desc d{name_of("BWD", g.stage, g.micro), {}, {}, st->bwd_ns};
       if (work.bytes) d.writes.push_back({work.ptr, work.bytes});
       auto const& w = r->weights_.at(st->stage);
-      for (auto const& p : w.params) d.reads.push_back({p.ptr, p.bytes});
+      if (r->declare_weights_)
+        for (auto const& p : w.params) d.reads.push_back({p.ptr, p.bytes});
       for (auto const& x : bufs) {
         if (x.bytes) d.reads.push_back({x.ptr, x.bytes});
       }
       if (!last) d.reads.push_back({g.grad_output.ptr, g.grad_output.bytes});
-      for (auto const& x : w.grads) d.writes.push_back({x.ptr, x.bytes});
+      if (r->declare_weights_)
+        for (auto const& x : w.grads) d.writes.push_back({x.ptr, x.bytes});
       if (g.grad_input.bytes) d.writes.push_back({g.grad_input.ptr, g.grad_input.bytes});
       // A received input's bytes are the sender's; what the forward wrote is checked.
       b.launch(cs, std::move(d),
@@ -700,7 +708,7 @@ private:
   static mock::options mock_options(scenario const& s, sim_options const& o, link_rates const& link) {
     mock::options m;
     m.timing = timing_of(s.device, link);
-    m.hazards = mock::hazard_policy::raise;
+    m.hazards = o.check_hazards ? mock::hazard_policy::raise : mock::hazard_policy::ignore;
     m.materialize = o.materialize;
     return m;
   }
@@ -714,11 +722,12 @@ private:
   /// A collective over the rank's weights (`params`) or gradients, as a kernel of duration `ns`.
   void collective_kernel(char const* name, sim_time ns, bool params) {
     mock::kernel_desc d{name, {}, {}, ns};
-    for (auto& [_, w] : weights_)
-      for (auto const& x : params ? w.params : w.grads) {
-        d.reads.push_back({x.ptr, x.bytes});
-        d.writes.push_back({x.ptr, x.bytes});
-      }
+    if (declare_weights_)
+      for (auto& [_, w] : weights_)
+        for (auto const& x : params ? w.params : w.grads) {
+          d.reads.push_back({x.ptr, x.bytes});
+          d.writes.push_back({x.ptr, x.bytes});
+        }
     b_.launch(b_.current_stream(), std::move(d));
   }
 
@@ -763,6 +772,9 @@ private:
   std::optional<optimizer_swap<opt_type>> osw_;
   std::map<std::uint32_t, stage_weights> weights_;
   bool overlap_ = false, phased_ = false;
+  /// The stage kernels and collectives declare the weights and gradients they touch: for the hazard
+  /// checker (and materialized bytes) only, their durations are the model's.
+  bool declare_weights_ = true;
   std::uint64_t transient_ = 0;
   std::size_t prefetched_ = 0, batches_ = 0;
   sim_time start_ = 0, pipeline_end_ = 0, end_time_ = 0, tail_from_ = 0;
@@ -904,8 +916,17 @@ inline sim_result simulate(scenario const& s, sim_options const& o) {
 ///    repeated, at most `refinements` times. When none of the runs fits every rank, a rank still over
 ///    with its phases off gets its sized settings back (one more run), and the result is the run
 ///    with the fewest ranks over the capacity (the fastest of those).
-inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t refinements = 4) {
-  if (!o.overlap) return simulate(s, o);
+/// `resolved`, when given, receives the options of the run returned: simulate(s, *resolved) repeats
+/// it exactly.
+inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t refinements = 4,
+                                 sim_options* resolved = nullptr) {
+  auto const keep = [&](sim_options const& x) {
+    if (resolved) *resolved = x;
+  };
+  if (!o.overlap) {
+    keep(o);
+    return simulate(s, o);
+  }
   auto const R = s.pipeline.ranks;
   detail::require_per_rank(s, o.ranks.size(), "rank settings");
   if (o.ranks.empty()) o.ranks.resize(R);
@@ -931,13 +952,20 @@ inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t
     return std::count_if(x.ranks.begin(), x.ranks.end(), [](rank_result const& q) { return !q.fits; });
   };
   std::optional<sim_result> best;
+  sim_options best_o;
   auto const as_sized = o.ranks;
   for (std::uint32_t k = 0;; ++k) {
     if (k == 0) o.progress = progress;
     res = simulate(s, o);
     o.progress = {};
-    if (res.fits) return res;
-    if (!best || over(res) < over(*best) || (over(res) == over(*best) && res.step_ns < best->step_ns)) best = res;
+    if (res.fits) {
+      keep(o);
+      return res;
+    }
+    if (!best || over(res) < over(*best) || (over(res) == over(*best) && res.step_ns < best->step_ns)) {
+      best = res;
+      best_o = o;
+    }
     if (k == refinements) break;
     bool changed = false;
     for (std::uint32_t r = 0; r < R; ++r) {
@@ -972,8 +1000,12 @@ inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t
   }
   if (reverted) {
     res = simulate(s, o);
-    if (over(res) <= over(*best)) return res;
+    if (over(res) <= over(*best)) {
+      keep(o);
+      return res;
+    }
   }
+  keep(best_o);
   return std::move(*best);
 }
 

@@ -1,6 +1,6 @@
 // pipeswap — scenario files: the simulator's scenario as JSON, read strictly and written in full.
 //
-// A scenario file is one object with up to six sections; every field is optional and defaults to
+// A scenario file is one object with up to seven sections; every field is optional and defaults to
 // the built-in scenario (sim::scenario{}), so `{}` is the default scenario:
 //
 //   {"model":    {"name": "...", "layers": 80, "hidden": 8192, "ffn_hidden": 28672, "heads": 64,
@@ -17,8 +17,11 @@
 //    "parallel": {"tp": 1, "sequence_parallel": false, "dp": 1, "distributed_optimizer": false},
 //    "pipeline": {"schedule": "1f1b", "ranks": 8, "micro_batches": 32, "chunks": 1,
 //                 "overlap_b_f": false},
-//    "swap":     {"swap_times": 16, "packed": true, "overlap": true}}
+//    "swap":     {"swap_times": 16, "packed": true, "overlap": true},
+//    "plan":     {"tolerance": 0.005}}
 //
+// A top-level "comment" (a string: the configuration's source) is kept and written back first when
+// it is not empty.
 // grad_dtype null means F32 with fp32_master, else the parameter type.
 //
 // docs/cli.md describes every field. Reading rejects, naming the field by its path
@@ -295,8 +298,9 @@ inline void check_fits(scenario const& s) {
 template <class Json>
 scenario scenario_from_json(Json const& j, scenario base = {}) {
   using reader = detail::section_reader<Json>;
-  reader const top(j, "", {"model", "device", "node", "parallel", "pipeline", "swap"});
+  reader const top(j, "", {"comment", "model", "device", "node", "parallel", "pipeline", "swap", "plan"});
   scenario s = std::move(base);
+  top.string("comment", s.comment);
   if (auto const* v = top.find("model")) {
     reader const r(*v, "model",
                    {"name", "layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "seq_len",
@@ -411,6 +415,10 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     r.boolean("packed", s.swap.packed);
     r.boolean("overlap", s.swap.overlap);
   }
+  if (auto const* v = top.find("plan")) {
+    reader const r(*v, "plan", {"tolerance"});
+    r.number("tolerance", s.plan.tolerance);
+  }
   validate(s);
   check_limits(s);
   check_fits(s);
@@ -432,6 +440,7 @@ inline scenario scenario_from_json_text(std::string_view text, scenario base = {
 template <class Json = nlohmann::ordered_json>
 Json to_json(scenario const& s) {
   Json j = Json::object();
+  if (!s.comment.empty()) j["comment"] = s.comment;
   auto const& m = s.model;
   Json& jm = j["model"] = Json::object();
   jm["name"] = m.name;
@@ -489,6 +498,8 @@ Json to_json(scenario const& s) {
   js["swap_times"] = s.swap.swap_times;
   js["packed"] = s.swap.packed;
   js["overlap"] = s.swap.overlap;
+  Json& jl = j["plan"] = Json::object();
+  jl["tolerance"] = s.plan.tolerance;
   return j;
 }
 
