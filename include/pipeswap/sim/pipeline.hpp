@@ -458,11 +458,12 @@ public:
         w.params.push_back({b_.allocate_device(t.numel * es, cs), t.numel * es});
         w.grads.push_back({b_.allocate_device(t.numel * gs, cs), t.numel * gs});
         // The distributed optimizer updates this rank's 1/dp share of every tensor (a prefix here).
-        auto const shard = optimizer_shard(t.numel, s.parallel);
+        auto const shard = optimizer_shard(t.numel, s.parallel, t.expert);
         opt_.add_param({w.params.back().ptr, w.grads.back().ptr, shard, s.model.param_dtype, gtype, master});
         resident_param_bytes_ += t.numel * (es + gs);
         optimizer_state_bytes_ += shard * (master ? 12 : 8);
         stage_params_ += t.numel;
+        if (t.expert) expert_params_ += t.numel;
       }
     }
     for (auto const& st : stages_) {
@@ -696,12 +697,12 @@ private:
     pipeline_end_ = overlap_ ? std::max({b_.ready_time(cs), b_.ready_time(ex_->send_stream()), b_.ready_time(ex_->recv_stream())})
                              : b_.makespan();
     // Data parallelism: the gradients are reduced (scattered) before the step, on their own link.
-    if (auto const ns = dp_grad_sync_ns(s_, stage_params_); ns > 0) collective_kernel("DP grad sync", ns, false);
+    if (auto const ns = dp_grad_sync_ns(s_, stage_params_, expert_params_); ns > 0) collective_kernel("DP grad sync", ns, false);
     b_.synchronize(b_.record_event(cs)); // the gradient-norm reduction before the step
     if (phased_) prefetch_now();         // the room the last backward gave back
     prefetched_ = phased_ ? osw_->prefetched_batches() : 0;
     osw_->step();
-    if (auto const ns = dp_param_gather_ns(s_, stage_params_); ns > 0) collective_kernel("DP param all-gather", ns, true);
+    if (auto const ns = dp_param_gather_ns(s_, stage_params_, expert_params_); ns > 0) collective_kernel("DP param all-gather", ns, true);
     // The executor then synchronizes the compute stream (overlap) or the device.
   }
 
@@ -779,7 +780,7 @@ private:
   std::size_t prefetched_ = 0, batches_ = 0;
   sim_time start_ = 0, pipeline_end_ = 0, end_time_ = 0, tail_from_ = 0;
   std::size_t h2d0_ = 0, d2h0_ = 0;
-  std::uint64_t resident_param_bytes_ = 0, optimizer_state_bytes_ = 0, corrupt_ = 0, stage_params_ = 0;
+  std::uint64_t resident_param_bytes_ = 0, optimizer_state_bytes_ = 0, corrupt_ = 0, stage_params_ = 0, expert_params_ = 0;
 };
 
 /// A per-rank input of simulate() has one entry per pipeline rank (or none, where `empty_ok`).

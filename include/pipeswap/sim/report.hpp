@@ -187,6 +187,9 @@ inline std::string describe(scenario const& s) {
   auto const& p = s.pipeline;
   std::string out = s.model.name + " (" + std::to_string(s.model.layers) + " layers, " +
                     detail::fmt("%.1f", static_cast<double>(params) / 1e9) + " B parameters, " +
+                    (s.model.moe.enabled() ? std::to_string(s.model.moe.experts) + " experts, top " +
+                                                 std::to_string(s.model.moe.top_k) + ", "
+                                           : std::string()) +
                     std::string(name_of(s.model.param_dtype)) + (s.model.fp32_master ? " + fp32 master" : "") +
                     ", " + std::string(name_of(grad_dtype_of(s.model))) + " gradients" +
                     (s.model.recompute == recompute_kind::none
@@ -200,6 +203,7 @@ inline std::string describe(scenario const& s) {
                     (s.parallel.dp > 1 ? " x dp " + std::to_string(s.parallel.dp) +
                                              (s.parallel.distributed_optimizer ? " (distributed optimizer)" : "")
                                        : std::string()) +
+                    (s.parallel.ep > 1 ? ", experts over ep " + std::to_string(s.parallel.ep) : std::string()) +
                     " = " + std::to_string(devices_of(s)) + " devices, " +
                     (p.schedule == schedule_kind::gpipe         ? std::string("GPipe")
                      : p.schedule == schedule_kind::one_f_one_b ? std::string("1F1B")
