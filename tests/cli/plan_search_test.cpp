@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -566,4 +567,114 @@ BOOST_AUTO_TEST_CASE(plan_weighs_the_distributed_optimizer_with_data_parallelism
   auto const text = sim::format_plan(r, s);
   BOOST_TEST(text.find("distributed optimizer") != std::string::npos, text);
   BOOST_TEST(sim::to_json(r)["best_without_swap"]["distributed_optimizer"] == true);
+}
+
+namespace {
+
+/// Qwen3-30B-A3B as Megatron-Bridge measured its CPU-step optimizer offload
+/// (docs/training/cpu-offloading.md: TP 2, PP 2, EP 4; 16 GPUs, so DP 4, with the distributed
+/// optimizer, sequence parallelism and, as the recipe enables, recomputation). Not stated there and
+/// chosen here: a micro-batch of 1 × 4096 tokens, 8 micro-batches, full recomputation.
+sim::scenario qwen3_offload_scenario() {
+  sim::scenario s;
+  auto& m = s.model;
+  m.name = "Qwen3-30B-A3B";
+  m.layers = 48;
+  m.hidden = 2048;
+  m.ffn_hidden = 6144;
+  m.heads = 32;
+  m.kv_heads = 4;
+  m.head_dim = 128;
+  m.vocab = 151936;
+  m.seq_len = 4096;
+  m.recompute = sim::recompute_kind::full;
+  m.moe = {128, 8, 768, 0};
+  s.device.memory_bytes = 80'000'000'000;
+  s.device.hbm_tbps = 3.35;
+  s.parallel.tp = 2;
+  s.parallel.sequence_parallel = true;
+  s.parallel.dp = 4;
+  s.parallel.distributed_optimizer = true;
+  s.parallel.ep = 4;
+  s.pipeline.ranks = 2;
+  s.pipeline.micro_batches = 8;
+  return s;
+}
+
+} // namespace
+
+// The CPU-step offload formula (sim/alternatives.hpp) against Megatron-Bridge's measurement on
+// Qwen3-30B-A3B (docs/training/cpu-offloading.md and skills/mbridge-perf-cpu-offloading/SKILL.md):
+// step time ~1.9x at 25 % offloaded and ~4.2x at 100 %, "linear in the offload fraction"; 3.8 GB
+// saved per 25 %. The published step time is not given, so the host's Adam rate is calibrated on
+// the 100 % point (node.cpu_adam_gbps, bisection); the 25 % point is held out and must come within
+// 25 %, the memory within 2 %. The calibrated rate is the scenario default's source.
+BOOST_AUTO_TEST_CASE(cpu_step_offload_reproduces_megatron_bridge_s_trend) {
+  auto s = qwen3_offload_scenario();
+  auto const none = sim::outcome_of(sim::simulate(s, sim::sim_options{}));
+  auto ratio = [&](double rate, double f) {
+    auto t = s;
+    t.node.cpu_adam_gbps = rate;
+    auto const a = sim::cpu_offload_alternative(t, none.rank_steps, none.rank_peaks, none.rank_state_bytes, f, ~0ull);
+    return static_cast<double>(a.step_ns) / static_cast<double>(none.step_ns);
+  };
+  double lo = 0.01, hi = 1000; // GB/s per node; the ratio falls as the rate rises
+  for (int i = 0; i < 100; ++i) {
+    double const mid = std::sqrt(lo * hi);
+    (ratio(mid, 1.0) > 4.2 ? lo : hi) = mid;
+  }
+  double const rate = lo;
+  BOOST_TEST_MESSAGE("calibrated node.cpu_adam_gbps: " << rate << " GB/s");
+  BOOST_TEST(std::abs(ratio(rate, 1.0) - 4.2) < 1e-3);
+  double const at25 = ratio(rate, 0.25);
+  BOOST_TEST_MESSAGE("25 %: " << at25 << "x, 50 %: " << ratio(rate, 0.5) << "x, 75 %: " << ratio(rate, 0.75) << "x");
+  BOOST_TEST(std::abs(at25 - 1.9) <= 0.25 * 1.9, "25 %: " << at25 << "x against 1.9x published");
+  // The default is the calibrated rate, rounded: the same check holds with it.
+  BOOST_TEST(std::abs(ratio(sim::node_spec{}.cpu_adam_gbps, 1.0) - 4.2) <= 0.1 * 4.2);
+  // Memory: the moments of a quarter of the shard, 3.8 GB per 25 % (15.3 GB at 100 %).
+  auto t = s;
+  auto const q = sim::cpu_offload_alternative(t, none.rank_steps, none.rank_peaks, none.rank_state_bytes, 0.25, ~0ull);
+  for (std::size_t r = 0; r < q.ranks.size(); ++r) {
+    double const saved = static_cast<double>(none.rank_peaks[r] - q.ranks[r].peak_bytes);
+    BOOST_TEST(std::abs(saved - 3.8e9) <= 0.02 * 3.8e9, "rank " << r << ": " << saved);
+  }
+}
+
+// The verdict never recommends an alternative that another beats on both step time (beyond the
+// tolerance) and peak; it is the planner's choice when the plan is among the alternatives' best;
+// over a sweep of budgets on the small scenario and the 8B one.
+BOOST_AUTO_TEST_CASE(the_verdict_is_never_beaten_on_both_step_and_peak) {
+  auto small = small_scenario();
+  small.swap.overlap = true;
+  auto const none = sim::outcome_of(sim::simulate(small, sim::sim_options{}));
+  std::size_t checked = 0;
+  for (double share : {1.1, 1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.3}) {
+    auto const budget = static_cast<std::uint64_t>(static_cast<double>(none.peak_bytes) * share);
+    for (double tol : {0.0, 0.005, 0.05}) {
+      sim::scenario s = small;
+      s.plan.tolerance = tol;
+      auto const r = sim::plan(s, budget);
+      auto const& alts = r.alternatives;
+      BOOST_REQUIRE(!alts.empty());
+      auto const& v = r.verdict_line;
+      BOOST_TEST_CONTEXT("budget " << budget << ", tolerance " << tol) {
+        BOOST_TEST(v.text.rfind("verdict: ", 0) == 0u);
+        if (!v.choice) {
+          BOOST_TEST(!r.chosen.has_value());
+          for (auto const& a : alts) BOOST_TEST(!a.fits);
+          continue;
+        }
+        auto const& c = alts[*v.choice];
+        BOOST_TEST(c.fits);
+        for (auto const& a : alts) {
+          bool const faster = static_cast<double>(a.step_ns) * (1 + tol) < static_cast<double>(c.step_ns);
+          BOOST_TEST(!(faster && a.peak_bytes < c.peak_bytes), a.title);
+          if (a.fits) BOOST_TEST(!faster, a.title); // nothing that fits is faster beyond the tolerance
+        }
+        if (v.next_best) BOOST_TEST(v.text.find("; next best, " + alts[*v.next_best].title + ": ") != std::string::npos);
+        ++checked;
+      }
+    }
+  }
+  BOOST_TEST(checked > 6u);
 }

@@ -204,6 +204,7 @@ inline void validate(scenario const& s) {
   need(p.tp <= s.node.gpus, "parallel.tp (" + tp + ") must not exceed node.gpus (" + std::to_string(s.node.gpus) +
                                 "): tensor parallelism runs over NVLink inside a node");
   need(s.node.host_gbps > 0 && std::isfinite(s.node.host_gbps), "node.host_gbps must be positive");
+  need(s.node.cpu_adam_gbps > 0 && std::isfinite(s.node.cpu_adam_gbps), "node.cpu_adam_gbps must be positive");
   auto const& d = s.device;
   need(d.memory_bytes > d.reserved_bytes, "device.memory_bytes must exceed device.reserved_bytes");
   for (auto [v, n] : {std::pair{d.h2d_gbps, "h2d_gbps"}, {d.d2h_gbps, "d2h_gbps"}, {d.bf16_tflops, "bf16_tflops"},

@@ -19,6 +19,7 @@
 #include <pipeswap/schedule/generate.hpp>
 #include <pipeswap/schedule/inject.hpp>
 #include <pipeswap/schedule/step.hpp>
+#include <pipeswap/sim/alternatives.hpp>
 #include <pipeswap/sim/model.hpp>
 #include <pipeswap/sim/pipeline.hpp>
 #include <pipeswap/sim/plan_format.hpp>
@@ -135,6 +136,8 @@ inline plan_outcome outcome_of(sim_result const& r, scenario const* s = nullptr,
     o.d2h_bytes += x.d2h_bytes;
     o.swapped_chunks += x.swapped_chunks;
     o.rank_peaks.push_back(x.peak_bytes);
+    o.rank_host_bytes.push_back(x.h2d_bytes + x.d2h_bytes);
+    o.rank_state_bytes.push_back(x.optimizer_state_bytes);
     if (s && opts)
       o.activation_floor = std::max(o.activation_floor, s->device.reserved_bytes + x.resident_param_bytes +
                                                             (opts->swaps_optimizer(x.rank) ? 0 : x.optimizer_state_bytes));
@@ -146,6 +149,88 @@ inline plan_outcome outcome_of(sim_result const& r, scenario const* s = nullptr,
     o.wait_delays.push_back(x.offload_wait_delay);
   }
   return o;
+}
+
+/// An alternative from a simulated candidate's outcome.
+inline alternative alternative_of(std::string key, std::string title, swap_choice const& c, plan_outcome const& o,
+                                  std::uint64_t budget) {
+  alternative a;
+  a.key = std::move(key);
+  a.title = std::move(title);
+  a.description = describe(c);
+  a.step_ns = o.step_ns;
+  a.peak_bytes = o.peak_bytes;
+  a.peak_rank = o.peak_rank;
+  a.host_bytes = o.h2d_bytes + o.d2h_bytes;
+  a.fits = o.peak_bytes <= budget;
+  for (std::size_t r = 0; r < o.rank_peaks.size(); ++r)
+    a.ranks.push_back({r < o.rank_steps.size() ? o.rank_steps[r] : 0, o.rank_peaks[r],
+                       r < o.rank_host_bytes.size() ? o.rank_host_bytes[r] : 0});
+  return a;
+}
+
+/// Fills `res.alternatives` and `res.verdict_line` (docs/simulator.md, "The alternatives"): with the
+/// scenario's own recomputation and distributed-optimizer settings, no swap; pipeswap's GPU-step swap
+/// of the optimizer state (the fastest batch setting the search simulated for them, else the
+/// scenario's swap settings), of every eligible activation group, of both; the plan; the CPU-step
+/// offload of 25, 50, 75 and 100 % of the optimizer; the other recomputations. `outcome(choice)`
+/// simulates a candidate (or finds it simulated).
+template <class Outcome>
+void add_alternatives(plan_result& res, scenario const& s, plan_space const& space, Outcome&& outcome) {
+  swap_choice base;
+  base.recompute = s.model.recompute;
+  base.distributed_optimizer = s.parallel.distributed_optimizer;
+  auto opt = base;
+  opt.optimizer = true;
+  opt.swap_times = s.swap.swap_times;
+  opt.packed = s.swap.packed;
+  std::optional<mock::sim_time> best_opt;
+  for (auto const& e : res.simulated)
+    if (e.choice.ranks.empty() && e.choice.optimizer && e.choice.activation_min_gap == 0 &&
+        e.choice.recompute == base.recompute && e.choice.distributed_optimizer == base.distributed_optimizer &&
+        (!best_opt || e.outcome.step_ns < *best_opt)) {
+      best_opt = e.outcome.step_ns;
+      opt.swap_times = e.choice.swap_times;
+      opt.packed = e.choice.packed;
+    }
+  auto const B = res.budget_bytes;
+  auto& alts = res.alternatives;
+  alts.clear();
+  auto const none_o = outcome(base);
+  alts.push_back(alternative_of("none", "no swap", base, none_o, B));
+  res.alternative_none = 0;
+  alts.push_back(alternative_of("optimizer_swap", "optimizer swap", opt, outcome(opt), B));
+  if (!space.gaps.empty()) {
+    auto act = base;
+    act.activation_min_gap = schedule::min_swap_gap;
+    alts.push_back(alternative_of("activation_swap", "activation swap", act, outcome(act), B));
+    auto both = opt;
+    both.activation_min_gap = schedule::min_swap_gap;
+    alts.push_back(alternative_of("both", "optimizer + activation swap", both, outcome(both), B));
+  }
+  if (res.chosen) {
+    // The plan, unless it is one of the alternatives above: then that one is the plan.
+    auto const d = describe(*res.chosen);
+    auto const same = std::find_if(alts.begin(), alts.end(), [&](alternative const& a) { return a.description == d; });
+    if (same == alts.end()) {
+      alts.push_back(alternative_of("plan", "the plan", *res.chosen, res.chosen_outcome, B));
+      for (auto const& x : plan_changes(*res.chosen, s))
+        alts.back().description += ", " + x.field + " " + x.from + " -> " + x.to;
+    }
+    else same->title += " (the plan)";
+  }
+  for (double f : cpu_offload_fractions)
+    alts.push_back(cpu_offload_alternative(s, none_o.rank_steps, none_o.rank_peaks, none_o.rank_state_bytes, f, B));
+  for (auto rc : {recompute_kind::selective, recompute_kind::full, recompute_kind::none}) {
+    if (rc == base.recompute) continue;
+    auto r = base;
+    r.recompute = rc;
+    if (res.chosen && describe(r) == describe(*res.chosen)) continue; // the plan, listed above
+    alts.push_back(alternative_of(std::string("recompute_") + std::string(recompute_name(rc)),
+                                  rc == recompute_kind::none ? "no recomputation" : std::string(recompute_name(rc)) + " recomputation",
+                                  r, outcome(r), B));
+  }
+  res.verdict_line = decide(alts, res.alternative_none, B, res.tolerance);
 }
 
 /// Plans `s` for a budget of `budget` bytes per device, simulating candidates with sim::simulate.
@@ -165,6 +250,9 @@ inline plan_result plan(scenario const& given, std::uint64_t budget, std::functi
     if (s.parallel.dp > 1) space.distributed_optimizer = {false, true};
     space.tolerance = s.plan.tolerance;
   }
+  space.baseline = swap_choice{};
+  space.baseline.recompute = s.model.recompute;
+  space.baseline.distributed_optimizer = s.parallel.distributed_optimizer;
   space.gaps = gap_levels(*gaps);
   double done = 0, bound = 1;
   // The candidates run without the hazard checker (it changes no figure, and costs most of a
@@ -207,6 +295,11 @@ inline plan_result plan(scenario const& given, std::uint64_t budget, std::functi
       throw error("plan: the chosen plan (" + describe(*res.chosen) +
                   ") gave other figures with the hazard checker than without it");
   }
+  add_alternatives(res, s, space, [&](swap_choice const& c) {
+    for (auto const& e : res.simulated)
+      if (e.choice == c) return e.outcome;
+    return evaluate(c);
+  });
   return res;
 }
 

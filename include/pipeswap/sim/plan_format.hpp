@@ -45,13 +45,47 @@ inline std::vector<setting_change> plan_changes(swap_choice const& c, scenario c
   return out;
 }
 
+/// The alternatives as a table (empty when there are none): the step, then per rank.
+inline std::string format_alternatives(plan_result const& r) {
+  using detail::pad;
+  using detail::plan_gb;
+  using detail::secs;
+  if (r.alternatives.empty()) return {};
+  auto const& base = r.alternatives.at(r.alternative_none);
+  std::string o = "\nalternatives (step: the slowest rank's time, the highest peak, host-link bytes of all ranks; "
+                  "CPU-step offload derived from the no-swap step, the others simulated):\n";
+  o += "  " + pad("alternative", 30) + pad("step time", 11, true) + pad("overhead", 11, true) + pad("peak", 11, true) +
+       "  " + pad("fits", 6) + pad("host link", 11, true) + "\n";
+  for (std::size_t i = 0; i < r.alternatives.size(); ++i) {
+    auto const& a = r.alternatives[i];
+    bool const chosen = r.verdict_line.choice == i;
+    o += (chosen ? "* " : "  ") + pad(a.title, 30) + pad(secs(a.step_ns), 11, true) +
+         pad(i == r.alternative_none ? "-" : detail::percent(overhead(a.step_ns, base.step_ns)), 11, true) +
+         pad(plan_gb(a.peak_bytes), 11, true) + "  " + pad(a.fits ? "yes" : "no", 6) + pad(plan_gb(a.host_bytes), 11, true) +
+         "\n";
+  }
+  o += "per rank (peak / step time / host-link bytes of one device):\n";
+  for (std::size_t k = 0; k < base.ranks.size(); ++k) {
+    o += "  rank " + std::to_string(k) + ":";
+    for (auto const& a : r.alternatives) {
+      if (k >= a.ranks.size()) continue;
+      auto const& x = a.ranks[k];
+      o += " " + a.key + " " + plan_gb(x.peak_bytes) + " / " + secs(x.step_ns) + " / " + plan_gb(x.host_bytes) + ";";
+    }
+    o.back() = '\n';
+  }
+  return o;
+}
+
 /// The plan as text: the choice, what it costs, what else was simulated and what was skipped.
 inline std::string format_plan(plan_result const& r, scenario const& s) {
   using detail::pad;
   using detail::plan_gb;
   using detail::secs;
   std::string o = "scenario: " + describe(s) + "\nbudget: " + plan_gb(r.budget_bytes) + " per device\n";
-  o += "no swap: step " + secs(r.baseline.step_ns) + ", peak " + plan_gb(r.baseline.peak_bytes) + " on rank " +
+  if (!r.verdict_line.text.empty()) o += r.verdict_line.text + "\n";
+  o += "no swap" + (r.baseline_choice == swap_choice{} ? std::string() : " (" + describe(r.baseline_choice) + ")") +
+       ": step " + secs(r.baseline.step_ns) + ", peak " + plan_gb(r.baseline.peak_bytes) + " on rank " +
        std::to_string(r.baseline.peak_rank) + "\n\n";
   if (r.chosen) {
     auto const& c = r.chosen_outcome;
@@ -81,6 +115,7 @@ inline std::string format_plan(plan_result const& r, scenario const& s) {
       o += "  the lowest peak reached is " + plan_gb(r.lowest_peak->outcome.peak_bytes) + " on rank " +
            std::to_string(r.lowest_peak->outcome.peak_rank) + ", with " + describe(r.lowest_peak->choice) + "\n";
   }
+  o += format_alternatives(r);
   o += "\nsimulated " + std::to_string(r.simulated.size()) + " of " + std::to_string(r.candidates) +
        " candidates (steps within " + detail::fmt("%.2f %%", r.tolerance * 100) +
        " of the fastest count as equally fast; of those the plan moves the fewest bytes over the host link, then "
@@ -185,6 +220,31 @@ Json to_json(plan_result const& r) {
     sim.push_back(std::move(x));
   }
   j["skipped"] = r.skipped;
+  Json alts = Json::array();
+  for (auto const& a : r.alternatives) {
+    Json x = Json::object();
+    x["key"] = a.key;
+    x["title"] = a.title;
+    x["description"] = a.description;
+    x["simulated"] = a.simulated;
+    x["step_ns"] = a.step_ns;
+    x["peak_bytes"] = a.peak_bytes;
+    x["peak_rank"] = a.peak_rank;
+    x["host_bytes"] = a.host_bytes;
+    x["fits"] = a.fits;
+    Json rs = Json::array();
+    for (auto const& q : a.ranks) rs.push_back(Json{{"step_ns", q.step_ns}, {"peak_bytes", q.peak_bytes}, {"host_bytes", q.host_bytes}});
+    x["ranks"] = std::move(rs);
+    alts.push_back(std::move(x));
+  }
+  j["alternatives"] = std::move(alts);
+  auto const& v = r.verdict_line;
+  Json jv = Json::object();
+  jv["text"] = v.text;
+  jv["choice"] = v.choice ? Json(r.alternatives.at(*v.choice).key) : Json(nullptr);
+  jv["next_best"] = v.next_best ? Json(r.alternatives.at(*v.next_best).key) : Json(nullptr);
+  jv["reason"] = v.reason;
+  j["verdict"] = std::move(jv);
   return j;
 }
 

@@ -62,6 +62,7 @@
 #include <pipeswap/sim/pipeline.hpp>
 #include <pipeswap/sim/report.hpp>
 #include <pipeswap/sim/scenario_json.hpp>
+#include <pipeswap/sim/verdict.hpp>
 
 #include <range/v3/algorithm/all_of.hpp>
 #include <range/v3/algorithm/any_of.hpp>
@@ -164,6 +165,8 @@ struct plan_outcome {
   std::uint64_t d2h_bytes = 0;
   std::uint32_t swapped_chunks = 0; ///< activation groups swapped, all ranks together
   std::vector<std::uint64_t> rank_peaks; ///< per rank (empty: not known; no per-rank mix is tried)
+  /// Per rank: host-link bytes (both directions) and the optimizer state's bytes (empty: not known).
+  std::vector<std::uint64_t> rank_host_bytes, rank_state_bytes;
   /// A floor no activation swap can take the peak below (0: not known): the largest, over the ranks,
   /// of what stays on the device whatever activations swap (reserved bytes, weights, gradients, and
   /// the optimizer state of a rank that does not swap it).
@@ -195,6 +198,9 @@ struct plan_space {
   /// rank's activation level one level either way and its optimizer batch count a quarter up or
   /// down (within swap_times' range), greedily while that makes the plan faster and it fits.
   std::size_t refine = 8;
+  /// The reference of "against no swap": swap nothing with these settings (plan() gives the
+  /// scenario's own recomputation and distributed optimizer).
+  swap_choice baseline;
   /// Candidates whose step is within this fraction of the fastest fitting one count as equally
   /// fast; among them the fewest host-link bytes, then the lowest peak, wins.
   double tolerance = 0.005;
@@ -225,7 +231,8 @@ struct considered {
 
 struct plan_result {
   std::uint64_t budget_bytes = 0;
-  plan_outcome baseline; ///< no swap
+  plan_outcome baseline; ///< no swap (plan_space::baseline)
+  swap_choice baseline_choice;
   std::optional<swap_choice> chosen;
   plan_outcome chosen_outcome;
   /// The fastest fitting candidate that swaps nothing (recomputation, distributed optimizer only).
@@ -237,6 +244,11 @@ struct plan_result {
   double tolerance = 0;              ///< plan_space::tolerance
   /// Lowest peak seen, and where: what to say when nothing fits.
   std::optional<considered> lowest_peak;
+  /// What a user weighs against the plan (plan() fills them; search_plan() leaves them empty), and
+  /// the verdict among them.
+  std::vector<alternative> alternatives;
+  std::size_t alternative_none = 0; ///< the index of "no swap" among them
+  verdict verdict_line;
 };
 
 namespace detail {
@@ -389,23 +401,52 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
     }
   };
 
-  res.baseline = run(swap_choice{});
+  res.baseline = run(space.baseline);
+  res.baseline_choice = space.baseline;
 
-  auto search_family = [&](swap_choice const& family) {
+  // First, every family's settings without activation swap: its step without swap, then the
+  // optimizer settings (for each packing, swap_times walked upwards). A family whose step without
+  // swap is beyond the tolerance of the fastest plan found so far is skipped.
+  struct setting {
+    swap_choice choice;
+    plan_outcome outcome;
+  };
+  std::vector<setting> list;
+  for (auto const& [rc, dist] : families) {
+    swap_choice family;
+    family.recompute = rc;
+    family.distributed_optimizer = dist;
     plan_outcome const family_base = run(family);
+    if (!dist && std::find(space.distributed_optimizer.begin(), space.distributed_optimizer.end(), true) !=
+                     space.distributed_optimizer.end()) {
+      // Its twin with the distributed optimizer shards the same state over dp: when that is no
+      // slower and peaks no higher without swap, it is with any swap too (the swaps move only the
+      // shard, the step updates only the shard), so this family's swaps are not searched.
+      auto twin = family;
+      twin.distributed_optimizer = true;
+      plan_outcome const t = run(twin);
+      if (t.step_ns <= family_base.step_ns && t.peak_bytes <= family_base.peak_bytes) {
+        res.skipped.push_back(describe(family) + " with swap: not searched, the distributed optimizer with the same "
+                              "recomputation is no slower without swap (" + detail::secs(t.step_ns) + " against " +
+                              detail::secs(family_base.step_ns) + ") and peaks lower, and its swaps move only the shard");
+        continue;
+      }
+    }
     if (!in_reach(family_base.step_ns)) {
       res.skipped.push_back(describe(family) + " with any swap: not searched, its step without swap (" +
                             detail::secs(family_base.step_ns) + ") is already beyond " + reach_text() +
                             " and swapping only adds time");
-      return;
+      continue;
     }
-
-    // Optimizer settings without activation swap: walk swap_times upwards for each packing.
-    struct setting {
-      swap_choice choice;
-      plan_outcome outcome;
-    };
-    std::vector<setting> list{{family, family_base}};
+    list.push_back({family, family_base});
+    if (fits(family_base)) {
+      // It moves nothing over the host link; by (b) every swap of the family is no faster and moves
+      // more, so none of them can be chosen over it.
+      res.skipped.push_back(describe(family) + " with swap: not searched, the family fits without swap (" +
+                            detail::secs(family_base.step_ns) + ", 0 bytes over the host link) and swapping "
+                            "only adds time and bytes");
+      continue;
+    }
     for (bool packed : space.packed) {
       std::optional<plan_outcome> prev;
       for (std::size_t i = 0; i < space.swap_times.size(); ++i) {
@@ -429,44 +470,38 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
         prev = o;
       }
     }
-    std::stable_sort(list.begin(), list.end(),
-                     [](setting const& a, setting const& b) { return a.outcome.step_ns < b.outcome.step_ns; });
+  }
+  std::stable_sort(list.begin(), list.end(),
+                   [](setting const& a, setting const& b) { return a.outcome.step_ns < b.outcome.step_ns; });
 
-    // Then, fastest setting first, every activation level of each setting that does not fit.
-    for (std::size_t si = 0; si < list.size(); ++si) {
-      auto const& [choice, o0] = list[si];
-      if (!in_reach(o0.step_ns)) {
-        for (std::size_t k = si; k < list.size(); ++k)
-          if (!fits(list[k].outcome))
-            res.skipped.push_back(describe(list[k].choice) + " with activation swap: not searched, its step without "
-                                  "activation swap (" + detail::secs(list[k].outcome.step_ns) + ") is already beyond " +
-                                  reach_text() + " and swapping activations only adds time");
+  // Then, fastest setting first (of every family), every activation level of each setting that does
+  // not fit, fewest groups first, until a level's step leaves the tolerance of the fastest plan.
+  for (std::size_t si = 0; si < list.size(); ++si) {
+    auto const& [choice, o0] = list[si];
+    if (!in_reach(o0.step_ns)) {
+      for (std::size_t k = si; k < list.size(); ++k)
+        if (!fits(list[k].outcome))
+          res.skipped.push_back(describe(list[k].choice) + " with activation swap: not searched, its step without "
+                                "activation swap (" + detail::secs(list[k].outcome.step_ns) + ") is already beyond " +
+                                reach_text() + " and swapping activations only adds time");
+      break;
+    }
+    if (fits(o0) || levels == 0) continue; // fits already, or nothing to swap
+    if (o0.activation_floor > budget) {
+      res.skipped.push_back(describe(choice) + " with activation swap: not simulated, what no activation swap "
+                            "moves (weights, gradients, the optimizer state it keeps, reserved bytes) already "
+                            "needs " + detail::plan_gb(o0.activation_floor) + " on a rank");
+      continue;
+    }
+    for (std::size_t level = 1; level <= levels; ++level) {
+      plan_outcome const o = run(at_level(choice, level));
+      if (!in_reach(o.step_ns) && level < levels) {
+        res.skipped.push_back(describe(choice) + " with activation gaps below " + std::to_string(space.gaps[level - 1]) +
+                              ": not simulated, gap " + std::to_string(space.gaps[level - 1]) + " is already beyond " +
+                              reach_text() + " and swapping more groups only adds time");
         break;
       }
-      if (fits(o0) || levels == 0) continue; // fits already, or nothing to swap
-      if (o0.activation_floor > budget) {
-        res.skipped.push_back(describe(choice) + " with activation swap: not simulated, what no activation swap "
-                              "moves (weights, gradients, the optimizer state it keeps, reserved bytes) already "
-                              "needs " + detail::plan_gb(o0.activation_floor) + " on a rank");
-        continue;
-      }
-      for (std::size_t level = 1; level <= levels; ++level) {
-        plan_outcome const o = run(at_level(choice, level));
-        if (!in_reach(o.step_ns) && level < levels) {
-          res.skipped.push_back(describe(choice) + " with activation gaps below " + std::to_string(space.gaps[level - 1]) +
-                                ": not simulated, gap " + std::to_string(space.gaps[level - 1]) + " is already beyond " +
-                                reach_text() + " and swapping more groups only adds time");
-          break;
-        }
-      }
     }
-  };
-
-  for (auto const& [rc, dist] : families) {
-    swap_choice f;
-    f.recompute = rc;
-    f.distributed_optimizer = dist;
-    search_family(f);
   }
   update_choice();
 

@@ -117,6 +117,9 @@ struct device_spec {
 struct node_spec {
   std::uint32_t gpus = 8;
   double host_gbps = 278; ///< GB/s each way, all of the node's GPUs together
+  /// GB/s of optimizer state the node's CPUs stream through a CPU Adam step (the CPU-step offload
+  /// alternative, sim/alternatives.hpp), all of its GPUs' shares together.
+  double cpu_adam_gbps = 146;
 };
 
 enum class schedule_kind : std::uint8_t { gpipe, one_f_one_b, interleaved };

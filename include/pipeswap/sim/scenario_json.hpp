@@ -14,7 +14,7 @@
 //                 "bf16_tflops": 989, "kernel_efficiency": 0.45, "end_to_end_mfu": null,
 //                 "hbm_tbps": 4.8, "p2p_gbps": 100, "p2p_latency_us": 10, "tp_gbps": 360,
 //                 "dp_gbps": 40, "collective_latency_us": 10},
-//    "node":     {"gpus": 8, "host_gbps": 278},
+//    "node":     {"gpus": 8, "host_gbps": 278, "cpu_adam_gbps": 146},
 //    "parallel": {"tp": 1, "sequence_parallel": false, "dp": 1, "distributed_optimizer": false, "ep": 1,
 //                 "expert_tp": null},
 //    "pipeline": {"schedule": "1f1b", "ranks": 8, "micro_batches": 32, "chunks": 1,
@@ -396,7 +396,8 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     r.number("collective_latency_us", d.collective_latency_us);
   }
   if (auto const* v = top.find("node")) {
-    reader const r(*v, "node", {"gpus", "host_gbps"});
+    reader const r(*v, "node", {"gpus", "host_gbps", "cpu_adam_gbps"});
+    r.number("cpu_adam_gbps", s.node.cpu_adam_gbps);
     r.u32("gpus", s.node.gpus);
     r.number("host_gbps", s.node.host_gbps);
   }
@@ -506,6 +507,7 @@ Json to_json(scenario const& s) {
   Json& jn = j["node"] = Json::object();
   jn["gpus"] = s.node.gpus;
   jn["host_gbps"] = s.node.host_gbps;
+  jn["cpu_adam_gbps"] = s.node.cpu_adam_gbps;
   Json& jq = j["parallel"] = Json::object();
   jq["tp"] = s.parallel.tp;
   jq["sequence_parallel"] = s.parallel.sequence_parallel;
