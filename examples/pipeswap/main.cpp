@@ -62,6 +62,7 @@ int main(int argc, char** argv) {
                    "percent of the fastest step within which plans count as equally fast (then the fewest "
                    "host-link bytes wins, then the lowest peak); default: the scenario's plan.tolerance (0.5)")
       ->check(CLI::Range(0.0, 99.999));
+  plan->add_option("--svg", pl.svg, "write the alternatives (step time against peak, one point each) as an SVG chart");
   plan->add_flag("--json", pl.json, "print the plan as JSON");
   add_progress(plan, pl.progress);
 

@@ -66,8 +66,12 @@ int run_plan(plan_args const& a) {
     p = sim::plan(s, budget, [&](double f) { meter.update(f); });
     meter.finish();
   }
+  if (!a.svg.empty()) write_file(a.svg, sim::svg::render(sim::alternatives_chart(p, s)));
   if (a.json) std::cout << sim::to_json(p, s).dump(2) << "\n";
-  else std::cout << sim::format_plan(p, s);
+  else {
+    std::cout << sim::format_plan(p, s);
+    if (!a.svg.empty()) std::cout << "alternatives chart: " << a.svg << "\n";
+  }
   if (!p.chosen) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.1f GB", static_cast<double>(budget) / 1e9);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <iterator>
 #include <cstdint>
 #include <algorithm>
 #include <string>
@@ -13,6 +14,7 @@
 #include <pipeswap/sim/model.hpp>
 #include <pipeswap/sim/plan_search.hpp>
 #include <pipeswap/sim/report.hpp>
+#include <pipeswap/sim/svg.hpp>
 
 namespace pipeswap::sim {
 
@@ -259,6 +261,24 @@ Json to_json(plan_result const& r, scenario const& s) {
     j["chosen"]["changes"] = std::move(ch);
   }
   return j;
+}
+
+/// The alternatives as a chart: step time against peak, one point each, the budget as a level
+/// (`pipeswap plan --svg`).
+inline svg::chart alternatives_chart(plan_result const& r, scenario const& s) {
+  svg::chart c;
+  c.title = "Alternatives: step time against peak memory, " + s.model.name + ", " + std::to_string(s.pipeline.ranks) + " ranks";
+  c.x_label = "step time (s)";
+  c.y_label = "peak device memory (GB)";
+  for (std::size_t i = 0; i < r.alternatives.size(); ++i) {
+    auto const& a = r.alternatives[i];
+    c.markers.push_back({(r.verdict_line.choice == i ? "* " : "") + a.title + " (" + detail::secs(a.step_ns) + ", " +
+                             detail::gb(a.peak_bytes) + ")",
+                         static_cast<double>(a.step_ns) / 1e9, static_cast<double>(a.peak_bytes) / 1e9,
+                         std::string(svg::palette[i % std::size(svg::palette)])});
+  }
+  c.levels.push_back({"budget " + detail::gb(r.budget_bytes), static_cast<double>(r.budget_bytes) / 1e9, "#d55e00"});
+  return c;
 }
 
 } // namespace pipeswap::sim
