@@ -55,9 +55,9 @@ struct chart {
   std::string y_label;
   std::vector<series> lines;
   std::vector<level> levels;
-  std::vector<marker> markers;
   int width = 960;
   int height = 540;
+  std::vector<marker> markers; ///< points (a scatter chart), each with its legend entry
 };
 
 /// Colour-blind-safe colours (Okabe and Ito, 2008) for up to eight series.
