@@ -46,7 +46,7 @@ json every_field() {
                "d2h_gbps": 11, "duplex_factor": 0.8, "copy_latency_us": 3.5, "bf16_tflops": 100,
                "kernel_efficiency": 0.3, "end_to_end_mfu": 0.25, "hbm_tbps": 1.5, "p2p_gbps": 25,
                "p2p_latency_us": 7, "tp_gbps": 200, "dp_gbps": 20, "collective_latency_us": 5},
-    "node": {"gpus": 4, "host_gbps": 100},
+    "node": {"gpus": 4, "host_gbps": 100, "cpu_adam_gbps": 50},
     "parallel": {"tp": 2, "sequence_parallel": true, "dp": 4, "distributed_optimizer": true, "ep": 2, "expert_tp": 1},
     "pipeline": {"schedule": "interleaved", "ranks": 3, "micro_batches": 6, "chunks": 2, "overlap_b_f": true},
     "swap": {"swap_times": 5, "packed": false, "overlap": false},
@@ -125,6 +125,7 @@ BOOST_AUTO_TEST_CASE(every_field_is_read_into_its_member) {
   BOOST_TEST(s.parallel.ep == 2u);
   BOOST_TEST(s.parallel.expert_tp.value_or(0) == 1u);
   BOOST_TEST(s.plan.tolerance == 0.01);
+  BOOST_TEST(s.node.cpu_adam_gbps == 50.0);
 }
 
 BOOST_AUTO_TEST_CASE(written_json_has_every_field_and_reads_back) {
