@@ -58,6 +58,11 @@ int main(int argc, char** argv) {
   plan->add_option("--scenario", pl.scenario, "scenario JSON file ('-' for stdin); default: the built-in one");
   plan->add_option("--budget", pl.budget_gb, "device memory budget in GB (10^9 bytes); default: the device's memory")
       ->check(CLI::PositiveNumber);
+  plan->add_option("--tolerance", pl.tolerance,
+                   "percent of the fastest step within which plans count as equally fast (then the fewest "
+                   "host-link bytes wins, then the lowest peak); default: the scenario's plan.tolerance (0.5)")
+      ->check(CLI::Range(0.0, 99.999));
+  plan->add_option("--svg", pl.svg, "write the alternatives (step time against peak, one point each) as an SVG chart");
   plan->add_flag("--json", pl.json, "print the plan as JSON");
   add_progress(plan, pl.progress);
 

@@ -48,7 +48,12 @@ int run_simulate(simulate_args const& a) {
 }
 
 int run_plan(plan_args const& a) {
-  auto const s = load_scenario(a.scenario);
+  auto s = load_scenario(a.scenario);
+  if (a.tolerance) {
+    if (!(*a.tolerance >= 0 && *a.tolerance < 100))
+      throw bad_input("--tolerance must be a percentage in [0, 100), got " + std::to_string(*a.tolerance));
+    s.plan.tolerance = *a.tolerance / 100;
+  }
   std::uint64_t budget = s.device.memory_bytes;
   if (a.budget_gb) {
     double const b = *a.budget_gb * 1e9;
@@ -61,8 +66,12 @@ int run_plan(plan_args const& a) {
     p = sim::plan(s, budget, [&](double f) { meter.update(f); });
     meter.finish();
   }
-  if (a.json) std::cout << sim::to_json(p).dump(2) << "\n";
-  else std::cout << sim::format_plan(p, s);
+  if (!a.svg.empty()) write_file(a.svg, sim::svg::render(sim::alternatives_chart(p, s)));
+  if (a.json) std::cout << sim::to_json(p, s).dump(2) << "\n";
+  else {
+    std::cout << sim::format_plan(p, s);
+    if (!a.svg.empty()) std::cout << "alternatives chart: " << a.svg << "\n";
+  }
   if (!p.chosen) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.1f GB", static_cast<double>(budget) / 1e9);

@@ -8,6 +8,11 @@
 #include <pipeswap/sim/model.hpp>
 #include <pipeswap/sim/pipeline.hpp>
 #include <pipeswap/sim/plan.hpp>
+#include <pipeswap/sim/plan_format.hpp>
+#include <pipeswap/sim/plan_search.hpp>
+#include <pipeswap/sim/moe.hpp>
 #include <pipeswap/sim/report.hpp>
+#include <pipeswap/sim/scenario.hpp>
 #include <pipeswap/sim/scenario_json.hpp>
+#include <pipeswap/sim/sized.hpp>
 #include <pipeswap/sim/svg.hpp>

@@ -373,7 +373,8 @@ class ScenarioFiles(unittest.TestCase):
     def test_scenario_prints_every_field_and_reads_back(self):
         _, out, _ = run("scenario", check=0)
         j = json.loads(out)
-        self.assertEqual(list(j), ["model", "device", "node", "parallel", "pipeline", "swap"])
+        self.assertEqual(list(j), ["model", "device", "node", "parallel", "pipeline", "swap", "plan"])
+        self.assertEqual(j["plan"], {"tolerance": 0.005})
         self.assertEqual(j["model"]["layers"], 80)
         self.assertEqual(j["device"]["memory_bytes"], 141_000_000_000)
         self.assertEqual(j["device"]["h2d_gbps"], 55)
@@ -393,15 +394,22 @@ class ScenarioFiles(unittest.TestCase):
         here = os.path.dirname(os.path.abspath(__file__))
         folder = os.path.join(here, "..", "..", "examples", "scenarios")
         names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))
-        self.assertEqual(names, ["13b_interleaved.json", "7b_2ranks.json", "7b_2ranks_slow_link.json"])
+        self.assertEqual(names[:3], ["13b_interleaved.json", "7b_2ranks.json", "7b_2ranks_slow_link.json"])
         for n in names:
             with open(os.path.join(folder, n)) as f:
                 given = json.load(f)
             _, out, _ = run("scenario", "--scenario", os.path.join(folder, n), check=0)
             full = json.loads(out)
             for section, fields in given.items():
+                if section == "comment":
+                    self.assertEqual(full["comment"], fields)
+                    continue
                 for key, value in fields.items():
-                    self.assertEqual(full[section][key], value, f"{n}: {section}.{key}")
+                    if isinstance(value, dict):  # a nested section (model.moe): the given keys
+                        for k2, v2 in value.items():
+                            self.assertEqual(full[section][key][k2], v2, f"{n}: {section}.{key}.{k2}")
+                    else:
+                        self.assertEqual(full[section][key], value, f"{n}: {section}.{key}")
 
     def test_bad_scenarios_exit_2_naming_the_field(self):
         big_model = json.loads(json.dumps(TINY))
@@ -845,6 +853,128 @@ class Plan(unittest.TestCase):
         j = json.loads(out)
         self.assertFalse(j["fits"])
         self.assertIsNone(j["chosen"])
+
+
+SCENARIOS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scenarios")
+
+
+class HonestPlanner(unittest.TestCase):
+    """The planner scenarios of issue #22: ties within the tolerance go to the fewest host-link bytes,
+    then the lowest peak; every verdict says what its numbers say; a change to the user's own
+    settings is printed as one."""
+
+    def plan(self, name, *extra):
+        _, out, _ = run("plan", "--scenario", os.path.join(SCENARIOS, name), "--json", *extra, check=0)
+        return json.loads(out)
+
+    def test_8b_the_chosen_plan_moves_the_fewest_bytes_of_the_equally_fast(self):
+        j = self.plan("llama3_8b_pp4_h100.json")
+        self.assertEqual(j["tolerance"], 0.005)
+        chosen = j["chosen"]["outcome"]
+        moved = lambda o: o["h2d_bytes"] + o["d2h_bytes"]
+        fitting = [c for c in j["simulated"] if c["fits"]]
+        fastest = min(c["outcome"]["step_ns"] for c in fitting)
+        self.assertLessEqual(chosen["step_ns"], fastest * 1.005)
+        within = [c for c in fitting if c["outcome"]["step_ns"] <= fastest * 1.005]
+        self.assertGreater(len(within), 1)
+        for c in within:
+            self.assertLessEqual(moved(chosen), moved(c["outcome"]), c["description"])
+            if c["verdict"] != "chosen":
+                self.assertIn("within the 0.50 % tolerance", c["verdict"])
+        for c in fitting:
+            if c["outcome"]["step_ns"] > fastest * 1.005:
+                self.assertIn("slower than the chosen plan (beyond the 0.50 % tolerance)", c["verdict"])
+        # It swaps optimizer state only: a few GB, where every eligible activation group moves hundreds.
+        self.assertLess(moved(chosen), 20e9)
+        self.assertEqual(j["chosen"]["changes"], [])
+
+    def test_tolerance_comes_from_the_scenario_or_the_option(self):
+        self.assertEqual(self.plan("llama3_8b_pp4_h100.json", "--tolerance", "0")["tolerance"], 0)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "t.json")
+            with open(path, "w") as f:
+                json.dump({"plan": {"tolerance": 0.02}, **TINY}, f)
+            _, out, _ = run("plan", "--scenario", path, "--json", check=0)
+            self.assertEqual(json.loads(out)["tolerance"], 0.02)
+            with open(path, "w") as f:
+                json.dump({"plan": {"tolerance": 1.5}}, f)
+            status, _, err = run("plan", "--scenario", path)
+            self.assertEqual(status, 2)
+            self.assertIn("plan.tolerance must be in [0, 1)", err)
+        status, _, err = run("plan", "--tolerance", "-1")
+        self.assertEqual(status, 2)
+
+    def test_70b_plan_prints_the_change_of_recomputation(self):
+        j = self.plan("70b_tp8_pp4_full_recompute.json")
+        self.assertEqual(j["chosen"]["recompute"], "none")
+        self.assertEqual(j["chosen"]["changes"], [{"field": "model.recompute", "from": "full", "to": "none"}])
+        _, text, _ = run("plan", "--scenario", os.path.join(SCENARIOS, "70b_tp8_pp4_full_recompute.json"), check=0)
+        self.assertIn("  changes your setting model.recompute: full -> none\n", text)
+
+
+GALLERY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "scenarios")
+GALLERY_FILES = ["llama3_70b_64xh100.json", "llama31_405b_first_stages_1f1b.json",
+                 "llama31_405b_first_stages_interleaved.json", "qwen3_30b_a3b_16xh100.json",
+                 "llama3_70b_full_finetune_8xh200.json"]
+
+
+class Gallery(unittest.TestCase):
+    """The published deployments of examples/scenarios: each names its source, simulates and plans;
+    the verdict is never beaten on both step time (beyond the tolerance) and peak; where the source
+    publishes throughput the simulator is checked against it (docs/simulator.md, "The gallery")."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.plans = {}
+        for n in GALLERY_FILES:
+            _, out, _ = run("plan", "--scenario", os.path.join(GALLERY, n), "--json", check=0)
+            cls.plans[n] = json.loads(out)
+
+    def test_every_file_cites_its_source(self):
+        for n in GALLERY_FILES:
+            with open(os.path.join(GALLERY, n)) as f:
+                given = json.load(f)
+            self.assertGreater(len(given.get("comment", "")), 80, n)
+
+    def test_the_verdict_is_never_beaten_on_both_step_and_peak(self):
+        for n, j in self.plans.items():
+            v, alts, tol = j["verdict"], j["alternatives"], j["tolerance"]
+            self.assertTrue(v["text"].startswith("verdict: "), n)
+            self.assertIsNotNone(v["choice"], n)
+            chosen = next(a for a in alts if a["key"] == v["choice"])
+            self.assertTrue(chosen["fits"], n)
+            for a in alts:
+                faster = a["step_ns"] * (1 + tol) < chosen["step_ns"]
+                self.assertFalse(faster and a["peak_bytes"] < chosen["peak_bytes"], f"{n}: {a['title']}")
+                if a["fits"]:
+                    self.assertFalse(faster, f"{n}: {a['title']}")
+            keys = [a["key"] for a in alts]
+            for k in ("none", "optimizer_swap", "cpu_offload_25", "cpu_offload_100"):
+                self.assertIn(k, keys, n)
+            self.assertEqual(len(alts[0]["ranks"]), len(j["chosen"]["overlap"]), n)  # one entry per rank
+
+    def test_405b_throughput_against_torchtitan(self):
+        # torchtitan Table 5: 100 (1F1B) and 128 (interleaved 1F1B) tokens/s per GPU; 256 sequences of
+        # 8192 tokens per step on 512 GPUs. Within 25 % each (the run used Float8 and AsyncTP, the
+        # simulator BF16 at its default kernel efficiency), and the interleaved gain within 20 %.
+        tps = {}
+        for n, published in (("llama31_405b_first_stages_1f1b.json", 100), ("llama31_405b_first_stages_interleaved.json", 128)):
+            _, out, _ = run("simulate", "--scenario", os.path.join(GALLERY, n), "--json", "--trace", "", "--svg", "", check=0)
+            step = json.loads(out)["configurations"][0]["step_ns"] / 1e9
+            tps[n] = 256 * 8192 / 512 / step
+            self.assertLess(abs(tps[n] - published), 0.25 * published, f"{n}: {tps[n]:.1f} tokens/s per GPU")
+        gain = tps["llama31_405b_first_stages_interleaved.json"] / tps["llama31_405b_first_stages_1f1b.json"]
+        self.assertLess(abs(gain - 1.28), 0.2 * 1.28, f"interleaved gain {gain:.3f}")
+
+    def test_plan_draws_the_alternatives(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "alt.svg")
+            _, text, _ = run("plan", "--scenario", os.path.join(SCENARIOS, "llama3_8b_pp4_h100.json"), "--svg", path, check=0)
+            self.assertIn("alternatives chart: " + path, text)
+            with open(path) as f:
+                svg = f.read()
+            self.assertEqual(svg.count("<circle"), 2 * 11)  # a point and a legend entry per alternative
+            self.assertIn("budget 80.0 GB", svg)
 
 
 if __name__ == "__main__":

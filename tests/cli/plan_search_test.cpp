@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -42,6 +43,25 @@ std::vector<sim::swap_choice> all_choices(sim::plan_space const& space) {
         for (bool p : space.packed) out.push_back({g, true, k, p, rc, dist});
     }
   return out;
+}
+
+/// The plan an exhaustive evaluation picks: of the candidates that fit, those within `tolerance` of
+/// the fastest; of them the fewest host-link bytes, then the lowest peak. Returns (fastest, choice).
+template <class Eval>
+std::optional<std::pair<sim::plan_outcome, sim::plan_outcome>> oracle_choice(sim::plan_space const& space,
+                                                                             std::uint64_t budget, Eval&& eval) {
+  std::vector<sim::plan_outcome> fit;
+  for (auto const& c : all_choices(space))
+    if (auto const o = eval(c); o.peak_bytes <= budget) fit.push_back(o);
+  if (fit.empty()) return std::nullopt;
+  auto const fastest = *std::min_element(fit.begin(), fit.end(), [](auto const& a, auto const& b) { return a.step_ns < b.step_ns; });
+  std::optional<sim::plan_outcome> best;
+  for (auto const& o : fit) {
+    if (static_cast<double>(o.step_ns) > static_cast<double>(fastest.step_ns) * (1 + space.tolerance)) continue;
+    auto key = [](sim::plan_outcome const& x) { return std::pair{x.h2d_bytes + x.d2h_bytes, x.peak_bytes}; };
+    if (!best || key(o) < key(*best)) best = o;
+  }
+  return std::pair{fastest, *best};
 }
 
 /// The fastest outcome among the candidates that fit, by exhaustive evaluation.
@@ -171,6 +191,7 @@ BOOST_AUTO_TEST_CASE(search_matches_the_exhaustive_oracle_on_synthetic_models) {
     space.gaps.clear();
     for (std::size_t i = 0; i < levels; ++i) space.gaps.push_back(ps::min_swap_gap + 2 * (levels - 1 - i));
     auto const model = random_model(rng, space);
+    space.tolerance = std::array{0.0, 0.005, 0.05}[static_cast<std::size_t>(round) % 3];
     // Budgets from "anything fits" down to "nothing fits".
     for (std::uint64_t budget : {200'000ull, 100'000ull, 99'999ull, 80'000ull, 60'000ull, 52'000ull, 45'000ull,
                                  30'000ull, 1ull}) {
@@ -180,7 +201,13 @@ BOOST_AUTO_TEST_CASE(search_matches_the_exhaustive_oracle_on_synthetic_models) {
       BOOST_TEST_CONTEXT("round " << round << ", budget " << budget << ", levels " << levels) {
         BOOST_TEST(r.chosen.has_value() == oracle.has_value());
         if (r.chosen && oracle) {
-          BOOST_TEST(r.chosen_outcome.step_ns == oracle->step_ns);
+          // The choice is the exhaustive one: within the tolerance of the fastest, then the fewest
+          // host-link bytes, then the lowest peak.
+          auto const [fast, best] = *oracle_choice(space, budget, model);
+          BOOST_TEST(fast.step_ns == oracle->step_ns);
+          BOOST_TEST(static_cast<double>(r.chosen_outcome.step_ns) <= static_cast<double>(fast.step_ns) * (1 + space.tolerance));
+          BOOST_TEST(r.chosen_outcome.h2d_bytes + r.chosen_outcome.d2h_bytes == best.h2d_bytes + best.d2h_bytes);
+          BOOST_TEST(r.chosen_outcome.peak_bytes == best.peak_bytes);
           BOOST_TEST(r.chosen_outcome.peak_bytes <= budget);
           BOOST_TEST((model(*r.chosen).step_ns == r.chosen_outcome.step_ns)); // the outcome is the choice's
         }
@@ -195,6 +222,28 @@ BOOST_AUTO_TEST_CASE(search_matches_the_exhaustive_oracle_on_synthetic_models) {
           if (!e.fits) BOOST_TEST(e.verdict.rfind("over budget by ", 0) == 0, e.verdict);
         }
         BOOST_TEST(chosen == (r.chosen ? 1u : 0u));
+        // Every verdict says what its numbers say.
+        if (r.chosen) {
+          auto fastest = r.chosen_outcome.step_ns;
+          for (auto const& e : r.simulated)
+            if (e.fits) fastest = std::min(fastest, e.outcome.step_ns);
+          auto const moved = [](sim::plan_outcome const& o) { return o.h2d_bytes + o.d2h_bytes; };
+          for (auto const& e : r.simulated) {
+            if (!e.fits || e.verdict == "chosen") continue;
+            bool const within = static_cast<double>(e.outcome.step_ns) <= static_cast<double>(fastest) * (1 + space.tolerance);
+            BOOST_TEST((e.verdict.find(within ? "within the" : "slower than the chosen plan (beyond") != std::string::npos), e.verdict);
+            if (within) {
+              BOOST_TEST(moved(e.outcome) >= moved(r.chosen_outcome));
+              if (moved(e.outcome) > moved(r.chosen_outcome))
+                BOOST_TEST(e.verdict.find("more over the host link") != std::string::npos, e.verdict);
+              else if (e.outcome.peak_bytes != r.chosen_outcome.peak_bytes)
+                BOOST_TEST((e.outcome.peak_bytes > r.chosen_outcome.peak_bytes &&
+                            e.verdict.find(" higher") != std::string::npos), e.verdict);
+            } else {
+              BOOST_TEST(e.outcome.step_ns > r.chosen_outcome.step_ns);
+            }
+          }
+        }
         if (!r.chosen) {
           BOOST_REQUIRE(r.lowest_peak.has_value());
           for (auto const& e : r.simulated) BOOST_TEST(r.lowest_peak->outcome.peak_bytes <= e.outcome.peak_bytes);
@@ -216,7 +265,10 @@ BOOST_AUTO_TEST_CASE(search_simulates_few_candidates) {
     most = std::max(most, model.calls);
   }
   BOOST_TEST(space.size() == 3 * 99u);
-  BOOST_TEST(most < 3 * 60u); // per family a binary search over the levels, not all 99
+  // Every activation level of a setting that does not fit is simulated (the peak is not assumed to
+  // fall with more groups), until a level's step leaves the tolerance; families and settings whose
+  // step without swap is beyond it are skipped: 186 of 297 at most here.
+  BOOST_TEST(most <= 2 * space.size() / 3);
 }
 
 // The per-rank refinement: on a two-rank model whose step is the slower rank's, and whose rank 0
@@ -292,6 +344,15 @@ BOOST_AUTO_TEST_CASE(no_swap_is_chosen_when_it_fits) {
   sim::plan_space space;
   std::mt19937_64 rng(1);
   auto const model = random_model(rng, space);
+  {
+    // Within the default tolerance a plan that moves nothing wins (selective recomputation may
+    // peak lower at nearly the same step).
+    auto const r = sim::search_plan(space, model.base_peak, model);
+    BOOST_REQUIRE(r.chosen.has_value());
+    BOOST_TEST(r.chosen->swap_free());
+    BOOST_TEST(r.chosen_outcome.h2d_bytes + r.chosen_outcome.d2h_bytes == 0u);
+  }
+  space.tolerance = 0; // strictly the fastest: no swap, no recomputation
   auto const r = sim::search_plan(space, model.base_peak, model);
   BOOST_REQUIRE(r.chosen.has_value());
   BOOST_TEST((*r.chosen == sim::swap_choice{}));
@@ -424,9 +485,19 @@ BOOST_AUTO_TEST_CASE(plan_picks_the_fastest_fitting_option_of_a_small_scenario) 
       auto const oracle = fastest_fitting(space, budget, eval);
       BOOST_REQUIRE(oracle.has_value());
       BOOST_REQUIRE(r.chosen.has_value());
-      // A per-rank mix may beat every uniform candidate; a uniform choice is the oracle's.
-      if (r.chosen->ranks.empty()) BOOST_TEST(r.chosen_outcome.step_ns == oracle->step_ns);
-      else BOOST_TEST(r.chosen_outcome.step_ns < oracle->step_ns);
+      // Equally fast: within the tolerance of the fastest plan, the exhaustive uniform one or a
+      // per-rank mix the search found. Of those, the chosen plan moves the fewest host-link bytes.
+      auto fastest = oracle->step_ns;
+      for (auto const& e : r.simulated)
+        if (e.fits) fastest = std::min(fastest, e.outcome.step_ns);
+      auto const reach = static_cast<double>(fastest) * (1 + space.tolerance);
+      BOOST_TEST(static_cast<double>(r.chosen_outcome.step_ns) <= reach);
+      auto const moved = [](sim::plan_outcome const& o) { return o.h2d_bytes + o.d2h_bytes; };
+      for (auto const& c : all_choices(space)) {
+        auto const o = eval(c);
+        if (o.peak_bytes <= budget && static_cast<double>(o.step_ns) <= reach)
+          BOOST_TEST(moved(r.chosen_outcome) <= moved(o), sim::describe(c));
+      }
       BOOST_TEST(r.chosen_outcome.peak_bytes <= budget);
       auto const again = eval(*r.chosen); // the reported outcome is what the simulator gives for the choice
       BOOST_TEST(again.step_ns == r.chosen_outcome.step_ns);
@@ -441,9 +512,9 @@ BOOST_AUTO_TEST_CASE(plan_picks_the_fastest_fitting_option_of_a_small_scenario) 
       BOOST_TEST(j["chosen"]["outcome"]["step_ns"] == r.chosen_outcome.step_ns);
       BOOST_REQUIRE_EQUAL(r.chosen_outcome.wait_delays.size(), s.pipeline.ranks);
       BOOST_TEST(j["chosen"]["overlap"][0]["offload_wait_delay"] == r.chosen_outcome.wait_delays[0]);
-      // No swap moves no bytes: another plan is chosen over it only when strictly faster.
-      if (budget >= none.peak_bytes && !(*r.chosen == sim::swap_choice{}))
-        BOOST_TEST(r.chosen_outcome.step_ns < none.step_ns);
+      // No swap moves no bytes: when it fits within the tolerance, the plan moves none either.
+      if (budget >= none.peak_bytes && static_cast<double>(none.step_ns) <= reach)
+        BOOST_TEST(moved(r.chosen_outcome) == 0u);
       if (budget < none.peak_bytes) BOOST_TEST(!(*r.chosen == sim::swap_choice{}));
     }
   }
@@ -496,4 +567,114 @@ BOOST_AUTO_TEST_CASE(plan_weighs_the_distributed_optimizer_with_data_parallelism
   auto const text = sim::format_plan(r, s);
   BOOST_TEST(text.find("distributed optimizer") != std::string::npos, text);
   BOOST_TEST(sim::to_json(r)["best_without_swap"]["distributed_optimizer"] == true);
+}
+
+namespace {
+
+/// Qwen3-30B-A3B as Megatron-Bridge measured its CPU-step optimizer offload
+/// (docs/training/cpu-offloading.md: TP 2, PP 2, EP 4; 16 GPUs, so DP 4, with the distributed
+/// optimizer, sequence parallelism and, as the recipe enables, recomputation). Not stated there and
+/// chosen here: a micro-batch of 1 × 4096 tokens, 8 micro-batches, full recomputation.
+sim::scenario qwen3_offload_scenario() {
+  sim::scenario s;
+  auto& m = s.model;
+  m.name = "Qwen3-30B-A3B";
+  m.layers = 48;
+  m.hidden = 2048;
+  m.ffn_hidden = 6144;
+  m.heads = 32;
+  m.kv_heads = 4;
+  m.head_dim = 128;
+  m.vocab = 151936;
+  m.seq_len = 4096;
+  m.recompute = sim::recompute_kind::full;
+  m.moe = {128, 8, 768, 0};
+  s.device.memory_bytes = 80'000'000'000;
+  s.device.hbm_tbps = 3.35;
+  s.parallel.tp = 2;
+  s.parallel.sequence_parallel = true;
+  s.parallel.dp = 4;
+  s.parallel.distributed_optimizer = true;
+  s.parallel.ep = 4;
+  s.pipeline.ranks = 2;
+  s.pipeline.micro_batches = 8;
+  return s;
+}
+
+} // namespace
+
+// The CPU-step offload formula (sim/alternatives.hpp) against Megatron-Bridge's measurement on
+// Qwen3-30B-A3B (docs/training/cpu-offloading.md and skills/mbridge-perf-cpu-offloading/SKILL.md):
+// step time ~1.9x at 25 % offloaded and ~4.2x at 100 %, "linear in the offload fraction"; 3.8 GB
+// saved per 25 %. The published step time is not given, so the host's Adam rate is calibrated on
+// the 100 % point (node.cpu_adam_gbps, bisection); the 25 % point is held out and must come within
+// 25 %, the memory within 2 %. The calibrated rate is the scenario default's source.
+BOOST_AUTO_TEST_CASE(cpu_step_offload_reproduces_megatron_bridge_s_trend) {
+  auto s = qwen3_offload_scenario();
+  auto const none = sim::outcome_of(sim::simulate(s, sim::sim_options{}));
+  auto ratio = [&](double rate, double f) {
+    auto t = s;
+    t.node.cpu_adam_gbps = rate;
+    auto const a = sim::cpu_offload_alternative(t, none.rank_steps, none.rank_peaks, none.rank_state_bytes, f, ~0ull);
+    return static_cast<double>(a.step_ns) / static_cast<double>(none.step_ns);
+  };
+  double lo = 0.01, hi = 1000; // GB/s per node; the ratio falls as the rate rises
+  for (int i = 0; i < 100; ++i) {
+    double const mid = std::sqrt(lo * hi);
+    (ratio(mid, 1.0) > 4.2 ? lo : hi) = mid;
+  }
+  double const rate = lo;
+  BOOST_TEST_MESSAGE("calibrated node.cpu_adam_gbps: " << rate << " GB/s");
+  BOOST_TEST(std::abs(ratio(rate, 1.0) - 4.2) < 1e-3);
+  double const at25 = ratio(rate, 0.25);
+  BOOST_TEST_MESSAGE("25 %: " << at25 << "x, 50 %: " << ratio(rate, 0.5) << "x, 75 %: " << ratio(rate, 0.75) << "x");
+  BOOST_TEST(std::abs(at25 - 1.9) <= 0.25 * 1.9, "25 %: " << at25 << "x against 1.9x published");
+  // The default is the calibrated rate, rounded: the same check holds with it.
+  BOOST_TEST(std::abs(ratio(sim::node_spec{}.cpu_adam_gbps, 1.0) - 4.2) <= 0.1 * 4.2);
+  // Memory: the moments of a quarter of the shard, 3.8 GB per 25 % (15.3 GB at 100 %).
+  auto t = s;
+  auto const q = sim::cpu_offload_alternative(t, none.rank_steps, none.rank_peaks, none.rank_state_bytes, 0.25, ~0ull);
+  for (std::size_t r = 0; r < q.ranks.size(); ++r) {
+    double const saved = static_cast<double>(none.rank_peaks[r] - q.ranks[r].peak_bytes);
+    BOOST_TEST(std::abs(saved - 3.8e9) <= 0.02 * 3.8e9, "rank " << r << ": " << saved);
+  }
+}
+
+// The verdict never recommends an alternative that another beats on both step time (beyond the
+// tolerance) and peak; it is the planner's choice when the plan is among the alternatives' best;
+// over a sweep of budgets on the small scenario and the 8B one.
+BOOST_AUTO_TEST_CASE(the_verdict_is_never_beaten_on_both_step_and_peak) {
+  auto small = small_scenario();
+  small.swap.overlap = true;
+  auto const none = sim::outcome_of(sim::simulate(small, sim::sim_options{}));
+  std::size_t checked = 0;
+  for (double share : {1.1, 1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.3}) {
+    auto const budget = static_cast<std::uint64_t>(static_cast<double>(none.peak_bytes) * share);
+    for (double tol : {0.0, 0.005, 0.05}) {
+      sim::scenario s = small;
+      s.plan.tolerance = tol;
+      auto const r = sim::plan(s, budget);
+      auto const& alts = r.alternatives;
+      BOOST_REQUIRE(!alts.empty());
+      auto const& v = r.verdict_line;
+      BOOST_TEST_CONTEXT("budget " << budget << ", tolerance " << tol) {
+        BOOST_TEST(v.text.rfind("verdict: ", 0) == 0u);
+        if (!v.choice) {
+          BOOST_TEST(!r.chosen.has_value());
+          for (auto const& a : alts) BOOST_TEST(!a.fits);
+          continue;
+        }
+        auto const& c = alts[*v.choice];
+        BOOST_TEST(c.fits);
+        for (auto const& a : alts) {
+          bool const faster = static_cast<double>(a.step_ns) * (1 + tol) < static_cast<double>(c.step_ns);
+          BOOST_TEST(!(faster && a.peak_bytes < c.peak_bytes), a.title);
+          if (a.fits) BOOST_TEST(!faster, a.title); // nothing that fits is faster beyond the tolerance
+        }
+        if (v.next_best) BOOST_TEST(v.text.find("; next best, " + alts[*v.next_best].title + ": ") != std::string::npos);
+        ++checked;
+      }
+    }
+  }
+  BOOST_TEST(checked > 6u);
 }

@@ -36,18 +36,21 @@ void expect_rejected(std::string_view text, std::string_view message) {
 /// Every field, each set to a value other than its default (and valid together).
 json every_field() {
   return json::parse(R"({
+    "comment": "every field",
     "model": {"name": "tiny", "layers": 12, "hidden": 512, "ffn_hidden": 1536, "heads": 8, "kv_heads": 4,
               "vocab": 1000, "seq_len": 256, "micro_batch_size": 3, "param_dtype": "F16", "grad_dtype": "BF16",
               "fp32_master": false, "flash_attention": false, "mlp": "gelu", "dropout": true,
-              "recompute": "selective", "activation_bytes_per_layer": 123456},
+              "recompute": "selective", "activation_bytes_per_layer": 123456, "head_dim": 32,
+              "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 256, "shared_expert_ffn_hidden": 512}},
     "device": {"name": "toy", "memory_bytes": 8000000000, "reserved_bytes": 500000000, "h2d_gbps": 12.5,
                "d2h_gbps": 11, "duplex_factor": 0.8, "copy_latency_us": 3.5, "bf16_tflops": 100,
                "kernel_efficiency": 0.3, "end_to_end_mfu": 0.25, "hbm_tbps": 1.5, "p2p_gbps": 25,
                "p2p_latency_us": 7, "tp_gbps": 200, "dp_gbps": 20, "collective_latency_us": 5},
-    "node": {"gpus": 4, "host_gbps": 100},
-    "parallel": {"tp": 2, "sequence_parallel": true, "dp": 4, "distributed_optimizer": true},
+    "node": {"gpus": 4, "host_gbps": 100, "cpu_adam_gbps": 50},
+    "parallel": {"tp": 2, "sequence_parallel": true, "dp": 4, "distributed_optimizer": true, "ep": 2, "expert_tp": 1},
     "pipeline": {"schedule": "interleaved", "ranks": 3, "micro_batches": 6, "chunks": 2, "overlap_b_f": true},
-    "swap": {"swap_times": 5, "packed": false, "overlap": false}
+    "swap": {"swap_times": 5, "packed": false, "overlap": false},
+    "plan": {"tolerance": 0.01}
   })");
 }
 
@@ -113,6 +116,16 @@ BOOST_AUTO_TEST_CASE(every_field_is_read_into_its_member) {
   BOOST_TEST(s.swap.swap_times == 5u);
   BOOST_TEST(!s.swap.packed);
   BOOST_TEST(!s.swap.overlap);
+  BOOST_TEST(s.comment == "every field");
+  BOOST_TEST(m.head_dim.value_or(0) == 32u);
+  BOOST_TEST(m.moe.experts == 8u);
+  BOOST_TEST(m.moe.top_k == 2u);
+  BOOST_TEST(m.moe.expert_ffn_hidden == 256u);
+  BOOST_TEST(m.moe.shared_expert_ffn_hidden == 512u);
+  BOOST_TEST(s.parallel.ep == 2u);
+  BOOST_TEST(s.parallel.expert_tp.value_or(0) == 1u);
+  BOOST_TEST(s.plan.tolerance == 0.01);
+  BOOST_TEST(s.node.cpu_adam_gbps == 50.0);
 }
 
 BOOST_AUTO_TEST_CASE(written_json_has_every_field_and_reads_back) {
@@ -129,6 +142,10 @@ BOOST_AUTO_TEST_CASE(written_json_has_every_field_and_reads_back) {
   BOOST_TEST(d["swap"].size() == in["swap"].size());
   BOOST_TEST(d["node"].size() == in["node"].size());
   BOOST_TEST(d["parallel"].size() == in["parallel"].size());
+  BOOST_TEST(d["plan"].size() == in["plan"].size());
+  BOOST_TEST(!d.contains("comment")); // written only when not empty
+  BOOST_TEST(d["model"]["head_dim"].is_null());
+  BOOST_TEST(d["parallel"]["expert_tp"].is_null());
   BOOST_TEST(d["model"]["grad_dtype"].is_null());
   BOOST_TEST(d["device"]["end_to_end_mfu"].is_null());
   // "FP32" is the spelling of an explicit fp32 gradient, read and written.

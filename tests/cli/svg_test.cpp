@@ -267,3 +267,23 @@ BOOST_AUTO_TEST_CASE(degenerate_charts_still_render) {
       if (r->has("x")) BOOST_TEST((std::stod(r->attr("width")) > 0 && std::stod(r->attr("height")) > 0));
   }
 }
+
+// Markers (the alternatives chart of `pipeswap plan --svg`): each a circle at its (x, y) in the
+// plot's coordinates, with its name as its title and a legend entry; they widen the axes to contain
+// them.
+BOOST_AUTO_TEST_CASE(markers_are_drawn_at_their_points_with_a_legend_entry) {
+  svg::chart c;
+  c.title = "alternatives";
+  c.markers = {{"no swap", 20.0, 255.0, "#0072b2"}, {"the plan", 22.0, 140.0, "#e69f00"}};
+  c.levels.push_back({"budget", 141.0, "#d55e00"});
+  auto const root = svg_test::parse(svg::render(c));
+  auto const dots = with_class(*root, "marker");
+  BOOST_REQUIRE(dots.size() == 2u);
+  // Higher y is higher on the page (smaller cy); larger x further right.
+  BOOST_TEST(std::stod(dots[0]->attr("cy")) < std::stod(dots[1]->attr("cy")));
+  BOOST_TEST(std::stod(dots[0]->attr("cx")) < std::stod(dots[1]->attr("cx")));
+  BOOST_TEST(root->all("circle").size() == 4u); // two points, two legend entries
+  auto const text = svg::render(c);
+  BOOST_TEST(text.find("<title>no swap</title>") != std::string::npos);
+  BOOST_TEST(text.find("<title>the plan</title>") != std::string::npos);
+}

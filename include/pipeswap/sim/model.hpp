@@ -16,170 +16,9 @@
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/error.hpp>
 
+#include <pipeswap/sim/moe.hpp>
+#include <pipeswap/sim/scenario.hpp>
 namespace pipeswap::sim {
-
-/// The MLP of each layer.
-enum class mlp_kind : std::uint8_t {
-  swiglu, ///< Llama: gate and up (h×f each), SiLU(gate)·up, down (f×h)
-  gelu,   ///< GPT: fc1 (h×f), GeLU, fc2 (f×h); f = 4h for GPT
-};
-
-/// Activation recomputation (Korthikanti et al. 2022).
-enum class recompute_kind : std::uint8_t {
-  none,
-  selective, ///< the attention core (scores, softmax, dropout, attention over V) is recomputed
-  full,      ///< only each layer's input is kept; the backward re-runs the layer's forward
-};
-
-/// A decoder-only transformer (Llama-style by default: grouped-query attention, SwiGLU MLP, RMSNorm,
-/// untied input and output embeddings, no biases).
-struct model_spec {
-  std::string name = "70B-class decoder";
-  std::uint64_t layers = 80;
-  std::uint64_t hidden = 8192;
-  std::uint64_t ffn_hidden = 28672;
-  std::uint64_t heads = 64;
-  std::uint64_t kv_heads = 8;
-  std::uint64_t vocab = 32000;
-  std::uint64_t seq_len = 4096;
-  std::uint64_t micro_batch_size = 1;
-  dtype param_dtype = dtype::bf16; ///< weights, and the 16-bit activations
-  /// Gradient type; unset: F32 with fp32_master (Megatron's fp32 gradient accumulation), else the
-  /// parameter type.
-  std::optional<dtype> grad_dtype;
-  /// AdamW with an fp32 master copy of each low-precision weight and fp32 moments.
-  bool fp32_master = true;
-  /// Attention without materialized score matrices (no 5·a·s/h term in the activation formula).
-  bool flash_attention = true;
-  mlp_kind mlp = mlp_kind::swiglu;
-  /// Dropout after attention, after the MLP and on the embedding (1-byte masks are saved), and on the
-  /// attention probabilities.
-  bool dropout = false;
-  recompute_kind recompute = recompute_kind::none;
-  /// Overrides the derived activations: saved bytes per layer per micro-batch (per device).
-  std::optional<std::uint64_t> activation_bytes_per_layer;
-};
-
-/// Tensor, sequence and data parallelism. Every pipeline rank stands for tp × dp devices that run
-/// the same stage on different shards; the simulator runs one of them.
-struct parallel_spec {
-  std::uint32_t tp = 1;           ///< tensor-parallel degree (Megatron column/row-parallel layers)
-  bool sequence_parallel = false; ///< norms and dropout split along the sequence over the tp ranks
-  std::uint32_t dp = 1;           ///< data-parallel degree
-  /// Megatron's distributed optimizer (ZeRO-1): master weights and moments sharded over dp.
-  bool distributed_optimizer = false;
-};
-
-/// One accelerator and its links.
-struct device_spec {
-  std::string name = "H200";
-  std::uint64_t memory_bytes = 141'000'000'000;
-  /// Memory the job cannot use: CUDA context, library workspaces, allocator fragmentation.
-  std::uint64_t reserved_bytes = 6'000'000'000;
-  double h2d_gbps = 55;   ///< GB/s host → device (pinned), one GPU copying alone
-  double d2h_gbps = 55;   ///< GB/s device → host (pinned), one GPU copying alone
-  /// Share of each direction's rate left when both directions copy at once.
-  double duplex_factor = 0.7;
-  double copy_latency_us = 2;
-  double bf16_tflops = 989; ///< dense peak
-  /// Fraction of the peak the compute kernels reach while they run. Excludes the pipeline bubble,
-  /// communication and swap stalls, which the simulator adds: this is not an end-to-end MFU.
-  double kernel_efficiency = 0.45;
-  /// A published end-to-end MFU (model FLOPs over step time and peak, bubble included). When set,
-  /// kernel_efficiency is derived so that the simulated no-swap step reaches it (calibrated()).
-  std::optional<double> end_to_end_mfu;
-  double hbm_tbps = 4.8;    ///< memory bandwidth (optimizer kernels are bandwidth-bound)
-  double p2p_gbps = 100;    ///< pipeline send/recv bandwidth between neighbouring ranks
-  double p2p_latency_us = 10;
-  /// Bus bandwidth (NCCL's convention) of collectives inside a node: NVLink.
-  double tp_gbps = 360;
-  /// Bus bandwidth per device of collectives between nodes: the network.
-  double dp_gbps = 40;
-  double collective_latency_us = 10; ///< per collective
-};
-
-/// The host side of a node (or socket): its GPUs share its host bandwidth when they copy at once.
-struct node_spec {
-  std::uint32_t gpus = 8;
-  double host_gbps = 278; ///< GB/s each way, all of the node's GPUs together
-};
-
-enum class schedule_kind : std::uint8_t { gpipe, one_f_one_b, interleaved };
-
-struct pipeline_spec {
-  schedule_kind schedule = schedule_kind::one_f_one_b;
-  std::uint32_t ranks = 8;          ///< pipeline ranks
-  std::uint32_t micro_batches = 32; ///< per optimizer step (per data-parallel replica)
-  std::uint32_t chunks = 1;         ///< model chunks per rank (interleaved only)
-  bool overlap_b_f = false;         ///< interleaved: OVERLAP_B_F composites in the steady state
-};
-
-/// What the swapped configurations do.
-struct swap_spec {
-  std::uint32_t swap_times = 16; ///< optimizer batches per step
-  bool packed = true;            ///< packed optimizer pipeline
-  /// Overlapped swap (sim_options::overlap): two steps simulated, the second reported; optimizer
-  /// prefetch in the backward tail, offloads drained into the next forward, a resident share sized
-  /// per rank from its free memory, activation loads launched early enough. false: the reference
-  /// step, every optimizer copy inside it.
-  bool overlap = true;
-};
-
-struct scenario {
-  model_spec model;
-  device_spec device;
-  node_spec node;
-  parallel_spec parallel;
-  pipeline_spec pipeline;
-  swap_spec swap;
-};
-
-/// One parameter tensor of a stage, as one device holds it (its tensor-parallel shard).
-struct tensor_spec {
-  std::string name;
-  std::uint64_t numel = 0;
-  bool matmul = true; ///< a weight matrix (2 FLOPs per element per token); false: norms, embedding
-};
-
-/// One tensor a forward saves for its backward (or a transient the backward needs).
-struct saved_tensor {
-  std::string op;   ///< the operation that saves it
-  std::string what; ///< what it is
-  std::uint64_t bytes = 0;
-};
-
-/// Everything the simulator needs about one pipeline stage (a model chunk).
-struct stage_spec {
-  std::uint32_t stage = 0;
-  std::uint32_t first_layer = 0, layers = 0;
-  bool embedding = false, head = false;
-  recompute_kind recompute = recompute_kind::none;
-  std::vector<tensor_spec> tensors;
-  std::uint64_t params = 0;
-  /// Bytes a micro-batch's forward saves for its backward on this stage.
-  std::uint64_t activation_bytes = 0;
-  /// Of those, the stage's input (received from the previous stage or the batch): the pipeline owns
-  /// it until the backward, so it is never swapped.
-  std::uint64_t boundary_bytes = 0;
-  /// Bytes sent to the next stage per micro-batch (and gradients back).
-  std::uint64_t p2p_bytes = 0;
-  /// Full recomputation: one layer's activations, rebuilt in the backward while it runs.
-  std::uint64_t backward_workspace_bytes = 0;
-  mock::sim_time fwd_ns = 0, bwd_ns = 0; ///< per micro-batch, tensor-parallel collectives included
-  double fwd_flops = 0, bwd_flops = 0;   ///< per micro-batch on one device (bwd: recomputation included)
-  mock::sim_time fwd_comm_ns = 0, bwd_comm_ns = 0; ///< of fwd_ns, bwd_ns: tensor-parallel collectives
-};
-
-/// The gradient type: model.grad_dtype, else F32 with an fp32 master, else the parameter type.
-inline dtype grad_dtype_of(model_spec const& m) {
-  if (m.grad_dtype) return *m.grad_dtype;
-  return m.fp32_master ? dtype::f32 : m.param_dtype;
-}
-
-/// Devices of the job: pipeline ranks × tp × dp.
-inline std::uint64_t devices_of(scenario const& s) {
-  return std::uint64_t{s.pipeline.ranks} * s.parallel.tp * s.parallel.dp;
-}
 
 /// What one transformer layer's forward saves for its backward, per micro-batch, on one device of a
 /// tensor-parallel group of `p.tp` (docs/simulator.md, "Activations", derives every row). With
@@ -201,8 +40,8 @@ inline std::vector<saved_tensor> layer_activations(model_spec const& m, parallel
                                                    recompute_kind rc) {
   std::uint64_t const e = size_of(m.param_dtype), t = p.tp, T = m.seq_len * m.micro_batch_size;
   std::uint64_t const Tr = p.sequence_parallel ? T / t : T;
-  std::uint64_t const h = m.hidden, hs = h / t, fs = m.ffn_hidden / t, as = m.heads / t;
-  std::uint64_t const kvs = h / m.heads * (m.kv_heads / t);
+  std::uint64_t const h = m.hidden, hs = attention_width(m) / t, fs = m.ffn_hidden / t, as = m.heads / t;
+  std::uint64_t const kvs = head_dim_of(m) * (m.kv_heads / t);
   std::uint64_t const b = m.micro_batch_size, s = m.seq_len;
   if (rc == recompute_kind::full) return {{"layer", "input (all that full recomputation keeps)", e * Tr * h}};
   std::vector<saved_tensor> out{
@@ -228,7 +67,9 @@ inline std::vector<saved_tensor> layer_activations(model_spec const& m, parallel
   }
   if (m.dropout) out.push_back({"attention dropout", "mask", Tr * h});
   out.push_back({"mlp_norm", "input", e * Tr * h});
-  if (m.mlp == mlp_kind::gelu) {
+  if (m.moe.enabled()) {
+    for (auto& x : moe_layer_activations(m, p)) out.push_back(std::move(x));
+  } else if (m.mlp == mlp_kind::gelu) {
     out.push_back({"mlp.fc1", "input (the norm's output)", e * Tr * h});
     out.push_back({"GeLU", "input", e * T * fs});
     out.push_back({"mlp.fc2", "input (the GeLU's output)", e * T * fs});
@@ -275,12 +116,16 @@ inline std::uint64_t embedding_activation_bytes(model_spec const& m, parallel_sp
 /// Parameters of one transformer layer on one device of the tensor-parallel group: attention (q, o:
 /// h×h; k, v: h×kv), the MLP (SwiGLU: gate, up h×f, down f×h; GeLU: fc1 h×f, fc2 f×h), every matrix
 /// split over tp (column- or row-parallel), and two norms kept whole.
-inline std::vector<tensor_spec> layer_tensors(model_spec const& m, std::uint32_t layer, std::uint32_t tp = 1) {
-  auto const h = m.hidden, f = m.ffn_hidden / tp, kv = m.hidden / m.heads * (m.kv_heads / tp), hs = h / tp;
+/// With MoE (model.moe.experts > 0) the MLP is moe_layer_tensors().
+inline std::vector<tensor_spec> layer_tensors(model_spec const& m, std::uint32_t layer, parallel_spec const& par) {
+  auto const tp = par.tp;
+  auto const h = m.hidden, f = m.ffn_hidden / tp, kv = head_dim_of(m) * (m.kv_heads / tp), hs = attention_width(m) / tp;
   std::string const p = "layers." + std::to_string(layer) + ".";
   std::vector<tensor_spec> out{{p + "attn_norm", h, false}, {p + "attn.q", h * hs},   {p + "attn.k", h * kv},
                                {p + "attn.v", h * kv},      {p + "attn.o", hs * h},   {p + "mlp_norm", h, false}};
-  if (m.mlp == mlp_kind::gelu) {
+  if (m.moe.enabled()) {
+    for (auto& t : moe_layer_tensors(m, par, p)) out.push_back(std::move(t));
+  } else if (m.mlp == mlp_kind::gelu) {
     out.push_back({p + "mlp.fc1", h * f});
     out.push_back({p + "mlp.fc2", f * h});
   } else {
@@ -289,6 +134,13 @@ inline std::vector<tensor_spec> layer_tensors(model_spec const& m, std::uint32_t
     out.push_back({p + "mlp.down", f * h});
   }
   return out;
+}
+
+/// layer_tensors() of a tensor-parallel degree `tp` alone.
+inline std::vector<tensor_spec> layer_tensors(model_spec const& m, std::uint32_t layer, std::uint32_t tp = 1) {
+  parallel_spec p;
+  p.tp = tp;
+  return layer_tensors(m, layer, p);
 }
 
 /// Checks a scenario; throws invalid_argument naming the field and the rule.
@@ -303,7 +155,8 @@ inline void validate(scenario const& s) {
   need(m.heads % m.kv_heads == 0, "model.heads (" + std::to_string(m.heads) +
                                       ") must be a multiple of model.kv_heads (" +
                                       std::to_string(m.kv_heads) + ")");
-  need(m.hidden % m.heads == 0, "model.hidden must be a multiple of model.heads");
+  need(m.head_dim ? *m.head_dim >= 1 : m.hidden % m.heads == 0,
+       m.head_dim ? "model.head_dim must be positive" : "model.hidden must be a multiple of model.heads (or set model.head_dim)");
   need(m.seq_len >= 1 && m.micro_batch_size >= 1, "model.seq_len and model.micro_batch_size must be positive");
   need(m.param_dtype == dtype::bf16 || m.param_dtype == dtype::f16 || m.param_dtype == dtype::f32,
        "model.param_dtype must be BF16, F16 or F32");
@@ -323,10 +176,35 @@ inline void validate(scenario const& s) {
   need(!p.sequence_parallel || (m.seq_len * m.micro_batch_size) % p.tp == 0,
        "parallel.sequence_parallel needs model.seq_len × model.micro_batch_size to be a multiple of parallel.tp");
   need(!p.distributed_optimizer || p.dp > 1, "parallel.distributed_optimizer needs parallel.dp > 1");
+  auto const& moe = m.moe;
+  need(p.ep >= 1, "parallel.ep must be at least 1");
+  need(!p.expert_tp || *p.expert_tp >= 1, "parallel.expert_tp must be at least 1");
+  if (!moe.enabled()) {
+    need(p.ep == 1 && !p.expert_tp, "parallel.ep and parallel.expert_tp need model.moe.experts > 0");
+    need(moe.shared_expert_ffn_hidden == 0 && moe.expert_ffn_hidden == 0,
+         "model.moe.expert_ffn_hidden and model.moe.shared_expert_ffn_hidden need model.moe.experts > 0");
+  } else {
+    auto const etp = expert_tp_of(p);
+    need(moe.top_k >= 1 && moe.top_k <= moe.experts, "model.moe.top_k must be in 1..model.moe.experts (" +
+                                                         std::to_string(moe.experts) + ")");
+    need(moe.expert_ffn_hidden >= 1, "model.moe.expert_ffn_hidden must be positive with model.moe.experts > 0");
+    need(moe.experts % p.ep == 0, "model.moe.experts (" + std::to_string(moe.experts) +
+                                      ") must be a multiple of parallel.ep (" + std::to_string(p.ep) + ")");
+    need(moe.expert_ffn_hidden % etp == 0, "model.moe.expert_ffn_hidden must be a multiple of the expert "
+                                           "tensor-parallel degree (parallel.expert_tp, else parallel.tp)");
+    need(moe.shared_expert_ffn_hidden % p.tp == 0, "model.moe.shared_expert_ffn_hidden must be a multiple of parallel.tp");
+    need((std::uint64_t{p.tp} * p.dp) % (std::uint64_t{etp} * p.ep) == 0,
+         "parallel.expert_tp × parallel.ep (" + std::to_string(std::uint64_t{etp} * p.ep) +
+             ") must divide parallel.tp × parallel.dp (" + std::to_string(std::uint64_t{p.tp} * p.dp) +
+             "): the experts regroup a pipeline rank's devices");
+    need(p.tp == 1 || p.sequence_parallel, "model.moe.experts > 0 with parallel.tp > 1 needs parallel.sequence_parallel "
+                                           "(as Megatron-Core requires)");
+  }
   need(s.node.gpus >= 1, "node.gpus must be at least 1");
   need(p.tp <= s.node.gpus, "parallel.tp (" + tp + ") must not exceed node.gpus (" + std::to_string(s.node.gpus) +
                                 "): tensor parallelism runs over NVLink inside a node");
   need(s.node.host_gbps > 0 && std::isfinite(s.node.host_gbps), "node.host_gbps must be positive");
+  need(s.node.cpu_adam_gbps > 0 && std::isfinite(s.node.cpu_adam_gbps), "node.cpu_adam_gbps must be positive");
   auto const& d = s.device;
   need(d.memory_bytes > d.reserved_bytes, "device.memory_bytes must exceed device.reserved_bytes");
   for (auto [v, n] : {std::pair{d.h2d_gbps, "h2d_gbps"}, {d.d2h_gbps, "d2h_gbps"}, {d.bf16_tflops, "bf16_tflops"},
@@ -352,6 +230,7 @@ inline void validate(scenario const& s) {
   need(m.layers >= stages, "model.layers (" + std::to_string(m.layers) + ") must be at least the number of "
                                 "stages (pipeline.ranks × pipeline.chunks = " + std::to_string(stages) + ")");
   need(s.swap.swap_times >= 1, "swap.swap_times must be positive");
+  need(s.plan.tolerance >= 0 && s.plan.tolerance < 1, "plan.tolerance must be in [0, 1)");
 }
 
 /// Bus-bandwidth time of a collective moving `bytes` of data among `n` devices: an all-reduce costs
@@ -379,6 +258,19 @@ inline mock::sim_time tp_layer_comm_ns(scenario const& s) {
   return 2 * collective_ns(collective::all_reduce, bytes, p.tp, d.tp_gbps, d.collective_latency_us);
 }
 
+/// The all-to-alls of one MoE layer's forward (per micro-batch): the dispatch and the combine of the
+/// device's top_k·T' token copies among the ep devices of its expert-parallel group, each
+/// (ep−1)/ep·bytes over the link plus one latency; over NVLink (device.tp_gbps) when expert_tp × ep
+/// devices fit in a node, else the network. The backward runs both again (the same time).
+inline mock::sim_time moe_layer_a2a_ns(scenario const& s) {
+  auto const& p = s.parallel;
+  if (!s.model.moe.enabled() || p.ep <= 1) return 0;
+  bool const in_node = std::uint64_t{expert_tp_of(p)} * p.ep <= s.node.gpus;
+  double const gbps = in_node ? s.device.tp_gbps : s.device.dp_gbps;
+  double const bytes = moe_a2a_bytes(s.model, p) * (p.ep - 1) / p.ep;
+  return 2 * static_cast<mock::sim_time>(std::llround(s.device.collective_latency_us * 1e3 + bytes / (gbps * 1e9) * 1e9));
+}
+
 /// The bus bandwidth of the data-parallel collectives: NVLink (device.tp_gbps) when a data-parallel
 /// group fits in a node (tp·dp ≤ node.gpus; Megatron places tp, then dp, then pp), else the network.
 inline double dp_link_gbps(scenario const& s) {
@@ -387,19 +279,26 @@ inline double dp_link_gbps(scenario const& s) {
 
 /// The data-parallel gradient synchronization of a rank holding `params` parameters (per device):
 /// a reduce-scatter of the gradients with the distributed optimizer, else an all-reduce.
-inline mock::sim_time dp_grad_sync_ns(scenario const& s, std::uint64_t params) {
+/// With MoE, `expert_params` of them are routed experts', reduced over the expert data-parallel group.
+inline mock::sim_time dp_grad_sync_ns(scenario const& s, std::uint64_t params, std::uint64_t expert_params = 0) {
   auto const& p = s.parallel;
-  double const bytes = static_cast<double>(params * size_of(grad_dtype_of(s.model)));
-  return collective_ns(p.distributed_optimizer ? collective::reduce_scatter : collective::all_reduce, bytes, p.dp,
+  auto const kind = p.distributed_optimizer ? collective::reduce_scatter : collective::all_reduce;
+  auto const g = size_of(grad_dtype_of(s.model));
+  double const bytes = static_cast<double>((params - expert_params) * g);
+  return collective_ns(kind, bytes, p.dp, dp_link_gbps(s), s.device.collective_latency_us) +
+         collective_ns(kind, static_cast<double>(expert_params * g), static_cast<std::uint32_t>(expert_dp_of(p)),
                        dp_link_gbps(s), s.device.collective_latency_us);
 }
 
 /// With the distributed optimizer, the all-gather of the updated weights after the step.
-inline mock::sim_time dp_param_gather_ns(scenario const& s, std::uint64_t params) {
+inline mock::sim_time dp_param_gather_ns(scenario const& s, std::uint64_t params, std::uint64_t expert_params = 0) {
   auto const& p = s.parallel;
   if (!p.distributed_optimizer) return 0;
-  double const bytes = static_cast<double>(params * size_of(s.model.param_dtype));
-  return collective_ns(collective::all_gather, bytes, p.dp, dp_link_gbps(s), s.device.collective_latency_us);
+  auto const e = size_of(s.model.param_dtype);
+  return collective_ns(collective::all_gather, static_cast<double>((params - expert_params) * e), p.dp, dp_link_gbps(s),
+                       s.device.collective_latency_us) +
+         collective_ns(collective::all_gather, static_cast<double>(expert_params * e),
+                       static_cast<std::uint32_t>(expert_dp_of(p)), dp_link_gbps(s), s.device.collective_latency_us);
 }
 
 /// Splits the model into stages (layers as even as possible, the first stages taking the remainder;
@@ -427,7 +326,7 @@ inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recomp
   std::uint64_t const T = m.seq_len * m.micro_batch_size;
   auto const e = size_of(m.param_dtype);
   double const flops_per_s = s.device.bf16_tflops * 1e12 * s.device.kernel_efficiency;
-  auto const comm = tp_layer_comm_ns(s);
+  auto const comm = tp_layer_comm_ns(s) + moe_layer_a2a_ns(s);
   auto const head_acts = head_activations(m, par);
   std::vector<stage_spec> out(stages);
   std::uint32_t layer = 0;
@@ -442,7 +341,7 @@ inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recomp
     auto const vshard = detail::ceil_div(m.vocab, std::uint64_t{par.tp});
     if (o.embedding) o.tensors.push_back({"embed_tokens", vshard * m.hidden, false});
     for (std::uint32_t l = 0; l < o.layers; ++l) {
-      for (auto& t : layer_tensors(m, layer + l, par.tp)) o.tensors.push_back(std::move(t));
+      for (auto& t : layer_tensors(m, layer + l, par)) o.tensors.push_back(std::move(t));
     }
     if (o.head) {
       o.tensors.push_back({"norm", m.hidden, false});
@@ -466,8 +365,9 @@ inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recomp
     if (o.recompute == recompute_kind::full && !m.activation_bytes_per_layer)
       o.backward_workspace_bytes = activation_bytes_per_layer(m, par, recompute_kind::none);
     double const attn = 4.0 * static_cast<double>(m.micro_batch_size) * static_cast<double>(m.seq_len) *
-                        static_cast<double>(m.seq_len) * static_cast<double>(m.hidden / par.tp) * o.layers;
-    double const layers_fwd = 2.0 * layer_matmul * tokens + attn;
+                        static_cast<double>(m.seq_len) * static_cast<double>(attention_width(m) / par.tp) * o.layers;
+    double const moe = m.moe.enabled() ? moe_layer_fwd_flops(m, par) * o.layers : 0.0;
+    double const layers_fwd = 2.0 * layer_matmul * tokens + attn + moe;
     o.fwd_flops = layers_fwd + 2.0 * head_matmul * tokens;
     o.bwd_flops = 2.0 * o.fwd_flops + (o.recompute == recompute_kind::full        ? layers_fwd
                                        : o.recompute == recompute_kind::selective ? attn
@@ -493,8 +393,10 @@ inline double state_bytes_per_param(model_spec const& m, parallel_spec const& p 
 
 /// The elements of an `numel`-element tensor whose optimizer state one data-parallel rank holds:
 /// numel, or its 1/dp share (rounded up) with the distributed optimizer.
-inline std::uint64_t optimizer_shard(std::uint64_t numel, parallel_spec const& p) {
-  return p.distributed_optimizer ? detail::ceil_div(numel, std::uint64_t{p.dp}) : numel;
+/// A routed expert's tensor (`expert`) shards over the expert data-parallel group instead.
+inline std::uint64_t optimizer_shard(std::uint64_t numel, parallel_spec const& p, bool expert = false) {
+  if (!p.distributed_optimizer) return numel;
+  return detail::ceil_div(numel, expert ? expert_dp_of(p) : std::uint64_t{p.dp});
 }
 
 /// Narayanan et al. 2021's FLOPs per iteration (eq. 3): 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) with full

@@ -91,6 +91,10 @@ struct sim_options {
   /// Hold real bytes on the mock devices and check saved activations in every backward. Meant for
   /// small scenarios (tests): every buffer is really allocated.
   bool materialize = false;
+  /// Check every operation with the mock's hazard checker (raising). The planner turns it off for
+  /// the candidates it only compares and checks the plan it chooses (sim/plan.hpp); timing and
+  /// memory do not depend on it.
+  bool check_hazards = true;
   /// Per rank: recomputation (empty: model.recompute everywhere).
   std::vector<recompute_kind> recompute;
   /// Per rank: whether optimizer state swaps (empty: swap_optimizer on every rank).
@@ -411,6 +415,7 @@ public:
         link_(link), b_(mock_options(s, o, link)), budget_(room_of(s)), x_(b_, pool_options(o)), opt_(b_),
         comm_(b_, mb, static_cast<int>(rank), static_cast<int>(s.pipeline.ranks), layout.stages(), s.device) {
     overlap_ = o.overlap;
+    declare_weights_ = o.check_hazards || o.materialize;
     // With overlap one budget governs both swap jobs of the device; it is attached before any
     // runtime allocates, and its capacity follows the room the rest of the step leaves.
     if (overlap_) x_.set_budget(&budget_);
@@ -453,11 +458,12 @@ public:
         w.params.push_back({b_.allocate_device(t.numel * es, cs), t.numel * es});
         w.grads.push_back({b_.allocate_device(t.numel * gs, cs), t.numel * gs});
         // The distributed optimizer updates this rank's 1/dp share of every tensor (a prefix here).
-        auto const shard = optimizer_shard(t.numel, s.parallel);
+        auto const shard = optimizer_shard(t.numel, s.parallel, t.expert);
         opt_.add_param({w.params.back().ptr, w.grads.back().ptr, shard, s.model.param_dtype, gtype, master});
         resident_param_bytes_ += t.numel * (es + gs);
         optimizer_state_bytes_ += shard * (master ? 12 : 8);
         stage_params_ += t.numel;
+        if (t.expert) expert_params_ += t.numel;
       }
     }
     for (auto const& st : stages_) {
@@ -613,7 +619,8 @@ private:
         acts.push_back({n ? b.allocate_device(n, cs) : device_ptr{}, n});
       }
       mock::kernel_desc d{name_of("FWD", f.stage, f.micro), {}, {}, st->fwd_ns};
-      for (auto const& p : r->weights_.at(st->stage).params) d.reads.push_back({p.ptr, p.bytes});
+      if (r->declare_weights_)
+        for (auto const& p : r->weights_.at(st->stage).params) d.reads.push_back({p.ptr, p.bytes});
       (first ? d.writes : d.reads).push_back({in.ptr, in.bytes});
       for (auto const& a : acts) d.writes.push_back({a.ptr, a.bytes});
       if (!last) d.writes.push_back({f.output.ptr, f.output.bytes});
@@ -647,12 +654,14 @@ private:
       mock::kernel_desc d{name_of("BWD", g.stage, g.micro), {}, {}, st->bwd_ns};
       if (work.bytes) d.writes.push_back({work.ptr, work.bytes});
       auto const& w = r->weights_.at(st->stage);
-      for (auto const& p : w.params) d.reads.push_back({p.ptr, p.bytes});
+      if (r->declare_weights_)
+        for (auto const& p : w.params) d.reads.push_back({p.ptr, p.bytes});
       for (auto const& x : bufs) {
         if (x.bytes) d.reads.push_back({x.ptr, x.bytes});
       }
       if (!last) d.reads.push_back({g.grad_output.ptr, g.grad_output.bytes});
-      for (auto const& x : w.grads) d.writes.push_back({x.ptr, x.bytes});
+      if (r->declare_weights_)
+        for (auto const& x : w.grads) d.writes.push_back({x.ptr, x.bytes});
       if (g.grad_input.bytes) d.writes.push_back({g.grad_input.ptr, g.grad_input.bytes});
       // A received input's bytes are the sender's; what the forward wrote is checked.
       b.launch(cs, std::move(d),
@@ -688,19 +697,19 @@ private:
     pipeline_end_ = overlap_ ? std::max({b_.ready_time(cs), b_.ready_time(ex_->send_stream()), b_.ready_time(ex_->recv_stream())})
                              : b_.makespan();
     // Data parallelism: the gradients are reduced (scattered) before the step, on their own link.
-    if (auto const ns = dp_grad_sync_ns(s_, stage_params_); ns > 0) collective_kernel("DP grad sync", ns, false);
+    if (auto const ns = dp_grad_sync_ns(s_, stage_params_, expert_params_); ns > 0) collective_kernel("DP grad sync", ns, false);
     b_.synchronize(b_.record_event(cs)); // the gradient-norm reduction before the step
     if (phased_) prefetch_now();         // the room the last backward gave back
     prefetched_ = phased_ ? osw_->prefetched_batches() : 0;
     osw_->step();
-    if (auto const ns = dp_param_gather_ns(s_, stage_params_); ns > 0) collective_kernel("DP param all-gather", ns, true);
+    if (auto const ns = dp_param_gather_ns(s_, stage_params_, expert_params_); ns > 0) collective_kernel("DP param all-gather", ns, true);
     // The executor then synchronizes the compute stream (overlap) or the device.
   }
 
   static mock::options mock_options(scenario const& s, sim_options const& o, link_rates const& link) {
     mock::options m;
     m.timing = timing_of(s.device, link);
-    m.hazards = mock::hazard_policy::raise;
+    m.hazards = o.check_hazards ? mock::hazard_policy::raise : mock::hazard_policy::ignore;
     m.materialize = o.materialize;
     return m;
   }
@@ -714,11 +723,12 @@ private:
   /// A collective over the rank's weights (`params`) or gradients, as a kernel of duration `ns`.
   void collective_kernel(char const* name, sim_time ns, bool params) {
     mock::kernel_desc d{name, {}, {}, ns};
-    for (auto& [_, w] : weights_)
-      for (auto const& x : params ? w.params : w.grads) {
-        d.reads.push_back({x.ptr, x.bytes});
-        d.writes.push_back({x.ptr, x.bytes});
-      }
+    if (declare_weights_)
+      for (auto& [_, w] : weights_)
+        for (auto const& x : params ? w.params : w.grads) {
+          d.reads.push_back({x.ptr, x.bytes});
+          d.writes.push_back({x.ptr, x.bytes});
+        }
     b_.launch(b_.current_stream(), std::move(d));
   }
 
@@ -763,11 +773,14 @@ private:
   std::optional<optimizer_swap<opt_type>> osw_;
   std::map<std::uint32_t, stage_weights> weights_;
   bool overlap_ = false, phased_ = false;
+  /// The stage kernels and collectives declare the weights and gradients they touch: for the hazard
+  /// checker (and materialized bytes) only, their durations are the model's.
+  bool declare_weights_ = true;
   std::uint64_t transient_ = 0;
   std::size_t prefetched_ = 0, batches_ = 0;
   sim_time start_ = 0, pipeline_end_ = 0, end_time_ = 0, tail_from_ = 0;
   std::size_t h2d0_ = 0, d2h0_ = 0;
-  std::uint64_t resident_param_bytes_ = 0, optimizer_state_bytes_ = 0, corrupt_ = 0, stage_params_ = 0;
+  std::uint64_t resident_param_bytes_ = 0, optimizer_state_bytes_ = 0, corrupt_ = 0, stage_params_ = 0, expert_params_ = 0;
 };
 
 /// A per-rank input of simulate() has one entry per pipeline rank (or none, where `empty_ok`).
@@ -891,90 +904,7 @@ inline sim_result simulate(scenario const& s, sim_options const& o) {
   return res;
 }
 
-/// The overlapped run of a configuration, sized per rank (with overlap; else simulate()):
-///  * each rank that swaps optimizer state keeps on the device the share of it that its free memory
-///    allows (rank_settings::resident_share, where not set already). The share is measured, not
-///    derived: a first run without it gives the rank's peak before its backward tail (the tail only
-///    gives memory back, and the prefetch there stays within the budget), and the share is the
-///    device capacity less that peak and a margin of 0.5 % of the capacity;
-///  * a rank that then goes over the capacity has its share cut by the excess and the margin, or,
-///    with no share left, its offload wait delay set back to 1, then its load lookahead halved (a later
-///    wait or an earlier load holds its chunk longer), or
-///    last its optimizer step run without the phases (rank_settings::phased), and the run is
-///    repeated, at most `refinements` times. When none of the runs fits every rank, a rank still over
-///    with its phases off gets its sized settings back (one more run), and the result is the run
-///    with the fewest ranks over the capacity (the fastest of those).
-inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t refinements = 4) {
-  if (!o.overlap) return simulate(s, o);
-  auto const R = s.pipeline.ranks;
-  detail::require_per_rank(s, o.ranks.size(), "rank settings");
-  if (o.ranks.empty()) o.ranks.resize(R);
-  auto const progress = o.progress;
-  o.progress = {};
-  std::vector<std::uint32_t> sized;
-  for (std::uint32_t r = 0; r < R; ++r)
-    if (o.swaps_optimizer(r) && !o.ranks[r].resident_share) sized.push_back(r);
-  for (auto r : sized) o.ranks[r].resident_share = 0;
-  auto const capacity = s.device.memory_bytes, margin = capacity / 200;
-  sim_result res;
-  if (!sized.empty()) {
-    res = simulate(s, o);
-    for (auto r : sized) {
-      auto const peak = res.ranks[r].peak_before_tail;
-      o.ranks[r].resident_share = capacity > peak + margin ? capacity - peak - margin : 0;
-    }
-  }
-  // When no refinement fits every rank, the result reported is the one with the fewest ranks over
-  // the device (the fastest of those): a rank that fits without the overlap must not be reported
-  // over because another rank cannot fit at all.
-  auto const over = [](sim_result const& x) {
-    return std::count_if(x.ranks.begin(), x.ranks.end(), [](rank_result const& q) { return !q.fits; });
-  };
-  std::optional<sim_result> best;
-  auto const as_sized = o.ranks;
-  for (std::uint32_t k = 0;; ++k) {
-    if (k == 0) o.progress = progress;
-    res = simulate(s, o);
-    o.progress = {};
-    if (res.fits) return res;
-    if (!best || over(res) < over(*best) || (over(res) == over(*best) && res.step_ns < best->step_ns)) best = res;
-    if (k == refinements) break;
-    bool changed = false;
-    for (std::uint32_t r = 0; r < R; ++r) {
-      auto const peak = res.ranks[r].peak_bytes;
-      if (peak <= capacity) continue;
-      auto& x = o.ranks[r];
-      if (x.resident_share && *x.resident_share > 0) {
-        auto const cut = peak - capacity + margin;
-        x.resident_share = *x.resident_share > cut ? *x.resident_share - cut : 0;
-        changed = true;
-      } else if (o.swap_activations && o.offload_wait_delay_of(r) > 1) {
-        x.offload_wait_delay = 1; // a later wait holds each offloaded chunk's storage longer
-        changed = true;
-      } else if (o.swap_activations && o.load_lookahead_of(r) > 1) {
-        x.load_lookahead = std::max<std::size_t>(1, o.load_lookahead_of(r) / 2);
-        changed = true;
-      } else if (o.swaps_optimizer(r) && x.phased != false) {
-        x.phased = false; // the prefetch and the deferred offload's storage do not fit beside the rest
-        changed = true;
-      }
-    }
-    if (!changed) break;
-  }
-  // A rank still over the capacity with its phases off gains nothing from the refinements: it gets
-  // its sized settings back (the overlap still shortens its step), the others keep theirs.
-  bool reverted = false;
-  for (std::uint32_t r = 0; r < R; ++r) {
-    if (res.ranks[r].peak_bytes > capacity && o.ranks[r].phased == false) {
-      o.ranks[r] = as_sized[r];
-      reverted = true;
-    }
-  }
-  if (reverted) {
-    res = simulate(s, o);
-    if (over(res) <= over(*best)) return res;
-  }
-  return std::move(*best);
-}
-
 } // namespace pipeswap::sim
+
+// simulate_sized(), the overlapped run sized per rank, lives in its own header.
+#include <pipeswap/sim/sized.hpp>

@@ -187,6 +187,9 @@ inline std::string describe(scenario const& s) {
   auto const& p = s.pipeline;
   std::string out = s.model.name + " (" + std::to_string(s.model.layers) + " layers, " +
                     detail::fmt("%.1f", static_cast<double>(params) / 1e9) + " B parameters, " +
+                    (s.model.moe.enabled() ? std::to_string(s.model.moe.experts) + " experts, top " +
+                                                 std::to_string(s.model.moe.top_k) + ", "
+                                           : std::string()) +
                     std::string(name_of(s.model.param_dtype)) + (s.model.fp32_master ? " + fp32 master" : "") +
                     ", " + std::string(name_of(grad_dtype_of(s.model))) + " gradients" +
                     (s.model.recompute == recompute_kind::none
@@ -200,6 +203,7 @@ inline std::string describe(scenario const& s) {
                     (s.parallel.dp > 1 ? " x dp " + std::to_string(s.parallel.dp) +
                                              (s.parallel.distributed_optimizer ? " (distributed optimizer)" : "")
                                        : std::string()) +
+                    (s.parallel.ep > 1 ? ", experts over ep " + std::to_string(s.parallel.ep) : std::string()) +
                     " = " + std::to_string(devices_of(s)) + " devices, " +
                     (p.schedule == schedule_kind::gpipe         ? std::string("GPipe")
                      : p.schedule == schedule_kind::one_f_one_b ? std::string("1F1B")
@@ -229,8 +233,8 @@ inline std::string format_table(report const& r) {
   std::string o = "scenario: " + describe(r.setup) + "\n\n";
   auto const& base = r[swapping::none];
   o += pad("configuration", 17) + pad("step time", 12, true) + pad("overhead", 11, true) + pad("MFU", 8, true) +
-       pad("peak", 11, true) + "  " + pad("on rank", 8) + pad("fits", 18) + pad("H2D/step", 11, true) +
-       pad("D2H/step", 11, true) + "\n";
+       pad("peak", 11, true) + "  " + pad("on rank", 8) + pad("fits", 18) + pad("H2D, sum", 11, true) +
+       pad("D2H, sum", 11, true) + "\n";
   for (auto c : all_swappings) {
     auto const& x = r[c];
     std::size_t over = 0;
@@ -242,6 +246,8 @@ inline std::string format_table(report const& r) {
          pad(gb(x.peak_bytes), 11, true) + "  " + pad(std::to_string(highest_peak_rank(x)), 8) + pad(fits, 18) +
          pad(gb(detail::sum_h2d(x)), 11, true) + pad(gb(detail::sum_d2h(x)), 11, true) + "\n";
   }
+  o += "\nH2D, sum / D2H, sum: bytes per step over the host link, summed over the " +
+       std::to_string(r.setup.pipeline.ranks) + " pipeline ranks (one device of each; the per-rank table gives each rank's)";
   o += "\nMFU: end-to-end model FLOPs utilization (Narayanan et al.'s FLOPs, recomputation not counted, over step "
        "time x peak x " + std::to_string(devices_of(r.setup)) + " devices)\n";
   o += "\nper rank (device capacity " + gb(r.setup.device.memory_bytes) +

@@ -1,24 +1,29 @@
 // pipeswap — scenario files: the simulator's scenario as JSON, read strictly and written in full.
 //
-// A scenario file is one object with up to six sections; every field is optional and defaults to
+// A scenario file is one object with up to seven sections; every field is optional and defaults to
 // the built-in scenario (sim::scenario{}), so `{}` is the default scenario:
 //
 //   {"model":    {"name": "...", "layers": 80, "hidden": 8192, "ffn_hidden": 28672, "heads": 64,
 //                 "kv_heads": 8, "vocab": 32000, "seq_len": 4096, "micro_batch_size": 1,
 //                 "param_dtype": "BF16", "grad_dtype": null, "fp32_master": true,
 //                 "flash_attention": true, "mlp": "swiglu", "dropout": false, "recompute": "none",
-//                 "activation_bytes_per_layer": null},
+//                 "activation_bytes_per_layer": null, "head_dim": null,
+//                 "moe": {"experts": 0, "top_k": 1, "expert_ffn_hidden": 0, "shared_expert_ffn_hidden": 0}},
 //    "device":   {"name": "H200", "memory_bytes": 141000000000, "reserved_bytes": 6000000000,
 //                 "h2d_gbps": 55, "d2h_gbps": 55, "duplex_factor": 0.7, "copy_latency_us": 2,
 //                 "bf16_tflops": 989, "kernel_efficiency": 0.45, "end_to_end_mfu": null,
 //                 "hbm_tbps": 4.8, "p2p_gbps": 100, "p2p_latency_us": 10, "tp_gbps": 360,
 //                 "dp_gbps": 40, "collective_latency_us": 10},
-//    "node":     {"gpus": 8, "host_gbps": 278},
-//    "parallel": {"tp": 1, "sequence_parallel": false, "dp": 1, "distributed_optimizer": false},
+//    "node":     {"gpus": 8, "host_gbps": 278, "cpu_adam_gbps": 146},
+//    "parallel": {"tp": 1, "sequence_parallel": false, "dp": 1, "distributed_optimizer": false, "ep": 1,
+//                 "expert_tp": null},
 //    "pipeline": {"schedule": "1f1b", "ranks": 8, "micro_batches": 32, "chunks": 1,
 //                 "overlap_b_f": false},
-//    "swap":     {"swap_times": 16, "packed": true, "overlap": true}}
+//    "swap":     {"swap_times": 16, "packed": true, "overlap": true},
+//    "plan":     {"tolerance": 0.005}}
 //
+// A top-level "comment" (a string: the configuration's source) is kept and written back first when
+// it is not empty.
 // grad_dtype null means F32 with fp32_master, else the parameter type.
 //
 // docs/cli.md describes every field. Reading rejects, naming the field by its path
@@ -295,13 +300,14 @@ inline void check_fits(scenario const& s) {
 template <class Json>
 scenario scenario_from_json(Json const& j, scenario base = {}) {
   using reader = detail::section_reader<Json>;
-  reader const top(j, "", {"model", "device", "node", "parallel", "pipeline", "swap"});
+  reader const top(j, "", {"comment", "model", "device", "node", "parallel", "pipeline", "swap", "plan"});
   scenario s = std::move(base);
+  top.string("comment", s.comment);
   if (auto const* v = top.find("model")) {
     reader const r(*v, "model",
                    {"name", "layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "seq_len",
                     "micro_batch_size", "param_dtype", "grad_dtype", "fp32_master", "flash_attention", "mlp",
-                    "dropout", "recompute", "activation_bytes_per_layer"});
+                    "dropout", "recompute", "activation_bytes_per_layer", "head_dim", "moe"});
     auto& m = s.model;
     r.string("name", m.name);
     r.u64("layers", m.layers);
@@ -309,6 +315,17 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     r.u64("ffn_hidden", m.ffn_hidden);
     r.u64("heads", m.heads);
     r.u64("kv_heads", m.kv_heads);
+    if (auto const* d = r.find("head_dim")) {
+      if (d->is_null()) m.head_dim.reset();
+      else m.head_dim = reader::integer(*d, "model.head_dim", std::numeric_limits<std::uint32_t>::max());
+    }
+    if (auto const* v2 = r.find("moe")) {
+      reader const q(*v2, "model.moe", {"experts", "top_k", "expert_ffn_hidden", "shared_expert_ffn_hidden"});
+      q.u64("experts", m.moe.experts, 1u << 20);
+      q.u64("top_k", m.moe.top_k, 1u << 20);
+      q.u64("expert_ffn_hidden", m.moe.expert_ffn_hidden);
+      q.u64("shared_expert_ffn_hidden", m.moe.shared_expert_ffn_hidden);
+    }
     r.u64("vocab", m.vocab);
     r.u64("seq_len", m.seq_len);
     r.u64("micro_batch_size", m.micro_batch_size);
@@ -379,12 +396,18 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     r.number("collective_latency_us", d.collective_latency_us);
   }
   if (auto const* v = top.find("node")) {
-    reader const r(*v, "node", {"gpus", "host_gbps"});
+    reader const r(*v, "node", {"gpus", "host_gbps", "cpu_adam_gbps"});
+    r.number("cpu_adam_gbps", s.node.cpu_adam_gbps);
     r.u32("gpus", s.node.gpus);
     r.number("host_gbps", s.node.host_gbps);
   }
   if (auto const* v = top.find("parallel")) {
-    reader const r(*v, "parallel", {"tp", "sequence_parallel", "dp", "distributed_optimizer"});
+    reader const r(*v, "parallel", {"tp", "sequence_parallel", "dp", "distributed_optimizer", "ep", "expert_tp"});
+    r.u32("ep", s.parallel.ep);
+    if (auto const* x = r.find("expert_tp")) {
+      if (x->is_null()) s.parallel.expert_tp.reset();
+      else s.parallel.expert_tp = static_cast<std::uint32_t>(reader::integer(*x, "parallel.expert_tp", 64));
+    }
     r.u32("tp", s.parallel.tp);
     r.boolean("sequence_parallel", s.parallel.sequence_parallel);
     r.u32("dp", s.parallel.dp);
@@ -411,6 +434,10 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     r.boolean("packed", s.swap.packed);
     r.boolean("overlap", s.swap.overlap);
   }
+  if (auto const* v = top.find("plan")) {
+    reader const r(*v, "plan", {"tolerance"});
+    r.number("tolerance", s.plan.tolerance);
+  }
   validate(s);
   check_limits(s);
   check_fits(s);
@@ -432,6 +459,7 @@ inline scenario scenario_from_json_text(std::string_view text, scenario base = {
 template <class Json = nlohmann::ordered_json>
 Json to_json(scenario const& s) {
   Json j = Json::object();
+  if (!s.comment.empty()) j["comment"] = s.comment;
   auto const& m = s.model;
   Json& jm = j["model"] = Json::object();
   jm["name"] = m.name;
@@ -452,6 +480,12 @@ Json to_json(scenario const& s) {
   jm["dropout"] = m.dropout;
   jm["recompute"] = recompute_name(m.recompute);
   jm["activation_bytes_per_layer"] = m.activation_bytes_per_layer ? Json(*m.activation_bytes_per_layer) : Json(nullptr);
+  jm["head_dim"] = m.head_dim ? Json(*m.head_dim) : Json(nullptr);
+  Json& je = jm["moe"] = Json::object();
+  je["experts"] = m.moe.experts;
+  je["top_k"] = m.moe.top_k;
+  je["expert_ffn_hidden"] = m.moe.expert_ffn_hidden;
+  je["shared_expert_ffn_hidden"] = m.moe.shared_expert_ffn_hidden;
   auto const& d = s.device;
   Json& jd = j["device"] = Json::object();
   jd["name"] = d.name;
@@ -473,11 +507,14 @@ Json to_json(scenario const& s) {
   Json& jn = j["node"] = Json::object();
   jn["gpus"] = s.node.gpus;
   jn["host_gbps"] = s.node.host_gbps;
+  jn["cpu_adam_gbps"] = s.node.cpu_adam_gbps;
   Json& jq = j["parallel"] = Json::object();
   jq["tp"] = s.parallel.tp;
   jq["sequence_parallel"] = s.parallel.sequence_parallel;
   jq["dp"] = s.parallel.dp;
   jq["distributed_optimizer"] = s.parallel.distributed_optimizer;
+  jq["ep"] = s.parallel.ep;
+  jq["expert_tp"] = s.parallel.expert_tp ? Json(*s.parallel.expert_tp) : Json(nullptr);
   auto const& p = s.pipeline;
   Json& jp = j["pipeline"] = Json::object();
   jp["schedule"] = schedule_kind_name(p.schedule);
@@ -489,6 +526,8 @@ Json to_json(scenario const& s) {
   js["swap_times"] = s.swap.swap_times;
   js["packed"] = s.swap.packed;
   js["overlap"] = s.swap.overlap;
+  Json& jl = j["plan"] = Json::object();
+  jl["tolerance"] = s.plan.tolerance;
   return j;
 }
 

@@ -35,6 +35,13 @@ struct series {
   bool dashed = false;
 };
 
+/// One point drawn as a dot with its name beside it (a scatter chart's point).
+struct marker {
+  std::string name;
+  double x = 0, y = 0;
+  std::string color = "#0072b2";
+};
+
 /// A horizontal line across the plot at height y, dashed.
 struct level {
   std::string name;
@@ -50,6 +57,7 @@ struct chart {
   std::vector<level> levels;
   int width = 960;
   int height = 540;
+  std::vector<marker> markers; ///< points (a scatter chart), each with its legend entry
 };
 
 /// Colour-blind-safe colours (Okabe and Ito, 2008) for up to eight series.
@@ -124,6 +132,7 @@ inline std::string render(chart const& c) {
   // The legend, right of the plot, is as wide as its longest name (about 7 px a character at 12 px).
   std::size_t longest = 0;
   for (auto const& s : c.lines) longest = std::max(longest, s.name.size());
+  for (auto const& m : c.markers) longest = std::max(longest, m.name.size());
   for (auto const& l : c.levels) longest = std::max(longest, l.name.size());
   double const left = 80, right = 70 + 7.0 * static_cast<double>(longest), top = 50, bottom = 60;
   // Never smaller than the margins plus a usable plot.
@@ -139,6 +148,11 @@ inline std::string render(chart const& c) {
     }
   }
   for (auto const& l : c.levels) ymax = std::max(ymax, l.y);
+  for (auto const& m : c.markers) {
+    xmin = std::min(xmin, m.x);
+    xmax = std::max(xmax, m.x);
+    ymax = std::max(ymax, m.y);
+  }
   if (!std::isfinite(xmin)) xmin = 0, xmax = 1;
   xmin = std::min(xmin, 0.0);
   auto const xt = nice_ticks(xmin, xmax);
@@ -213,6 +227,11 @@ inline std::string render(chart const& c) {
          "\" stroke-width=\"1.4\" stroke-dasharray=\"8 4\"/>\n</g>\n";
   }
 
+  for (auto const& m : c.markers) {
+    o += "<g><title>" + xml_escape(m.name) + "</title>\n<circle class=\"marker\" cx=\"" + num(X(m.x)) + "\" cy=\"" +
+         num(Y(m.y)) + "\" r=\"5\" fill=\"" + xml_escape(m.color) + "\"/>\n</g>\n";
+  }
+
   // Legend, right of the plot.
   o += "<g class=\"legend\">\n";
   double ly = py1 + 8;
@@ -224,6 +243,11 @@ inline std::string render(chart const& c) {
   };
   for (auto const& s : c.lines) entry(s.name, s.color, s.dashed);
   for (auto const& l : c.levels) entry(l.name, l.color, true);
+  for (auto const& m : c.markers) {
+    o += "<circle cx=\"" + num(px1 + 30) + "\" cy=\"" + num(ly) + "\" r=\"5\" fill=\"" + xml_escape(m.color) +
+         "\"/>\n<text x=\"" + num(px1 + 50) + "\" y=\"" + num(ly + 4) + "\">" + xml_escape(m.name) + "</text>\n";
+    ly += 20;
+  }
   o += "</g>\n</svg>\n";
   return o;
 }

@@ -1,0 +1,222 @@
+// pipeswap — the simulator's scenario: the model, its mixture-of-experts layers, the device, the node,
+// the parallelism, the pipeline, the swap and planner settings, and the per-stage figures derived
+// from them (stage_spec). Types only; sim/model.hpp derives the figures, docs/simulator.md states them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <pipeswap/backend/mock/timing.hpp>
+#include <pipeswap/core/dtype.hpp>
+
+namespace pipeswap::sim {
+
+/// The MLP of each layer.
+enum class mlp_kind : std::uint8_t {
+  swiglu, ///< Llama: gate and up (h×f each), SiLU(gate)·up, down (f×h)
+  gelu,   ///< GPT: fc1 (h×f), GeLU, fc2 (f×h); f = 4h for GPT
+};
+
+/// Activation recomputation (Korthikanti et al. 2022).
+enum class recompute_kind : std::uint8_t {
+  none,
+  selective, ///< the attention core (scores, softmax, dropout, attention over V) is recomputed
+  full,      ///< only each layer's input is kept; the backward re-runs the layer's forward
+};
+
+/// Mixture-of-experts MLPs (Megatron-Core's MoE layer): every layer's MLP is `experts` routed experts
+/// of width `expert_ffn_hidden`, each token sent to `top_k` of them by a router (an h×E matrix), plus
+/// optionally a shared expert of width `shared_expert_ffn_hidden` that every token passes.
+struct moe_spec {
+  std::uint64_t experts = 0; ///< 0: a dense MLP (model.ffn_hidden)
+  std::uint64_t top_k = 1;
+  std::uint64_t expert_ffn_hidden = 0;
+  std::uint64_t shared_expert_ffn_hidden = 0; ///< 0: no shared expert
+  [[nodiscard]] bool enabled() const noexcept { return experts > 0; }
+};
+
+/// A decoder-only transformer (Llama-style by default: grouped-query attention, SwiGLU MLP, RMSNorm,
+/// untied input and output embeddings, no biases).
+struct model_spec {
+  std::string name = "70B-class decoder";
+  std::uint64_t layers = 80;
+  std::uint64_t hidden = 8192;
+  std::uint64_t ffn_hidden = 28672;
+  std::uint64_t heads = 64;
+  std::uint64_t kv_heads = 8;
+  /// Width of one attention head; unset: hidden / heads (Qwen3 sets it apart: 32 heads of 128 on h 2048).
+  std::optional<std::uint64_t> head_dim;
+  std::uint64_t vocab = 32000;
+  std::uint64_t seq_len = 4096;
+  std::uint64_t micro_batch_size = 1;
+  dtype param_dtype = dtype::bf16; ///< weights, and the 16-bit activations
+  /// Gradient type; unset: F32 with fp32_master (Megatron's fp32 gradient accumulation), else the
+  /// parameter type.
+  std::optional<dtype> grad_dtype;
+  /// AdamW with an fp32 master copy of each low-precision weight and fp32 moments.
+  bool fp32_master = true;
+  /// Attention without materialized score matrices (no 5·a·s/h term in the activation formula).
+  bool flash_attention = true;
+  mlp_kind mlp = mlp_kind::swiglu;
+  /// Dropout after attention, after the MLP and on the embedding (1-byte masks are saved), and on the
+  /// attention probabilities.
+  bool dropout = false;
+  recompute_kind recompute = recompute_kind::none;
+  /// Overrides the derived activations: saved bytes per layer per micro-batch (per device).
+  std::optional<std::uint64_t> activation_bytes_per_layer;
+  moe_spec moe;
+};
+
+/// Tensor, sequence and data parallelism. Every pipeline rank stands for tp × dp devices that run
+/// the same stage on different shards; the simulator runs one of them.
+struct parallel_spec {
+  std::uint32_t tp = 1;           ///< tensor-parallel degree (Megatron column/row-parallel layers)
+  bool sequence_parallel = false; ///< norms and dropout split along the sequence over the tp ranks
+  std::uint32_t dp = 1;           ///< data-parallel degree
+  /// Megatron's distributed optimizer (ZeRO-1): master weights and moments sharded over dp.
+  bool distributed_optimizer = false;
+  /// Expert parallelism (MoE): the routed experts of a layer are split over `ep` devices. With
+  /// `expert_tp` (unset: tp) they regroup the tp × dp devices of a pipeline rank as expert_tp × ep ×
+  /// the expert data-parallel degree (Megatron's "MoE parallel folding"), over which the distributed
+  /// optimizer shards the expert parameters' state.
+  std::uint32_t ep = 1;
+  std::optional<std::uint32_t> expert_tp;
+};
+
+/// One accelerator and its links.
+struct device_spec {
+  std::string name = "H200";
+  std::uint64_t memory_bytes = 141'000'000'000;
+  /// Memory the job cannot use: CUDA context, library workspaces, allocator fragmentation.
+  std::uint64_t reserved_bytes = 6'000'000'000;
+  double h2d_gbps = 55;   ///< GB/s host → device (pinned), one GPU copying alone
+  double d2h_gbps = 55;   ///< GB/s device → host (pinned), one GPU copying alone
+  /// Share of each direction's rate left when both directions copy at once.
+  double duplex_factor = 0.7;
+  double copy_latency_us = 2;
+  double bf16_tflops = 989; ///< dense peak
+  /// Fraction of the peak the compute kernels reach while they run. Excludes the pipeline bubble,
+  /// communication and swap stalls, which the simulator adds: this is not an end-to-end MFU.
+  double kernel_efficiency = 0.45;
+  /// A published end-to-end MFU (model FLOPs over step time and peak, bubble included). When set,
+  /// kernel_efficiency is derived so that the simulated no-swap step reaches it (calibrated()).
+  std::optional<double> end_to_end_mfu;
+  double hbm_tbps = 4.8;    ///< memory bandwidth (optimizer kernels are bandwidth-bound)
+  double p2p_gbps = 100;    ///< pipeline send/recv bandwidth between neighbouring ranks
+  double p2p_latency_us = 10;
+  /// Bus bandwidth (NCCL's convention) of collectives inside a node: NVLink.
+  double tp_gbps = 360;
+  /// Bus bandwidth per device of collectives between nodes: the network.
+  double dp_gbps = 40;
+  double collective_latency_us = 10; ///< per collective
+};
+
+/// The host side of a node (or socket): its GPUs share its host bandwidth when they copy at once.
+struct node_spec {
+  std::uint32_t gpus = 8;
+  double host_gbps = 278; ///< GB/s each way, all of the node's GPUs together
+  /// GB/s of optimizer state the node's CPUs stream through a CPU Adam step (the CPU-step offload
+  /// alternative, sim/alternatives.hpp), all of its GPUs' shares together.
+  double cpu_adam_gbps = 146;
+};
+
+enum class schedule_kind : std::uint8_t { gpipe, one_f_one_b, interleaved };
+
+struct pipeline_spec {
+  schedule_kind schedule = schedule_kind::one_f_one_b;
+  std::uint32_t ranks = 8;          ///< pipeline ranks
+  std::uint32_t micro_batches = 32; ///< per optimizer step (per data-parallel replica)
+  std::uint32_t chunks = 1;         ///< model chunks per rank (interleaved only)
+  bool overlap_b_f = false;         ///< interleaved: OVERLAP_B_F composites in the steady state
+};
+
+/// What the swapped configurations do.
+struct swap_spec {
+  std::uint32_t swap_times = 16; ///< optimizer batches per step
+  bool packed = true;            ///< packed optimizer pipeline
+  /// Overlapped swap (sim_options::overlap): two steps simulated, the second reported; optimizer
+  /// prefetch in the backward tail, offloads drained into the next forward, a resident share sized
+  /// per rank from its free memory, activation loads launched early enough. false: the reference
+  /// step, every optimizer copy inside it.
+  bool overlap = true;
+};
+
+/// What the planner weighs besides the candidates' figures.
+struct plan_spec {
+  /// Plans whose step is within this fraction of the fastest count as equally fast; among them the
+  /// planner takes the fewest host-link bytes, then the lowest peak.
+  double tolerance = 0.005;
+};
+
+struct scenario {
+  /// Free text: where the configuration comes from (scenario files of published deployments cite
+  /// their source here).
+  std::string comment;
+  model_spec model;
+  device_spec device;
+  node_spec node;
+  parallel_spec parallel;
+  pipeline_spec pipeline;
+  swap_spec swap;
+  plan_spec plan;
+};
+
+/// One parameter tensor of a stage, as one device holds it (its tensor-parallel shard).
+struct tensor_spec {
+  std::string name;
+  std::uint64_t numel = 0;
+  bool matmul = true; ///< a weight matrix (2 FLOPs per element per token); false: norms, embedding
+  /// Routed experts (MoE): their optimizer state shards over the expert data-parallel group, and a
+  /// token passes top_k of the layer's experts, not all.
+  bool expert = false;
+};
+
+/// One tensor a forward saves for its backward (or a transient the backward needs).
+struct saved_tensor {
+  std::string op;   ///< the operation that saves it
+  std::string what; ///< what it is
+  std::uint64_t bytes = 0;
+};
+
+/// Everything the simulator needs about one pipeline stage (a model chunk).
+struct stage_spec {
+  std::uint32_t stage = 0;
+  std::uint32_t first_layer = 0, layers = 0;
+  bool embedding = false, head = false;
+  recompute_kind recompute = recompute_kind::none;
+  std::vector<tensor_spec> tensors;
+  std::uint64_t params = 0;
+  /// Bytes a micro-batch's forward saves for its backward on this stage.
+  std::uint64_t activation_bytes = 0;
+  /// Of those, the stage's input (received from the previous stage or the batch): the pipeline owns
+  /// it until the backward, so it is never swapped.
+  std::uint64_t boundary_bytes = 0;
+  /// Bytes sent to the next stage per micro-batch (and gradients back).
+  std::uint64_t p2p_bytes = 0;
+  /// Full recomputation: one layer's activations, rebuilt in the backward while it runs.
+  std::uint64_t backward_workspace_bytes = 0;
+  mock::sim_time fwd_ns = 0, bwd_ns = 0; ///< per micro-batch, tensor-parallel collectives included
+  double fwd_flops = 0, bwd_flops = 0;   ///< per micro-batch on one device (bwd: recomputation included)
+  mock::sim_time fwd_comm_ns = 0, bwd_comm_ns = 0; ///< of fwd_ns, bwd_ns: tensor-parallel collectives
+};
+
+/// The gradient type: model.grad_dtype, else F32 with an fp32 master, else the parameter type.
+inline dtype grad_dtype_of(model_spec const& m) {
+  if (m.grad_dtype) return *m.grad_dtype;
+  return m.fp32_master ? dtype::f32 : m.param_dtype;
+}
+
+/// The width of one attention head: model.head_dim, else hidden / heads.
+inline std::uint64_t head_dim_of(model_spec const& m) { return m.head_dim.value_or(m.hidden / m.heads); }
+
+/// The query (and attention output) width, heads × head_dim: the hidden size unless head_dim is set.
+inline std::uint64_t attention_width(model_spec const& m) { return m.heads * head_dim_of(m); }
+
+/// Devices of the job: pipeline ranks × tp × dp.
+inline std::uint64_t devices_of(scenario const& s) {
+  return std::uint64_t{s.pipeline.ranks} * s.parallel.tp * s.parallel.dp;
+}
+
+} // namespace pipeswap::sim

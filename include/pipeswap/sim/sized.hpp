@@ -1,0 +1,123 @@
+// pipeswap — the overlapped run of a configuration sized per rank (simulate_sized): each rank's
+// resident share of optimizer state measured from its free memory, and the refinements that bring a
+// rank over its device back under it. Used by the report and the planner (docs/simulator.md,
+// "Overlap").
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include <pipeswap/sim/model.hpp>
+#include <pipeswap/sim/pipeline.hpp>
+
+namespace pipeswap::sim {
+
+/// The overlapped run of a configuration, sized per rank (with overlap; else simulate()):
+///  * each rank that swaps optimizer state keeps on the device the share of it that its free memory
+///    allows (rank_settings::resident_share, where not set already). The share is measured, not
+///    derived: a first run without it gives the rank's peak before its backward tail (the tail only
+///    gives memory back, and the prefetch there stays within the budget), and the share is the
+///    device capacity less that peak and a margin of 0.5 % of the capacity;
+///  * a rank that then goes over the capacity has its share cut by the excess and the margin, or,
+///    with no share left, its offload wait delay set back to 1, then its load lookahead halved (a later
+///    wait or an earlier load holds its chunk longer), or
+///    last its optimizer step run without the phases (rank_settings::phased), and the run is
+///    repeated, at most `refinements` times. When none of the runs fits every rank, a rank still over
+///    with its phases off gets its sized settings back (one more run), and the result is the run
+///    with the fewest ranks over the capacity (the fastest of those).
+/// `resolved`, when given, receives the options of the run returned: simulate(s, *resolved) repeats
+/// it exactly.
+inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t refinements = 4,
+                                 sim_options* resolved = nullptr) {
+  auto const keep = [&](sim_options const& x) {
+    if (resolved) *resolved = x;
+  };
+  if (!o.overlap) {
+    keep(o);
+    return simulate(s, o);
+  }
+  auto const R = s.pipeline.ranks;
+  detail::require_per_rank(s, o.ranks.size(), "rank settings");
+  if (o.ranks.empty()) o.ranks.resize(R);
+  auto const progress = o.progress;
+  o.progress = {};
+  std::vector<std::uint32_t> sized;
+  for (std::uint32_t r = 0; r < R; ++r)
+    if (o.swaps_optimizer(r) && !o.ranks[r].resident_share) sized.push_back(r);
+  for (auto r : sized) o.ranks[r].resident_share = 0;
+  auto const capacity = s.device.memory_bytes, margin = capacity / 200;
+  sim_result res;
+  if (!sized.empty()) {
+    res = simulate(s, o);
+    for (auto r : sized) {
+      auto const peak = res.ranks[r].peak_before_tail;
+      o.ranks[r].resident_share = capacity > peak + margin ? capacity - peak - margin : 0;
+    }
+  }
+  // When no refinement fits every rank, the result reported is the one with the fewest ranks over
+  // the device (the fastest of those): a rank that fits without the overlap must not be reported
+  // over because another rank cannot fit at all.
+  auto const over = [](sim_result const& x) {
+    return std::count_if(x.ranks.begin(), x.ranks.end(), [](rank_result const& q) { return !q.fits; });
+  };
+  std::optional<sim_result> best;
+  sim_options best_o;
+  auto const as_sized = o.ranks;
+  for (std::uint32_t k = 0;; ++k) {
+    if (k == 0) o.progress = progress;
+    res = simulate(s, o);
+    o.progress = {};
+    if (res.fits) {
+      keep(o);
+      return res;
+    }
+    if (!best || over(res) < over(*best) || (over(res) == over(*best) && res.step_ns < best->step_ns)) {
+      best = res;
+      best_o = o;
+    }
+    if (k == refinements) break;
+    bool changed = false;
+    for (std::uint32_t r = 0; r < R; ++r) {
+      auto const peak = res.ranks[r].peak_bytes;
+      if (peak <= capacity) continue;
+      auto& x = o.ranks[r];
+      if (x.resident_share && *x.resident_share > 0) {
+        auto const cut = peak - capacity + margin;
+        x.resident_share = *x.resident_share > cut ? *x.resident_share - cut : 0;
+        changed = true;
+      } else if (o.swap_activations && o.offload_wait_delay_of(r) > 1) {
+        x.offload_wait_delay = 1; // a later wait holds each offloaded chunk's storage longer
+        changed = true;
+      } else if (o.swap_activations && o.load_lookahead_of(r) > 1) {
+        x.load_lookahead = std::max<std::size_t>(1, o.load_lookahead_of(r) / 2);
+        changed = true;
+      } else if (o.swaps_optimizer(r) && x.phased != false) {
+        x.phased = false; // the prefetch and the deferred offload's storage do not fit beside the rest
+        changed = true;
+      }
+    }
+    if (!changed) break;
+  }
+  // A rank still over the capacity with its phases off gains nothing from the refinements: it gets
+  // its sized settings back (the overlap still shortens its step), the others keep theirs.
+  bool reverted = false;
+  for (std::uint32_t r = 0; r < R; ++r) {
+    if (res.ranks[r].peak_bytes > capacity && o.ranks[r].phased == false) {
+      o.ranks[r] = as_sized[r];
+      reverted = true;
+    }
+  }
+  if (reverted) {
+    res = simulate(s, o);
+    if (over(res) <= over(*best)) {
+      keep(o);
+      return res;
+    }
+  }
+  keep(best_o);
+  return std::move(*best);
+}
+
+} // namespace pipeswap::sim

@@ -1,0 +1,105 @@
+// pipeswap — the one-line verdict of `pipeswap plan`: among the alternatives (sim/alternatives.hpp)
+// the one to use, by the planner's rule (of those that fit, the equally fast within the tolerance,
+// then the fewest host-link bytes, then the lowest peak), what it saves against no swap, what it
+// costs, and why the next best loses. By construction no alternative beats the one chosen on both
+// step time (beyond the tolerance) and peak: one that fits and is faster beyond the tolerance would
+// have been chosen, and one over the budget peaks above the choice (tests/cli/plan_search_test.cpp
+// checks it over the gallery and a sweep).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <pipeswap/sim/alternatives.hpp>
+#include <pipeswap/sim/report.hpp>
+
+namespace pipeswap::sim {
+
+struct verdict {
+  std::optional<std::size_t> choice;    ///< index into the alternatives; none when nothing fits
+  std::optional<std::size_t> next_best; ///< the best of the others (by the same rule), if any
+  std::string reason;                   ///< why the next best loses
+  std::string text;                     ///< the line
+};
+
+namespace detail {
+
+/// The best of `alts` (skipping `skip`) by the planner's rule; when none fits, none.
+inline std::optional<std::size_t> best_alternative(std::vector<alternative> const& alts, double tolerance,
+                                                   std::optional<std::size_t> skip = std::nullopt) {
+  std::optional<mock::sim_time> fastest;
+  for (std::size_t i = 0; i < alts.size(); ++i)
+    if (i != skip && alts[i].fits && (!fastest || alts[i].step_ns < *fastest)) fastest = alts[i].step_ns;
+  if (!fastest) return std::nullopt;
+  std::optional<std::size_t> best;
+  auto key = [&](std::size_t i) { return std::tuple{alts[i].host_bytes, alts[i].peak_bytes, alts[i].step_ns}; };
+  for (std::size_t i = 0; i < alts.size(); ++i) {
+    if (i == skip || !alts[i].fits) continue;
+    if (static_cast<double>(alts[i].step_ns) > static_cast<double>(*fastest) * (1 + tolerance)) continue;
+    if (!best || key(i) < key(*best)) best = i;
+  }
+  return best;
+}
+
+} // namespace detail
+
+/// The verdict over `alts`; `none` is the index of the no-swap alternative (the reference of
+/// "saves" and "costs"), `budget` the device budget, `tolerance` the planner's.
+inline verdict decide(std::vector<alternative> const& alts, std::size_t none, std::uint64_t budget, double tolerance) {
+  verdict v;
+  auto const gb = [](std::uint64_t b) { return detail::gb(b); };
+  auto const tol = detail::fmt("%.2f %%", tolerance * 100);
+  v.choice = detail::best_alternative(alts, tolerance);
+  if (!v.choice) {
+    std::size_t low = 0;
+    for (std::size_t i = 0; i < alts.size(); ++i)
+      if (alts[i].peak_bytes < alts[low].peak_bytes) low = i;
+    v.text = "verdict: nothing fits the budget of " + gb(budget) + "; the lowest peak, " + gb(alts.at(low).peak_bytes) +
+             " on rank " + std::to_string(alts[low].peak_rank) + ", is " + alts[low].title + "'s";
+    return v;
+  }
+  auto const& c = alts[*v.choice];
+  auto const& base = alts.at(none);
+  v.next_best = detail::best_alternative(alts, tolerance, v.choice);
+  if (!v.next_best) { // nothing else fits: the one nearest to fitting
+    for (std::size_t i = 0; i < alts.size(); ++i)
+      if (i != *v.choice && (!v.next_best || alts[i].peak_bytes < alts[*v.next_best].peak_bytes)) v.next_best = i;
+  }
+  std::string what = c.key == "plan" ? "use the plan, " + c.description
+                     : c.key == "none" ? std::string("swap nothing")
+                                       : c.title + " (" + c.description + ")";
+  std::string saves = c.peak_bytes < base.peak_bytes   ? gb(base.peak_bytes - c.peak_bytes) + " below no swap's " + gb(base.peak_bytes)
+                      : c.peak_bytes == base.peak_bytes ? std::string("no swap's peak")
+                                                        : gb(c.peak_bytes - base.peak_bytes) + " above no swap's " + gb(base.peak_bytes);
+  v.text = "verdict: " + what + ": peak " + gb(c.peak_bytes) + " on rank " + std::to_string(c.peak_rank) + " (" + saves +
+           "), step " + detail::secs(c.step_ns) + " (" + detail::percent(overhead(c.step_ns, base.step_ns)) +
+           " against no swap), " + gb(c.host_bytes) + " over the host link per step";
+  mock::sim_time fastest = c.step_ns;
+  for (auto const& a : alts)
+    if (a.fits) fastest = std::min(fastest, a.step_ns);
+  if (v.next_best) {
+    auto const& n = alts[*v.next_best];
+    if (!n.fits)
+      v.reason = "over the budget by " + gb(n.peak_bytes - budget) + " on rank " + std::to_string(n.peak_rank);
+    else if (static_cast<double>(n.step_ns) > static_cast<double>(fastest) * (1 + tolerance))
+      v.reason = "step " + detail::secs(n.step_ns) + ", " + detail::percent(overhead(n.step_ns, c.step_ns)) +
+                 " against this one, beyond the " + tol + " tolerance of the fastest";
+    else if (n.host_bytes > c.host_bytes)
+      v.reason = "as fast within the " + tol + " tolerance, but moves " + gb(n.host_bytes - c.host_bytes) +
+                 " more over the host link";
+    else if (n.peak_bytes > c.peak_bytes)
+      v.reason = "as fast within the " + tol + " tolerance and moves as many bytes, but peaks " +
+                 gb(n.peak_bytes - c.peak_bytes) + " higher";
+    else
+      v.reason = "as fast within the " + tol + " tolerance, as many bytes, as low a peak (listed after it)";
+    v.text += "; next best, " + n.title + ": " + v.reason;
+  }
+  return v;
+}
+
+} // namespace pipeswap::sim

@@ -1,0 +1,195 @@
+// The mixture-of-experts model (sim/moe.hpp) against hand calculations: Qwen3-30B-A3B's parameters,
+// weights, gradients and optimizer state per rank with the distributed optimizer sharding the dense
+// parameters over dp and the experts over the expert data-parallel group (Megatron-LM's distributed
+// optimizer table, 6 + 12/d bytes per parameter, applied to each group); the activations per layer
+// written out term by term; the all-to-all time and the FLOPs; the published figure of Megatron-
+// Bridge's CPU-offloading measurement (15.3 GB of Adam moments per GPU); and the validation rules.
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include <pipeswap/error.hpp>
+#include <pipeswap/sim/model.hpp>
+#include <pipeswap/sim/pipeline.hpp>
+
+namespace sim = pipeswap::sim;
+
+namespace {
+
+/// Qwen/Qwen3-30B-A3B's configuration: 48 layers, hidden 2048, 32 query heads of 128, 4 key/value
+/// heads, 128 routed experts of width 768, 8 per token, no shared expert, vocabulary 151 936, untied
+/// embeddings.
+sim::scenario qwen3(std::uint32_t tp, std::uint32_t pp, std::uint32_t dp, std::uint32_t ep) {
+  sim::scenario s;
+  auto& m = s.model;
+  m.name = "Qwen3-30B-A3B";
+  m.layers = 48;
+  m.hidden = 2048;
+  m.ffn_hidden = 6144;
+  m.heads = 32;
+  m.kv_heads = 4;
+  m.head_dim = 128;
+  m.vocab = 151936;
+  m.seq_len = 4096;
+  m.micro_batch_size = 2;
+  m.moe = {128, 8, 768, 0};
+  s.device.memory_bytes = 80'000'000'000;
+  s.parallel.tp = tp;
+  s.parallel.sequence_parallel = tp > 1;
+  s.parallel.dp = dp;
+  s.parallel.distributed_optimizer = true;
+  s.parallel.ep = ep;
+  s.pipeline.ranks = pp;
+  s.pipeline.micro_batches = 4;
+  return s;
+}
+
+/// Within 2 %.
+bool close(double got, double want, double tolerance = 0.02) { return std::abs(got - want) <= tolerance * want; }
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(sim_moe)
+
+// Per rank, by hand. A layer on one device (tp t, ep, expert tp = t):
+//   dense  = attention q 2048·4096/t + k, v 2048·512/t each + o 4096·2048/t + two norms 2·2048
+//            + the router 2048·128
+//   expert = (128/ep) experts · 3·2048·768/t
+// rank 0 holds 24 layers and the embedding 151936·2048/t, rank 1 24 layers, the final norm 2048 and
+// the output layer 151936·2048/t (PP 2, one chunk). Weights and fp32 gradients 6 bytes per parameter;
+// AdamW's fp32 master and moments 12 bytes, sharded over dp for the dense parameters and over
+// edp = t·dp/(t·ep) for the experts.
+BOOST_AUTO_TEST_CASE(qwen3_memory_per_rank_matches_the_hand_calculation) {
+  struct layout {
+    std::uint32_t tp, dp, ep;
+  };
+  for (auto const [t, dp, ep] : {layout{1, 8, 8}, layout{2, 4, 4}, layout{1, 16, 8}, layout{4, 4, 4}}) {
+    auto const s = qwen3(t, 2, dp, ep);
+    double const dense_layer = 2048.0 * 4096 / t + 2 * 2048.0 * 512 / t + 4096.0 * 2048 / t + 2 * 2048 + 2048.0 * 128;
+    double const expert_layer = 128.0 / ep * 3 * 2048 * 768 / t;
+    double const edp = static_cast<double>(t) * dp / (t * ep);
+    double const vocab = 151936.0 * 2048 / t;
+    double const dense[2] = {24 * dense_layer + vocab, 24 * dense_layer + 2048 + vocab};
+    double const expert = 24 * expert_layer;
+    auto const r = sim::simulate(s, {});
+    for (std::size_t k = 0; k < 2; ++k) {
+      BOOST_TEST_CONTEXT("tp " << t << " dp " << dp << " ep " << ep << " rank " << k) {
+        double const weights_grads = 6 * (dense[k] + expert);
+        double const state = 12 * (dense[k] / dp + expert / edp);
+        BOOST_TEST(close(static_cast<double>(r.ranks[k].resident_param_bytes), weights_grads));
+        BOOST_TEST(close(static_cast<double>(r.ranks[k].optimizer_state_bytes), state));
+      }
+    }
+  }
+}
+
+// Megatron-Bridge docs/training/cpu-offloading.md: on Qwen3-30B-A3B with TP 2, PP 2, EP 4, offloading
+// all of the optimizer states (Adam momentum and variance) saved 15.3 GB per GPU. Those moments are
+// 8 of the 12 bytes per parameter of the simulator's state; 16 GPUs give dp 4 (the expert
+// data-parallel degree 2·4/(2·4) = 1). Within 2 %.
+BOOST_AUTO_TEST_CASE(qwen3_adam_moments_match_megatron_bridge_s_published_15_3_gb) {
+  auto const r = sim::simulate(qwen3(2, 2, 4, 4), {});
+  for (auto const& x : r.ranks) {
+    double const moments = static_cast<double>(x.optimizer_state_bytes) * 8.0 / 12.0;
+    BOOST_TEST(close(moments, 15.3e9), "rank " << x.rank << ": " << moments);
+  }
+}
+
+// One MoE layer's saved bytes per micro-batch on one device, term by term (docs/simulator.md,
+// "Mixture of experts"): e = 2, T = s·b = 8192 tokens, T' = T/t routed per device, P = top_k·T'·etp
+// pairs, attention width a·d = 4096, key/value width 4·128 = 512, E = 128, f_e = 768:
+//   attn_norm, qkv input 2·e·T'·h; Q e·T·4096/t; K, V e·T·512/t each; flash output e·T·4096/t;
+//   log-sum-exp 4·b·(32/t)·s; mlp_norm input e·T'·h; router input e·T'·h; probabilities 4·T'·E;
+//   expert input e·P·h; gate and up 2·e·P·f_e/etp; down input e·P·f_e/etp; expert outputs e·P·h.
+BOOST_AUTO_TEST_CASE(qwen3_activations_per_layer_match_the_hand_calculation) {
+  for (std::uint32_t t : {1u, 2u, 4u}) {
+    auto const s = qwen3(t, 2, 4 * (t == 1 ? 2 : 1), 4);
+    double const e = 2, h = 2048, T = 8192, Tr = T / t, P = 8 * Tr * t, fe = 768.0 / t;
+    double const attention = 2 * e * Tr * h + e * T * 4096 / t + 2 * e * T * 512 / t + e * T * 4096 / t +
+                             4 * 2 * (32.0 / t) * 4096;
+    double const moe = e * Tr * h + e * Tr * h + 4 * Tr * 128 + e * P * h + 2 * e * P * fe + e * P * fe + e * P * h;
+    BOOST_TEST_CONTEXT("tp " << t) {
+      BOOST_TEST(close(static_cast<double>(sim::activation_bytes_per_layer(s.model, s.parallel)), attention + moe, 1e-12));
+    }
+  }
+}
+
+// Forward FLOPs per micro-batch of a layer on one device: attention matrices 2·T'... (the dense
+// rule, 2·T·the device's attention weights + 4·b·s²·(a·d)/t) plus the router 2·T'·h·E and the
+// experts 2·top_k·T'·3·h·f_e; the all-to-all of a layer, each way, 2 × (latency + (ep−1)/ep ·
+// e·top_k·T'·h / bandwidth).
+BOOST_AUTO_TEST_CASE(qwen3_flops_and_all_to_all_by_hand) {
+  auto s = qwen3(1, 2, 8, 8);
+  s.model.layers = 2; // one layer per stage
+  auto const st = sim::plan_stages(s);
+  double const T = 8192, h = 2048;
+  double const attn_weights = 2048.0 * 4096 + 2 * 2048.0 * 512 + 4096.0 * 2048;
+  double const want = 2 * T * attn_weights + 4 * 2 * 4096.0 * 4096 * 4096 + 2 * T * h * 128 + 2 * 8 * T * 3 * h * 768;
+  // Stage 0 has no output layer; its embedding is a lookup.
+  BOOST_TEST(close(st[0].fwd_flops, want, 1e-12));
+  double const bytes = 2 * 8 * T * h * 7.0 / 8;
+  auto const one = static_cast<pipeswap::mock::sim_time>(std::llround(10e3 + bytes / 360e9 * 1e9));
+  BOOST_TEST(sim::moe_layer_a2a_ns(s) == 2 * one);
+  BOOST_TEST(st[0].fwd_comm_ns == 2 * one);
+  BOOST_TEST(st[0].bwd_comm_ns == 2 * one);
+  // Across nodes (ep 16 > 8 GPUs per node) the network's bandwidth applies.
+  auto wide = qwen3(1, 2, 16, 16);
+  double const wide_bytes = 2 * 8 * T * h * 15.0 / 16;
+  BOOST_TEST(sim::moe_layer_a2a_ns(wide) ==
+             2 * static_cast<pipeswap::mock::sim_time>(std::llround(10e3 + wide_bytes / 40e9 * 1e9)));
+}
+
+BOOST_AUTO_TEST_CASE(moe_fields_are_validated_naming_the_field_and_the_rule) {
+  auto expect = [](sim::scenario const& s, std::string const& what) {
+    try {
+      sim::validate(s);
+      BOOST_ERROR("accepted: " << what);
+    } catch (pipeswap::invalid_argument const& e) {
+      BOOST_TEST(std::string(e.what()).find(what) != std::string::npos, e.what());
+    }
+  };
+  auto s = qwen3(1, 2, 8, 8);
+  BOOST_CHECK_NO_THROW(sim::validate(s));
+  auto bad = s;
+  bad.parallel.ep = 3;
+  expect(bad, "model.moe.experts (128) must be a multiple of parallel.ep (3)");
+  bad = s;
+  bad.model.moe.top_k = 129;
+  expect(bad, "model.moe.top_k must be in 1..model.moe.experts (128)");
+  bad = s;
+  bad.model.moe.expert_ffn_hidden = 0;
+  expect(bad, "model.moe.expert_ffn_hidden must be positive");
+  bad = s;
+  bad.parallel.ep = 16;
+  expect(bad, "parallel.expert_tp × parallel.ep (16) must divide parallel.tp × parallel.dp (8)");
+  bad = s;
+  bad.parallel.tp = 2;
+  bad.parallel.dp = 4;
+  bad.parallel.ep = 4;
+  bad.parallel.sequence_parallel = false;
+  expect(bad, "needs parallel.sequence_parallel");
+  bad = sim::scenario{};
+  bad.parallel.ep = 2;
+  expect(bad, "parallel.ep and parallel.expert_tp need model.moe.experts > 0");
+  bad = s;
+  bad.parallel.expert_tp = 5;
+  expect(bad, "model.moe.expert_ffn_hidden must be a multiple of the expert tensor-parallel degree");
+}
+
+// A dense model is the same with or without the MoE fields at their defaults, and head_dim equal to
+// hidden / heads changes nothing.
+BOOST_AUTO_TEST_CASE(dense_models_are_unchanged_by_head_dim_at_its_default) {
+  sim::scenario s;
+  auto t = s;
+  t.model.head_dim = s.model.hidden / s.model.heads;
+  auto const a = sim::plan_stages(s), b = sim::plan_stages(t);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    BOOST_TEST(a[i].params == b[i].params);
+    BOOST_TEST(a[i].activation_bytes == b[i].activation_bytes);
+    BOOST_TEST(a[i].fwd_ns == b[i].fwd_ns);
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
