@@ -66,7 +66,7 @@ public:
   /// stage of this rank or holds one of another rank.
   pipeline_executor(transfer_engine<B>& x, C& c, schedule::stage_layout layout, std::map<index_type, S*> stages,
                     executor_options o = {})
-      : x_(x), b_(x.backend()), c_(c), layout_(layout), stages_(std::move(stages)), o_(o), acts_(x),
+      : engine_(x), b_(x.backend()), c_(c), layout_(layout), stages_(std::move(stages)), o_(o), acts_(x),
         send_(new_stream("p2p send")), recv_(new_stream("p2p recv")) {
     if (layout_.ranks() != c_.size()) {
       throw invalid_argument("pipeline_executor: the layout has " + std::to_string(layout_.ranks()) +
@@ -149,7 +149,7 @@ public:
         if (o_.optimizer_phases) {
           // The previous step's deferred offload drains into this step's forward: stream-ordered
           // behind the h2d stream (its storage returns behind the D2Hs), the compute stream goes on.
-          if (finish.offload_pending()) finish.finish_offload(x_.h2d());
+          if (finish.offload_pending()) finish.finish_offload(engine_.h2d());
           prefetch_ = [&finish, n = o_.prefetch_batches] { finish.prefetch(n); };
         }
       }
@@ -682,7 +682,7 @@ private:
     if constexpr (device_synchronizing<B>) {
       b_.synchronize_device();
     } else {
-      for (auto s : {b_.current_stream(), send_, recv_, x_.h2d(), x_.d2h()}) b_.synchronize(b_.record_event(s));
+      for (auto s : {b_.current_stream(), send_, recv_, engine_.h2d(), engine_.d2h()}) b_.synchronize(b_.record_event(s));
     }
   }
 
@@ -733,7 +733,7 @@ private:
     free_staging();
   }
 
-  transfer_engine<B>& x_;
+  transfer_engine<B>& engine_;
   B& b_;
   C& c_;
   schedule::stage_layout layout_;

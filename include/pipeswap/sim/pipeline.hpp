@@ -412,13 +412,13 @@ public:
   rank_sim(scenario const& s, std::vector<stage_spec> const& stages, schedule::stage_layout const& layout,
            std::uint32_t rank, schedule::order ord, sim_options const& o, link_rates const& link, mailbox& mb)
       : s_(s), stages_(stages), layout_(layout), rank_(rank), order_(std::move(ord)),
-        link_(link), b_(mock_options(s, o, link)), budget_(room_of(s)), x_(b_, pool_options(o)), opt_(b_),
+        link_(link), b_(mock_options(s, o, link)), budget_(room_of(s)), engine_(b_, pool_options(o)), opt_(b_),
         comm_(b_, mb, static_cast<int>(rank), static_cast<int>(s.pipeline.ranks), layout.stages(), s.device) {
     overlap_ = o.overlap;
     declare_weights_ = o.check_hazards || o.materialize;
     // With overlap one budget governs both swap jobs of the device; it is attached before any
     // runtime allocates, and its capacity follows the room the rest of the step leaves.
-    if (overlap_) x_.set_budget(&budget_);
+    if (overlap_) engine_.set_budget(&budget_);
     std::map<index_type, stage_model*> models;
     for (auto const& st : stages_) {
       if (layout_.rank_of(static_cast<index_type>(st.stage)) != static_cast<index_type>(rank_)) continue;
@@ -444,7 +444,7 @@ public:
     eo.optimizer_phases = phased_;
     eo.sync_before_finish = false;
     eo.settle_device = !overlap_;
-    ex_.emplace(x_, comm_, layout_, std::move(models), eo);
+    ex_.emplace(engine_, comm_, layout_, std::move(models), eo);
     auto const cs = b_.current_stream();
     auto const es = size_of(s.model.param_dtype);
     auto const gtype = grad_dtype_of(s.model);
@@ -474,7 +474,7 @@ public:
     }
     // The runtime materializes every slot (zeroed moments, master copies) at construction; with
     // nothing swappable it keeps them all on the device.
-    osw_.emplace(x_, opt_, cfg);
+    osw_.emplace(engine_, opt_, cfg);
   }
 
   rank_sim(rank_sim const&) = delete;
@@ -764,7 +764,7 @@ private:
   link_rates link_;
   mock::backend b_;
   device_budget budget_; ///< with overlap: the swap runtimes' share of the device (update_budget)
-  transfer_engine<mock::backend> x_;
+  transfer_engine<mock::backend> engine_;
   opt_type opt_;
   link_comm comm_;
   std::map<index_type, stage_model> models_;

@@ -95,7 +95,7 @@ struct swap_choice {
     std::uint32_t swap_times = 0; ///< this rank's optimizer batches (0: the plan's swap_times)
     friend bool operator==(rank_choice const&, rank_choice const&) = default;
   };
-  std::vector<rank_choice> ranks;
+  std::vector<rank_choice> ranks{};
 
   [[nodiscard]] rank_choice on(std::uint32_t rank) const {
     return ranks.empty() ? rank_choice{activation_min_gap, optimizer, recompute} : ranks.at(rank);
@@ -412,7 +412,9 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
     plan_outcome outcome;
   };
   std::vector<setting> list;
-  for (auto const& [rc, dist] : families) {
+  for (auto const& fam : families) { // named, not bound: clang 14 cannot capture a structured binding
+    auto const rc = fam.first;
+    auto const dist = fam.second;
     swap_choice family;
     family.recompute = rc;
     family.distributed_optimizer = dist;
@@ -477,7 +479,8 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
   // Then, fastest setting first (of every family), every activation level of each setting that does
   // not fit, fewest groups first, until a level's step leaves the tolerance of the fastest plan.
   for (std::size_t si = 0; si < list.size(); ++si) {
-    auto const& [choice, o0] = list[si];
+    auto const& choice = list[si].choice;
+    auto const& o0 = list[si].outcome;
     if (!in_reach(o0.step_ns)) {
       for (std::size_t k = si; k < list.size(); ++k)
         if (!fits(list[k].outcome))
@@ -527,7 +530,9 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
       if (tried.empty()) tried.push_back({space.swap_times.front(), space.packed.front()});
       // Then each rank's own batch count too, within the best packing (swap_times 0 below).
       if (!opt_settings.empty()) tried.push_back({0, tried.front().second});
-      for (auto const& [times, packed] : tried) {
+      for (auto const& tp : tried) {
+        auto const times = tp.first;
+        auto const packed = tp.second;
         auto usable = pool | ranges::views::filter([&](considered const& e) {
                         return !e.choice.optimizer ||
                                ((times == 0 || e.choice.swap_times == times) && e.choice.packed == packed);
