@@ -14,7 +14,7 @@
 
 #include <pipeswap/activation/activation_swap.hpp>
 #include <pipeswap/backend/mock.hpp>
-#include <pipeswap/backend/mock/adam_kernels.hpp>
+#include <pipeswap/optim/mock/adam_kernels.hpp>
 #include <pipeswap/core/budget.hpp>
 #include <pipeswap/core/pinned_pool.hpp>
 #include <pipeswap/core/transfer.hpp>

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include <pipeswap/backend/mock.hpp>
-#include <pipeswap/backend/mock/adam_kernels.hpp>
+#include <pipeswap/optim/mock/adam_kernels.hpp>
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>

@@ -27,7 +27,7 @@
 
 #include <pipeswap/activation/activation_swap.hpp>
 #include <pipeswap/backend/mock.hpp>
-#include <pipeswap/backend/mock/adam_kernels.hpp>
+#include <pipeswap/optim/mock/adam_kernels.hpp>
 #include <pipeswap/core/budget.hpp>
 #include <pipeswap/exec/pipeline_executor.hpp>
 #include <pipeswap/exec/thread_comm.hpp>
