@@ -57,7 +57,7 @@ struct chart {
   std::vector<level> levels;
   int width = 960;
   int height = 540;
-  std::vector<marker> markers; ///< points (a scatter chart), each with its legend entry
+  std::vector<marker> markers{}; ///< points (a scatter chart), each with its legend entry
 };
 
 /// Colour-blind-safe colours (Okabe and Ito, 2008) for up to eight series.
