@@ -24,6 +24,8 @@
 #include <pipeswap/sim/plan.hpp>
 #include <pipeswap/sim/report.hpp>
 
+#include "support/qwen3.hpp"
+
 #include "support/sanitized.hpp"
 
 namespace sim = pipeswap::sim;
@@ -576,27 +578,9 @@ namespace {
 /// optimizer, sequence parallelism and, as the recipe enables, recomputation). Not stated there and
 /// chosen here: a micro-batch of 1 × 4096 tokens, 8 micro-batches, full recomputation.
 sim::scenario qwen3_offload_scenario() {
-  sim::scenario s;
-  auto& m = s.model;
-  m.name = "Qwen3-30B-A3B";
-  m.layers = 48;
-  m.hidden = 2048;
-  m.ffn_hidden = 6144;
-  m.heads = 32;
-  m.kv_heads = 4;
-  m.head_dim = 128;
-  m.vocab = 151936;
-  m.seq_len = 4096;
-  m.recompute = sim::recompute_kind::full;
-  m.moe = {128, 8, 768, 0};
-  s.device.memory_bytes = 80'000'000'000;
+  auto s = pipeswap::test::qwen3_30b_a3b(2, 2, 4, 4);
+  s.model.recompute = sim::recompute_kind::full;
   s.device.hbm_tbps = 3.35;
-  s.parallel.tp = 2;
-  s.parallel.sequence_parallel = true;
-  s.parallel.dp = 4;
-  s.parallel.distributed_optimizer = true;
-  s.parallel.ep = 4;
-  s.pipeline.ranks = 2;
   s.pipeline.micro_batches = 8;
   return s;
 }

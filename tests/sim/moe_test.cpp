@@ -14,34 +14,16 @@
 #include <pipeswap/sim/model.hpp>
 #include <pipeswap/sim/pipeline.hpp>
 
+#include "support/qwen3.hpp"
+
 namespace sim = pipeswap::sim;
 
 namespace {
 
-/// Qwen/Qwen3-30B-A3B's configuration: 48 layers, hidden 2048, 32 query heads of 128, 4 key/value
-/// heads, 128 routed experts of width 768, 8 per token, no shared expert, vocabulary 151 936, untied
-/// embeddings.
+/// Qwen3-30B-A3B (support/qwen3.hpp) with two sequences per micro-batch and four micro-batches.
 sim::scenario qwen3(std::uint32_t tp, std::uint32_t pp, std::uint32_t dp, std::uint32_t ep) {
-  sim::scenario s;
-  auto& m = s.model;
-  m.name = "Qwen3-30B-A3B";
-  m.layers = 48;
-  m.hidden = 2048;
-  m.ffn_hidden = 6144;
-  m.heads = 32;
-  m.kv_heads = 4;
-  m.head_dim = 128;
-  m.vocab = 151936;
-  m.seq_len = 4096;
-  m.micro_batch_size = 2;
-  m.moe = {128, 8, 768, 0};
-  s.device.memory_bytes = 80'000'000'000;
-  s.parallel.tp = tp;
-  s.parallel.sequence_parallel = tp > 1;
-  s.parallel.dp = dp;
-  s.parallel.distributed_optimizer = true;
-  s.parallel.ep = ep;
-  s.pipeline.ranks = pp;
+  auto s = pipeswap::test::qwen3_30b_a3b(tp, pp, dp, ep);
+  s.model.micro_batch_size = 2;
   s.pipeline.micro_batches = 4;
   return s;
 }
