@@ -26,6 +26,12 @@
 //             power of two.
 //   Copies.   cudaMemcpyAsync on the given stream.
 //
+// Storages. Every device block the backend holds is a c10::Storage: the ones it allocates, and the
+// ones it adopts from tensors (adopt(), for the activation swap: pipeswap takes a reference to the
+// storage a saved tensor lives in, and releasing the block drops that reference). storage() hands
+// a block out as a Storage for tensors to be built on; shared() says whether anyone but the backend
+// still references a block, so releasing it would free nothing.
+//
 // CPU device: the same concept with synchronous semantics. Device memory is CPU memory from torch's
 // CPU allocator; every stream is the CPU (new_stream() gives distinct ids for tracing); events are
 // complete when recorded; copies are memcpy at the call. So every behaviour above the backend runs
@@ -56,6 +62,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/Device.h>
 #include <c10/core/Event.h>
+#include <c10/core/Storage.h>
 #include <c10/core/Stream.h>
 #include <c10/util/Exception.h>
 
@@ -192,7 +199,7 @@ public:
         dp = c10::GetCPUAllocator()->allocate(n);
       }
       void* const p = dp.get();
-      device_blocks_.emplace(p, block{std::move(dp), s});
+      device_blocks_.emplace(p, block{c10::Storage(c10::Storage::use_byte_size_t(), n, std::move(dp)), s});
       return device_ptr(p);
     });
   }
@@ -210,11 +217,52 @@ public:
 #if PIPESWAP_TORCH_CUDA
       if (is_cuda() && s != it->second.owner) {
         c10::cuda::CUDACachingAllocator::recordStream(
-            it->second.data, c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, s));
+            it->second.data.data_ptr(), c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, s));
       }
 #endif
     });
-    device_blocks_.erase(it); // the DataPtr returns the block to torch's allocator
+    device_blocks_.erase(it); // the last reference returns the block to torch's allocator
+  }
+
+  /// Takes a reference to `storage` (a tensor's, on the backend's device) and holds it as a device
+  /// block from now on: deallocate_device() drops the reference, and storage() hands it out again.
+  /// `s` is the stream the storage's last writes were enqueued on (CUDA: a release on another stream
+  /// records that one on the block, as for the backend's own allocations). Throws torch_error,
+  /// changing nothing, for a storage of another device, one without memory, or one the backend
+  /// already holds.
+  [[nodiscard]] device_pointer adopt(c10::Storage storage, stream_type s) {
+    check_stream(s, "adopt");
+    auto const n = storage.nbytes();
+    if (storage.device() != device_) {
+      throw torch_error(describe("adopt", n) + ": the storage is on " + storage.device().str());
+    }
+    void* const p = storage.data_ptr().get();
+    if (!p || n == 0) throw torch_error(describe("adopt", n) + ": the storage has no memory");
+    if (device_blocks_.count(p)) {
+      throw torch_error(describe("adopt", n) + ": the backend already holds this storage");
+    }
+    device_blocks_.emplace(p, block{std::move(storage), s});
+    return device_ptr(p);
+  }
+
+  /// The storage of a device block the backend holds (allocated or adopted), for a tensor to be
+  /// built on; the block stays held. Throws torch_error for any other address.
+  [[nodiscard]] c10::Storage storage(device_pointer d) const {
+    auto it = device_blocks_.find(d.get());
+    if (it == device_blocks_.end()) {
+      throw torch_error(describe("storage", 0) + ": the address is not a block this backend holds");
+    }
+    return it->second.data;
+  }
+
+  /// Whether anything besides the backend (a tensor, autograd, a Python object) references the
+  /// storage of block `d`: releasing it would then free no memory. Throws as storage().
+  [[nodiscard]] bool shared(device_pointer d) const {
+    auto it = device_blocks_.find(d.get());
+    if (it == device_blocks_.end()) {
+      throw torch_error(describe("shared", 0) + ": the address is not a block this backend holds");
+    }
+    return it->second.data.use_count() > 1;
   }
 
   /// Device blocks this backend holds from torch's allocator (allocated, not yet released).
@@ -280,7 +328,7 @@ public:
 
 private:
   struct block {
-    c10::DataPtr data;
+    c10::Storage data;
     c10::Stream owner;
   };
 

@@ -1,0 +1,359 @@
+// pipeswap — saved_tensors: the activation swap manager (activation/activation_swap.hpp) over the
+// torch backend, for what autograd saves. pipeswap.torch installs pack() and unpack() as
+// torch.autograd.graph.saved_tensors_hooks around each (stage, micro-batch) forward; the pipeline
+// order, with pipeswap's injected swap steps, calls the life cycle (docs/pytorch.md, "Activations").
+//
+//   saved_tensors st(engine, {.min_bytes = 1 << 16});
+//   st.begin_run();
+//   { auto scope = st.forward({stage, micro}); /* forward under the hooks: pack() */ }
+//   st.close(c);
+//   st.launch_offload(c); st.wait_offload(c); st.launch_load(c); st.wait_load(c);
+//   /* backward under the hooks: unpack() */ st.release(c);
+//   st.end_run();
+//
+// What pack() moves. A saved tensor is taken by its storage: the manager adopts a reference to the
+// storage (backend::adopt) and hands autograd a saved_tensor (the group's handle and the view's
+// offset, sizes and strides) instead of the tensor, so the manager holds what autograd would have
+// held. pack() returns the tensor itself — it stays where it is — when
+//   * no forward scope is open, or it is on another device than the manager's;
+//   * its storage is smaller than min_bytes (a copy that small costs more in launch overhead than
+//     the memory it frees, as swap_config::min_numel keeps small optimizer tensors resident);
+//   * it is a parameter, or a view of one (its base is a leaf that requires grad);
+//   * its storage was marked with keep() (inputs the pipeline holds for the backward, for example);
+//   * its storage was saved in another group that is still alive (that group then sees it shared).
+// A storage saved twice in one group, or through several views, is registered once: every view's
+// saved_tensor names the same handle. At launch_offload, a storage anyone else still references (a
+// stage output being sent, an input kept for the backward, a tensor the user holds) stays on the
+// device: moving it would free nothing, and loading it back would double it. close() decides this
+// at the end of the forward, launch_offload() again for what changed since.
+//
+// Safety. unpack() of a group that is not on the device (its load not waited, or never launched)
+// throws state_error naming the group, and so does a handle of a released group or an earlier run:
+// a backward that runs out of order fails at the tensor, never on stale or freed memory. A group
+// that fails anywhere is aborted: everything it holds is released behind its copies, and the
+// storages autograd still needs live on in the tensors that reference them.
+//
+// Accounting. saved_bytes() is what the manager holds on the device now, counting each moved
+// storage from its save until its offload is waited and again from its load until release();
+// peak_saved_bytes() the most of that in the run, counted only over storages that moved (a storage
+// kept on the device is the pipeline's, not the swap's). moved_alive() counts the storages of
+// offloaded groups that are still referenced somewhere: zero when every offload really released
+// its memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <ATen/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/Storage.h>
+#include <c10/core/TensorOptions.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <pipeswap/activation/activation_swap.hpp>
+#include <pipeswap/backend/torch/backend.hpp>
+#include <pipeswap/core/transfer.hpp>
+#include <pipeswap/error.hpp>
+
+namespace pipeswap::torch {
+
+/// What pack() leaves autograd in place of a moved tensor: the storage's handle and the view on it.
+struct saved_tensor {
+  activation_handle handle;
+  std::int64_t offset = 0;
+  std::vector<std::int64_t> sizes;
+  std::vector<std::int64_t> strides;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+};
+
+struct saved_tensors_options {
+  /// Storages smaller than this stay on the device (bytes; 0 moves everything).
+  std::size_t min_bytes = 0;
+};
+
+class saved_tensors {
+public:
+  using manager = activation_swap<backend>;
+  using packed = std::variant<at::Tensor, saved_tensor>;
+
+  saved_tensors(transfer_engine<backend>& engine, saved_tensors_options opts = {})
+      : engine_(engine), mgr_(engine), opts_(opts) {}
+  saved_tensors(saved_tensors const&) = delete;
+  saved_tensors& operator=(saved_tensors const&) = delete;
+
+  [[nodiscard]] saved_tensors_options const& options() const noexcept { return opts_; }
+
+  // ----- runs and scopes ----------------------------------------------------------------------------
+
+  /// A new run (one pipeline step): whatever the last one left is released first.
+  void begin_run() {
+    end_run();
+    mgr_.begin_run();
+    log_.clear();
+    kept_.clear();
+    resident_.clear();
+    max_group_bytes_ = 0;
+  }
+  /// Releases every group of the run (after the last backward, or after a failure).
+  void end_run() {
+    for (auto it = groups_.begin(); it != groups_.end();) abort((it++)->first);
+    mgr_.end_run();
+  }
+
+  /// While alive, pack() saves into the group of `c`.
+  [[nodiscard]] manager::forward_scope forward(schedule::chunk c) {
+    auto const [it, fresh] = groups_.try_emplace(c);
+    try {
+      return mgr_.forward(c);
+    } catch (...) {
+      if (fresh) groups_.erase(it);
+      throw;
+    }
+  }
+
+  /// Marks `t`'s storage as one that never moves, while it lives.
+  void keep(at::Tensor const& t) {
+    if (!t.defined() || !t.has_storage()) return;
+    std::erase_if(marked_, [](auto const& w) { return w.expired(); });
+    marked_.push_back(t.storage().getWeakStorageImpl());
+  }
+
+  // ----- the hooks --------------------------------------------------------------------------------
+
+  /// The pack hook: a saved_tensor for a storage the manager takes, else the tensor itself.
+  [[nodiscard]] packed pack(at::Tensor const& t) {
+    auto const c = mgr_.current();
+    if (!c || !stays_eligible(t)) return t;
+    auto& g = groups_.at(*c);
+    auto* impl = t.storage().unsafeGetStorageImpl();
+    if (auto it = by_storage_.find(impl); it != by_storage_.end()) {
+      if (!(it->second.handle.chunk == *c)) return t; // another group's: this reference pins it there
+      return view_of(t, it->second.handle);
+    }
+    auto const s = engine_.compute();
+    auto const d = engine_.backend().adopt(t.storage(), s);
+    activation_handle h;
+    try {
+      h = mgr_.save(d, t.storage().nbytes());
+    } catch (...) {
+      engine_.backend().deallocate_device(d, t.storage().nbytes(), s); // drops the reference again
+      throw;
+    }
+    auto const uid = next_uid_++;
+    g.entries.push_back({d, t.storage().nbytes(), uid, impl, t.storage().getWeakStorageImpl(), false});
+    by_storage_.emplace(impl, owner{h});
+    note(uid, static_cast<std::int64_t>(t.storage().nbytes()));
+    return view_of(t, h);
+  }
+
+  /// The unpack hook: the tensor over the storage's current device copy.
+  [[nodiscard]] at::Tensor unpack(saved_tensor const& s) const {
+    if (s.handle.run == mgr_.run() && mgr_.has_group(s.handle.chunk)) {
+      auto const st = mgr_.state(s.handle.chunk);
+      if (st != group_state::collecting && st != group_state::loaded) {
+        throw state_error("saved_tensors::unpack: the backward needs a tensor of group '" +
+                          mgr_.group_name(s.handle.chunk) + "', which is " + std::string(manager::to_string(st)) +
+                          "; its SWAP_WAIT_LOAD must come before the backward");
+      }
+    }
+    auto const d = mgr_.ptr(s.handle); // throws for a released group, another run, a host copy
+    auto const storage = engine_.backend().storage(d);
+    return at::empty({0}, c10::TensorOptions().dtype(s.dtype).device(engine_.backend().device()))
+        .set_(storage, s.offset, s.sizes, s.strides);
+  }
+
+  // ----- the life cycle ---------------------------------------------------------------------------
+
+  /// The end of `c`'s forward: storages that something besides autograd references now (the stage's
+  /// output, an input kept for the backward, a tensor the user holds) are the pipeline's and stay on
+  /// the device; the rest are the group's swappable bytes.
+  void close(schedule::chunk c) {
+    classify(c, group_of(c, "close"));
+  }
+
+  /// Offloads group `c` (closing it first if close() was not called): its swappable storages move
+  /// and their device memory is released behind the copy.
+  void launch_offload(schedule::chunk c) {
+    auto& g = group_of(c, "launch_offload");
+    if (mgr_.state(c) != group_state::collecting) return mgr_.launch_offload(c); // the manager's error
+    classify(c, g);
+    mgr_.launch_offload(c);
+    for (auto& e : g.entries) {
+      if (kept_.count(e.uid)) continue;
+      e.moved = true;
+      by_storage_.erase(e.impl); // released: the address may be reused
+    }
+  }
+
+  void wait_offload(schedule::chunk c) {
+    auto& g = group_of(c, "wait_offload");
+    mgr_.wait_offload(c);
+    for (auto const& e : g.entries) {
+      if (!kept_.count(e.uid)) note(e.uid, -static_cast<std::int64_t>(e.bytes));
+    }
+  }
+
+  void launch_load(schedule::chunk c) {
+    auto& g = group_of(c, "launch_load");
+    mgr_.launch_load(c);
+    for (auto const& e : g.entries) {
+      if (!kept_.count(e.uid)) note(e.uid, static_cast<std::int64_t>(e.bytes));
+    }
+  }
+
+  void wait_load(schedule::chunk c) {
+    group_of(c, "wait_load");
+    mgr_.wait_load(c);
+  }
+
+  /// After the backward of `c`: the group's device storage is released (tensors autograd still
+  /// holds keep theirs alive).
+  void release(schedule::chunk c) {
+    group_of(c, "release");
+    mgr_.release(c);
+    forget(c);
+  }
+
+  /// Releases everything group `c` holds, whatever its state. Never loses a storage autograd still
+  /// references: those live on in their tensors.
+  void abort(schedule::chunk c) {
+    mgr_.abort(c);
+    forget(c);
+  }
+
+  // ----- what it did ------------------------------------------------------------------------------
+
+  [[nodiscard]] manager const& groups() const noexcept { return mgr_; }
+  [[nodiscard]] bool has_group(schedule::chunk c) const { return groups_.count(c) != 0; }
+
+  /// Storages moved by group `c`'s offload (so far in this run).
+  [[nodiscard]] std::size_t moved_storages(schedule::chunk c) const {
+    std::size_t n = 0;
+    for (auto const& e : group_of(c, "moved_storages").entries) n += e.moved;
+    return n;
+  }
+  /// Storages moved by offloads of groups now offloading or offloaded that something still
+  /// references (0: every offload released its memory).
+  [[nodiscard]] std::size_t moved_alive() const {
+    std::size_t n = 0;
+    for (auto const& [c, g] : groups_) {
+      auto const st = mgr_.state(c);
+      if (st != group_state::offloading && st != group_state::offloaded) continue;
+      for (auto const& e : g.entries) n += e.moved && !e.weak.expired();
+    }
+    return n;
+  }
+
+  /// Bytes of moved storages the manager holds on the device now, and the most in this run.
+  [[nodiscard]] std::int64_t saved_bytes() const { return replay().first; }
+  [[nodiscard]] std::int64_t peak_saved_bytes() const { return replay().second; }
+  [[nodiscard]] std::size_t offloaded_bytes() const noexcept { return mgr_.offloaded_bytes(); }
+  /// The largest group's swappable bytes in this run (as close() or launch_offload() found them).
+  [[nodiscard]] std::size_t max_group_bytes() const noexcept { return max_group_bytes_; }
+
+private:
+  struct entry {
+    device_pointer_t<backend> at{};
+    std::size_t bytes = 0;
+    std::size_t uid = 0;
+    c10::StorageImpl* impl = nullptr; ///< identity only (by_storage_), never dereferenced
+    c10::weak_intrusive_ptr<c10::StorageImpl> weak;
+    bool moved = false;
+  };
+  struct group {
+    std::vector<entry> entries;
+  };
+  struct owner {
+    activation_handle handle;
+  };
+
+  [[nodiscard]] bool stays_eligible(at::Tensor const& t) const {
+    if (!t.defined() || !t.has_storage() || t.device() != engine_.backend().device()) return false;
+    if (t.storage().nbytes() == 0 || t.storage().nbytes() < opts_.min_bytes) return false;
+    auto const root = t.is_view() ? t._base() : t;
+    if (root.is_leaf() && root.requires_grad()) return false; // a parameter, or a view of one
+    auto* impl = t.storage().unsafeGetStorageImpl();
+    for (auto const& w : marked_) {
+      if (auto p = w.lock(); p && p.get() == impl) return false;
+    }
+    return true;
+  }
+
+  static saved_tensor view_of(at::Tensor const& t, activation_handle h) {
+    return saved_tensor{h, t.storage_offset(), t.sizes().vec(), t.strides().vec(), t.scalar_type()};
+  }
+
+  group& group_of(schedule::chunk c, char const* op) { return const_cast<group&>(std::as_const(*this).group_of(c, op)); }
+  group const& group_of(schedule::chunk c, char const* op) const {
+    auto it = groups_.find(c);
+    if (it == groups_.end()) {
+      throw state_error("saved_tensors::" + std::string(op) + ": group '" + mgr_.group_name(c) +
+                        "' does not exist (its forward did not run in this run, or it was released)");
+    }
+    return it->second;
+  }
+
+  void classify(schedule::chunk c, group& g) {
+    std::size_t swappable = 0;
+    for (auto const& e : g.entries) {
+      if (!kept_.count(e.uid) && engine_.backend().shared(e.at)) {
+        mgr_.protect(c, e.at, e.bytes);
+        kept_.insert(e.uid);
+      }
+      if (!kept_.count(e.uid)) swappable += e.bytes;
+    }
+    max_group_bytes_ = std::max(max_group_bytes_, swappable);
+  }
+
+  void forget(schedule::chunk c) {
+    auto it = groups_.find(c);
+    if (it == groups_.end()) return;
+    for (auto const& e : it->second.entries) {
+      auto o = by_storage_.find(e.impl);
+      if (o != by_storage_.end() && o->second.handle.chunk == c) by_storage_.erase(o);
+      if (resident_.count(e.uid)) note(e.uid, -static_cast<std::int64_t>(e.bytes)); // its device copy goes
+    }
+    groups_.erase(it);
+  }
+
+  void note(std::size_t uid, std::int64_t delta) {
+    log_.emplace_back(uid, delta);
+    if (delta > 0) {
+      resident_.insert(uid);
+    } else {
+      resident_.erase(uid);
+    }
+  }
+
+  /// (now, peak) of the moved storages' device bytes, replaying the run's log without the kept ones.
+  [[nodiscard]] std::pair<std::int64_t, std::int64_t> replay() const {
+    std::int64_t now = 0, peak = 0;
+    for (auto const& [uid, delta] : log_) {
+      if (kept_.count(uid)) continue;
+      now += delta;
+      peak = std::max(peak, now);
+    }
+    return {now, peak};
+  }
+
+  transfer_engine<backend>& engine_;
+  manager mgr_;
+  saved_tensors_options opts_;
+  std::map<schedule::chunk, group> groups_;
+  std::map<c10::StorageImpl*, owner> by_storage_;
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> marked_;
+  std::vector<std::pair<std::size_t, std::int64_t>> log_;
+  std::set<std::size_t> kept_;
+  std::set<std::size_t> resident_;
+  std::size_t next_uid_ = 0;
+  std::size_t max_group_bytes_ = 0;
+};
+
+} // namespace pipeswap::torch
