@@ -1,4 +1,5 @@
-// pipeswap._C: the Python binding of the optimizer-state swap runtime over the torch backend.
+// pipeswap._C: the Python binding of the optimizer-state swap runtime and of the activation swap
+// (saved tensors) over the torch backend, and of the schedule layer they are placed by.
 //
 // Bindings are pybind11, the copy torch ships and builds its own Python layer with: its tensor type
 // caster passes at::Tensor both ways without copies, and a Python callable can be called from C++
@@ -20,8 +21,12 @@
 #include <vector>
 
 #include <pipeswap/backend/torch.hpp>
+#include <pipeswap/backend/torch/saved_tensors.hpp>
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/error.hpp>
+#include <pipeswap/schedule/generate.hpp>
+#include <pipeswap/schedule/inject.hpp>
+#include <pipeswap/schedule/validate.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
 
 namespace py = pybind11;
@@ -160,6 +165,180 @@ private:
   std::unique_ptr<pipeswap::optimizer_swap<pt::tensor_optimizer>> rt_;
 };
 
+/// The activation swap of one device for Python: saved_tensors over the device's shared engine (the
+/// optimizers' copy streams and pinned pool), with the chunk passed as (stage, micro).
+class saved_tensors_py {
+public:
+  saved_tensors_py(c10::Device device, std::size_t min_bytes)
+      : ctx_(device_context::of(device)), st_(ctx_->engine, {.min_bytes = min_bytes}) {}
+
+  void begin_run() { st_.begin_run(); }
+  void end_run() { st_.end_run(); }
+  void enter(int stage, int micro) {
+    if (scope_) {
+      throw pipeswap::state_error("SavedTensors.enter: the forward of (stage " + std::to_string(open_.stage) +
+                                  ", micro-batch " + std::to_string(open_.micro) + ") is still open");
+    }
+    open_ = chunk(stage, micro);
+    scope_.reset(new pt::saved_tensors::manager::forward_scope(st_.forward(open_)));
+  }
+  /// Closes the open forward: its group's storages that others reference stay on the device.
+  void exit() {
+    if (!scope_) return;
+    scope_.reset();
+    st_.close(open_);
+  }
+  void keep(at::Tensor const& t) { st_.keep(t); }
+  py::object pack(at::Tensor const& t) {
+    auto p = st_.pack(t);
+    if (auto* s = std::get_if<pt::saved_tensor>(&p)) return py::cast(std::move(*s));
+    return py::cast(std::get<at::Tensor>(std::move(p)));
+  }
+  at::Tensor unpack(pt::saved_tensor const& s) const { return st_.unpack(s); }
+  void launch_offload(int stage, int micro) { st_.launch_offload(chunk(stage, micro)); }
+  void wait_offload(int stage, int micro) { st_.wait_offload(chunk(stage, micro)); }
+  void launch_load(int stage, int micro) { st_.launch_load(chunk(stage, micro)); }
+  void wait_load(int stage, int micro) { st_.wait_load(chunk(stage, micro)); }
+  void release(int stage, int micro) { st_.release(chunk(stage, micro)); }
+  void abort(int stage, int micro) {
+    if (scope_ && open_ == chunk(stage, micro)) scope_.reset();
+    st_.abort(chunk(stage, micro));
+  }
+  bool has_group(int stage, int micro) const { return st_.has_group(chunk(stage, micro)); }
+  std::string state(int stage, int micro) const {
+    return std::string(pt::saved_tensors::manager::to_string(st_.groups().state(chunk(stage, micro))));
+  }
+  std::size_t moved_storages(int stage, int micro) const { return st_.moved_storages(chunk(stage, micro)); }
+
+  py::dict stats() const {
+    py::dict d;
+    d["device"] = ctx_->b.device().str();
+    d["min_bytes"] = st_.options().min_bytes;
+    d["run"] = st_.groups().run();
+    d["groups"] = st_.groups().active_groups();
+    d["saved_bytes"] = st_.saved_bytes();
+    d["peak_saved_bytes"] = st_.peak_saved_bytes();
+    d["offloaded_bytes"] = st_.offloaded_bytes();
+    d["moved_alive"] = st_.moved_alive();
+    d["max_group_bytes"] = st_.max_group_bytes();
+    return d;
+  }
+
+private:
+  static pipeswap::schedule::chunk chunk(int stage, int micro) {
+    if (stage < 0 || micro < 0) {
+      throw pipeswap::invalid_argument("SavedTensors: stage and micro-batch must be >= 0, got (" +
+                                       std::to_string(stage) + ", " + std::to_string(micro) + ")");
+    }
+    return {stage, micro};
+  }
+
+  std::shared_ptr<device_context> ctx_;
+  pt::saved_tensors st_;
+  pipeswap::schedule::chunk open_;
+  std::unique_ptr<pt::saved_tensors::manager::forward_scope> scope_;
+};
+
+// ----- schedules as Python data: an entry is None (a bubble) or (kind, stage, micro[, leaves]) ------
+
+namespace sch = pipeswap::schedule;
+
+py::object index_or_none(sch::index_type v) { return v == sch::no_index ? py::none() : py::object(py::int_(v)); }
+
+py::object step_to_py(sch::step const& s) {
+  auto kind = py::str(std::string(sch::step_kind_name(s.kind)));
+  if (s.sub.empty()) return py::make_tuple(kind, index_or_none(s.stage), index_or_none(s.micro));
+  py::list leaves;
+  for (auto const& l : s.sub) leaves.append(step_to_py(l));
+  return py::make_tuple(kind, py::none(), py::none(), leaves);
+}
+
+py::list order_to_py(sch::order const& o) {
+  py::list out;
+  for (auto const& e : o) out.append(e ? step_to_py(*e) : py::none());
+  return out;
+}
+
+sch::step step_from_py(py::handle h, std::string const& where) {
+  auto t = h.cast<py::sequence>();
+  if (t.size() != 3 && t.size() != 4) {
+    throw pipeswap::invalid_argument(where + ": a step is (kind, stage, micro) or (kind, None, None, leaves)");
+  }
+  auto const name = t[0].cast<std::string>();
+  auto const kind = sch::step_kind_from_name(name);
+  if (!kind) throw pipeswap::invalid_argument(where + ": '" + name + "' is not a step kind");
+  auto index = [&](py::handle v) { return v.is_none() ? sch::no_index : v.cast<sch::index_type>(); };
+  sch::step s{*kind, index(t[1]), index(t[2]), {}};
+  if (t.size() == 4) {
+    std::size_t i = 0;
+    for (auto l : t[3].cast<py::sequence>()) s.sub.push_back(step_from_py(l, where + ": leaf " + std::to_string(i++)));
+  }
+  return s;
+}
+
+sch::order order_from_py(py::sequence const& seq, std::string const& where) {
+  sch::order o;
+  std::size_t i = 0;
+  for (auto e : seq) {
+    auto const w = where + "entry " + std::to_string(i++);
+    if (e.is_none()) {
+      o.emplace_back(std::nullopt);
+    } else {
+      o.emplace_back(step_from_py(e, w));
+    }
+  }
+  return o;
+}
+
+py::list rank_orders_to_py(sch::rank_orders const& r) {
+  py::list out;
+  for (auto const& o : r) out.append(order_to_py(o));
+  return out;
+}
+
+/// Every rank's order of a named schedule, with its point-to-point steps.
+py::list schedule_orders(std::string const& kind, int ranks, int micro, int chunks) {
+  if (kind == "gpipe") return rank_orders_to_py(sch::gpipe(ranks, micro));
+  if (kind == "1f1b") return rank_orders_to_py(sch::one_f_one_b(ranks, micro));
+  if (kind == "interleaved_1f1b") return rank_orders_to_py(sch::interleaved_1f1b({ranks, chunks, micro, false}));
+  throw pipeswap::invalid_argument("schedule: unknown kind '" + kind + "' (gpipe, 1f1b, interleaved_1f1b)");
+}
+
+/// One order with pipeswap's swap steps injected.
+py::list inject_order(py::sequence const& order, std::size_t load_lookahead, std::size_t offload_wait_delay) {
+  sch::inject_options opts;
+  opts.load_lookahead = load_lookahead;
+  opts.offload_wait_delay = offload_wait_delay;
+  opts.validate();
+  return order_to_py(sch::inject_swap_steps(order_from_py(order, "inject: "), opts));
+}
+
+/// One order checked on its own: its shape and each swap life cycle in order. Empty when valid.
+std::string check_order(py::sequence const& order) {
+  std::string out;
+  for (auto const& p : sch::check_order(order_from_py(order, ""))) out += sch::to_string(p) + "\n";
+  return out;
+}
+
+/// Every rank's order checked: each on its own (the swap life cycle included) and all together
+/// (every receive matched, no deadlock). An empty string when valid, else the problems.
+std::string check_orders(py::sequence const& orders, int chunks) {
+  sch::rank_orders r;
+  std::size_t i = 0;
+  for (auto o : orders) {
+    r.push_back(order_from_py(o.cast<py::sequence>(), "rank " + std::to_string(i) + ": "));
+    ++i;
+  }
+  std::string out;
+  for (std::size_t k = 0; k < r.size(); ++k) {
+    auto const ps = sch::check_order(r[k]);
+    for (auto const& p : ps) out += "rank " + std::to_string(k) + ", " + sch::to_string(p) + "\n";
+  }
+  auto const rep = sch::check_schedule(r, sch::stage_layout(static_cast<sch::index_type>(r.size()), chunks));
+  if (!rep.ok()) out += sch::to_string(rep);
+  return out;
+}
+
 /// The innermost exception of a nest of step_errors, so a Python error raised by the update reaches
 /// the caller as itself.
 void rethrow_innermost(std::exception const& e) {
@@ -254,6 +433,42 @@ PYBIND11_MODULE(_C, m) {
   });
 
   m.def("_backend_selftest", &backend_selftest, py::arg("device"));
+  m.def("schedule_orders", &schedule_orders, py::arg("kind"), py::arg("ranks"), py::arg("micro"),
+        py::arg("chunks") = 1);
+  m.def("inject_swap_steps", &inject_order, py::arg("order"), py::arg("load_lookahead") = 1,
+        py::arg("offload_wait_delay") = 1);
+  m.def("check_orders", &check_orders, py::arg("orders"), py::arg("chunks") = 1);
+  m.def("check_order", &check_order, py::arg("order"));
+  m.attr("min_swap_gap") = sch::min_swap_gap;
+
+  py::class_<pt::saved_tensor>(m, "SavedTensor")
+      .def_property_readonly("stage", [](pt::saved_tensor const& s) { return s.handle.chunk.stage; })
+      .def_property_readonly("micro", [](pt::saved_tensor const& s) { return s.handle.chunk.micro; })
+      .def_property_readonly("index", [](pt::saved_tensor const& s) { return s.handle.index; })
+      .def("__repr__", [](pt::saved_tensor const& s) {
+        return "<SavedTensor stage " + std::to_string(s.handle.chunk.stage) + " micro " +
+               std::to_string(s.handle.chunk.micro) + " #" + std::to_string(s.handle.index) + ">";
+      });
+
+  py::class_<saved_tensors_py>(m, "SavedTensors")
+      .def(py::init<c10::Device, std::size_t>(), py::arg("device"), py::arg("min_bytes") = 0)
+      .def("begin_run", &saved_tensors_py::begin_run)
+      .def("end_run", &saved_tensors_py::end_run)
+      .def("enter", &saved_tensors_py::enter)
+      .def("exit", &saved_tensors_py::exit)
+      .def("keep", &saved_tensors_py::keep)
+      .def("pack", &saved_tensors_py::pack)
+      .def("unpack", &saved_tensors_py::unpack)
+      .def("launch_offload", &saved_tensors_py::launch_offload)
+      .def("wait_offload", &saved_tensors_py::wait_offload)
+      .def("launch_load", &saved_tensors_py::launch_load)
+      .def("wait_load", &saved_tensors_py::wait_load)
+      .def("release", &saved_tensors_py::release)
+      .def("abort", &saved_tensors_py::abort)
+      .def("has_group", &saved_tensors_py::has_group)
+      .def("state", &saved_tensors_py::state)
+      .def("moved_storages", &saved_tensors_py::moved_storages)
+      .def("stats", &saved_tensors_py::stats);
 
   py::class_<runtime>(m, "Runtime")
       .def(py::init<c10::Device, py::function>(), py::arg("device"), py::arg("update"))

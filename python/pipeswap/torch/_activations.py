@@ -1,0 +1,291 @@
+"""ActivationSwap: each (stage, micro-batch) forward's saved tensors go to host memory after the
+forward and come back before the backward, at the points pipeswap's swap-step injection places in the
+rank's pipeline order.
+
+The saved tensors are caught with ``torch.autograd.graph.saved_tensors_hooks`` around each forward;
+pipeswap's C++ activation manager (``pipeswap._C.SavedTensors``, over the torch backend and the
+device's shared copy streams) holds their storages and moves them. The order is a cursor: each
+forward and backward the training loop runs must be the next compute step of the order, and the
+swap steps between two compute steps run between them. docs/pytorch.md, "Activations", is the guide.
+"""
+
+import contextlib
+
+import torch
+
+from ._ext import _C
+
+_SWAP = {
+    "SWAP_SET_GROUP",
+    "SWAP_LAUNCH_OFFLOAD",
+    "SWAP_WAIT_OFFLOAD",
+    "SWAP_LAUNCH_LOAD",
+    "SWAP_WAIT_LOAD",
+}
+_P2P = {"FWD_RECV", "FWD_SEND", "BWD_RECV", "BWD_SEND"}
+_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+DEFAULT_MIN_BYTES = 1 << 20
+
+
+def schedule_orders(kind, ranks, micro, chunks=1):
+    """Every rank's order of a pipeline schedule, point-to-point steps included.
+
+    ``kind`` is ``"gpipe"``, ``"1f1b"`` or ``"interleaved_1f1b"`` (``chunks`` stages per rank, loop
+    placement: rank r runs stages r, r + ranks, ...). An entry is ``None`` (a bubble) or a tuple
+    ``(kind, stage, micro)``; the same orders as ``pipeswap schedule``.
+    """
+    if kind not in _SCHEDULES:
+        raise ValueError(f"schedule_orders: unknown kind {kind!r}; one of {', '.join(_SCHEDULES)}")
+    if kind != "interleaved_1f1b" and chunks != 1:
+        raise ValueError(f"schedule_orders: {kind} runs one stage per rank; chunks must be 1, got {chunks}")
+    return _C.schedule_orders(kind, ranks, micro, chunks)
+
+
+def inject_swap_steps(order, load_lookahead=1, offload_wait_delay=1):
+    """``order`` with pipeswap's activation swap steps injected (docs/schedules.md)."""
+    return _C.inject_swap_steps(list(order), load_lookahead, offload_wait_delay)
+
+
+def check_orders(orders, chunks=1):
+    """Problems of several ranks' orders (swap life cycles, matched sends and receives, deadlock),
+    as text; empty when the schedule is valid. The same checks as ``pipeswap validate``."""
+    return _C.check_orders([list(o) for o in orders], chunks)
+
+
+def orders_json(orders):
+    """``{"ranks": [...]}``, the JSON ``pipeswap validate`` reads."""
+    def entry(e):
+        if e is None:
+            return None
+        d = {"type": e[0], "stage": e[1], "micro": e[2]}
+        if len(e) == 4:
+            d["sub"] = [entry(x) for x in e[3]]
+        return d
+
+    return {"ranks": [[entry(e) for e in o] for o in orders]}
+
+
+def order_text(order):
+    """One line per entry: ``FWD 0.3``, ``SWAP_LAUNCH_LOAD 0.1``, ``-`` for a bubble."""
+    return "\n".join("-" if e is None else f"{e[0]} {e[1]}.{e[2]}" for e in order)
+
+
+def _require_int(name, value, least):
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"ActivationSwap: {name} must be an integer >= {least}, got {value!r}")
+
+
+class ActivationSwap:
+    """The activation swap of one rank.
+
+    ``order`` is the rank's pipeline order (entries ``None`` or ``(kind, stage, micro)``, as
+    :func:`schedule_orders` gives them; point-to-point steps are kept for the placement and skipped
+    when running, since torch does the communication). With ``offload=True`` pipeswap's swap steps
+    are injected into it (``load_lookahead`` and ``offload_wait_delay`` as in
+    ``pipeswap schedule --inject``); with ``offload=False`` nothing moves, and the saved tensors are
+    only counted, which gives the figure to compare against.
+
+    ``min_bytes``: storages smaller than this stay on the device. ``rank`` names the rank in errors.
+
+    Use::
+
+        swap.begin()                       # or implicitly, at the first forward
+        with swap.forward(stage, micro):   # under saved_tensors_hooks
+            out = stage_module(x)
+        with swap.backward(stage, micro):
+            out.backward(grad)
+        swap.end()                         # the order must be complete
+
+    A forward or backward out of order raises ``RuntimeError`` naming what the order expected; a
+    failure inside one aborts every group of the step (nothing held is lost: tensors autograd still
+    references keep their storage) and is raised again as ``RuntimeError`` naming the rank, stage
+    and micro-batch.
+    """
+
+    def __init__(self, device, order, *, offload=True, min_bytes=DEFAULT_MIN_BYTES, load_lookahead=1,
+                 offload_wait_delay=1, rank=0):
+        _require_int("min_bytes", min_bytes, 0)
+        _require_int("load_lookahead", load_lookahead, 1)
+        _require_int("offload_wait_delay", offload_wait_delay, 1)
+        _require_int("rank", rank, 0)
+        order = list(order)
+        for i, e in enumerate(order):
+            if e is None:
+                continue
+            if not isinstance(e, (tuple, list)) or len(e) not in (3, 4):
+                raise ValueError(f"ActivationSwap: order entry {i} is {e!r}; expected None or (kind, stage, micro)")
+            if len(e) == 4 or e[0].startswith("OVERLAP_"):
+                raise ValueError(f"ActivationSwap: order entry {i} is the composite {e[0]}; torch runs one "
+                                 "forward or backward at a time, so the order holds leaf FWD and BWD steps")
+            if e[0] in _SWAP:
+                raise ValueError(f"ActivationSwap: order entry {i} is {e[0]}; pass the order without swap "
+                                 "steps (they are injected here)")
+        self.device = torch.device(device)
+        self.rank = rank
+        self.offload = offload
+        self.order = inject_swap_steps(order, load_lookahead, offload_wait_delay) if offload else order
+        problems = _C.check_order(self.order)
+        if problems:  # the order itself is broken (a backward before its forward, for example)
+            raise ValueError(f"ActivationSwap: the order of rank {rank} is not valid:\n{problems}")
+        self._steps = [e for e in self.order if e is not None and e[0] not in _P2P]
+        self._st = _C.SavedTensors(self.device, min_bytes)
+        self._pos = 0
+        self._running = False
+        self._broken = None
+        self.steps_run = 0
+
+    # ----- a step ------------------------------------------------------------------------------------
+
+    def begin(self):
+        """Starts a pipeline step: the cursor goes back to the order's start."""
+        self._st.begin_run()
+        self._pos = 0
+        self._running = True
+        self._broken = None
+
+    def end(self):
+        """Ends the step: the swap steps after the last compute step run, and the order must be
+        complete. Every group is released."""
+        self._check_usable()
+        try:
+            self._run_swaps()
+            if self._pos != len(self._steps):
+                k, s, m = self._steps[self._pos]
+                raise RuntimeError(f"pipeswap: rank {self.rank}: the step ended, but pipeswap's order still "
+                                   f"expects {k} of stage {s}, micro-batch {m} (position {self._pos}); the "
+                                   "training loop ran another schedule than the order")
+        finally:
+            self._st.end_run()
+            self._running = False
+        self.steps_run += 1
+
+    def abort(self):
+        """Abandons the step: every group is released, whatever its state."""
+        self._st.end_run()
+        self._running = False
+
+    # ----- compute ----------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def forward(self, stage, micro):
+        """The forward of ``(stage, micro)``: what autograd saves inside goes to its group."""
+        self._enter("FWD", stage, micro)
+        self._st.enter(stage, micro)
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._st.pack, self._unpack):
+                yield
+        except BaseException as e:
+            self._st.exit()
+            self._fail("forward", stage, micro, e)
+        self._st.exit()
+        self._leave("forward", stage, micro)
+
+    @contextlib.contextmanager
+    def backward(self, stage, micro):
+        """The backward of ``(stage, micro)``: its group is on the device inside, and released after."""
+        self._enter("BWD", stage, micro)
+        try:
+            yield
+        except BaseException as e:
+            self._fail("backward", stage, micro, e)
+        try:
+            if self._st.has_group(stage, micro):
+                self._st.release(stage, micro)
+        except BaseException as e:
+            self._fail("backward", stage, micro, e)
+        self._leave("backward", stage, micro)
+
+    def keep(self, tensor):
+        """Marks ``tensor``'s storage as one that never moves (while it lives)."""
+        self._st.keep(tensor)
+
+    # ----- what it did ------------------------------------------------------------------------------
+
+    def stats(self):
+        """The manager's figures: ``saved_bytes`` (swappable saved storages on the device now),
+        ``peak_saved_bytes`` (their most in the step), ``max_group_bytes``, ``offloaded_bytes`` (all
+        steps), ``moved_alive`` (moved storages still referenced: 0 when offloads freed their
+        memory), ``groups``, and ``predicted_peak_groups`` from the order."""
+        d = self._st.stats()
+        d["predicted_peak_groups"] = self.predicted_peak_groups()
+        return d
+
+    def predicted_peak_groups(self):
+        """The most groups whose swappable storages the order keeps on the device at once: from a
+        forward to its ``SWAP_WAIT_OFFLOAD`` and from its ``SWAP_LAUNCH_LOAD`` to the end of its
+        backward (a group that is not swapped: from its forward to its backward)."""
+        resident, peak = set(), 0
+        for k, s, m in self._steps:
+            if k in ("FWD", "SWAP_LAUNCH_LOAD"):
+                resident.add((s, m))
+                peak = max(peak, len(resident))
+            elif k in ("SWAP_WAIT_OFFLOAD", "BWD"):
+                resident.discard((s, m))
+        return peak
+
+    def group_state(self, stage, micro):
+        """``collecting``, ``offloading``, ``offloaded``, ``loading``, ``loaded``; None without a group."""
+        return self._st.state(stage, micro) if self._st.has_group(stage, micro) else None
+
+    def moved_storages(self, stage, micro):
+        """Storages the group's offload moved in this step."""
+        return self._st.moved_storages(stage, micro)
+
+    def order_text(self):
+        return order_text(self.order)
+
+    # ----- the cursor -------------------------------------------------------------------------------
+
+    def _unpack(self, packed):
+        return packed if isinstance(packed, torch.Tensor) else self._st.unpack(packed)
+
+    def _check_usable(self):
+        if self._broken is not None:
+            raise RuntimeError(f"pipeswap: rank {self.rank}: this step failed ({self._broken}); call begin() "
+                               "to start the next one")
+
+    def _enter(self, kind, stage, micro):
+        if not self._running:
+            self.begin()
+        self._check_usable()
+        self._run_swaps()
+        if self._pos == len(self._steps):
+            raise RuntimeError(f"pipeswap: rank {self.rank}: {kind} of stage {stage}, micro-batch {micro} runs "
+                               "after pipeswap's order ended; the training loop runs another schedule")
+        expected = self._steps[self._pos]
+        if tuple(expected) != (kind, stage, micro):
+            k, s, m = expected
+            raise RuntimeError(f"pipeswap: rank {self.rank}: the training loop runs {kind} of stage {stage}, "
+                               f"micro-batch {micro}, but pipeswap's order expects {k} of stage {s}, micro-batch "
+                               f"{m} (position {self._pos}); pass the order of the schedule that runs")
+        self._pos += 1
+
+    def _leave(self, what, stage, micro):
+        try:
+            self._run_swaps()
+        except BaseException as e:
+            self._fail(what, stage, micro, e)
+
+    def _run_swaps(self):
+        steps, st = self._steps, self._st
+        while self._pos < len(steps) and steps[self._pos][0] in _SWAP:
+            k, s, m = steps[self._pos]
+            if k == "SWAP_LAUNCH_OFFLOAD":
+                st.launch_offload(s, m)
+            elif k == "SWAP_WAIT_OFFLOAD":
+                st.wait_offload(s, m)
+            elif k == "SWAP_LAUNCH_LOAD":
+                st.launch_load(s, m)
+            elif k == "SWAP_WAIT_LOAD":
+                st.wait_load(s, m)
+            # SWAP_SET_GROUP: the forward opens its group itself
+            self._pos += 1
+
+    def _fail(self, what, stage, micro, error):
+        self._broken = f"{what} of stage {stage}, micro-batch {micro}"
+        self._st.end_run()  # every group of the step, whatever its state
+        self._running = False
+        if not isinstance(error, Exception):
+            raise error
+        raise RuntimeError(f"pipeswap: rank {self.rank}, stage {stage}, micro-batch {micro}: the {what} failed: "
+                           f"{type(error).__name__}: {error}") from error

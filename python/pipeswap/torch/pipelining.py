@@ -1,0 +1,171 @@
+"""Activation swap inside ``torch.distributed.pipelining``.
+
+::
+
+    schedule = Schedule1F1B(stage, n_microbatches=8, loss_fn=loss_fn)
+    swap = pipeswap.torch.pipelining.offload_activations(schedule)
+    schedule.step(x, target=y)          # as before
+
+The seam: torch's schedules drive each stage through ``forward_one_chunk(micro, ...)`` and
+``backward_one_chunk(micro, ...)``, one micro-batch at a time, on every schedule class. This module
+wraps those two methods on the schedule's stage objects (and ``step`` on the schedule), so the
+forward runs under pipeswap's saved-tensor hooks and every call moves the cursor of pipeswap's order
+for the rank: the swap steps that pipeswap's injection placed between two compute steps run between
+them. torch's ``pipeline_order`` IR would be the cleaner seam, but it has no OFFLOAD or RELOAD
+action and ``register_custom_function`` refuses new action types, so the order runs beside it.
+
+What this relies on (docs/pytorch.md, "What torch must provide for a cleaner seam"): the methods
+``forward_one_chunk``, ``backward_one_chunk`` and ``step``; the attributes ``_stage``/``_stages``,
+``_n_microbatches`` and, for multi-stage schedules, ``pipeline_order``; the stage's
+``stage_index``, ``num_stages``, ``group_rank``, ``group_size`` and ``device``. If torch renames
+one, :func:`offload_activations` fails at the call with the name it looked for, never later.
+"""
+
+import functools
+
+import torch
+
+from ._activations import DEFAULT_MIN_BYTES, ActivationSwap, schedule_orders
+
+__all__ = ["offload_activations", "rank_order"]
+
+
+def _attr(obj, name, who):
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        raise TypeError(f"offload_activations: {who} ({type(obj).__name__}) has no attribute {name!r}; this "
+                        "torch.distributed.pipelining differs from the versions pipeswap knows") from None
+
+
+def _stages_of(schedule):
+    if hasattr(schedule, "_stages"):
+        return list(schedule._stages)
+    return [_attr(schedule, "_stage", "the schedule")]
+
+
+def _kind_of(schedule):
+    from torch.distributed.pipelining import schedules as ts
+
+    for cls, kind in (("ScheduleGPipe", "gpipe"), ("Schedule1F1B", "1f1b"),
+                      ("ScheduleInterleaved1F1B", "interleaved_1f1b")):
+        if type(schedule) is getattr(ts, cls, None):
+            return kind
+    return None
+
+
+def _torch_order(schedule, rank):
+    """The rank's compute order from torch's own ``pipeline_order`` (multi-stage schedules)."""
+    order = []
+    for a in schedule.pipeline_order[rank]:
+        if a is None:
+            order.append(None)
+            continue
+        kind = str(getattr(a.computation_type, "value", a.computation_type))
+        if kind == "F":
+            order.append(("FWD", a.stage_index, a.microbatch_index))
+        elif kind == "B":
+            order.append(("BWD", a.stage_index, a.microbatch_index))
+        else:
+            raise ValueError(f"offload_activations: {type(schedule).__name__} runs {a} on rank {rank}; "
+                             "pipeswap places swaps around full forwards and backwards (F, B) only")
+    return order
+
+
+def _compute(order):
+    return [e for e in order if e is not None and e[0] in ("FWD", "BWD")]
+
+
+def rank_order(schedule):
+    """The rank's pipeline order that ``schedule`` runs, as pipeswap's schedule layer writes it.
+
+    For GPipe, 1F1B and interleaved 1F1B this is pipeswap's own order of the same schedule (with its
+    point-to-point steps), after checking that its compute steps are the ones torch runs; another
+    multi-stage schedule gives torch's ``pipeline_order`` for the rank (compute steps only).
+    Returns ``(rank, orders, chunks)``: every rank's order (a list), and stages per rank.
+    """
+    stages = _stages_of(schedule)
+    s0 = stages[0]
+    rank, ranks = _attr(s0, "group_rank", "the stage"), _attr(s0, "group_size", "the stage")
+    micro = _attr(schedule, "_n_microbatches", "the schedule")
+    chunks = len(stages)
+    kind = _kind_of(schedule)
+    torch_order = _torch_order(schedule, rank) if getattr(schedule, "pipeline_order", None) else None
+    if kind is not None:
+        orders = schedule_orders(kind, ranks, micro, chunks)
+        ours = orders[rank]
+        if torch_order is None or _compute(ours) == _compute(torch_order):
+            return rank, orders, chunks
+    if torch_order is None:
+        raise ValueError(f"offload_activations: {type(schedule).__name__} is not a schedule pipeswap knows "
+                         "(ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B, or one with a pipeline_order)")
+    orders = [None] * ranks
+    orders[rank] = torch_order
+    return rank, orders, chunks
+
+
+def offload_activations(schedule, *, min_bytes=DEFAULT_MIN_BYTES, load_lookahead=1, offload_wait_delay=1,
+                        offload=True):
+    """Instruments ``schedule``'s stages of this rank so each micro-batch's saved activations go to
+    host memory after its forward and come back before its backward, placed by pipeswap's injected
+    order for the schedule. Returns the rank's :class:`ActivationSwap` (``stats()``, ``order``,
+    ``order_text()``). ``offload=False`` runs the same instrumentation with no moves (the baseline's
+    figures). Call it once per schedule, before its first ``step``.
+    """
+    stages = _stages_of(schedule)
+    if getattr(schedule, "_pipeswap_activation_swap", None) is not None:
+        raise RuntimeError("offload_activations: this schedule is instrumented already")
+    rank, orders, _ = rank_order(schedule)
+    device = _attr(stages[0], "device", "the stage")
+    swap = ActivationSwap(device, orders[rank], offload=offload, min_bytes=min_bytes,
+                          load_lookahead=load_lookahead, offload_wait_delay=offload_wait_delay, rank=rank)
+    swap.orders = [swap.order if r == rank else o for r, o in enumerate(orders)]
+    for st in stages:
+        _instrument_stage(st, swap)
+    _instrument_step(schedule, swap)
+    schedule._pipeswap_activation_swap = swap
+    return swap
+
+
+def _instrument_stage(stage, swap):
+    fwd = _attr(stage, "forward_one_chunk", "the stage")
+    bwd = _attr(stage, "backward_one_chunk", "the stage")
+    index = _attr(stage, "stage_index", "the stage")
+
+    @functools.wraps(fwd)
+    def forward_one_chunk(fwd_chunk_id, *args, **kwargs):
+        if not torch.is_grad_enabled():  # eval: nothing is saved
+            return fwd(fwd_chunk_id, *args, **kwargs)
+        with swap.forward(index, fwd_chunk_id):
+            return fwd(fwd_chunk_id, *args, **kwargs)
+
+    @functools.wraps(bwd)
+    def backward_one_chunk(bwd_chunk_id, *args, **kwargs):
+        full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
+        if not full:
+            raise RuntimeError(f"pipeswap: rank {swap.rank}, stage {index}: a split backward (input, then "
+                               "weight) is not placed by pipeswap's order; use a schedule with full backwards")
+        with swap.backward(index, bwd_chunk_id):
+            return bwd(bwd_chunk_id, *args, **kwargs)
+
+    stage.forward_one_chunk = forward_one_chunk
+    stage.backward_one_chunk = backward_one_chunk
+
+
+def _instrument_step(schedule, swap):
+    step = _attr(schedule, "step", "the schedule")
+
+    @functools.wraps(step)
+    def instrumented(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            return step(*args, **kwargs)
+        swap.begin()
+        try:
+            out = step(*args, **kwargs)
+        except BaseException:
+            swap.abort()
+            raise
+        swap.end()
+        return out
+
+    schedule.step = instrumented
