@@ -86,6 +86,8 @@ class ActivationSwap:
     only counted, which gives the figure to compare against.
 
     ``min_bytes``: storages smaller than this stay on the device. ``rank`` names the rank in errors.
+    ``on_swap_step(kind, stage, micro)``, if given, is called before each swap step runs (tracing, or
+    checks such as ``stats()["moved_alive"] == 0`` before a load).
 
     Use::
 
@@ -97,13 +99,14 @@ class ActivationSwap:
         swap.end()                         # the order must be complete
 
     A forward or backward out of order raises ``RuntimeError`` naming what the order expected; a
-    failure inside one aborts every group of the step (nothing held is lost: tensors autograd still
-    references keep their storage) and is raised again as ``RuntimeError`` naming the rank, stage
-    and micro-batch.
+    failure inside one aborts the step, as a failed step is over in torch: every group is released
+    (a graph of that step then fails at its saved tensors), and the error is raised again as
+    ``RuntimeError`` naming the rank, stage and micro-batch. Parameters, gradients and the object
+    stay usable; the next forward starts the next step.
     """
 
     def __init__(self, device, order, *, offload=True, min_bytes=DEFAULT_MIN_BYTES, load_lookahead=1,
-                 offload_wait_delay=1, rank=0):
+                 offload_wait_delay=1, rank=0, on_swap_step=None):
         _require_int("min_bytes", min_bytes, 0)
         _require_int("load_lookahead", load_lookahead, 1)
         _require_int("offload_wait_delay", offload_wait_delay, 1)
@@ -133,6 +136,7 @@ class ActivationSwap:
         self._running = False
         self._broken = None
         self.steps_run = 0
+        self.on_swap_step = on_swap_step
 
     # ----- a step ------------------------------------------------------------------------------------
 
@@ -270,6 +274,8 @@ class ActivationSwap:
         steps, st = self._steps, self._st
         while self._pos < len(steps) and steps[self._pos][0] in _SWAP:
             k, s, m = steps[self._pos]
+            if self.on_swap_step is not None:
+                self.on_swap_step(k, s, m)
             if k == "SWAP_LAUNCH_OFFLOAD":
                 st.launch_offload(s, m)
             elif k == "SWAP_WAIT_OFFLOAD":

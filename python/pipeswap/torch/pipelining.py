@@ -66,9 +66,10 @@ def _torch_order(schedule, rank):
             order.append(("FWD", a.stage_index, a.microbatch_index))
         elif kind == "B":
             order.append(("BWD", a.stage_index, a.microbatch_index))
-        else:
+        elif kind in ("I", "W", "OVERLAP_F_B"):
             raise ValueError(f"offload_activations: {type(schedule).__name__} runs {a} on rank {rank}; "
                              "pipeswap places swaps around full forwards and backwards (F, B) only")
+        # communication, resharding and gradient reduction: not compute slots, nothing to place
     return order
 
 
@@ -82,7 +83,8 @@ def rank_order(schedule):
     For GPipe, 1F1B and interleaved 1F1B this is pipeswap's own order of the same schedule (with its
     point-to-point steps), after checking that its compute steps are the ones torch runs; another
     multi-stage schedule gives torch's ``pipeline_order`` for the rank (compute steps only).
-    Returns ``(rank, orders, chunks)``: every rank's order (a list), and stages per rank.
+    Returns ``(rank, orders, source)``: every rank's order (a list; None for ranks whose order is not
+    known), and ``"pipeswap"`` or ``"torch"`` for where the rank's order came from.
     """
     stages = _stages_of(schedule)
     s0 = stages[0]
@@ -90,22 +92,25 @@ def rank_order(schedule):
     micro = _attr(schedule, "_n_microbatches", "the schedule")
     chunks = len(stages)
     kind = _kind_of(schedule)
-    torch_order = _torch_order(schedule, rank) if getattr(schedule, "pipeline_order", None) else None
+    # A multi-stage schedule executes its pipeline_order; a single-stage one runs its own loop (its
+    # pipeline_order, where present, is a description that need not match what runs).
+    multi = hasattr(schedule, "_stages")
+    torch_order = _torch_order(schedule, rank) if multi and getattr(schedule, "pipeline_order", None) else None
     if kind is not None:
         orders = schedule_orders(kind, ranks, micro, chunks)
         ours = orders[rank]
         if torch_order is None or _compute(ours) == _compute(torch_order):
-            return rank, orders, chunks
+            return rank, orders, "pipeswap"
     if torch_order is None:
         raise ValueError(f"offload_activations: {type(schedule).__name__} is not a schedule pipeswap knows "
                          "(ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B, or one with a pipeline_order)")
     orders = [None] * ranks
     orders[rank] = torch_order
-    return rank, orders, chunks
+    return rank, orders, "torch"
 
 
 def offload_activations(schedule, *, min_bytes=DEFAULT_MIN_BYTES, load_lookahead=1, offload_wait_delay=1,
-                        offload=True):
+                        offload=True, on_swap_step=None):
     """Instruments ``schedule``'s stages of this rank so each micro-batch's saved activations go to
     host memory after its forward and come back before its backward, placed by pipeswap's injected
     order for the schedule. Returns the rank's :class:`ActivationSwap` (``stats()``, ``order``,
@@ -115,11 +120,13 @@ def offload_activations(schedule, *, min_bytes=DEFAULT_MIN_BYTES, load_lookahead
     stages = _stages_of(schedule)
     if getattr(schedule, "_pipeswap_activation_swap", None) is not None:
         raise RuntimeError("offload_activations: this schedule is instrumented already")
-    rank, orders, _ = rank_order(schedule)
+    rank, orders, source = rank_order(schedule)
     device = _attr(stages[0], "device", "the stage")
     swap = ActivationSwap(device, orders[rank], offload=offload, min_bytes=min_bytes,
-                          load_lookahead=load_lookahead, offload_wait_delay=offload_wait_delay, rank=rank)
+                          load_lookahead=load_lookahead, offload_wait_delay=offload_wait_delay, rank=rank,
+                          on_swap_step=on_swap_step)
     swap.orders = [swap.order if r == rank else o for r, o in enumerate(orders)]
+    swap.order_source = source
     for st in stages:
         _instrument_stage(st, swap)
     _instrument_step(schedule, swap)

@@ -29,9 +29,9 @@
 //
 // Safety. unpack() of a group that is not on the device (its load not waited, or never launched)
 // throws state_error naming the group, and so does a handle of a released group or an earlier run:
-// a backward that runs out of order fails at the tensor, never on stale or freed memory. A group
-// that fails anywhere is aborted: everything it holds is released behind its copies, and the
-// storages autograd still needs live on in the tensors that reference them.
+// a backward that runs out of order fails at the tensor, never on stale or freed memory. abort()
+// releases everything a group holds behind its copies (a failed step is over, as in torch: its
+// graphs then fail at their saved tensors); parameters, gradients and the manager stay usable.
 //
 // Accounting. saved_bytes() is what the manager holds on the device now, counting each moved
 // storage from its save until its offload is waited and again from its load until release();
@@ -221,8 +221,7 @@ public:
     forget(c);
   }
 
-  /// Releases everything group `c` holds, whatever its state. Never loses a storage autograd still
-  /// references: those live on in their tensors.
+  /// Releases everything group `c` holds, whatever its state (copies in flight are settled first).
   void abort(schedule::chunk c) {
     mgr_.abort(c);
     forget(c);

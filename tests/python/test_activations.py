@@ -1,0 +1,284 @@
+"""pipeswap.torch.ActivationSwap in one process: what moves and what stays, the order as a cursor,
+errors, and the bits against the same run without swap.
+
+A stage here is a small module run through one rank's order of a pipeline schedule (the other ranks'
+work is absent: the loss is computed right away), so the saved tensors of several micro-batches are
+alive at once, as on a pipeline's first stage.
+"""
+
+import pytest
+import torch
+
+import pipeswap.torch as pt
+from conftest import DEVICE, assert_same_bits
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Linear(16, 64)
+        self.b = torch.nn.Linear(64, 16)
+        self.norm = torch.nn.LayerNorm(16)
+
+    def forward(self, x):
+        return self.norm(self.b(torch.tanh(self.a(x))))
+
+
+def compute(order):
+    return [e for e in order if e is not None and e[0] in ("FWD", "BWD")]
+
+
+def run(order, offload, net=None, xs=None, swap=None, **kw):
+    """Trains one step of `order` (rank 0's stage 0); returns the gradients and the swap."""
+    net = net or Net().to(DEVICE)
+    xs = xs or [torch.randn(8, 16, generator=torch.Generator().manual_seed(m)).to(DEVICE) for m in range(16)]
+    swap = swap or pt.ActivationSwap(DEVICE, order, offload=offload, min_bytes=kw.pop("min_bytes", 0), **kw)
+    net.zero_grad()
+    losses = {}
+    for k, s, m in compute(order):
+        if k == "FWD":
+            with swap.forward(s, m):
+                losses[m] = net(xs[m]).square().mean()
+        else:
+            with swap.backward(s, m):
+                losses.pop(m).backward()
+    swap.end()
+    return [p.grad.clone() for p in net.parameters()], swap
+
+
+ORDERS = {
+    "gpipe": pt.schedule_orders("gpipe", 1, 8)[0],
+    "1f1b": pt.schedule_orders("1f1b", 4, 8)[0],
+    "interleaved": [e for e in pt.schedule_orders("interleaved_1f1b", 2, 4, 2)[0]],
+}
+
+
+def stage0(order):
+    return [e for e in order if e is None or e[1] == 0]
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("lookahead,delay", [(1, 1), (2, 1), (1, 3)])
+def test_gradients_bit_identical_and_peak_within_the_order(name, lookahead, delay):
+    order = ORDERS[name]
+    g0, base = run(order, False)
+    g1, swap = run(order, True, load_lookahead=lookahead, offload_wait_delay=delay)
+    for i, (a, b) in enumerate(zip(g0, g1)):
+        assert_same_bits(a, b, f"gradient {i}")
+    st, st0 = swap.stats(), base.stats()
+    assert st["offloaded_bytes"] > 0
+    assert st["max_group_bytes"] == st0["max_group_bytes"] > 0
+    assert st["peak_saved_bytes"] <= st["predicted_peak_groups"] * st["max_group_bytes"]
+    assert st0["peak_saved_bytes"] == st0["predicted_peak_groups"] * st0["max_group_bytes"]
+    assert st["peak_saved_bytes"] <= st0["peak_saved_bytes"]
+    if (lookahead, delay) == (1, 1):  # the default placement holds fewer groups than no swap
+        assert st["peak_saved_bytes"] < st0["peak_saved_bytes"]
+    assert st["groups"] == 0 and st["saved_bytes"] == 0  # end() released everything
+
+
+def test_gpipe_offload_keeps_few_groups_where_the_baseline_keeps_all():
+    _, base = run(ORDERS["gpipe"], False)
+    _, swap = run(ORDERS["gpipe"], True)
+    assert base.stats()["predicted_peak_groups"] == 8
+    assert swap.stats()["predicted_peak_groups"] <= 3
+
+
+def test_moved_storages_are_released_before_their_load():
+    seen = []
+
+    def check(kind, stage, micro):
+        if kind == "SWAP_LAUNCH_LOAD":
+            seen.append((swap.group_state(stage, micro), swap.stats()["moved_alive"], swap.moved_storages(stage, micro)))
+
+    swap = pt.ActivationSwap(DEVICE, ORDERS["gpipe"], min_bytes=0, on_swap_step=check)
+    run(ORDERS["gpipe"], True, swap=swap)
+    assert len(seen) == 8  # GPipe on one rank: every backward trails its forward by 8 compute slots
+    for state, alive, moved in seen:
+        assert state == "offloaded" and alive == 0 and moved > 0
+
+
+def test_a_tensor_held_elsewhere_stays_and_is_not_released():
+    held = []
+
+    class Holding(Net):
+        def forward(self, x):
+            h = torch.tanh(self.a(x))
+            held.append(h)  # the user keeps the activation: moving it would free nothing
+            return self.norm(self.b(h))
+
+    torch.manual_seed(0)
+    net = Holding().to(DEVICE)
+    seen = []
+    swap = pt.ActivationSwap(DEVICE, ORDERS["gpipe"], min_bytes=0,
+                             on_swap_step=lambda k, s, m: seen.append(swap.stats()["moved_alive"]))
+    g1, _ = run(ORDERS["gpipe"], True, net=net, swap=swap)
+    g0, _ = run(ORDERS["gpipe"], False, net=Net().to(DEVICE))
+    for a, b in zip(g0, g1):
+        assert_same_bits(a, b, "gradient")
+    assert set(seen) == {0}
+
+
+def test_what_pack_takes_and_what_stays():
+    x = torch.randn(8, 16, device=DEVICE)
+    w = torch.nn.Parameter(torch.randn(16, 16, device=DEVICE))
+    marked = torch.randn(8, 16, device=DEVICE)
+    small = torch.randn(2, device=DEVICE)
+    h = torch.tanh(x)
+    swap = pt.ActivationSwap(DEVICE, [("FWD", 0, 0), ("BWD", 0, 0)], offload=False, min_bytes=16)
+    swap.keep(marked)
+    st = swap._st
+    assert isinstance(st.pack(h), torch.Tensor)  # no forward open: not the swap's
+    with swap.forward(0, 0):
+        for t, why in [(w, "a parameter"), (w.t(), "a view of a parameter"), (marked, "marked"),
+                       (small, "below min_bytes"), (torch.randn(4, 4), "on another device")]:
+            if t.device != torch.device(DEVICE) or why != "on another device":
+                assert isinstance(st.pack(t), torch.Tensor), why
+        a, b, c = st.pack(h), st.pack(h[2:]), st.pack(h.t())
+        assert isinstance(a, pt.extension().SavedTensor)
+        assert (a.index, b.index, c.index) == (0, 0, 0)  # one storage, registered once
+        assert st.pack(x).index == 1
+        assert_same_bits(st.unpack(b), h[2:], "a view unpacked")
+        assert_same_bits(st.unpack(c), h.t(), "a transposed view unpacked")
+    assert swap.stats()["max_group_bytes"] == 0  # h and x are held by this test: both stay
+    swap.abort()
+
+
+class TwoViews(torch.autograd.Function):
+    """Saves one storage through two views."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = x * 2
+        ctx.save_for_backward(y[:4], y.view(-1))
+        return x + 0
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return g * (a.sum() + b.sum())
+
+
+def test_a_storage_saved_through_two_views_moves_once_and_comes_back_whole():
+    x = torch.randn(8, 16, device=DEVICE, requires_grad=True)
+    order = pt.schedule_orders("gpipe", 1, 5)[0]
+    swap = pt.ActivationSwap(DEVICE, order, min_bytes=0)
+    outs = {}
+    for k, s, m in compute(order):
+        if k == "FWD":
+            with swap.forward(s, m):
+                outs[m] = TwoViews.apply(x).sum()
+        else:
+            if m == 0:
+                assert swap.group_state(0, 0) == "loaded" and swap.moved_storages(0, 0) == 1
+            with swap.backward(s, m):
+                outs.pop(m).backward()
+    swap.end()
+    y = x.detach() * 2
+    assert torch.allclose(x.grad, torch.full_like(x, 5 * (y[:4].sum() + y.sum()).item()))
+    assert swap.stats()["max_group_bytes"] == 8 * 16 * 4
+
+
+def drop(swap, kinds):
+    swap._steps = [e for e in swap._steps if e[0] not in kinds]
+
+
+@pytest.mark.parametrize("kinds,words", [
+    ({"SWAP_WAIT_LOAD"}, "which is loading; its SWAP_WAIT_LOAD must come before the backward"),
+    ({"SWAP_LAUNCH_LOAD", "SWAP_WAIT_LOAD"}, "which is offloaded; its SWAP_WAIT_LOAD must come before"),
+])
+def test_a_backward_before_its_load_fails_at_the_tensor(kinds, words):
+    swap = pt.ActivationSwap(DEVICE, ORDERS["gpipe"], min_bytes=0)
+    drop(swap, kinds)  # the order broken on purpose: the backward of micro-batch 0 runs before its load
+    with pytest.raises(RuntimeError, match="rank 0, stage 0, micro-batch 0: the backward failed") as e:
+        run(ORDERS["gpipe"], True, swap=swap)
+    assert words in str(e.value.__cause__)
+    assert swap.stats()["groups"] == 0  # the step was aborted: every group released
+    run(ORDERS["gpipe"], True, swap=pt.ActivationSwap(DEVICE, ORDERS["gpipe"], min_bytes=0))
+
+
+def test_a_saved_tensor_used_after_its_release_fails():
+    order = [("FWD", 0, 0), ("BWD", 0, 0)]
+    swap = pt.ActivationSwap(DEVICE, order, min_bytes=0)
+    x = torch.randn(8, 16, device=DEVICE, requires_grad=True)
+    with swap.forward(0, 0):
+        y = torch.tanh(x * 3).sum()
+    with swap.backward(0, 0):
+        y.backward(retain_graph=True)
+    swap.end()
+    with pytest.raises(RuntimeError, match="does not exist"):
+        y.backward()
+
+
+def test_offloading_a_group_twice_is_refused():
+    swap = pt.ActivationSwap(DEVICE, ORDERS["gpipe"], min_bytes=0)
+    swap.begin()
+    with swap.forward(0, 0):
+        y = torch.tanh(torch.randn(8, 16, device=DEVICE, requires_grad=True) * 2).sum()
+    st = swap._st
+    with pytest.raises(RuntimeError, match="is offloading; launch_offload"):
+        st.launch_offload(0, 0)  # the cursor launched it after the forward already
+    swap.abort()
+    del y
+
+
+def test_the_order_is_a_cursor():
+    swap = pt.ActivationSwap(DEVICE, ORDERS["gpipe"], min_bytes=0, rank=3)
+    with pytest.raises(RuntimeError, match=r"rank 3: the training loop runs FWD of stage 0, micro-batch 1, but "
+                                           r"pipeswap's order expects FWD of stage 0, micro-batch 0"):
+        with swap.forward(0, 1):
+            pass
+    swap.begin()
+    with swap.forward(0, 0):
+        pass
+    with pytest.raises(RuntimeError, match="the step ended, but pipeswap's order still expects FWD of stage 0, "
+                                           "micro-batch 1"):
+        swap.end()
+    g0, _ = run(ORDERS["gpipe"], False)  # the object stays usable
+    g1, _ = run(ORDERS["gpipe"], True, swap=swap)
+    for a, b in zip(g0, g1):
+        assert_same_bits(a, b, "gradient")
+
+
+def test_a_failing_forward_aborts_the_step_and_names_it():
+    swap = pt.ActivationSwap(DEVICE, ORDERS["gpipe"], min_bytes=0, rank=2)
+    swap.begin()
+    with swap.forward(0, 0):
+        keep = torch.tanh(torch.randn(8, 16, device=DEVICE, requires_grad=True)).sum()
+    with pytest.raises(RuntimeError, match=r"pipeswap: rank 2, stage 0, micro-batch 1: the forward failed: "
+                                           r"ValueError: boom"):
+        with swap.forward(0, 1):
+            raise ValueError("boom")
+    assert swap.stats()["groups"] == 0 and swap.stats()["saved_bytes"] == 0  # the step's groups released
+    with pytest.raises(RuntimeError, match="group 'pp_swap_run1_s0_m0' does not exist"):
+        keep.backward()  # a graph of the aborted step fails at its saved tensor, never on freed memory
+
+
+def test_bad_arguments_name_the_rule():
+    order = ORDERS["gpipe"]
+    for kw, words in [({"load_lookahead": 0}, "load_lookahead must be an integer >= 1"),
+                      ({"offload_wait_delay": 0}, "offload_wait_delay must be an integer >= 1"),
+                      ({"min_bytes": -1}, "min_bytes must be an integer >= 0")]:
+        with pytest.raises(ValueError, match=words):
+            pt.ActivationSwap(DEVICE, order, **kw)
+    with pytest.raises(ValueError, match="entry 1 is SWAP_LAUNCH_OFFLOAD; pass the order without swap steps"):
+        pt.ActivationSwap(DEVICE, [("FWD", 0, 0), ("SWAP_LAUNCH_OFFLOAD", 0, 0)])
+    with pytest.raises(ValueError, match="composite OVERLAP_F_B"):
+        pt.ActivationSwap(DEVICE, [("OVERLAP_F_B", None, None, [("FWD", 0, 1), ("BWD", 0, 0)])])
+    with pytest.raises(ValueError, match="backward-before-forward"):
+        pt.ActivationSwap(DEVICE, [("BWD", 0, 0), ("FWD", 0, 0)])
+    with pytest.raises(ValueError, match="unknown kind 'zb'"):
+        pt.schedule_orders("zb", 2, 4)
+    with pytest.raises(ValueError, match="'FWDX' is not a step kind"):
+        pt.inject_swap_steps([("FWDX", 0, 0)])
+
+
+def test_orders_check_like_pipeswap_validate():
+    orders = pt.schedule_orders("interleaved_1f1b", 2, 4, 2)
+    injected = [pt.inject_swap_steps(o, 2, 2) for o in orders]
+    assert pt.check_orders(injected, 2) == ""
+    broken = [list(o) for o in injected]
+    broken[0] = [e for e in broken[0] if e is None or e[0] != "BWD_RECV"]
+    assert "rank 1" in pt.check_orders(broken, 2) or "deadlock" in pt.check_orders(broken, 2)
+    js = pt.orders_json(injected)
+    assert js["ranks"][0][0] == {"type": "SWAP_SET_GROUP", "stage": 0, "micro": 0}

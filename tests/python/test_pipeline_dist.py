@@ -1,0 +1,50 @@
+"""Activation swap inside torch.distributed.pipelining, across processes: torchrun starts
+tests/python/dist/pipeline_worker.py with 2, 3 and 4 ranks on the gloo backend (see its docstring for
+what each rank checks), and once more with a rank that fails mid-step.
+
+Each torchrun has a deadline (subprocess timeout) and each rank a watchdog that dumps its stacks, so a
+hang is reported with who waited on what.
+"""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist", "pipeline_worker.py")
+DEADLINE = 420  # seconds per torchrun, far above the ~20 s it takes on two cores
+
+
+def torchrun(nproc, env=None):
+    e = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                            f"--nproc-per-node={nproc}", WORKER], env=e, capture_output=True, text=True,
+                           timeout=DEADLINE)
+    except subprocess.TimeoutExpired as x:
+        out = (x.stdout or b"").decode() if isinstance(x.stdout, bytes) else (x.stdout or "")
+        err = (x.stderr or b"").decode() if isinstance(x.stderr, bytes) else (x.stderr or "")
+        pytest.fail(f"torchrun with {nproc} ranks did not finish in {DEADLINE} s:\n{out[-4000:]}\n{err[-8000:]}")
+    return r, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("nproc", [2, 3, 4])
+def test_every_gradient_and_parameter_bit_identical_with_activation_swap(nproc):
+    r, _ = torchrun(nproc)
+    assert r.returncode == 0, f"torchrun failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}"
+    ok = [line for line in r.stdout.splitlines() if line.startswith("OK rank")]
+    assert len(ok) == nproc, r.stdout
+    for line in ok:  # every rank swapped groups: the order placed offloads and they ran
+        assert int(line.split(", ")[1].split()[0]) > 0, line
+
+
+def test_a_failing_rank_takes_the_job_down_naming_its_rank_and_micro_batch():
+    r, elapsed = torchrun(3, {"PIPESWAP_TEST_FAIL": "1:2", "PIPESWAP_TEST_WATCHDOG": "120"})
+    assert r.returncode != 0
+    out = r.stdout + r.stderr
+    assert "pipeswap: rank 1, stage 1, micro-batch 2: the forward failed" in out, out[-6000:]
+    assert "injected failure" in out
+    assert elapsed < 120, f"the job took {elapsed:.0f} s to go down"
