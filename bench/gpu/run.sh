@@ -4,7 +4,8 @@
 # pinned bandwidth, optimizer-swap step times against the copy bound, bit-exactness against the
 # no-swap run), and writes the figures. Then, when time is left (or alone with --torch-only), the
 # PyTorch part, bench/gpu/torch_check.sh: the package built against the machine's torch, tests/python
-# on CUDA, SwapAdamW against torch.optim.AdamW(fused=True) on ~1 B parameters.
+# on CUDA, SwapAdamW against torch.optim.AdamW(fused=True) on ~1 B parameters, and the activation
+# offload example on ~1 B parameters next to `pipeswap simulate`'s prediction.
 #
 #   bash bench/gpu/run.sh [--quick] [--budget SECONDS] [--no-tests] [--no-torch | --torch-only]
 #   bash bench/gpu/run.sh --prepare [BUILD_DIR]                          on the build machine
@@ -101,6 +102,10 @@ if ((prepare)); then
     for t in "${cuda_tests[@]}"; do targets+=("tests/cuda/$t"); done
     ninja -C "$build_dir" "${targets[@]}" || die "could not build the CUDA tests in $build_dir"
     for t in "${cuda_tests[@]}"; do strip -o "$prebuilt/$t" "$build_dir/tests/cuda/$t"; done
+    # The command, for the activation example's comparison with `pipeswap simulate` (host code only).
+    if ninja -C "$build_dir" examples/pipeswap/pipeswap; then
+      strip -o "$prebuilt/pipeswap" "$build_dir/examples/pipeswap/pipeswap"
+    fi
   else
     echo "run.sh: no Meson build in $build_dir: only gpu_check and cuda_adam_check are prebuilt"
   fi

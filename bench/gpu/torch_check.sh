@@ -9,7 +9,12 @@
 #      expecttest: it is taken from a wheel in bench/gpu/prebuilt/wheels (run.sh --prepare fetches
 #      one) when python3 lacks it, else those tests are skipped with that reason;
 #   3. times a ~1 B-parameter step: SwapAdamW (packed, swap_times 8 and 16, prefetch on) against a
-#      resident torch.optim.AdamW(fused=True) (bench/gpu/torch_bench.py).
+#      resident torch.optim.AdamW(fused=True) (bench/gpu/torch_bench.py);
+#   4. runs the activation offload example (examples/torch/activation_offload.py) on ~1 B parameters
+#      (BF16, 18 layers of width 2048, 2048 tokens per micro-batch, rank 0's 1F1B order over 4 stages,
+#      8 micro-batches): torch's peak allocated memory with and without offload, the step-time
+#      ratio, bit-identity of the gradients, and `pipeswap simulate` on the same shape when the
+#      command is in bench/gpu/prebuilt (run.sh --prepare puts it there) or on PATH.
 #
 #   bash bench/gpu/torch_check.sh [--quick] [--out DIR] [--no-tests] [--no-bench] [--cpu]
 #
@@ -18,7 +23,7 @@
 # TORCH_CHECK_BUILD=meson skips meson-python and builds with Meson directly; PYTHON names the Python.
 #
 # Output in DIR (default bench/gpu/out): torch_build.log, torch_tests.log, torch_figures.json,
-# torch_summary.md. Exit status: 0 passed; 1 a test or check failed; 2 the build failed; 77 no CUDA
+# torch_summary.md, torch_activation.{log,json}. Exit status: 0 passed; 1 a test or check failed; 2 the build failed; 77 no CUDA
 # device or no torch.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -127,5 +132,20 @@ if ((bench)); then
   status=${PIPESTATUS[0]}
   [ "$status" -eq 0 ] || failed=1
   sed -n '/^## SwapAdamW/,$p' "$out/torch_bench.log" >"$out/torch_summary.md"
+
+  sim=$(command -v pipeswap || true)
+  [ -x "$here/prebuilt/pipeswap" ] && sim="$here/prebuilt/pipeswap"
+  aargs=(--json "$out/torch_activation.json" ${sim:+--simulate "$sim"})
+  if [ $device = cuda ]; then
+    aargs+=(--device cuda --vocab 32000 --dim 2048 --layers 18 --heads 16 --seq 2048 --batch 1 --micro 8
+      --stages 4 --min-bytes 1048576)
+    ((quick)) && aargs+=(--layers 6 --steps 2)
+  else
+    aargs+=(--steps 1)
+  fi
+  echo "## Activation offload (examples/torch/activation_offload.py)" | tee "$out/torch_activation.log"
+  "$py" "$root/examples/torch/activation_offload.py" "${aargs[@]}" 2>&1 | tee -a "$out/torch_activation.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+  cat "$out/torch_activation.log" >>"$out/torch_summary.md"
 fi
 exit $failed
