@@ -22,6 +22,7 @@
 
 #include <pipeswap/backend/torch.hpp>
 #include <pipeswap/backend/torch/saved_tensors.hpp>
+#include <pipeswap/core/budget.hpp>
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/schedule/generate.hpp>
@@ -163,6 +164,61 @@ private:
   py::function update_;
   pipeswap::swap_config cfg_;
   std::unique_ptr<pipeswap::optimizer_swap<pt::tensor_optimizer>> rt_;
+};
+
+/// A device budget for Python: one per device at a time, attached to the device's shared engine while
+/// the object lives (it holds the engine), so the optimizers' and the activations' device storage on
+/// that device is counted in one place, and activation loads take precedence over prefetch.
+class device_budget_py {
+public:
+  device_budget_py(c10::Device device, std::uint64_t capacity, bool strict)
+      : ctx_(device_context::of(device)),
+        budget_(std::make_unique<pipeswap::device_budget>(
+            capacity, strict ? pipeswap::budget_policy::strict : pipeswap::budget_policy::overshoot)) {
+    if (ctx_->engine.budget()) {
+      throw pipeswap::state_error("DeviceBudget(" + ctx_->b.device().str() +
+                                  "): the device has a budget already; close() it first");
+    }
+    ctx_->engine.set_budget(budget_.get()); // throws while the swap jobs hold device storage
+  }
+  ~device_budget_py() {
+    try {
+      close();
+    } catch (...) {
+    }
+  }
+  /// Detaches the budget; refused while the swap jobs hold device storage counted in it.
+  void close() {
+    if (!budget_) return;
+    if (ctx_->engine.budget() == budget_.get()) ctx_->engine.set_budget(nullptr);
+    budget_.reset();
+  }
+  pipeswap::device_budget& get() {
+    if (!budget_) throw pipeswap::state_error("DeviceBudget: closed");
+    return *budget_;
+  }
+  py::dict stats() {
+    auto& b = get();
+    using pipeswap::budget_client;
+    py::dict d;
+    d["device"] = ctx_->b.device().str();
+    d["capacity"] = b.capacity();
+    d["strict"] = b.policy() == pipeswap::budget_policy::strict;
+    d["used"] = b.used();
+    d["used_activation"] = b.used(budget_client::activation);
+    d["used_optimizer"] = b.used(budget_client::optimizer);
+    d["high_water"] = b.high_water();
+    d["high_water_activation"] = b.high_water(budget_client::activation);
+    d["high_water_optimizer"] = b.high_water(budget_client::optimizer);
+    d["reload_demand"] = b.reload_demand();
+    d["over_budget_count"] = b.over_budget_count();
+    d["refused_count"] = b.refused_count();
+    return d;
+  }
+
+private:
+  std::shared_ptr<device_context> ctx_;
+  std::unique_ptr<pipeswap::device_budget> budget_;
 };
 
 /// The activation swap of one device for Python: saved_tensors over the device's shared engine (the
@@ -440,6 +496,22 @@ PYBIND11_MODULE(_C, m) {
   m.def("check_orders", &check_orders, py::arg("orders"), py::arg("chunks") = 1);
   m.def("check_order", &check_order, py::arg("order"));
   m.attr("min_swap_gap") = sch::min_swap_gap;
+
+  py::class_<device_budget_py>(m, "DeviceBudget", R"(One device-memory budget for pipeswap's swap jobs on a device.
+
+DeviceBudget(device, capacity, strict=False) counts, in `capacity` bytes, the device storage that
+SwapAdamW/SwapAdam (swapped state, staging arenas, prefetched and resident batches) and ActivationSwap
+(the storage a load brings back) hold on `device`, while the object lives (close() detaches it).
+Activation loads take precedence: an optimizer prefetch starts only when it leaves room for every
+offloaded activation group to come back. Overshoot (default): a required reservation always
+proceeds and is counted in stats()["over_budget_count"]; strict: it is refused with RuntimeError,
+nothing changed. One budget per device at a time; set it while the swap jobs hold no device storage.)")
+      .def(py::init<c10::Device, std::uint64_t, bool>(), py::arg("device"), py::arg("capacity"),
+           py::arg("strict") = false)
+      .def("close", &device_budget_py::close)
+      .def("stats", &device_budget_py::stats)
+      .def_property("capacity", [](device_budget_py& b) { return b.get().capacity(); },
+                    [](device_budget_py& b, std::uint64_t c) { b.get().set_capacity(c); });
 
   py::class_<pt::saved_tensor>(m, "SavedTensor")
       .def_property_readonly("stage", [](pt::saved_tensor const& s) { return s.handle.chunk.stage; })

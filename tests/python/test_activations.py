@@ -282,3 +282,33 @@ def test_orders_check_like_pipeswap_validate():
     assert "rank 1" in pt.check_orders(broken, 2) or "deadlock" in pt.check_orders(broken, 2)
     js = pt.orders_json(injected)
     assert js["ranks"][0][0] == {"type": "SWAP_SET_GROUP", "stage": 0, "micro": 0}
+
+
+def test_one_budget_counts_activation_loads_and_optimizer_state():
+    budget = pt.DeviceBudget(DEVICE, 1 << 30)
+    with pytest.raises(RuntimeError, match="has a budget already; close"):
+        pt.DeviceBudget(DEVICE, 1 << 20)
+    try:
+        net = Net().to(DEVICE)
+        opt = pt.SwapAdamW(net.parameters(), lr=1e-3, swap_times=2, min_swap_numel=1)
+        _, swap = run(ORDERS["gpipe"], True, net=net)
+        opt.step()
+        st = budget.stats()
+        assert st["high_water_activation"] >= swap.stats()["max_group_bytes"] > 0
+        assert st["high_water_optimizer"] > 0
+        assert st["used"] == 0 and st["reload_demand"] == 0 and st["over_budget_count"] == 0
+    finally:
+        budget.close()
+
+
+def test_a_strict_budget_refuses_a_load_that_does_not_fit():
+    budget = pt.DeviceBudget(DEVICE, 1, strict=True)
+    try:
+        swap = pt.ActivationSwap(DEVICE, ORDERS["gpipe"], min_bytes=0)
+        with pytest.raises(RuntimeError, match="stage 0, micro-batch .*: the .* failed: RuntimeError: .*activation"):
+            run(ORDERS["gpipe"], True, swap=swap)
+        assert budget.stats()["refused_count"] >= 1 and budget.stats()["used"] == 0
+        budget.capacity = 1 << 30  # the same objects work once the budget allows
+        run(ORDERS["gpipe"], True, swap=swap)
+    finally:
+        budget.close()

@@ -8,6 +8,7 @@ between host and device around it.
 Activations: ``ActivationSwap`` sends each (stage, micro-batch) forward's saved tensors to host memory
 and brings them back before the backward, placed by pipeswap's injected pipeline order;
 ``pipeswap.torch.pipelining.offload_activations(schedule)`` does it inside torch.distributed.pipelining.
+``DeviceBudget`` counts both jobs' device storage on a device in one budget.
 
 See docs/pytorch.md.
 """
@@ -20,10 +21,14 @@ from ._activations import (
     orders_json,
     schedule_orders,
 )
+from ._ext import _C
 from ._optim import SwapAdam, SwapAdamW, extension
+
+DeviceBudget = _C.DeviceBudget
 
 __all__ = [
     "ActivationSwap",
+    "DeviceBudget",
     "SwapAdam",
     "SwapAdamW",
     "check_orders",

@@ -111,6 +111,13 @@ def run(kind, micro, opt_kind, offload, rank, world, fail=None):
                                      f"{checks['before_load']} loads checked, {checks['moved_groups']} moved "
                                      "storages")
             checks.update(before_load=0, moved_groups=0)
+            plain = [e for e in swap.order if e is None or not e[0].startswith("SWAP_")]
+            without = pt.ActivationSwap("cpu", plain, offload=False).predicted_peak_groups()
+            # Never more than without offload; with GPipe (every forward before every backward) fewer.
+            if st["predicted_peak_groups"] > without or (kind == "gpipe" and swapped
+                                                              and not st["predicted_peak_groups"] < without):
+                raise AssertionError(f"rank {rank} {kind} M={micro}: {st['predicted_peak_groups']} groups in flight "
+                                     f"with offload, {without} without")
     if offload and swap.order_source != "pipeswap":
         raise AssertionError(f"rank {rank} {kind} M={micro}: torch runs another order than pipeswap's {kind}")
     return grads, [p.detach().clone() for p in params], (len(swapped) if offload else 0)
