@@ -116,6 +116,9 @@ def simulate(args, binary):
         "pipeline": {"schedule": args.schedule if args.schedule == "1f1b" else "gpipe", "ranks": args.stages,
                      "micro_batches": args.micro},
     }
+    if args.device.startswith("cuda"):  # the simulator's device defaults, with this device's memory
+        props = torch.cuda.get_device_properties(torch.device(args.device))
+        scenario["device"] = {"name": props.name, "memory_bytes": props.total_memory}
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(scenario, f)
     try:
