@@ -37,6 +37,8 @@ fi
 logs=("$build/meson-logs/testlog.json")
 if [ "${PIPESWAP_SKIP_PYTHON:-0}" != 1 ]; then
   echo "=== PyTorch pass (scripts/test_python.sh; PIPESWAP_SKIP_PYTHON=1 skips it) ==="
+  # the command, for the test that checks pipeswap.torch's orders with `pipeswap validate`
+  [ -x "$build/examples/pipeswap/pipeswap" ] && export PIPESWAP_CLI=${PIPESWAP_CLI:-$(cd "$build" && pwd)/examples/pipeswap/pipeswap}
   bash scripts/test_python.sh || status=1
   pybuild=${PYTHON_BUILD_DIR:-build-python}
   case "$pybuild" in /*) ;; *) pybuild="$(pwd)/$pybuild" ;; esac

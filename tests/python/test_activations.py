@@ -6,6 +6,11 @@ work is absent: the loss is computed right away), so the saved tensors of severa
 alive at once, as on a pipeline's first stage.
 """
 
+import json
+import os
+import pathlib
+import subprocess
+
 import pytest
 import torch
 
@@ -183,14 +188,16 @@ def drop(swap, kinds):
     swap._steps = [e for e in swap._steps if e[0] not in kinds]
 
 
-@pytest.mark.parametrize("kinds,words", [
-    ({"SWAP_WAIT_LOAD"}, "which is loading; its SWAP_WAIT_LOAD must come before the backward"),
-    ({"SWAP_LAUNCH_LOAD", "SWAP_WAIT_LOAD"}, "which is offloaded; its SWAP_WAIT_LOAD must come before"),
+@pytest.mark.parametrize("kinds,where,words", [
+    ({"SWAP_WAIT_LOAD"}, "micro-batch 0: the backward", "which is loading; its SWAP_WAIT_LOAD must come before the backward"),
+    ({"SWAP_LAUNCH_LOAD", "SWAP_WAIT_LOAD"}, "micro-batch 0: the backward",
+     "which is offloaded; its SWAP_WAIT_LOAD must come before"),
+    ({"SWAP_WAIT_OFFLOAD"}, "micro-batch 6: the forward", "'pp_swap_run1_s0_m0' is offloading; call wait_offload() first"),
 ])
-def test_a_backward_before_its_load_fails_at_the_tensor(kinds, words):
+def test_each_wait_of_the_order_is_needed(kinds, where, words):
     swap = pt.ActivationSwap(DEVICE, ORDERS["gpipe"], min_bytes=0)
-    drop(swap, kinds)  # the order broken on purpose: the backward of micro-batch 0 runs before its load
-    with pytest.raises(RuntimeError, match="rank 0, stage 0, micro-batch 0: the backward failed") as e:
+    drop(swap, kinds)  # the order broken on purpose: a wait left out
+    with pytest.raises(RuntimeError, match=f"rank 0, stage 0, {where} failed") as e:
         run(ORDERS["gpipe"], True, swap=swap)
     assert words in str(e.value.__cause__)
     assert swap.stats()["groups"] == 0  # the step was aborted: every group released
@@ -312,3 +319,24 @@ def test_a_strict_budget_refuses_a_load_that_does_not_fit():
         run(ORDERS["gpipe"], True, swap=swap)
     finally:
         budget.close()
+
+
+CLI = os.environ.get("PIPESWAP_CLI") or str(pathlib.Path(__file__).resolve().parents[2] / "build" / "examples" /
+                                             "pipeswap" / "pipeswap")
+
+
+@pytest.mark.skipif(not os.access(CLI, os.X_OK), reason="the pipeswap command is not built (scripts/test.sh builds "
+                    "it first, or set PIPESWAP_CLI)")
+def test_pipeswap_validate_accepts_the_orders_and_refuses_a_broken_one(tmp_path):
+    orders = pt.schedule_orders("interleaved_1f1b", 2, 4, 2)
+    swap = pt.ActivationSwap(DEVICE, orders[0], load_lookahead=2)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(pt.orders_json([swap.order, orders[1]])))
+    r = subprocess.run([CLI, "validate", str(good), "--chunks", "2"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    broken = [e for e in swap.order if e is None or e[0] != "SWAP_WAIT_OFFLOAD"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(pt.orders_json([broken, orders[1]])))
+    r = subprocess.run([CLI, "validate", str(bad), "--chunks", "2"], capture_output=True, text=True)
+    assert r.returncode == 1 and "SWAP_WAIT_OFFLOAD" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert pt.check_orders([broken, orders[1]], 2)  # the same checks in Python
