@@ -2,7 +2,8 @@
 device is CPU memory, so every offload and load is a real copy). tests/python/test_pipeline_dist.py
 runs it with 2, 3 and 4 processes.
 
-For each schedule (GPipe, 1F1B, interleaved 1F1B with two stages per rank), each micro-batch count
+For each schedule (GPipe, 1F1B, interleaved 1F1B with two stages per rank; the placement's default,
+a load lookahead of 2, and that with an offload wait delay of 2), each micro-batch count
 and each optimizer (torch.optim.AdamW, pipeswap.torch.SwapAdamW), a small transformer trains a few
 steps twice, from the same seed: without activation swap, and with offload_activations. Every
 gradient of every step and every parameter after the last must be bit for bit the same. With swap
@@ -37,6 +38,8 @@ from pipeswap.torch.pipelining import offload_activations  # noqa: E402
 VOCAB, DIM, HEADS, SEQ, BATCH = 64, 32, 4, 16, 2
 STEPS = 2
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
+# (load_lookahead, offload_wait_delay) per schedule: the default placement and both options
+PLACEMENT = {"gpipe": (1, 1), "1f1b": (2, 1), "interleaved_1f1b": (2, 2)}
 
 
 def fail_at(stage, micro):
@@ -85,7 +88,9 @@ def run(kind, micro, opt_kind, offload, rank, world, fail=None):
                 checks["before_load"] += 1
                 checks["moved_groups"] += swap.moved_storages(s, m) > 0
 
-        swap = offload_activations(schedule, min_bytes=0, on_swap_step=on_swap_step)
+        lookahead, delay = PLACEMENT[kind]
+        swap = offload_activations(schedule, min_bytes=0, load_lookahead=lookahead, offload_wait_delay=delay,
+                                   on_swap_step=on_swap_step)
         swapped = {(e[1], e[2]) for e in swap.order if e is not None and e[0] == "SWAP_LAUNCH_OFFLOAD"}
 
     g = torch.Generator().manual_seed(99)
