@@ -1,7 +1,8 @@
 // pipeswap — one swappable piece of device memory, and where its bytes are.
 //
 // A swap_buffer moves through the life cycle device → d2h → host → h2d → device (core/transfer.hpp);
-// only the transfer_engine changes it, and everyone else reads it.
+// only the transfer_engine changes it (its arena copies through core/detail/arena_copy.hpp), and
+// everyone else reads it.
 #pragma once
 
 #include <cstddef>
@@ -34,6 +35,10 @@ constexpr std::string_view to_string(residency r) noexcept {
 
 template <backend B>
 class transfer_engine;
+namespace detail {
+template <backend B>
+struct arena_copy;
+} // namespace detail
 
 /// One swappable piece of device memory and its host mirror. Read-only outside the engine.
 ///
@@ -68,6 +73,7 @@ public:
 
 private:
   friend class transfer_engine<B>;
+  friend struct detail::arena_copy<B>; // the engine's arena copies
   std::size_t bytes_ = 0;
   bool reserved_ = false;
   budget_client client_ = budget_client::optimizer;

@@ -20,7 +20,8 @@
 //
 // Where a buffer's device bytes live is a storage policy chosen per call: per_buffer_storage (its
 // own storage, allocated on the h2d stream by launch_load, released on the d2h stream behind its D2H)
-// or arena_storage<B> (views into a staging arena, merged copies: core/staging.hpp). The states,
+// or arena_storage<B> (views into a staging arena, merged copies: core/staging.hpp and
+// core/detail/arena_copy.hpp). The states,
 // events and waits are the same for both; the engine is the only writer of a swap_buffer.
 //
 // A transfer_engine owns the copy-stream pair (one per direction, so offloads and loads overlap)
@@ -46,6 +47,7 @@
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/budget.hpp>
+#include <pipeswap/core/detail/arena_copy.hpp>
 #include <pipeswap/core/detail/engine_budget.hpp>
 #include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/detail/mutation.hpp>
@@ -183,7 +185,7 @@ public:
     detail::wait_at(detail::wait_site::offload_after_compute, b_, d2h_, b_.record_event(compute()));
     try {
       if constexpr (is_arena<Storage>) {
-        copy_runs(bufs, targets, storage.arena, storage.layout, false);
+        detail::arena_copy<B>::runs(b_, h2d_, d2h_, bufs, targets, storage.arena, storage.layout, false);
       } else {
         for (auto* x : targets) {
           if (x->mirror_ == nullptr) {
@@ -263,7 +265,7 @@ public:
         if (storage.arena.fence) {
           detail::wait_at(detail::wait_site::arena_reuse, b_, h2d_, *storage.arena.fence);
         }
-        copy_runs(bufs, targets, storage.arena, storage.layout, true);
+        detail::arena_copy<B>::runs(b_, h2d_, d2h_, bufs, targets, storage.arena, storage.layout, true);
       } else {
         for (auto* x : targets) {
           b_.copy_h2d(x->device_, x->mirror_, x->bytes_, h2d_);
@@ -447,63 +449,6 @@ private:
     if (x.state_ != residency::host || x.device_) {
       throw state_error(std::string(op) + ": swap buffer of " + std::to_string(x.bytes_) +
                         " bytes already has device storage");
-    }
-  }
-
-  /// Arena copies (a load when `load`, else an offload): when every buffer of the layout is a
-  /// target, one copy per run; otherwise (after an interrupted step) one per target. Each buffer
-  /// changes state once its copy is enqueued; loads set the views, offloads drop them (the arena is
-  /// released as a whole).
-  void copy_runs(std::span<buffer* const> bufs, detail::lean_vector<buffer*> const& targets,
-                 staging_arena<B>& arena, staging_layout const& lay, bool load) {
-    if (lay.offsets().size() != bufs.size() || lay.order().size() != bufs.size()) {
-      throw state_error("staging layout of " + std::to_string(lay.offsets().size()) + " buffers used for a batch of " +
-                        std::to_string(bufs.size()));
-    }
-    if (lay.bytes > arena.bytes) {
-      throw state_error("staging arena of " + std::to_string(arena.bytes) + " bytes is smaller than the " +
-                        std::to_string(lay.bytes) + " bytes its batch needs");
-    }
-    auto const base = arena.base;
-    auto const from = load ? residency::host : residency::device;
-    auto const copy = [&](std::byte* h, device_pointer_t<B> d, std::size_t n) {
-      if (load) {
-        b_.copy_h2d(d, h, n, h2d_);
-      } else {
-        b_.copy_d2h(h, d, n, d2h_);
-      }
-    };
-    auto const moved = [&](buffer& x) {
-      x.state_ = load ? residency::h2d : residency::d2h;
-      x.event_ = nullptr;
-      if (!load) x.device_ = {};
-    };
-    for (auto* x : targets) {
-      if (x->mirror_ == nullptr) throw state_error("swap buffer staged in an arena has no host mirror");
-    }
-    bool whole = true;
-    for (auto* x : bufs) whole = whole && (x->state_ == from || x->bytes_ == 0);
-    for (std::size_t i = 0; i < bufs.size(); ++i) {
-      if (load && bufs[i]->state_ == from) bufs[i]->device_ = base + lay.offsets()[i];
-    }
-    if (whole) {
-      std::size_t k = 0;
-      for (auto const& r : lay.runs()) {
-        copy(bufs[r.first]->mirror_, base + r.offset, r.bytes);
-        while (k < lay.order().size() && lay.offsets()[lay.order()[k]] < r.offset + r.bytes) {
-          auto* x = bufs[lay.order()[k]];
-          if (x->state_ == from && x->bytes_ > 0) moved(*x);
-          ++k;
-        }
-      }
-      return;
-    }
-    for (std::size_t i = 0; i < bufs.size(); ++i) {
-      auto* x = bufs[i];
-      if (x->state_ != from || x->bytes_ == 0) continue;
-      if (std::find(targets.begin(), targets.end(), x) == targets.end()) continue;
-      copy(x->mirror_, base + lay.offsets()[i], x->bytes_);
-      moved(*x);
     }
   }
 
