@@ -200,7 +200,7 @@ BOOST_AUTO_TEST_CASE(pipeline_executor) {
       {"missing stage", [&] { exec_t e(x, comm, ps::schedule::stage_layout(1), {}); },
        {"pipeline_executor", "rank 0 runs stage 0", "no stage object"}},
       {"foreign stage", [&] { exec_t e(x, comm, ps::schedule::stage_layout(1), {{0, &st}, {1, &st}}); },
-       {"pipeline_executor", "given 2 stages for 1 chunks"}},
+       {"pipeline_executor", "given 2 stages, the layout has 1 stages per rank"}},
   });
   exec_t e(x, comm, ps::schedule::stage_layout(1), {{0, &st}}, {.fail_at = 99});
   ps::schedule::order const o = {ps::schedule::fwd(0, 0), ps::schedule::bwd(0, 0)};

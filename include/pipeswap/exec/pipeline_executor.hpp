@@ -85,10 +85,10 @@ public:
                                std::to_string(layout_.rank_of(s)) + ", not on rank " + std::to_string(c_.rank()));
       }
     }
-    if (stages_.size() != static_cast<std::size_t>(layout_.chunks()) || (!stages_.empty() && stages_.rbegin()->first >= layout_.stages())) {
+    if (stages_.size() != static_cast<std::size_t>(layout_.stages_per_rank()) || (!stages_.empty() && stages_.rbegin()->first >= layout_.stages())) {
       throw invalid_argument("pipeline_executor: rank " + std::to_string(c_.rank()) + " was given " +
-                             std::to_string(stages_.size()) + " stages for " + std::to_string(layout_.chunks()) +
-                             " chunks of the layout");
+                             std::to_string(stages_.size()) + " stages, the layout has " +
+                             std::to_string(layout_.stages_per_rank()) + " stages per rank");
     }
   }
 
