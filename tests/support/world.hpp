@@ -104,7 +104,7 @@ struct model {
   /// Every parameter's bytes, then every slot's bytes (mirrors after a synchronize for swapped slots).
   template <class Runtime>
   std::vector<std::vector<std::byte>> snapshot(Runtime& rt) {
-    rt.synchronize_cpu_mirrors();
+    rt.synchronize_host_mirrors();
     auto out = params_bytes();
     auto const slots = opt.slots();
     for (std::size_t i = 0; i < slots.size(); ++i) {
@@ -113,7 +113,7 @@ struct model {
         detail::note_host_read(b, m.data(), m.size());
         out.emplace_back(m.begin(), m.end());
       } else {
-        out.push_back(download(b, rt.resident_device(i), slots[i].bytes()));
+        out.push_back(download(b, rt.unswappable_device(i), slots[i].bytes()));
       }
     }
     return out;

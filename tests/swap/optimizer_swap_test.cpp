@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include <pipeswap/schedule/layout.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
 
 #include "support/step_error_check.hpp"
@@ -205,11 +206,11 @@ BOOST_AUTO_TEST_CASE(device_memory_stays_within_resident_plus_two_batches) {
       auto const window = packed ? 2 * rt.arena_bytes() : 2 * rt.max_batch_bytes();
       BOOST_TEST_CONTEXT("packed " << packed << " swap_times " << k) {
         BOOST_TEST(rt.swappable_bytes() > 0u);
-        BOOST_TEST(rt.resident_bytes() > 0u); // small slots stay (min_numel 100)
-        BOOST_TEST(b.peak_device_bytes() <= params_bytes + rt.resident_bytes() + window);
+        BOOST_TEST(rt.unswappable_bytes() > 0u); // small slots stay (min_numel 100)
+        BOOST_TEST(b.peak_device_bytes() <= params_bytes + rt.unswappable_bytes() + window);
         // With three batches or more, swapping saves memory: the window is smaller than the state.
         if (k >= 3) BOOST_TEST(window < rt.swappable_bytes());
-        BOOST_TEST(b.device_bytes_in_use() == params_bytes + rt.resident_bytes());
+        BOOST_TEST(b.device_bytes_in_use() == params_bytes + rt.unswappable_bytes());
       }
     }
   }
@@ -467,7 +468,7 @@ BOOST_AUTO_TEST_CASE(a_second_live_runtime_is_refused_and_nothing_leaks) {
       BOOST_TEST(m.opt.swap_state().attached()); // the refused one did not detach the live one
       m.set_grads(0);
       rt.step();
-      BOOST_TEST(b.device_bytes() == base + rt.resident_bytes());
+      BOOST_TEST(b.device_bytes() == base + rt.unswappable_bytes());
     }
     BOOST_TEST(!m.opt.swap_state().attached());
     {
@@ -509,7 +510,7 @@ BOOST_AUTO_TEST_CASE(add_param_under_a_runtime_is_refused_and_works_after_it) {
     ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, swap(3, true));
     m.set_grads(1);
     rt.step();
-    rt.synchronize_cpu_mirrors();
+    rt.synchronize_host_mirrors();
     // The new parameter's moments started at zero: m = g, v = g², p = 1 - lr·g / (1 + g²).
     auto const mirror = rt.host_mirror(m.opt.slots().size() - 2); // its exp_avg
     std::vector<float> ea(2000);
@@ -555,4 +556,32 @@ BOOST_AUTO_TEST_CASE(a_failing_listener_arrives_wrapped_and_the_step_resumes) {
       for (std::size_t t = 0; t < ref.size(); ++t) BOOST_TEST((got[t] == ref[t]), "tensor " << t);
     }
   }
+}
+
+BOOST_AUTO_TEST_CASE(the_former_names_still_compile_and_forward) {
+  // Renamed for one meaning per word; the old names stay, deprecated, for programs written against
+  // them: synchronize_cpu_mirrors, resident_bytes, resident_device, stage_layout::chunks.
+  mock::backend b;
+  ps::transfer_engine<mock::backend> x(b, small_pool());
+  mock_model m(b, mixed_sizes, 7, false);
+  ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, swap(3, false, 100));
+  m.set_grads(0);
+  rt.step();
+  ps::schedule::stage_layout const layout(2, 3);
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+  rt.synchronize_cpu_mirrors();
+  BOOST_TEST(rt.resident_bytes() == rt.unswappable_bytes());
+  BOOST_TEST(rt.unswappable_bytes() > 0u);
+  for (std::size_t i = 0; i < m.opt.slots().size(); ++i) {
+    if (!rt.is_swappable(i)) BOOST_TEST((rt.resident_device(i) == rt.unswappable_device(i)));
+  }
+  BOOST_TEST(layout.chunks() == layout.stages_per_rank());
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+  BOOST_TEST(layout.stages_per_rank() == 3);
+  BOOST_TEST(rt.at_rest());
 }

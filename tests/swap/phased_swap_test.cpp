@@ -465,7 +465,7 @@ BOOST_AUTO_TEST_CASE(lifetime_misuse_fails_at_the_call) {
                             has("optimizer_swap::prefetch: a step is interrupted; call step() to resume it"));
       rt.step();
       BOOST_TEST(rt.prefetch() == 3u);
-      rt.synchronize_cpu_mirrors();
+      rt.synchronize_host_mirrors();
       BOOST_TEST(rt.prefetched_batches() == 0u);
       BOOST_TEST(budget.used() == 0u);
       BOOST_TEST(b.hazards().empty());
@@ -706,7 +706,7 @@ BOOST_AUTO_TEST_CASE(activation_loads_take_precedence_over_prefetch) {
       BOOST_TEST(budget.over_budget_count() == 0u);
       BOOST_TEST(budget.high_water() <= budget.capacity());
       BOOST_TEST(budget.high_water(ps::budget_client::activation) == act_bytes);
-      rt.synchronize_cpu_mirrors();
+      rt.synchronize_host_mirrors();
       BOOST_TEST(budget.used() == 0u);
       BOOST_TEST(b.hazards().empty());
     }

@@ -41,7 +41,7 @@ struct step_plan {
   std::size_t max_batch_bytes = 0;
   lean_vector<std::size_t> batch_bytes; // per batch: its pieces' bytes
   std::size_t resident = 0;             // batches of the resident share (from the front)
-  std::size_t resident_bytes = 0;       // their device bytes (own arenas, packed)
+  std::size_t resident_share_bytes = 0; // their device bytes (own arenas, packed)
 
   [[nodiscard]] std::size_t size() const noexcept { return plan.size(); }
   /// The unique swappable pieces of batch n.
@@ -150,8 +150,8 @@ public:
     if (resident_share > 0) {
       for (std::size_t n = 0; n < N; ++n) {
         auto const b = d->own_bytes(n, packed);
-        if (d->resident_bytes + b > resident_share) break;
-        d->resident_bytes += b;
+        if (d->resident_share_bytes + b > resident_share) break;
+        d->resident_share_bytes += b;
         d->resident = n + 1;
       }
     }
