@@ -35,12 +35,7 @@ using rt_t = ps::optimizer_swap<adam_world::opt_t>;
 
 namespace {
 
-ps::swap_config no_swap() {
-  ps::swap_config c;
-  c.state_keys = std::vector<std::string>{};
-  c.packed = false;
-  return c;
-}
+using ps::test::no_swap;
 
 /// Parameters, state and step counts after `steps` uninterrupted steps.
 std::vector<bytes> straight(adam_world::spec const& s, ps::swap_config cfg, int steps) {

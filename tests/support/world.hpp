@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <pipeswap/backend/mock.hpp>
@@ -42,6 +43,14 @@ inline std::vector<float> random_floats(std::size_t n, std::uint64_t seed) {
     x = static_cast<float>(static_cast<double>(s >> 11) / 9007199254740992.0 * 2.0 - 1.0);
   }
   return v;
+}
+
+/// A configuration that swaps nothing (no state keys): the reference the swapping runs compare with.
+inline swap_config no_swap() {
+  swap_config c;
+  c.state_keys = std::vector<std::string>{};
+  c.packed = false;
+  return c;
 }
 
 /// Parameters and gradients on the device of `b`, and the optimizer built over them: the toy

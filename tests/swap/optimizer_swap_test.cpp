@@ -41,12 +41,7 @@ mock::options recording(mock::timing_model t = mock::timing_model::unit()) {
 
 using ps::test::throws_step_error;
 
-ps::swap_config no_swap() {
-  ps::swap_config c;
-  c.state_keys = std::vector<std::string>{};
-  c.packed = false;
-  return c;
-}
+using ps::test::no_swap;
 
 ps::swap_config swap(std::size_t times, bool packed, std::size_t min_numel = 0) {
   ps::swap_config c;

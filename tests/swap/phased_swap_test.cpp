@@ -67,12 +67,7 @@ ps::swap_config config(std::size_t times, bool packed, phases const& p) {
   return c;
 }
 
-ps::swap_config no_swap() {
-  ps::swap_config c;
-  c.state_keys = std::vector<std::string>{};
-  c.packed = false;
-  return c;
-}
+using ps::test::no_swap;
 
 /// A stand-in forward or backward: a kernel on the compute stream that reads the parameters.
 void stand_in(mock::backend& b, mock_model& m, char const* name, mock::sim_time cost) {

@@ -107,12 +107,7 @@ std::vector<phase_setup> phase_setups() {
   return out;
 }
 
-ps::swap_config no_swap() {
-  ps::swap_config c;
-  c.state_keys = std::vector<std::string>{};
-  c.packed = false;
-  return c;
-}
+using ps::test::no_swap;
 
 template <class B>
 std::vector<std::vector<std::byte>> train(B& b, phase_setup const& p, int steps) {
