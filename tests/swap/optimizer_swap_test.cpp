@@ -580,3 +580,33 @@ BOOST_AUTO_TEST_CASE(the_former_names_still_compile_and_forward) {
   BOOST_TEST(layout.stages_per_rank() == 3);
   BOOST_TEST(rt.at_rest());
 }
+
+BOOST_AUTO_TEST_CASE(a_buffer_without_storage_is_empty_not_host) {
+  // "host" means the bytes are in the host mirror; a buffer with no storage is "empty".
+  mock::backend b;
+  ps::transfer_engine<mock::backend> x(b, small_pool());
+  ps::swap_buffer<mock::backend> buf(64);
+  BOOST_TEST((buf.state() == ps::residency::empty));
+  BOOST_TEST(buf.at_rest());
+  ps::swap_buffer<mock::backend>* one[] = {&buf};
+  BOOST_CHECK_EXCEPTION(x.launch_load(one), ps::state_error, [](auto const& e) {
+    return std::string(e.what()).find("is empty and has no host mirror") != std::string::npos;
+  });
+  x.allocate(buf, x.compute());
+  BOOST_TEST((buf.state() == ps::residency::device));
+  auto const d = x.take_device(buf);
+  BOOST_TEST((buf.state() == ps::residency::empty));
+  x.adopt_device(buf, d);
+  x.discard_device(buf, x.compute()); // no mirror: nothing left
+  BOOST_TEST((buf.state() == ps::residency::empty));
+  auto blk = x.pool().allocate_for_host(64);
+  x.set_mirror(buf, blk.ptr); // the mirror's bytes are its contents
+  BOOST_TEST((buf.state() == ps::residency::host));
+  x.launch_load(one);
+  x.wait_load(one, x.compute());
+  BOOST_TEST((buf.state() == ps::residency::device));
+  x.discard_device(buf, x.compute()); // back to the mirror's bytes
+  BOOST_TEST((buf.state() == ps::residency::host));
+  x.release_mirror(buf); // a view: the block stays the test's
+  x.pool().deallocate(blk, ps::record(b, x.h2d()));
+}

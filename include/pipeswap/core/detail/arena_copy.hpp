@@ -37,7 +37,7 @@ struct arena_copy {
                         std::to_string(lay.bytes) + " bytes its batch needs");
     }
     auto const base = arena.base;
-    auto const from = load ? residency::host : residency::device;
+    auto const in_from = [load](residency r) { return load ? off_device(r) : r == residency::device; };
     auto const copy = [&](std::byte* h, device_pointer_t<B> d, std::size_t n) {
       if (load) {
         b.copy_h2d(d, h, n, h2d);
@@ -54,9 +54,9 @@ struct arena_copy {
       if (x->mirror_ == nullptr) throw state_error("swap buffer staged in an arena has no host mirror");
     }
     bool whole = true;
-    for (auto* x : bufs) whole = whole && (x->state_ == from || x->bytes_ == 0);
+    for (auto* x : bufs) whole = whole && (in_from(x->state_) || x->bytes_ == 0);
     for (std::size_t i = 0; i < bufs.size(); ++i) {
-      if (load && bufs[i]->state_ == from) bufs[i]->device_ = base + lay.offsets()[i];
+      if (load && in_from(bufs[i]->state_)) bufs[i]->device_ = base + lay.offsets()[i];
     }
     if (whole) {
       std::size_t k = 0;
@@ -64,7 +64,7 @@ struct arena_copy {
         copy(bufs[r.first]->mirror_, base + r.offset, r.bytes);
         while (k < lay.order().size() && lay.offsets()[lay.order()[k]] < r.offset + r.bytes) {
           auto* x = bufs[lay.order()[k]];
-          if (x->state_ == from && x->bytes_ > 0) moved(*x);
+          if (in_from(x->state_) && x->bytes_ > 0) moved(*x);
           ++k;
         }
       }
@@ -72,7 +72,7 @@ struct arena_copy {
     }
     for (std::size_t i = 0; i < bufs.size(); ++i) {
       auto* x = bufs[i];
-      if (x->state_ != from || x->bytes_ == 0) continue;
+      if (!in_from(x->state_) || x->bytes_ == 0) continue;
       if (std::find(targets.begin(), targets.end(), x) == targets.end()) continue;
       copy(x->mirror_, base + lay.offsets()[i], x->bytes_);
       moved(*x);
