@@ -296,7 +296,7 @@ run_result run_steps(cuda::backend& b, ps::transfer_engine<cuda::backend>& x, mo
   r.max_batch_bytes = rt.max_batch_bytes();
   r.arena_bytes = rt.arena_bytes();
   r.batches = rt.last_plan().size();
-  rt.synchronize_cpu_mirrors();
+  rt.synchronize_host_mirrors();
 
   snapshot now;
   snapshot* out = keep != nullptr ? keep : &now;
@@ -314,7 +314,7 @@ run_result run_steps(cuda::backend& b, ps::transfer_engine<cuda::backend>& x, mo
     } else {
       bytes.resize(slot->bytes());
       b.synchronize_device();
-      PIPESWAP_CUDA_TRY(cudaMemcpy(bytes.data(), rt.resident_device(si).get(), bytes.size(), cudaMemcpyDeviceToHost));
+      PIPESWAP_CUDA_TRY(cudaMemcpy(bytes.data(), rt.unswappable_device(si).get(), bytes.size(), cudaMemcpyDeviceToHost));
       p = bytes.data();
     }
     if (ref != nullptr) {

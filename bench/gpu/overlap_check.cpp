@@ -118,7 +118,7 @@ figures run_loop(cuda::backend& b, options const& o, loop l, stand_in const& bwd
       if (l == loop::overlapped) f.prefetched = std::max(f.prefetched, rt.prefetch());
       rt.step();
     }
-    rt.synchronize_cpu_mirrors();
+    rt.synchronize_host_mirrors();
     b.synchronize(b.record_event(cs));
     float ms = 0;
     PIPESWAP_CUDA_TRY(cudaEventElapsedTime(&ms, starts[3], starts[5]));

@@ -35,12 +35,7 @@ using rt_t = ps::optimizer_swap<adam_world::opt_t>;
 
 namespace {
 
-ps::swap_config no_swap() {
-  ps::swap_config c;
-  c.state_keys = std::vector<std::string>{};
-  c.packed = false;
-  return c;
-}
+using ps::test::no_swap;
 
 /// Parameters, state and step counts after `steps` uninterrupted steps.
 std::vector<bytes> straight(adam_world::spec const& s, ps::swap_config cfg, int steps) {
@@ -281,7 +276,7 @@ BOOST_AUTO_TEST_CASE(after_a_load_swapped_state_rests_on_the_host_and_resident_s
           BOOST_TEST(rt.slot_in(i, ps::residency::host));
         } else {
           BOOST_TEST(rt.slot_in(i, ps::residency::device));
-          BOOST_TEST((!rt.resident_device(i)) == (slot.bytes() == 0));
+          BOOST_TEST((!rt.unswappable_device(i)) == (slot.bytes() == 0));
         }
         auto const& t = f.at(ps::checkpoint_tensor_name(slot.param, slot.key));
         bytes got;
@@ -290,7 +285,7 @@ BOOST_AUTO_TEST_CASE(after_a_load_swapped_state_rests_on_the_host_and_resident_s
           w.b.note_host_read(m.data(), m.size());
           got.assign(m.begin(), m.end());
         } else if (slot.bytes()) {
-          got = w.b.read_device(rt.resident_device(i), slot.bytes());
+          got = w.b.read_device(rt.unswappable_device(i), slot.bytes());
         }
         BOOST_TEST((got == bytes(t.bytes.begin(), t.bytes.end())));
       }
@@ -656,7 +651,7 @@ BOOST_AUTO_TEST_CASE(save_and_load_leave_no_hazard_and_release_what_they_borrow)
   ps::load_checkpoint_from_bytes(rt, file);
   BOOST_TEST(w.x.pool().stats().used_bytes == used);
   BOOST_TEST(w.b.device_bytes_in_use() == device);
-  BOOST_TEST(rt.resident_bytes() > 0u);
+  BOOST_TEST(rt.unswappable_bytes() > 0u);
   BOOST_TEST(w.b.hazards().empty());
   w.train(rt, 2, 3);
 }

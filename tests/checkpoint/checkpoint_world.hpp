@@ -41,7 +41,7 @@ inline swap_config checkpoint_swap(bool packed, std::size_t swap_times = 3, std:
 /// Every slot's bytes (after a quiesce: mirrors of swappable slots, device bytes of the others).
 template <class Runtime>
 std::vector<bytes> state_bytes(Runtime& rt, mock::backend& b) {
-  rt.synchronize_cpu_mirrors();
+  rt.synchronize_host_mirrors();
   std::vector<bytes> out;
   auto const slots = rt.optimizer().slots();
   for (std::size_t i = 0; i < slots.size(); ++i) {
@@ -52,7 +52,7 @@ std::vector<bytes> state_bytes(Runtime& rt, mock::backend& b) {
       b.note_host_read(m.data(), m.size());
       out.emplace_back(m.begin(), m.end());
     } else {
-      out.push_back(b.read_device(rt.resident_device(i), slots[i].bytes()));
+      out.push_back(b.read_device(rt.unswappable_device(i), slots[i].bytes()));
     }
   }
   return out;

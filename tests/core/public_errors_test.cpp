@@ -109,7 +109,7 @@ BOOST_AUTO_TEST_CASE(adam_and_optimizer_swap) {
     sweep({
         {"is_swappable", [&] { (void)rt.is_swappable(2); }, {"optimizer_swap", "slot index 2", "out of range (2 slots)"}},
         {"host_mirror", [&] { (void)rt.host_mirror(40); }, {"optimizer_swap", "slot index 40", "out of range"}},
-        {"resident_device", [&] { (void)rt.resident_device(0); }, {"optimizer_swap", "'0.exp_avg'", "is swapped"}},
+        {"unswappable_device", [&] { (void)rt.unswappable_device(0); }, {"optimizer_swap", "'0.exp_avg'", "is swapped"}},
         {"slot_in", [&] { (void)rt.slot_in(3, ps::residency::host); }, {"optimizer_swap", "slot index 3", "out of range"}},
         {"second runtime", [&] { ps::optimizer_swap<ps::adamw<B>> again(x, opt); }, {"optimizer_swap", "already managed"}},
         {"add_param under a runtime", [&] { opt.add_param({p + 8 * 4096, {}, 1}); }, {"adam::add_param", "destroy the runtime"}},
@@ -200,7 +200,7 @@ BOOST_AUTO_TEST_CASE(pipeline_executor) {
       {"missing stage", [&] { exec_t e(x, comm, ps::schedule::stage_layout(1), {}); },
        {"pipeline_executor", "rank 0 runs stage 0", "no stage object"}},
       {"foreign stage", [&] { exec_t e(x, comm, ps::schedule::stage_layout(1), {{0, &st}, {1, &st}}); },
-       {"pipeline_executor", "given 2 stages for 1 chunks"}},
+       {"pipeline_executor", "given 2 stages, the layout has 1 stages per rank"}},
   });
   exec_t e(x, comm, ps::schedule::stage_layout(1), {{0, &st}}, {.fail_at = 99});
   ps::schedule::order const o = {ps::schedule::fwd(0, 0), ps::schedule::bwd(0, 0)};

@@ -116,50 +116,15 @@ BOOST_AUTO_TEST_CASE(refused_calls_lose_nothing) {
   mock::backend b;
   ps::transfer_engine<mock::backend> x(b), y(b);
   std::vector<std::size_t> const sizes = {3000, 1500, 2500};
-  struct world {
-    mock::backend& b;
-    std::vector<std::size_t> sizes;
-    std::vector<ps::device_ptr> params, grads;
-    adamw opt;
-    world(mock::backend& be, std::vector<std::size_t> sz, bool try_bad) : b(be), sizes(std::move(sz)), opt(be) {
-      for (std::size_t i = 0; i < sizes.size(); ++i) {
-        params.push_back(b.allocate_device(sizes[i] * 4, b.current_stream()));
-        grads.push_back(b.allocate_device(sizes[i] * 4, b.current_stream()));
-        auto v = ps::test::random_floats(sizes[i], 11 + i);
-        ps::test::upload(b, params[i], v.data(), v.size() * 4);
-        opt.add_param({params[i], grads[i], sizes[i]});
-        if (!try_bad) continue;
-        // A tied second registration, a gradient that aliases its parameter, a bad index: refused.
-        BOOST_CHECK_THROW(opt.add_param({params[i], grads[i], sizes[i]}), ps::invalid_argument);
-        BOOST_CHECK_THROW(opt.set_grad(i, params[i]), ps::invalid_argument);
-        BOOST_CHECK_THROW(opt.set_grad(i + 10, grads[i]), ps::invalid_argument);
-      }
-    }
-    ~world() {
-      for (std::size_t i = 0; i < sizes.size(); ++i) {
-        b.deallocate_device(params[i], sizes[i] * 4, b.current_stream());
-        b.deallocate_device(grads[i], sizes[i] * 4, b.current_stream());
-      }
-    }
-    void set_grads(std::uint64_t step) {
-      for (std::size_t i = 0; i < sizes.size(); ++i) {
-        auto v = ps::test::random_floats(sizes[i], 1000003 * (step + 1) + i);
-        ps::test::upload(b, grads[i], v.data(), v.size() * 4);
-      }
-    }
-    std::vector<std::vector<std::byte>> snapshot(ps::optimizer_swap<adamw>& rt) {
-      rt.synchronize_cpu_mirrors();
-      std::vector<std::vector<std::byte>> out;
-      for (std::size_t i = 0; i < sizes.size(); ++i) out.push_back(ps::test::download(b, params[i], sizes[i] * 4));
-      for (std::size_t i = 0; i < opt.slots().size(); ++i) {
-        auto const m = rt.host_mirror(i);
-        ps::detail::note_host_read(b, m.data(), m.size());
-        out.emplace_back(m.begin(), m.end());
-      }
-      return out;
-    }
-  };
-  world clean(b, sizes, false), tried(b, sizes, true);
+  using world = ps::test::model<mock::backend, adamw>;
+  world clean(b, sizes, 11, false), tried(b, {}, 11, false);
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    tried.add(sizes[i], 11 + i);
+    // A tied second registration, a gradient that aliases its parameter, a bad index: refused.
+    BOOST_CHECK_THROW(tried.opt.add_param({tried.params[i], tried.grads[i], sizes[i]}), ps::invalid_argument);
+    BOOST_CHECK_THROW(tried.opt.set_grad(i, tried.params[i]), ps::invalid_argument);
+    BOOST_CHECK_THROW(tried.opt.set_grad(i + 10, tried.grads[i]), ps::invalid_argument);
+  }
   ps::swap_config cfg;
   cfg.swap_times = 2;
   cfg.min_numel = 1;

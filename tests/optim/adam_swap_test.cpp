@@ -145,7 +145,7 @@ std::vector<std::vector<std::byte>> run(spec const& s, ps::swap_config cfg, int 
     w.set_grads(k);
     rt.step();
   }
-  rt.synchronize_cpu_mirrors();
+  rt.synchronize_host_mirrors();
   std::vector<std::vector<std::byte>> out;
   for (std::size_t i = 0; i < s.sizes.size(); ++i) {
     out.push_back(ps::test::download(w.b, w.params[i], s.sizes[i] * ps::size_of(types_of(s, i).param)));
@@ -157,7 +157,7 @@ std::vector<std::vector<std::byte>> run(spec const& s, ps::swap_config cfg, int 
       ps::detail::note_host_read(w.b, m.data(), m.size());
       out.emplace_back(m.begin(), m.end());
     } else {
-      out.push_back(ps::test::download(w.b, rt.resident_device(i), slots[i].bytes()));
+      out.push_back(ps::test::download(w.b, rt.unswappable_device(i), slots[i].bytes()));
     }
   }
   if constexpr (std::is_same_v<B, mock::backend>) BOOST_TEST(w.b.hazards().empty());

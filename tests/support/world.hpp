@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <pipeswap/backend/mock.hpp>
@@ -44,7 +45,18 @@ inline std::vector<float> random_floats(std::size_t n, std::uint64_t seed) {
   return v;
 }
 
-/// Parameters and gradients on the device of `b`, and the optimizer built over them.
+/// A configuration that swaps nothing (no state keys): the reference the swapping runs compare with.
+inline swap_config no_swap() {
+  swap_config c;
+  c.state_keys = std::vector<std::string>{};
+  c.packed = false;
+  return c;
+}
+
+/// Parameters and gradients on the device of `b`, and the optimizer built over them: the toy
+/// optimizer (support/toy_optimizer.hpp, every other parameter with a master copy when `masters`) or
+/// any optimizer whose add_param takes a param_desc (Adam). Bytes move with upload() and download(),
+/// found by argument-dependent lookup (support/threaded_backend.hpp has the threaded backend's).
 template <class B, class Opt>
 struct model {
   B& b;
@@ -53,16 +65,9 @@ struct model {
   Opt opt;
 
   template <class... OptArgs>
-  model(B& backend, std::vector<std::size_t> sz, std::uint64_t seed, bool masters, OptArgs&&... args)
-      : b(backend), sizes(std::move(sz)), opt(backend, std::forward<OptArgs>(args)...) {
-    auto s = b.current_stream();
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      params.push_back(b.allocate_device(sizes[i] * 4, s));
-      grads.push_back(b.allocate_device(sizes[i] * 4, s));
-      auto v = random_floats(sizes[i], seed + i);
-      upload(b, params[i], v.data(), v.size() * 4);
-      opt.add_param(params[i], grads[i], sizes[i], masters && i % 2 == 0);
-    }
+  model(B& backend, std::vector<std::size_t> const& sz, std::uint64_t seed, bool masters, OptArgs&&... args)
+      : b(backend), opt(backend, std::forward<OptArgs>(args)...) {
+    for (std::size_t i = 0; i < sz.size(); ++i) add(sz[i], seed + i, masters && i % 2 == 0);
   }
   model(model const&) = delete;
   ~model() {
@@ -73,6 +78,24 @@ struct model {
     }
   }
 
+  /// A parameter of `numel` floats drawn from `seed` and its gradient, registered with the
+  /// optimizer; returns its index.
+  std::size_t add(std::size_t numel, std::uint64_t seed, bool master = false) {
+    auto s = b.current_stream();
+    params.push_back(b.allocate_device(numel * 4, s));
+    grads.push_back(b.allocate_device(numel * 4, s));
+    sizes.push_back(numel);
+    auto const i = sizes.size() - 1;
+    auto v = random_floats(numel, seed);
+    upload(b, params[i], v.data(), v.size() * 4);
+    if constexpr (requires { opt.add_param(params[i], grads[i], numel, master); }) {
+      opt.add_param(params[i], grads[i], numel, master);
+    } else {
+      opt.add_param({params[i], grads[i], numel});
+    }
+    return i;
+  }
+
   void set_grads(std::uint64_t step) {
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       auto v = random_floats(sizes[i], 1000003 * (step + 1) + i);
@@ -80,12 +103,18 @@ struct model {
     }
   }
 
+  /// Every parameter's bytes.
+  std::vector<std::vector<std::byte>> params_bytes() {
+    std::vector<std::vector<std::byte>> out;
+    for (std::size_t i = 0; i < sizes.size(); ++i) out.push_back(download(b, params[i], sizes[i] * 4));
+    return out;
+  }
+
   /// Every parameter's bytes, then every slot's bytes (mirrors after a synchronize for swapped slots).
   template <class Runtime>
   std::vector<std::vector<std::byte>> snapshot(Runtime& rt) {
-    rt.synchronize_cpu_mirrors();
-    std::vector<std::vector<std::byte>> out;
-    for (std::size_t i = 0; i < sizes.size(); ++i) out.push_back(download(b, params[i], sizes[i] * 4));
+    rt.synchronize_host_mirrors();
+    auto out = params_bytes();
     auto const slots = opt.slots();
     for (std::size_t i = 0; i < slots.size(); ++i) {
       if (rt.is_swappable(i)) {
@@ -93,7 +122,7 @@ struct model {
         detail::note_host_read(b, m.data(), m.size());
         out.emplace_back(m.begin(), m.end());
       } else {
-        out.push_back(download(b, rt.resident_device(i), slots[i].bytes()));
+        out.push_back(download(b, rt.unswappable_device(i), slots[i].bytes()));
       }
     }
     return out;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include <pipeswap/schedule/layout.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
 
 #include "support/step_error_check.hpp"
@@ -40,12 +41,7 @@ mock::options recording(mock::timing_model t = mock::timing_model::unit()) {
 
 using ps::test::throws_step_error;
 
-ps::swap_config no_swap() {
-  ps::swap_config c;
-  c.state_keys = std::vector<std::string>{};
-  c.packed = false;
-  return c;
-}
+using ps::test::no_swap;
 
 ps::swap_config swap(std::size_t times, bool packed, std::size_t min_numel = 0) {
   ps::swap_config c;
@@ -205,11 +201,11 @@ BOOST_AUTO_TEST_CASE(device_memory_stays_within_resident_plus_two_batches) {
       auto const window = packed ? 2 * rt.arena_bytes() : 2 * rt.max_batch_bytes();
       BOOST_TEST_CONTEXT("packed " << packed << " swap_times " << k) {
         BOOST_TEST(rt.swappable_bytes() > 0u);
-        BOOST_TEST(rt.resident_bytes() > 0u); // small slots stay (min_numel 100)
-        BOOST_TEST(b.peak_device_bytes() <= params_bytes + rt.resident_bytes() + window);
+        BOOST_TEST(rt.unswappable_bytes() > 0u); // small slots stay (min_numel 100)
+        BOOST_TEST(b.peak_device_bytes() <= params_bytes + rt.unswappable_bytes() + window);
         // With three batches or more, swapping saves memory: the window is smaller than the state.
         if (k >= 3) BOOST_TEST(window < rt.swappable_bytes());
-        BOOST_TEST(b.device_bytes_in_use() == params_bytes + rt.resident_bytes());
+        BOOST_TEST(b.device_bytes_in_use() == params_bytes + rt.unswappable_bytes());
       }
     }
   }
@@ -467,7 +463,7 @@ BOOST_AUTO_TEST_CASE(a_second_live_runtime_is_refused_and_nothing_leaks) {
       BOOST_TEST(m.opt.swap_state().attached()); // the refused one did not detach the live one
       m.set_grads(0);
       rt.step();
-      BOOST_TEST(b.device_bytes() == base + rt.resident_bytes());
+      BOOST_TEST(b.device_bytes() == base + rt.unswappable_bytes());
     }
     BOOST_TEST(!m.opt.swap_state().attached());
     {
@@ -509,7 +505,7 @@ BOOST_AUTO_TEST_CASE(add_param_under_a_runtime_is_refused_and_works_after_it) {
     ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, swap(3, true));
     m.set_grads(1);
     rt.step();
-    rt.synchronize_cpu_mirrors();
+    rt.synchronize_host_mirrors();
     // The new parameter's moments started at zero: m = g, v = g², p = 1 - lr·g / (1 + g²).
     auto const mirror = rt.host_mirror(m.opt.slots().size() - 2); // its exp_avg
     std::vector<float> ea(2000);
@@ -555,4 +551,62 @@ BOOST_AUTO_TEST_CASE(a_failing_listener_arrives_wrapped_and_the_step_resumes) {
       for (std::size_t t = 0; t < ref.size(); ++t) BOOST_TEST((got[t] == ref[t]), "tensor " << t);
     }
   }
+}
+
+BOOST_AUTO_TEST_CASE(the_former_names_still_compile_and_forward) {
+  // Renamed for one meaning per word; the old names stay, deprecated, for programs written against
+  // them: synchronize_cpu_mirrors, resident_bytes, resident_device, stage_layout::chunks.
+  mock::backend b;
+  ps::transfer_engine<mock::backend> x(b, small_pool());
+  mock_model m(b, mixed_sizes, 7, false);
+  ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, swap(3, false, 100));
+  m.set_grads(0);
+  rt.step();
+  ps::schedule::stage_layout const layout(2, 3);
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+  rt.synchronize_cpu_mirrors();
+  BOOST_TEST(rt.resident_bytes() == rt.unswappable_bytes());
+  BOOST_TEST(rt.unswappable_bytes() > 0u);
+  for (std::size_t i = 0; i < m.opt.slots().size(); ++i) {
+    if (!rt.is_swappable(i)) BOOST_TEST((rt.resident_device(i) == rt.unswappable_device(i)));
+  }
+  BOOST_TEST(layout.chunks() == layout.stages_per_rank());
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+  BOOST_TEST(layout.stages_per_rank() == 3);
+  BOOST_TEST(rt.at_rest());
+}
+
+BOOST_AUTO_TEST_CASE(a_buffer_without_storage_is_empty_not_host) {
+  // "host" means the bytes are in the host mirror; a buffer with no storage is "empty".
+  mock::backend b;
+  ps::transfer_engine<mock::backend> x(b, small_pool());
+  ps::swap_buffer<mock::backend> buf(64);
+  BOOST_TEST((buf.state() == ps::residency::empty));
+  BOOST_TEST(buf.at_rest());
+  ps::swap_buffer<mock::backend>* one[] = {&buf};
+  BOOST_CHECK_EXCEPTION(x.launch_load(one), ps::state_error, [](auto const& e) {
+    return std::string(e.what()).find("is empty and has no host mirror") != std::string::npos;
+  });
+  x.allocate(buf, x.compute());
+  BOOST_TEST((buf.state() == ps::residency::device));
+  auto const d = x.take_device(buf);
+  BOOST_TEST((buf.state() == ps::residency::empty));
+  x.adopt_device(buf, d);
+  x.discard_device(buf, x.compute()); // no mirror: nothing left
+  BOOST_TEST((buf.state() == ps::residency::empty));
+  auto blk = x.pool().allocate_for_host(64);
+  x.set_mirror(buf, blk.ptr); // the mirror's bytes are its contents
+  BOOST_TEST((buf.state() == ps::residency::host));
+  x.launch_load(one);
+  x.wait_load(one, x.compute());
+  BOOST_TEST((buf.state() == ps::residency::device));
+  x.discard_device(buf, x.compute()); // back to the mirror's bytes
+  BOOST_TEST((buf.state() == ps::residency::host));
+  x.release_mirror(buf); // a view: the block stays the test's
+  x.pool().deallocate(blk, ps::record(b, x.h2d()));
 }

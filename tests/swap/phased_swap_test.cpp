@@ -67,12 +67,7 @@ ps::swap_config config(std::size_t times, bool packed, phases const& p) {
   return c;
 }
 
-ps::swap_config no_swap() {
-  ps::swap_config c;
-  c.state_keys = std::vector<std::string>{};
-  c.packed = false;
-  return c;
-}
+using ps::test::no_swap;
 
 /// A stand-in forward or backward: a kernel on the compute stream that reads the parameters.
 void stand_in(mock::backend& b, mock_model& m, char const* name, mock::sim_time cost) {
@@ -465,7 +460,7 @@ BOOST_AUTO_TEST_CASE(lifetime_misuse_fails_at_the_call) {
                             has("optimizer_swap::prefetch: a step is interrupted; call step() to resume it"));
       rt.step();
       BOOST_TEST(rt.prefetch() == 3u);
-      rt.synchronize_cpu_mirrors();
+      rt.synchronize_host_mirrors();
       BOOST_TEST(rt.prefetched_batches() == 0u);
       BOOST_TEST(budget.used() == 0u);
       BOOST_TEST(b.hazards().empty());
@@ -706,7 +701,7 @@ BOOST_AUTO_TEST_CASE(activation_loads_take_precedence_over_prefetch) {
       BOOST_TEST(budget.over_budget_count() == 0u);
       BOOST_TEST(budget.high_water() <= budget.capacity());
       BOOST_TEST(budget.high_water(ps::budget_client::activation) == act_bytes);
-      rt.synchronize_cpu_mirrors();
+      rt.synchronize_host_mirrors();
       BOOST_TEST(budget.used() == 0u);
       BOOST_TEST(b.hazards().empty());
     }

@@ -48,23 +48,8 @@ using backends = std::tuple<mock::backend, threaded_backend>;
 
 namespace {
 
-// ----- moving bytes in and out, through the backend's own streams --------------------------------
-
-void put(mock::backend& b, ps::device_ptr d, void const* src, std::size_t n) { b.write_device(d, {static_cast<std::byte const*>(src), n}); }
-void put(threaded_backend& b, ps::device_ptr d, void const* src, std::size_t n) {
-  std::vector<std::byte> v(static_cast<std::byte const*>(src), static_cast<std::byte const*>(src) + n);
-  auto s = b.current_stream();
-  b.launch(s, [d, v = std::move(v)] { std::memcpy(d.get<std::byte>(), v.data(), v.size()); });
-  b.synchronize(b.record_event(s));
-}
-std::vector<std::byte> get(mock::backend& b, ps::device_ptr d, std::size_t n) { return b.read_device(d, n); }
-std::vector<std::byte> get(threaded_backend& b, ps::device_ptr d, std::size_t n) {
-  auto out = std::make_shared<std::vector<std::byte>>(n);
-  auto s = b.current_stream();
-  b.launch(s, [d, out, n] { std::memcpy(out->data(), d.get<std::byte const>(), n); });
-  b.synchronize(b.record_event(s));
-  return *out;
-}
+using ps::test::download;
+using ps::test::upload;
 
 /// `fn(in, out)` as a kernel on `s`: `in` and `out` give float pointers to device ranges.
 template <class F>
@@ -84,57 +69,11 @@ void kernel(threaded_backend& b, threaded_backend::stream_type s, std::vector<mo
 
 // ----- an AdamW model over the backend ----------------------------------------------------------
 
+/// An AdamW model over the backend (parameters drawn from seed 7).
 template <class B>
-struct adam_world {
-  using opt_t = ps::adamw<B>;
-  using rt_t = ps::optimizer_swap<opt_t>;
-  B& b;
-  std::vector<std::size_t> sizes;
-  std::vector<ps::device_ptr> params, grads;
-  opt_t opt;
-  adam_world(B& be, std::vector<std::size_t> sz) : b(be), sizes(std::move(sz)), opt(be) {
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      params.push_back(b.allocate_device(sizes[i] * 4, b.current_stream()));
-      grads.push_back(b.allocate_device(sizes[i] * 4, b.current_stream()));
-      auto v = ps::test::random_floats(sizes[i], 7 + i);
-      put(b, params[i], v.data(), v.size() * 4);
-      opt.add_param({params[i], grads[i], sizes[i]});
-    }
-  }
-  adam_world(adam_world const&) = delete;
-  ~adam_world() {
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      b.deallocate_device(params[i], sizes[i] * 4, b.current_stream());
-      b.deallocate_device(grads[i], sizes[i] * 4, b.current_stream());
-    }
-  }
-  void set_grads(std::uint64_t step) {
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      auto v = ps::test::random_floats(sizes[i], 1000003 * (step + 1) + i);
-      put(b, grads[i], v.data(), v.size() * 4);
-    }
-  }
-  std::vector<std::vector<std::byte>> params_bytes() {
-    std::vector<std::vector<std::byte>> out;
-    for (std::size_t i = 0; i < sizes.size(); ++i) out.push_back(get(b, params[i], sizes[i] * 4));
-    return out;
-  }
-  /// Every parameter's bytes, then every slot's.
-  std::vector<std::vector<std::byte>> snapshot(rt_t& rt) {
-    rt.synchronize_cpu_mirrors();
-    auto out = params_bytes();
-    auto const slots = opt.slots();
-    for (std::size_t i = 0; i < slots.size(); ++i) {
-      if (rt.is_swappable(i)) {
-        auto const m = rt.host_mirror(i);
-        ps::detail::note_host_read(b, m.data(), m.size());
-        out.emplace_back(m.begin(), m.end());
-      } else {
-        out.push_back(get(b, rt.resident_device(i), slots[i].bytes()));
-      }
-    }
-    return out;
-  }
+struct adam_world : ps::test::model<B, ps::adamw<B>> {
+  using rt_t = ps::optimizer_swap<ps::adamw<B>>;
+  adam_world(B& b, std::vector<std::size_t> const& sz) : ps::test::model<B, ps::adamw<B>>(b, sz, 7, false) {}
 };
 
 std::vector<std::size_t> const sizes{3000, 64, 5000, 2048, 1, 4000};
@@ -168,12 +107,7 @@ std::vector<phase_setup> phase_setups() {
   return out;
 }
 
-ps::swap_config no_swap() {
-  ps::swap_config c;
-  c.state_keys = std::vector<std::string>{};
-  c.packed = false;
-  return c;
-}
+using ps::test::no_swap;
 
 template <class B>
 std::vector<std::vector<std::byte>> train(B& b, phase_setup const& p, int steps) {
@@ -245,7 +179,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(an_async_checkpoint_with_a_deferred_offload_resume
     save.get();
   }
   // A new optimizer over the parameters as they were at the save, other swap settings.
-  for (std::size_t i = 0; i < sizes.size(); ++i) put(b, w.params[i], params_at_2[i].data(), params_at_2[i].size());
+  for (std::size_t i = 0; i < sizes.size(); ++i) upload(b, w.params[i], params_at_2[i].data(), params_at_2[i].size());
   adam_world<B> again(b, {});
   again.sizes = sizes;
   again.params = w.params;
@@ -282,7 +216,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(activation_groups_come_back_byte_for_byte, B, back
         std::vector<std::byte> v(n);
         ps::test::fill_pattern(v.data(), n, static_cast<std::uint32_t>(run * 100 + m * 10 + k));
         auto d = b.allocate_device(n, b.current_stream());
-        put(b, d, v.data(), n);
+        upload(b, d, v.data(), n);
         saved[m].push_back({acts.save(d, n), std::move(v)});
       }
     }
@@ -291,7 +225,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(activation_groups_come_back_byte_for_byte, B, back
     for (int m = 5; m >= 0; --m) {
       acts.launch_load({0, m});
       acts.wait_load({0, m});
-      for (auto const& [h, v] : saved[m]) BOOST_TEST((get(b, acts.ptr(h), v.size()) == v), "micro " << m);
+      for (auto const& [h, v] : saved[m]) BOOST_TEST((download(b, acts.ptr(h), v.size()) == v), "micro " << m);
       acts.release({0, m});
     }
     acts.end_run();
@@ -318,7 +252,7 @@ struct toy_stage {
   toy_stage(B& be, int i, int n) : b(be), index(i), stages(n), w(0.5f + 0.25f * static_cast<float>(i)) {
     acc = b.allocate_device(64 * 4, b.current_stream());
     std::vector<float> z(64, 0.0f);
-    put(b, acc, z.data(), z.size() * 4);
+    upload(b, acc, z.data(), z.size() * 4);
   }
   ~toy_stage() { b.deallocate_device(acc, 64 * 4, b.current_stream()); }
   std::size_t input_bytes() const { return width * 4; }
@@ -383,6 +317,26 @@ struct toy_stage {
   }
 };
 
+/// One rank of the toy pipeline on thread_comm: its backend, transfer engine, stage and executor
+/// (a 60 s watchdog; `label`: executor_options::schedule_label).
+template <class B>
+struct toy_rank {
+  B b;
+  ps::transfer_engine<B> x{b};
+  toy_stage<B> st;
+  ps::exec::thread_comm c;
+  ps::exec::pipeline_executor<B, ps::exec::thread_comm, toy_stage<B>> ex;
+  toy_rank(ps::exec::thread_world& world, int r, int ranks, std::string label = {})
+      : st(b, r, ranks), c(world.comm(r)),
+        ex(x, c, ps::schedule::stage_layout(ranks), {{r, &st}}, options(std::move(label))) {}
+  static ps::exec::executor_options options(std::string label) {
+    ps::exec::executor_options eo;
+    eo.wait_timeout = std::chrono::seconds(60);
+    eo.schedule_label = std::move(label);
+    return eo;
+  }
+};
+
 /// Two ranks as threads on thread_comm; returns each stage's accumulator bytes.
 template <class B>
 std::vector<std::vector<std::byte>> run_pipeline(bool swap, int micro, int steps) {
@@ -398,17 +352,9 @@ std::vector<std::vector<std::byte>> run_pipeline(bool swap, int micro, int steps
   for (int r = 0; r < ranks; ++r) {
     ts.emplace_back([&, r] {
       try {
-        B b;
-        ps::transfer_engine<B> x(b);
-        toy_stage<B> st(b, r, ranks);
-        auto c = world.comm(r);
-        ps::exec::executor_options eo;
-        eo.wait_timeout = std::chrono::seconds(60);
-        eo.schedule_label = "1f1b micro=" + std::to_string(micro);
-        ps::exec::pipeline_executor<B, ps::exec::thread_comm, toy_stage<B>> ex(x, c, ps::schedule::stage_layout(ranks),
-                                                                              {{r, &st}}, eo);
-        for (int s = 0; s < steps; ++s) ex.run_step(orders[static_cast<std::size_t>(r)], [] {});
-        out[static_cast<std::size_t>(r)] = get(b, st.acc, 64 * 4);
+        toy_rank<B> k(world, r, ranks, "1f1b micro=" + std::to_string(micro));
+        for (int s = 0; s < steps; ++s) k.ex.run_step(orders[static_cast<std::size_t>(r)], [] {});
+        out[static_cast<std::size_t>(r)] = download(k.b, k.st.acc, 64 * 4);
       } catch (std::exception const& e) {
         errors[static_cast<std::size_t>(r)] = e.what();
         try {
@@ -453,16 +399,9 @@ BOOST_AUTO_TEST_CASE(the_schedule_check_runs_again_when_the_orders_change) {
   for (int r = 0; r < ranks; ++r) {
     ts.emplace_back([&, r] {
       try {
-        B b;
-        ps::transfer_engine<B> x(b);
-        toy_stage<B> st(b, r, ranks);
-        auto c = world.comm(r);
-        ps::exec::executor_options eo;
-        eo.wait_timeout = std::chrono::seconds(60);
-        ps::exec::pipeline_executor<B, ps::exec::thread_comm, toy_stage<B>> ex(x, c, ps::schedule::stage_layout(ranks),
-                                                                              {{r, &st}}, eo);
+        toy_rank<B> k(world, r, ranks);
         for (auto const& o : per_step) {
-          ex.run_step(o[static_cast<std::size_t>(r)], [] {});
+          k.ex.run_step(o[static_cast<std::size_t>(r)], [] {});
           ++steps_done[static_cast<std::size_t>(r)];
         }
       } catch (std::exception const& e) {

@@ -20,7 +20,8 @@
 //
 // Where a buffer's device bytes live is a storage policy chosen per call: per_buffer_storage (its
 // own storage, allocated on the h2d stream by launch_load, released on the d2h stream behind its D2H)
-// or arena_storage<B> (views into a staging arena, merged copies: core/staging.hpp). The states,
+// or arena_storage<B> (views into a staging arena, merged copies: core/staging.hpp and
+// core/detail/arena_copy.hpp). The states,
 // events and waits are the same for both; the engine is the only writer of a swap_buffer.
 //
 // A transfer_engine owns the copy-stream pair (one per direction, so offloads and loads overlap)
@@ -46,6 +47,7 @@
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/budget.hpp>
+#include <pipeswap/core/detail/arena_copy.hpp>
 #include <pipeswap/core/detail/engine_budget.hpp>
 #include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/detail/mutation.hpp>
@@ -113,7 +115,7 @@ public:
   }
 
   /// Takes a device-resident buffer's storage away (the caller owns it now); the buffer is left
-  /// without storage in host state. Its mirror is not current any more and is dropped.
+  /// empty, without storage. Its mirror is not current any more.
   device_pointer_t<B> take_device(buffer& x) {
     if (x.state_ != residency::device) {
       throw state_error("take_device: swap buffer of " + std::to_string(x.bytes_) + " bytes is " +
@@ -121,21 +123,23 @@ public:
     }
     auto const d = x.device_;
     x.device_ = {};
-    x.state_ = residency::host;
+    x.state_ = residency::empty;
     if (x.reserved_) unreserve(x.client_, x.bytes_);
     x.reserved_ = false;
     return d;
   }
 
-  /// Points a buffer at rest in host state at host bytes owned elsewhere (a view; never freed here).
-  /// The bytes there become its contents; the previous mirror's last D2H, if any, still guards them.
+  /// Points a buffer at rest off the device (host or empty) at host bytes owned elsewhere (a view;
+  /// never freed here). The bytes there become its contents, so it is in host state; the previous
+  /// mirror's last D2H, if any, still guards them.
   void set_mirror(buffer& x, std::byte* view) {
-    if (x.state_ != residency::host || x.device_) {
+    if (!off_device(x.state_) || x.device_) {
       throw state_error("set_mirror: swap buffer of " + std::to_string(x.bytes_) +
                         " bytes is not at rest on the host");
     }
     release_mirror(x, x.event_);
     x.mirror_ = view;
+    x.state_ = residency::host;
   }
 
   /// Gives a pool-owned mirror back to the pool; its bytes may be reused after `last_use`.
@@ -146,7 +150,8 @@ public:
   }
 
   /// Releases a buffer's own device storage on `s` (stream-ordered: behind the work enqueued on `s`)
-  /// and leaves it in host state; its device bytes are discarded. Buffers viewing an arena only drop
+  /// and leaves it in host state, its contents the mirror's (empty without a mirror); its device
+  /// bytes are discarded. Buffers viewing an arena only drop
   /// the view. Copies in flight must be settled first.
   void discard_device(buffer& x, stream_type s) {
     if (!x.at_rest()) {
@@ -154,7 +159,7 @@ public:
                         std::string(to_string(x.state_)) + "; settle it first");
     }
     if (x.state_ == residency::device) release_storage(x, s);
-    x.state_ = residency::host;
+    if (x.state_ != residency::empty) x.state_ = x.mirror_ ? residency::host : residency::empty;
   }
 
   /// Forgets a settled buffer's last copy event after the host synchronized with it.
@@ -183,7 +188,7 @@ public:
     detail::wait_at(detail::wait_site::offload_after_compute, b_, d2h_, b_.record_event(compute()));
     try {
       if constexpr (is_arena<Storage>) {
-        copy_runs(bufs, targets, storage.arena, storage.layout, false);
+        detail::arena_copy<B>::runs(b_, h2d_, d2h_, bufs, targets, storage.arena, storage.layout, false);
       } else {
         for (auto* x : targets) {
           if (x->mirror_ == nullptr) {
@@ -226,7 +231,8 @@ public:
     for (auto* x : targets) x->state_ = residency::host;
   }
 
-  /// host → h2d for the buffers in `host` state: device storage is acquired (allocated on the h2d
+  /// host → h2d for the buffers in `host` state (and `empty` ones, which have no mirror to load
+  /// from: refused, unless they hold no bytes): device storage is acquired (allocated on the h2d
   /// stream, or the arena views), the h2d stream waits the D2H that last filled each mirror (and,
   /// in an arena, the last D2H out of it) and copies the mirrors in. One event guards the batch. If a
   /// call throws, enqueued buffers are in h2d and the rest are back in `host` with no storage.
@@ -237,15 +243,15 @@ public:
 
   template <class Storage>
   void launch_load(std::span<buffer* const> bufs, Storage& storage, char const* label = "load") {
-    auto targets = select(bufs, residency::host, residency::device);
+    auto targets = select(bufs, residency::empty, residency::device);
     if (targets.empty()) return;
     check_budget("transfer_engine::launch_load");
     detail::scoped_label<B> l(b_, label);
     try {
       for (auto* x : targets) {
         if (x->mirror_ == nullptr) {
-          throw state_error("swap buffer of " + std::to_string(x->bytes_) +
-                            " bytes is host-resident but has no host mirror");
+          throw state_error("swap buffer of " + std::to_string(x->bytes_) + " bytes is " +
+                            std::string(to_string(x->state_)) + " and has no host mirror to load from");
         }
       }
       if constexpr (!is_arena<Storage>) {
@@ -263,7 +269,7 @@ public:
         if (storage.arena.fence) {
           detail::wait_at(detail::wait_site::arena_reuse, b_, h2d_, *storage.arena.fence);
         }
-        copy_runs(bufs, targets, storage.arena, storage.layout, true);
+        detail::arena_copy<B>::runs(b_, h2d_, d2h_, bufs, targets, storage.arena, storage.layout, true);
       } else {
         for (auto* x : targets) {
           b_.copy_h2d(x->device_, x->mirror_, x->bytes_, h2d_);
@@ -330,7 +336,7 @@ public:
     for (auto const& e : events) b_.synchronize(*e);
     for (auto* x : bufs) {
       x->event_ = nullptr;
-      if (x->mirror_ != nullptr && x->state_ == residency::host) detail::note_host_read(b_, x->mirror_, x->bytes_);
+      if (x->mirror_ != nullptr && off_device(x->state_)) detail::note_host_read(b_, x->mirror_, x->bytes_);
     }
   }
 
@@ -444,74 +450,18 @@ private:
   static constexpr bool is_arena = !std::is_same_v<S, per_buffer_storage>;
 
   static void require_empty(buffer const& x, char const* op) {
-    if (x.state_ != residency::host || x.device_) {
+    if (!off_device(x.state_) || x.device_) {
       throw state_error(std::string(op) + ": swap buffer of " + std::to_string(x.bytes_) +
                         " bytes already has device storage");
     }
   }
 
-  /// Arena copies (a load when `load`, else an offload): when every buffer of the layout is a
-  /// target, one copy per run; otherwise (after an interrupted step) one per target. Each buffer
-  /// changes state once its copy is enqueued; loads set the views, offloads drop them (the arena is
-  /// released as a whole).
-  void copy_runs(std::span<buffer* const> bufs, detail::lean_vector<buffer*> const& targets,
-                 staging_arena<B>& arena, staging_layout const& lay, bool load) {
-    if (lay.offsets().size() != bufs.size() || lay.order().size() != bufs.size()) {
-      throw state_error("staging layout of " + std::to_string(lay.offsets().size()) + " buffers used for a batch of " +
-                        std::to_string(bufs.size()));
-    }
-    if (lay.bytes > arena.bytes) {
-      throw state_error("staging arena of " + std::to_string(arena.bytes) + " bytes is smaller than the " +
-                        std::to_string(lay.bytes) + " bytes its batch needs");
-    }
-    auto const base = arena.base;
-    auto const from = load ? residency::host : residency::device;
-    auto const copy = [&](std::byte* h, device_pointer_t<B> d, std::size_t n) {
-      if (load) {
-        b_.copy_h2d(d, h, n, h2d_);
-      } else {
-        b_.copy_d2h(h, d, n, d2h_);
-      }
-    };
-    auto const moved = [&](buffer& x) {
-      x.state_ = load ? residency::h2d : residency::d2h;
-      x.event_ = nullptr;
-      if (!load) x.device_ = {};
-    };
-    for (auto* x : targets) {
-      if (x->mirror_ == nullptr) throw state_error("swap buffer staged in an arena has no host mirror");
-    }
-    bool whole = true;
-    for (auto* x : bufs) whole = whole && (x->state_ == from || x->bytes_ == 0);
-    for (std::size_t i = 0; i < bufs.size(); ++i) {
-      if (load && bufs[i]->state_ == from) bufs[i]->device_ = base + lay.offsets()[i];
-    }
-    if (whole) {
-      std::size_t k = 0;
-      for (auto const& r : lay.runs()) {
-        copy(bufs[r.first]->mirror_, base + r.offset, r.bytes);
-        while (k < lay.order().size() && lay.offsets()[lay.order()[k]] < r.offset + r.bytes) {
-          auto* x = bufs[lay.order()[k]];
-          if (x->state_ == from && x->bytes_ > 0) moved(*x);
-          ++k;
-        }
-      }
-      return;
-    }
-    for (std::size_t i = 0; i < bufs.size(); ++i) {
-      auto* x = bufs[i];
-      if (x->state_ != from || x->bytes_ == 0) continue;
-      if (std::find(targets.begin(), targets.end(), x) == targets.end()) continue;
-      copy(x->mirror_, base + lay.offsets()[i], x->bytes_);
-      moved(*x);
-    }
-  }
-
-  /// Buffers in `from` state; zero-byte ones move straight to `to` (nothing to copy).
+  /// Buffers in `from` state (`empty` stands for both states off the device); zero-byte ones move
+  /// straight to `to` (nothing to copy).
   detail::lean_vector<buffer*> select(std::span<buffer* const> bufs, residency from, residency to) {
     detail::lean_vector<buffer*> out;
     for (auto* x : bufs) {
-      if (x->state_ != from) continue;
+      if (from == residency::empty ? !off_device(x->state_) : x->state_ != from) continue;
       if (x->bytes_ == 0) {
         x->state_ = to;
         continue;

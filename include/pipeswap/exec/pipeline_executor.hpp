@@ -16,8 +16,8 @@
 // run_step() does all of it; begin_step(), advance() (runs entries until a receive's message has
 // not arrived) and end_step() are the same step resumable, for a caller that interleaves every rank
 // on one thread (the simulator, sim/pipeline.hpp). Options, errors and statistics:
-// exec/executor_options.hpp; the check that every rank runs the same schedule:
-// exec/detail/schedule_check.hpp.
+// exec/executor_options.hpp; the sends and receives: exec/detail/boundary_exchange.hpp; the check that
+// every rank runs the same schedule: exec/detail/schedule_check.hpp.
 #pragma once
 
 #include <algorithm>
@@ -43,6 +43,7 @@
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/exec/comm.hpp>
+#include <pipeswap/exec/detail/boundary_exchange.hpp>
 #include <pipeswap/exec/detail/schedule_check.hpp>
 #include <pipeswap/exec/executor_options.hpp>
 #include <pipeswap/exec/stage.hpp>
@@ -59,7 +60,7 @@ public:
   using index_type = schedule::index_type;
   using buffer = device_buffer<B>;
   /// The comm enqueues its operations on the executor's send and receive streams.
-  static constexpr bool stream_ordered = stream_ordered_comm<C, stream_t<B>>;
+  static constexpr bool stream_ordered = detail::boundary_exchange<B, C>::stream_ordered;
 
   /// `stages` maps each stage this rank runs to the engine's stage object (not owned). Throws
   /// invalid_argument when the layout's rank count is not the comm's size, or when `stages` misses a
@@ -67,7 +68,7 @@ public:
   pipeline_executor(transfer_engine<B>& x, C& c, schedule::stage_layout layout, std::map<index_type, S*> stages,
                     executor_options o = {})
       : engine_(x), b_(x.backend()), c_(c), layout_(layout), stages_(std::move(stages)), o_(o), acts_(x),
-        send_(new_stream("p2p send")), recv_(new_stream("p2p recv")) {
+        io_(b_, c_, layout_, o_, checks_schedules()) {
     if (layout_.ranks() != c_.size()) {
       throw invalid_argument("pipeline_executor: the layout has " + std::to_string(layout_.ranks()) +
                              " ranks, the comm " + std::to_string(c_.size()));
@@ -84,10 +85,10 @@ public:
                                std::to_string(layout_.rank_of(s)) + ", not on rank " + std::to_string(c_.rank()));
       }
     }
-    if (stages_.size() != static_cast<std::size_t>(layout_.chunks()) || (!stages_.empty() && stages_.rbegin()->first >= layout_.stages())) {
+    if (stages_.size() != static_cast<std::size_t>(layout_.stages_per_rank()) || (!stages_.empty() && stages_.rbegin()->first >= layout_.stages())) {
       throw invalid_argument("pipeline_executor: rank " + std::to_string(c_.rank()) + " was given " +
-                             std::to_string(stages_.size()) + " stages for " + std::to_string(layout_.chunks()) +
-                             " chunks of the layout");
+                             std::to_string(stages_.size()) + " stages, the layout has " +
+                             std::to_string(layout_.stages_per_rank()) + " stages per rank");
     }
   }
 
@@ -104,8 +105,8 @@ public:
   [[nodiscard]] step_stats const& last_stats() const noexcept { return stats_; }
   [[nodiscard]] int rank() const { return c_.rank(); }
   /// The streams sends and receives go out on (a stream-ordered comm enqueues on them).
-  [[nodiscard]] stream_t<B> send_stream() const noexcept { return send_; }
-  [[nodiscard]] stream_t<B> recv_stream() const noexcept { return recv_; }
+  [[nodiscard]] stream_t<B> send_stream() const noexcept { return io_.send_stream(); }
+  [[nodiscard]] stream_t<B> recv_stream() const noexcept { return io_.recv_stream(); }
 
   /// Runs one training step of this rank's order `o`, then `finish()` (a callable, or an object with
   /// step(): the optimizer-swap runtime; with executor_options::optimizer_phases, a phased runtime).
@@ -157,7 +158,10 @@ public:
         if constexpr (stage_with_begin<S, B>) st->begin_step(b_, b_.current_stream());
       }
       start_schedule_check();
-      post_receives(order_);
+      io_.post_receives(order_, [&](int dir, index_type s) {
+        auto& st = stage_of(s);
+        return dir == 0 ? st.input_bytes() : st.output_bytes();
+      });
     });
   }
 
@@ -189,8 +193,8 @@ public:
     }
     guarded([&] {
       phase_ = phase::end;
-      finish_sends();
-      check_drained();
+      io_.finish_sends(at());
+      io_.check_drained(inputs_.size() + grads_in_.size() + saved_.size());
       phase_ = phase::optimizer;
       fault_site();
       if (o_.sync_before_finish) b_.synchronize(b_.record_event(b_.current_stream())); // the gradient-norm reduction point
@@ -199,12 +203,12 @@ public:
         settle();
       } else {
         b_.synchronize(b_.record_event(b_.current_stream()));
-        if (!staging_.empty()) { // the staging memory's last copies
-          b_.synchronize(b_.record_event(recv_));
-          b_.synchronize(b_.record_event(send_));
+        if (io_.staged()) { // the staging memory's last copies
+          b_.synchronize(b_.record_event(io_.recv_stream()));
+          b_.synchronize(b_.record_event(io_.send_stream()));
         }
       }
-      free_staging();
+      io_.free_staging();
       acts_.end_run();
     });
     in_step_ = false;
@@ -212,10 +216,7 @@ public:
   }
 
 private:
-  struct ready_buffer {
-    buffer buf;
-    std::optional<event_t<B>> ready;
-  };
+  using ready_buffer = detail::ready_buffer<B>;
   struct saved_chunk {
     bool swapped = false;
     bool input_in_group = false;            // swapped: the input is a protected buffer of the group
@@ -224,29 +225,7 @@ private:
     std::vector<std::size_t> bytes;         // swapped
     std::vector<buffer> raw;                // not swapped
   };
-  struct posted_recv {
-    request_t<C> req;
-    bool posted = false;
-    std::byte* host = nullptr; // staged
-    buffer dev;                // direct
-    std::size_t bytes = 0;
-    int peer = 0, tag = 0;
-  };
-  struct pending_send {
-    request_t<C> req;
-    std::byte* host = nullptr; // staged
-    buffer dev;                // direct: released after completion
-    std::size_t bytes = 0;
-    int peer = 0, tag = 0;
-    std::string entry;
-  };
   using key = std::pair<index_type, index_type>;        // stage, micro
-  using mkey = std::tuple<int, index_type, index_type>; // direction, stage, micro
-
-  stream_t<B> new_stream(char const* name) {
-    if constexpr (named_streams<B>) return b_.new_stream(std::string(name));
-    else return b_.new_stream();
-  }
 
   // ----- the schedule check (executor_options::check_schedule; exec/detail/schedule_check.hpp) -----
 
@@ -263,7 +242,7 @@ private:
 
   bool progress_schedule_check(bool blocking) {
     phase_ = phase::checking;
-    bool const done = check_.progress(c_, layout_, blocking, [&](request_t<C>& r, std::string const& what) { await(r, what); });
+    bool const done = check_.progress(c_, layout_, blocking, [&](request_t<C>& r, std::string const& what) { io_.await(r, what, at()); });
     if (done) phase_ = phase::entries;
     return done;
   }
@@ -323,6 +302,10 @@ private:
     return pc_ < order_.size() && order_[pc_] ? schedule::to_text(*order_[pc_]) : std::string("bubble");
   }
   std::string where() const { return "rank " + std::to_string(c_.rank()) + ", " + place(pc_, current()); }
+  /// Where the step stands, computed only when a message needs it (for the boundary exchange).
+  auto at() const {
+    return [this] { return place(pc_, current()); };
+  }
 
   void fault_site() {
     if (!o_.fail_at) return;
@@ -344,69 +327,8 @@ private:
   bool local(index_type s) const { return stages_.count(s) != 0; }
   bool last(index_type s) const { return s + 1 == layout_.stages(); }
 
-  int tag_of(int dir, index_type stage, index_type micro) const {
-    auto const t = boundary_tag({dir, stage, micro}, layout_.stages());
-    long long const most = checks_schedules() ? c_.max_tag() - 1LL : c_.max_tag(); // the check's tag
-    if (t > most) {
-      throw invalid_argument("pipeline_executor: message tag " + std::to_string(t) + " (stage " +
-                             std::to_string(stage) + ", micro " + std::to_string(micro) +
-                             ") exceeds the largest boundary tag " + std::to_string(most) +
-                             (checks_schedules() ? " (the comm's largest tag is the schedule check's)" : ""));
-    }
-    return static_cast<int>(t);
-  }
-
-  device_pointer_t<B> alloc(std::size_t n, stream_t<B> s) { return n ? b_.allocate_device(n, s) : device_pointer_t<B>{}; }
-  void free_dev(buffer& d, stream_t<B> s) {
-    if (d.bytes && d.ptr) b_.deallocate_device(d.ptr, d.bytes, s);
-    d = {};
-  }
-
-  /// Every receive of the order: checked, and posted now unless the comm is stream-ordered (then
-  /// each is posted at its RECV entry, into a device buffer allocated there).
-  void post_receives(schedule::order const& o) {
-    for (auto const& e : o) {
-      if (!e || (e->kind != schedule::step_kind::fwd_recv && e->kind != schedule::step_kind::bwd_recv)) continue;
-      int const dir = e->kind == schedule::step_kind::fwd_recv ? 0 : 1;
-      auto& st = stage_of(e->stage);
-      index_type const from = dir == 0 ? e->stage - 1 : e->stage + 1;
-      if (!layout_.has_stage(from)) {
-        throw invalid_argument("pipeline_executor: rank " + std::to_string(c_.rank()) + ": " +
-                               schedule::to_text(*e) + " has no peer stage " + std::to_string(from));
-      }
-      mkey const k{dir, e->stage, e->micro};
-      if (posted_.count(k)) {
-        throw invalid_argument("pipeline_executor: rank " + std::to_string(c_.rank()) + ": " +
-                               schedule::to_text(*e) + " appears twice in the order");
-      }
-      posted_recv p;
-      p.bytes = dir == 0 ? st.input_bytes() : st.output_bytes();
-      p.peer = layout_.rank_of(from);
-      p.tag = tag_of(dir, e->stage, e->micro);
-      if constexpr (stream_ordered) {
-        // posted at its entry
-      } else if constexpr (C::reads_device_memory) {
-        p.dev = {alloc(p.bytes, b_.current_stream()), p.bytes};
-        b_.synchronize(b_.record_event(b_.current_stream()));
-        p.req = c_.irecv(detail::raw_address(p.dev.ptr), p.bytes, p.peer, p.tag);
-        p.posted = true;
-      } else {
-        p.host = p.bytes ? b_.allocate_host(p.bytes) : nullptr;
-        staging_.push_back({p.host, p.bytes});
-        pipeswap::detail::note_host_write(b_, p.host, p.bytes);
-        p.req = c_.irecv(p.host, p.bytes, p.peer, p.tag);
-        p.posted = true;
-      }
-      posted_.emplace(k, std::move(p));
-    }
-  }
-
-  void await(request_t<C>& r, std::string const& what) {
-    if (!c_.wait_for(r, o_.wait_timeout)) {
-      throw comm_timeout("rank " + std::to_string(c_.rank()) + " waited " + std::to_string(o_.wait_timeout.count()) +
-                         " ms at " + place(pc_, current()) + " for " + what);
-    }
-  }
+  device_pointer_t<B> alloc(std::size_t n, stream_t<B> s) { return io_.alloc(n, s); }
+  void free_dev(buffer& d, stream_t<B> s) { io_.free_dev(d, s); }
 
   /// Runs one entry; false when it is a receive whose message has not arrived (non-blocking only).
   bool run(schedule::step const& e, bool blocking) {
@@ -433,8 +355,8 @@ private:
       }
       last_compute_ = b_.record_event(b_.current_stream());
       return true;
-    case step_kind::fwd_send: send(e, 0); return true;
-    case step_kind::bwd_send: send(e, 1); return true;
+    case step_kind::fwd_send: io_.send(e, 0, stats_, at()); return true;
+    case step_kind::bwd_send: io_.send(e, 1, stats_, at()); return true;
     case step_kind::fwd_recv: return receive(e, 0, blocking);
     case step_kind::bwd_recv: return receive(e, 1, blocking);
     case step_kind::swap_set_group: group_ = schedule::chunk{e.stage, e.micro}; return true;
@@ -448,9 +370,7 @@ private:
     }
   }
 
-  void wait_ready(stream_t<B> s, ready_buffer const& r, pipeswap::detail::wait_site site) {
-    if (r.ready) pipeswap::detail::wait_at(site, b_, s, *r.ready);
-  }
+  void wait_ready(stream_t<B> s, ready_buffer const& r, pipeswap::detail::wait_site site) { detail::wait_ready(b_, s, r, site); }
 
   void forward(schedule::step const& e) {
     auto& st = stage_of(e.stage);
@@ -516,7 +436,7 @@ private:
     auto const next = dir == 0 ? st + 1 : st - 1;
     ready_buffer r{out, b_.record_event(b_.current_stream())};
     if (local(next)) (dir == 0 ? inputs_ : grads_in_)[{next, m}] = r;
-    else outbox_[{dir, st, m}] = r;
+    else io_.hold({dir, st, m}, r);
   }
 
   void backward(schedule::step const& e) {
@@ -571,107 +491,13 @@ private:
     if (e.stage > 0) hand_over(1, e.stage, e.micro, gout);
   }
 
-  void send(schedule::step const& e, int dir) {
-    auto it = outbox_.find({dir, e.stage, e.micro});
-    if (it == outbox_.end()) {
-      throw invalid_argument("pipeline_executor: " + where() + ": nothing to send (its " + (dir ? "BWD" : "FWD") +
-                             " did not run on this rank first)");
-    }
-    auto r = it->second;
-    outbox_.erase(it);
-    index_type const to = dir == 0 ? e.stage + 1 : e.stage - 1;
-    pending_send p;
-    p.bytes = r.buf.bytes;
-    p.peer = layout_.rank_of(to);
-    p.tag = tag_of(dir, to, e.micro);
-    p.entry = schedule::to_text(e);
-    if constexpr (stream_ordered) {
-      // The send stream waits the compute that wrote the boundary; the send and the buffer's
-      // release go out behind it, stream-ordered (the host never waits).
-      wait_ready(send_, r, pipeswap::detail::wait_site::exec_send_after_compute);
-      p.req = c_.isend(detail::raw_address(r.buf.ptr), p.bytes, p.peer, p.tag, send_);
-      free_dev(r.buf, send_);
-    } else if constexpr (C::reads_device_memory) {
-      if (r.ready) b_.synchronize(*r.ready);
-      p.dev = r.buf;
-      p.req = c_.isend(detail::raw_address(p.dev.ptr), p.bytes, p.peer, p.tag);
-    } else {
-      p.host = p.bytes ? b_.allocate_host(p.bytes) : nullptr;
-      staging_.push_back({p.host, p.bytes});
-      wait_ready(send_, r, pipeswap::detail::wait_site::exec_send_after_compute);
-      if (p.bytes) b_.copy_d2h(p.host, r.buf.ptr, p.bytes, send_);
-      auto const copied = b_.record_event(send_);
-      free_dev(r.buf, send_);
-      b_.synchronize(copied);
-      pipeswap::detail::note_host_read(b_, p.host, p.bytes);
-      p.req = c_.isend(p.host, p.bytes, p.peer, p.tag);
-    }
-    ++stats_.sends;
-    stats_.bytes_sent += p.bytes;
-    sends_.push_back(std::move(p));
-  }
-
+  /// A RECV entry: false when its message has not arrived (non-blocking only).
   bool receive(schedule::step const& e, int dir, bool blocking) {
-    auto it = posted_.find({dir, e.stage, e.micro});
-    if (it == posted_.end()) throw state_error("pipeline_executor: " + where() + ": received twice");
-    auto& p = it->second;
-    if constexpr (stream_ordered) {
-      if (!p.posted) { // posted at its entry, into a device buffer allocated on the receive stream
-        p.dev = {alloc(p.bytes, recv_), p.bytes};
-        p.req = c_.irecv(detail::raw_address(p.dev.ptr), p.bytes, p.peer, p.tag, recv_);
-        p.posted = true;
-      }
-    }
-    if (blocking) {
-      await(p.req, std::to_string(p.bytes) + " bytes from rank " + std::to_string(p.peer) + " (tag " +
-                       std::to_string(p.tag) + ")");
-    } else if (!c_.test(p.req)) {
-      return false;
-    }
-    ready_buffer r;
-    if constexpr (stream_ordered) {
-      r.buf = p.dev;
-      r.ready = b_.record_event(recv_);
-    } else if constexpr (C::reads_device_memory) {
-      r.buf = p.dev;
-    } else {
-      pipeswap::detail::note_host_write(b_, p.host, p.bytes); // the comm wrote these bytes
-      r.buf = {alloc(p.bytes, recv_), p.bytes};
-      if (p.bytes) b_.copy_h2d(r.buf.ptr, p.host, p.bytes, recv_);
-      r.ready = b_.record_event(recv_);
-    }
-    if (o_.host_waits_receives && r.ready) b_.synchronize(*r.ready);
-    ++stats_.receives;
-    stats_.bytes_received += p.bytes;
-    posted_.erase(it);
+    auto r = io_.receive(e, dir, blocking, stats_, at());
+    if (!r) return false;
     auto& into = dir == 0 ? inputs_ : grads_in_;
-    into[{e.stage, e.micro}] = r;
+    into[{e.stage, e.micro}] = *r;
     return true;
-  }
-
-  void finish_sends() {
-    for (auto& s : sends_) {
-      await(s.req, "the send " + s.entry + " of " + std::to_string(s.bytes) + " bytes to rank " + std::to_string(s.peer) +
-                       " to complete (tag " + std::to_string(s.tag) + ")");
-      if constexpr (C::reads_device_memory) free_dev(s.dev, b_.current_stream());
-    }
-    sends_.clear();
-  }
-
-  void check_drained() {
-    auto const left = inputs_.size() + grads_in_.size() + outbox_.size() + saved_.size() + posted_.size();
-    if (left) {
-      throw invalid_argument("pipeline_executor: rank " + std::to_string(c_.rank()) + " ended its order with " +
-                             std::to_string(left) +
-                             " boundaries or saved chunks not consumed (an unmatched send, receive, forward or backward)");
-    }
-  }
-
-  void free_staging() {
-    for (auto& [h, n] : staging_) {
-      if (h) b_.deallocate_host(h, n);
-    }
-    staging_.clear();
   }
 
   /// The host waits the whole device: synchronize_device() where the backend has it
@@ -682,7 +508,9 @@ private:
     if constexpr (device_synchronizing<B>) {
       b_.synchronize_device();
     } else {
-      for (auto s : {b_.current_stream(), send_, recv_, engine_.h2d(), engine_.d2h()}) b_.synchronize(b_.record_event(s));
+      for (auto s : {b_.current_stream(), io_.send_stream(), io_.recv_stream(), engine_.h2d(), engine_.d2h()}) {
+        b_.synchronize(b_.record_event(s));
+      }
     }
   }
 
@@ -718,19 +546,12 @@ private:
       for (auto& [_, r] : *m) free_dev(r.buf, cs);
       m->clear();
     }
-    for (auto& [_, r] : outbox_) free_dev(r.buf, cs);
-    outbox_.clear();
-    // Requests still posted belong to a comm that was aborted (or a step that threw before its
-    // waits): their buffers are released; an aborted comm never completes them.
-    for (auto& [_, p] : posted_) free_dev(p.dev, cs);
-    posted_.clear();
-    for (auto& s : sends_) free_dev(s.dev, cs);
-    sends_.clear();
+    io_.release(cs);
     try {
       settle();
     } catch (...) {
     }
-    free_staging();
+    io_.free_staging();
   }
 
   transfer_engine<B>& engine_;
@@ -740,13 +561,9 @@ private:
   std::map<index_type, S*> stages_;
   executor_options o_;
   activation_swap<B> acts_;
-  stream_t<B> send_, recv_;
+  detail::boundary_exchange<B, C> io_;
   std::map<key, ready_buffer> inputs_, grads_in_;
-  std::map<mkey, ready_buffer> outbox_;
   std::map<key, saved_chunk> saved_;
-  std::map<mkey, posted_recv> posted_;
-  std::vector<pending_send> sends_;
-  std::vector<std::pair<std::byte*, std::size_t>> staging_;
   detail::schedule_check<C> check_;
   std::optional<schedule::chunk> group_;
   std::optional<event_t<B>> last_compute_;

@@ -18,7 +18,9 @@ enum class placement : std::uint8_t {
   v,
 };
 
-/// `ranks` ranks running `ranks * chunks` stages, placed by `style`.
+/// `ranks` ranks running `ranks * chunks` stages, placed by `style`: each rank runs `chunks` of them
+/// (stages_per_rank(); the interleaved schedules' "model chunks"). A schedule::chunk is something
+/// else: one micro-batch of one stage.
 ///
 /// An older generate_operations mapped a 'v' stage s >= R to `stages - 1 - s`, which is
 /// the zig-zag for two chunks and out of range beyond; this class uses the zig-zag for any chunk count.
@@ -35,7 +37,9 @@ public:
   }
 
   index_type ranks() const noexcept { return ranks_; }
-  index_type chunks() const noexcept { return chunks_; }
+  index_type stages_per_rank() const noexcept { return chunks_; }
+  /// The former name of stages_per_rank() (a schedule::chunk is one micro-batch of one stage).
+  [[deprecated("use stages_per_rank()")]] index_type chunks() const noexcept { return chunks_; }
   index_type stages() const noexcept { return ranks_ * chunks_; }
   placement style() const noexcept { return style_; }
   bool has_stage(index_type stage) const noexcept { return stage >= 0 && stage < stages(); }

@@ -7,7 +7,7 @@
 //   metadata "pipeswap.format" = "optimizer_state", "pipeswap.format_version" = "1", and the
 //                                  optimizer's metadata() (hyper-parameters, step counts) verbatim
 //
-//   save_checkpoint(rt, path)        quiesces the runtime (synchronize_cpu_mirrors), copies the
+//   save_checkpoint(rt, path)        quiesces the runtime (synchronize_host_mirrors), copies the
 //                                    state that never leaves the device into a pinned block, and
 //                                    writes the file atomically straight from the pinned mirrors
 //   save_checkpoint_async(rt, path)  the same snapshot, copied into one heap buffer on the calling
@@ -211,7 +211,7 @@ public:
     meta_.emplace(checkpoint_format_key, checkpoint_format_name);
     meta_.emplace(checkpoint_version_key, checkpoint_version);
 
-    rt.synchronize_cpu_mirrors();
+    rt.synchronize_host_mirrors();
 
     std::vector<std::size_t> offset(slots.size(), 0);
     std::size_t resident = 0;
@@ -256,7 +256,7 @@ private:
     std::vector<host_copy<B>> copies;
     for (std::size_t i = 0; i < slots.size(); ++i) {
       if (rt_.is_swappable(i) || slots[i].bytes() == 0) continue;
-      copies.push_back({block_.blk.ptr + offset[i], rt_.resident_device(i), slots[i].bytes()});
+      copies.push_back({block_.blk.ptr + offset[i], rt_.unswappable_device(i), slots[i].bytes()});
     }
     event_handle<B> in_flight;
     try {
@@ -306,7 +306,7 @@ void load_checkpoint_view(optimizer_swap<O, P>& rt, io::safetensors_view const& 
 
   // Everything is validated. From here each step either succeeds or is undone; no value changes
   // before the commit below.
-  rt.synchronize_cpu_mirrors();
+  rt.synchronize_host_mirrors();
 
   std::vector<staged_upload<B>> uploads;
   std::size_t resident = 0;
@@ -379,7 +379,7 @@ void load_checkpoint_view(optimizer_swap<O, P>& rt, io::safetensors_view const& 
 /// Writes a checkpoint of `rt`'s optimizer to `path`, atomically.
 ///
 /// Quiesces the runtime (every swappable piece ends host-resident with its device storage released,
-/// as synchronize_cpu_mirrors), copies the non-swappable slots device → host into a pinned block of
+/// as synchronize_host_mirrors), copies the non-swappable slots device → host into a pinned block of
 /// the engine's pool, and writes the file through io::atomic_file straight from the pinned mirrors:
 /// temporary file, fsync, rename, fsync of the directory. On any failure the previous file at
 /// `path` is intact and the optimizer's state unchanged.

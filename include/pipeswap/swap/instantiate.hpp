@@ -27,7 +27,7 @@
 // g++ instantiates (though it does not compile) the inline members of an extern class template
 // that a TU calls, and everything they reach. So the members a program calls (the constructors and
 // destructors of optimizer_swap, transfer_engine and adam, adam::add_param, and optimizer_swap's
-// step(), prefetch(), finish_offload(next_user) and synchronize_cpu_mirrors()) are defined out of
+// step(), prefetch(), finish_offload(next_user) and synchronize_host_mirrors()) are defined out of
 // their classes, not inline: with the extern declarations a TU that calls them instantiates none
 // of the runtime behind them.
 #pragma once

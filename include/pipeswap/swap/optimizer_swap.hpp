@@ -94,10 +94,13 @@ public:
   void discard_interrupted_step() noexcept { pending_.reset(); }
 
   /// Quiesces for a checkpoint: every swappable piece ends host-resident with its mirror complete and
-  /// host-synchronized, device storage released (as hyper-parallel's synchronize_cpu_mirrors). A deferred
-  /// offload is finished first; prefetched and resident-share batches go home too (the next step
-  /// brings the resident share back). Must not be called from inside a step (it is not reentrant).
-  void synchronize_cpu_mirrors();
+  /// host-synchronized, device storage released (hyper-parallel calls it synchronize_cpu_mirrors). A
+  /// deferred offload is finished first; prefetched and resident-share batches go home too (the next
+  /// step brings the resident share back). Must not be called from inside a step (it is not
+  /// reentrant).
+  void synchronize_host_mirrors();
+  /// The former name of synchronize_host_mirrors() ("host" is the word for pinned host memory).
+  [[deprecated("use synchronize_host_mirrors()")]] void synchronize_cpu_mirrors() { synchronize_host_mirrors(); }
 
   // ----- phases around the step (docs/optimizer.md, "Phases") -------------------------------------
 
@@ -124,7 +127,7 @@ public:
   /// Batches resident or in flight for the next step (resident share included).
   [[nodiscard]] std::size_t prefetched_batches() const noexcept { return carry_.kept(); }
   /// Bytes of the resident share actually kept by the last plan (rounded down to whole batches).
-  [[nodiscard]] std::size_t resident_share_bytes() const noexcept { return planner_.last() ? planner_.last()->resident_bytes : 0; }
+  [[nodiscard]] std::size_t resident_share_bytes() const noexcept { return planner_.last() ? planner_.last()->resident_share_bytes : 0; }
   /// Batches of the resident share in the last plan.
   [[nodiscard]] std::size_t resident_batches() const noexcept { return planner_.last() ? planner_.last()->resident : 0; }
 
@@ -136,8 +139,13 @@ public:
   [[nodiscard]] swap_config const& config() const noexcept { return cfg_; }
   /// The batches of the last step.
   [[nodiscard]] batch_plan const& last_plan() const noexcept { return planner_.last() ? planner_.last()->plan : no_plan_; }
-  /// Device bytes of state that never leaves the device.
-  [[nodiscard]] std::size_t resident_bytes() const noexcept { return attached_.resident_bytes(); }
+  /// Device bytes of the state that is never swapped (slots that are not swappable). The resident
+  /// share, swappable state kept on the device between steps, is resident_share_bytes().
+  [[nodiscard]] std::size_t unswappable_bytes() const noexcept { return attached_.unswappable_bytes(); }
+  /// The former name of unswappable_bytes() ("resident" is the resident share's word).
+  [[nodiscard, deprecated("use unswappable_bytes()")]] std::size_t resident_bytes() const noexcept {
+    return unswappable_bytes();
+  }
   /// Bytes of state that is swapped.
   [[nodiscard]] std::size_t swappable_bytes() const noexcept { return attached_.swappable_bytes(); }
   /// Bytes of the larger staging arena of the last packed step (0 for per-tensor).
@@ -155,11 +163,15 @@ public:
 
   /// Whether slot i (an index into the optimizer's slots()) is swapped.
   [[nodiscard]] bool is_swappable(std::size_t i) const { return attached_.slot(i).swappable; }
-  /// The host mirror of swappable slot i (its bytes are current after synchronize_cpu_mirrors()).
+  /// The host mirror of swappable slot i (its bytes are current after synchronize_host_mirrors()).
   [[nodiscard]] std::span<std::byte> host_mirror(std::size_t i) const { return attached_.host_mirror(i, opt_.slots()); }
   /// The device storage of non-swappable slot i.
-  [[nodiscard]] device_pointer_t<B> resident_device(std::size_t i) const {
-    return attached_.resident_device(i, opt_.slots());
+  [[nodiscard]] device_pointer_t<B> unswappable_device(std::size_t i) const {
+    return attached_.unswappable_device(i, opt_.slots());
+  }
+  /// The former name of unswappable_device().
+  [[nodiscard, deprecated("use unswappable_device(i)")]] device_pointer_t<B> resident_device(std::size_t i) const {
+    return unswappable_device(i);
   }
   /// True when every piece of slot i is in `r`.
   [[nodiscard]] bool slot_in(std::size_t i, residency r) const { return attached_.slot(i).all(r); }
@@ -343,8 +355,8 @@ void optimizer_swap<O, P>::step() {
 }
 
 template <swap_optimizer O, partition_policy P>
-void optimizer_swap<O, P>::synchronize_cpu_mirrors() {
-  detail::call_guard guard(busy_, "synchronize_cpu_mirrors");
+void optimizer_swap<O, P>::synchronize_host_mirrors() {
+  detail::call_guard guard(busy_, "synchronize_host_mirrors");
   carry_.finish_deferred(engine_.compute());
   carry_.evict();
   packed_.evacuate();

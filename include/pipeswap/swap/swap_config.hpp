@@ -26,7 +26,7 @@ struct swap_config {
   /// the device across steps. Rounded down to whole batches; 0 = none (every batch streams).
   std::size_t resident_share = 0;
   /// step() returns with the D2H of its last batches in flight; finish_offload(),
-  /// synchronize_cpu_mirrors(), the next step(), the destructor, or a prefetch() that needs its room
+  /// synchronize_host_mirrors(), the next step(), the destructor, or a prefetch() that needs its room
   /// finish it.
   bool defer_offload = false;
 

@@ -42,7 +42,7 @@ public:
     auto const me = static_cast<std::size_t>(c.rank());
     drop();
     auto& k = x_;
-    k.header = {header_magic, c.rank(), layout.stages(), layout.ranks(), layout.chunks(), micro_count(order),
+    k.header = {header_magic, c.rank(), layout.stages(), layout.ranks(), layout.stages_per_rank(), micro_count(order),
                 static_cast<std::int64_t>(label.size()), static_cast<std::int64_t>(text.size()),
                 static_cast<std::int64_t>(digest)};
     k.body = label + text + "."; // never empty

@@ -55,7 +55,7 @@ public:
   [[nodiscard]] lean_vector<slot_type>& slots() noexcept { return slots_; }
   [[nodiscard]] lean_vector<slot_type> const& slots() const noexcept { return slots_; }
   /// Device bytes of state that never leaves the device.
-  [[nodiscard]] std::size_t resident_bytes() const noexcept { return resident_bytes_; }
+  [[nodiscard]] std::size_t unswappable_bytes() const noexcept { return unswappable_bytes_; }
   /// Bytes of state that is swapped.
   [[nodiscard]] std::size_t swappable_bytes() const noexcept { return swappable_bytes_; }
 
@@ -76,7 +76,7 @@ public:
     return {s.mirror, s.bytes()};
   }
   /// The device storage of non-swappable slot i.
-  [[nodiscard]] device_pointer_t<B> resident_device(std::size_t i, std::span<slot_desc const> descs) const {
+  [[nodiscard]] device_pointer_t<B> unswappable_device(std::size_t i, std::span<slot_desc const> descs) const {
     auto const& s = slot(i);
     if (s.swappable) {
       throw state_error("optimizer_swap: slot " + name(i, descs) + " is swapped and has no fixed device storage");
@@ -191,7 +191,7 @@ public:
             cold.push_back(&p);
           }
         } else {
-          resident_bytes_ += d.bytes();
+          unswappable_bytes_ += d.bytes();
           if (r.at == where::device) {
             engine_.adopt_device(p, r.device);
             adopted.push_back(i);
@@ -311,7 +311,7 @@ private:
       }
     } catch (...) { // what could not be released stays with the backend
     }
-    resident_bytes_ = swappable_bytes_ = 0;
+    unswappable_bytes_ = swappable_bytes_ = 0;
   }
 
 
@@ -349,7 +349,7 @@ private:
   transfer_engine<B>& engine_;
   B& b_;
   lean_vector<slot_type> slots_;
-  std::size_t resident_bytes_ = 0, swappable_bytes_ = 0;
+  std::size_t unswappable_bytes_ = 0, swappable_bytes_ = 0;
 };
 
 } // namespace pipeswap::detail

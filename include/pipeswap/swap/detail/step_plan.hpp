@@ -41,7 +41,7 @@ struct step_plan {
   std::size_t max_batch_bytes = 0;
   lean_vector<std::size_t> batch_bytes; // per batch: its pieces' bytes
   std::size_t resident = 0;             // batches of the resident share (from the front)
-  std::size_t resident_bytes = 0;       // their device bytes (own arenas, packed)
+  std::size_t resident_share_bytes = 0; // their device bytes (own arenas, packed)
 
   [[nodiscard]] std::size_t size() const noexcept { return plan.size(); }
   /// The unique swappable pieces of batch n.
@@ -106,7 +106,10 @@ public:
   /// front. Becomes the last plan.
   plan_ptr build(plan_key k, batch_plan batches, std::span<update_unit const> units, std::span<slot_desc const> descs,
                  lean_vector<slot_type>& slots, transfer_engine<B>& engine, bool packed, std::size_t resident_share) {
-    auto d = std::make_shared<step_plan<B>>();
+    // Owned by a plan_ptr from the start, built through `d`. Not make_shared: its in-place control
+    // block instantiates about 40 more functions per backend at -O0 (docs/compile-times.md).
+    auto* const d = new step_plan<B>();
+    plan_ptr const owner(d);
     d->plan = std::move(batches);
     segment(units, d->plan, slots, engine);
     auto const N = d->plan.size();
@@ -150,8 +153,8 @@ public:
     if (resident_share > 0) {
       for (std::size_t n = 0; n < N; ++n) {
         auto const b = d->own_bytes(n, packed);
-        if (d->resident_bytes + b > resident_share) break;
-        d->resident_bytes += b;
+        if (d->resident_share_bytes + b > resident_share) break;
+        d->resident_share_bytes += b;
         d->resident = n + 1;
       }
     }
@@ -159,7 +162,7 @@ public:
     for (auto const& u : units) {
       for (auto si : u.slots) k.layout += slots[si].layout;
     }
-    cached_ = std::move(d);
+    cached_ = owner;
     key_ = std::move(k);
     return cached_;
   }
