@@ -157,7 +157,7 @@ def main():
         # Two staging arenas, the state that never swaps, and the per-parameter step scalars that
         # torch's fused AdamW keeps on the device (one 512-byte allocator block each).
         st = r["stats"]
-        two = 2 * st.get("arena_bytes", 0) + st.get("resident_bytes", 0) + 512 * a.tensors
+        two = 2 * st.get("arena_bytes", 0) + st.get("unswappable_bytes", 0) + 512 * a.tensors
         r["state_within_two_batches"] = r["optimizer_device_bytes"] <= two
         r["state_within_window"] = r["optimizer_device_bytes"] <= two + a.prefetch * st.get("max_batch_bytes", 0)
         r["bit_exact"] = all(torch.equal(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(params, ref_params))

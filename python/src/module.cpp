@@ -112,20 +112,20 @@ public:
 
   /// Brings every slot home (host mirrors complete and synchronized).
   void synchronize() {
-    if (rt_) rt_->synchronize_cpu_mirrors();
+    if (rt_) rt_->synchronize_host_mirrors();
   }
 
   /// Views of parameter i's slots where the state rests after synchronize(): CPU tensors over the
-  /// host mirrors of swapped slots, device tensors over the storage of resident ones.
+  /// host mirrors of swapped slots, device tensors over the storage of unswappable ones.
   std::vector<at::Tensor> state_views(std::size_t i) {
     auto& rt = attach();
-    rt.synchronize_cpu_mirrors();
+    rt.synchronize_host_mirrors();
     std::vector<at::Tensor> out;
     for (auto s : opt_.param_slots(i)) {
       if (rt.is_swappable(s)) {
         out.push_back(opt_.view(i, rt.host_mirror(s).data(), c10::Device(c10::kCPU)));
       } else {
-        out.push_back(opt_.view(i, rt.resident_device(s).get(), b_.device()));
+        out.push_back(opt_.view(i, rt.unswappable_device(s).get(), b_.device()));
       }
     }
     return out;
@@ -139,7 +139,7 @@ public:
     if (rt_) {
       d["batches"] = rt_->last_plan().size();
       d["swappable_bytes"] = rt_->swappable_bytes();
-      d["resident_bytes"] = rt_->resident_bytes();
+      d["unswappable_bytes"] = rt_->unswappable_bytes();
       d["arena_bytes"] = rt_->arena_bytes();
       d["max_batch_bytes"] = rt_->max_batch_bytes();
       d["host_store_bytes"] = rt_->host_store_bytes();

@@ -333,7 +333,7 @@ class _SwapAdamBase(Optimizer):
                 self._rt.synchronize()
 
     def swap_stats(self):
-        """Sizes of the last step: batches, swappable/resident/arena/host-store bytes, prefetched and
+        """Sizes of the last step: batches, swappable/unswappable/arena/host-store bytes, prefetched and
         resident batches."""
         with self._lock:
             return {} if self._rt is None else self._rt.stats()
