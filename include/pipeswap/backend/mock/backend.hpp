@@ -121,7 +121,7 @@ public:
     if (opts_.materialize) a->fill_poison();
     auto const op = commit(s, p, op_kind::allocate, n, engine::none, label("allocate"));
     a->shadow.emplace(n, detail::access_ref{p.agent, p.seq, op});
-    device_allocs_.emplace(a->base, a);
+    device_allocs_.emplace_back(a->base, a); // addresses only grow: the list stays sorted
     memory_.add({p.start, static_cast<std::int64_t>(n), op});
     device_live_ += n;
     ++live_device_allocations_;
@@ -140,8 +140,9 @@ public:
     auto const p = plan(s, 0, engine::none);
     touches t;
     t.add(a, 0, n, detail::access_mode::release);
-    detail::check_touches(t, p, op_kind::release, label("release"), log_, opts_, hazards_);
-    auto const op = commit(s, p, op_kind::release, n, engine::none, label("release"));
+    auto name = label("release");
+    detail::check_touches(t, p, op_kind::release, name, log_, opts_, hazards_);
+    auto const op = commit(s, p, op_kind::release, n, engine::none, std::move(name));
     a->released = true;
     a->release_op = op;
     memory_.add({p.start, -static_cast<std::int64_t>(n), op});
@@ -188,10 +189,11 @@ public:
     touches t;
     t.add(a, 0, n, detail::access_mode::release);
     planned p{0, c.get(0), host_now_, host_now_, c};
-    detail::check_touches(t, p, op_kind::host_release, label("release pinned"), log_, opts_, hazards_);
+    auto name = label("release pinned");
+    detail::check_touches(t, p, op_kind::host_release, name, log_, opts_, hazards_);
     host_clock_ = c;
     auto const op = log_op(op_kind::host_release, 0, c.get(0), host_now_, host_now_, n, engine::none,
-                           label("release pinned"));
+                           std::move(name));
     a->released = true;
     a->release_op = op;
     a->storage_gone = true; // the host frees at once; a racing copy finds nothing to write
@@ -269,8 +271,9 @@ public:
     ctx.name_ = desc.name;
     auto bind = [&](region const& r, bool writable) {
       if (r.bytes == 0) return;
-      auto a = find_device(r.ptr, "launch '" + desc.name + "' region");
-      auto const off = range_in(*a, r.ptr.address(), r.bytes, "launch '" + desc.name + "' region");
+      call_site const where{"launch '", desc.name, "' region"};
+      auto a = find_device(r.ptr, where);
+      auto const off = range_in(*a, r.ptr.address(), r.bytes, where);
       t.add(a, off, off + r.bytes,
             writable ? detail::access_mode::read_write : detail::access_mode::read);
       ctx.regions_.push_back({r.ptr, r.bytes, writable, nullptr});
@@ -280,10 +283,11 @@ public:
     for (auto const& r : desc.writes) bind(r, true);
     auto const cost = desc.cost ? *desc.cost : opts_.timing.kernel_duration(touched);
     auto const p = plan(s, cost, opts_.timing.concurrent_kernels ? engine::none : engine::compute);
-    detail::check_touches(t, p, op_kind::kernel, label(desc.name), log_, opts_, hazards_);
+    auto name = label(desc.name);
+    detail::check_touches(t, p, op_kind::kernel, name, log_, opts_, hazards_);
     auto const op = commit(s, p, op_kind::kernel, touched,
                            opts_.timing.concurrent_kernels ? engine::none : engine::compute,
-                           label(desc.name));
+                           std::move(name));
     detail::record_touches(t, p, op);
     if (opts_.materialize && body) {
       auto allocs = t.allocations();
@@ -430,14 +434,15 @@ private:
   template <class HostPtr>
   void copy(op_kind dir, device_ptr d, HostPtr h, std::size_t n, stream s) {
     bool const up = dir == op_kind::h2d;
-    std::string const call = up ? "copy_h2d" : "copy_d2h";
-    state_of(s, call.c_str());
+    char const* const call = up ? "copy_h2d" : "copy_d2h";
+    state_of(s, call);
     if (n == 0) return;
     auto const host = reinterpret_cast<std::uintptr_t>(h);
-    auto src = up ? find_host(h, call + " source") : find_device(d, call + " source");
-    auto dst = up ? find_device(d, call + " destination") : find_host(h, call + " destination");
-    auto const so = range_in(*src, up ? host : d.address(), n, call + " source");
-    auto const dof = range_in(*dst, up ? d.address() : host, n, call + " destination");
+    call_site const source{call, " source"}, destination{call, " destination"};
+    auto src = up ? find_host(h, source) : find_device(d, source);
+    auto dst = up ? find_device(d, destination) : find_host(h, destination);
+    auto const so = range_in(*src, up ? host : d.address(), n, source);
+    auto const dof = range_in(*dst, up ? d.address() : host, n, destination);
     faults_.attempt(fault_site::copy, call, n);
     auto const eng = up ? engine::h2d : engine::d2h;
     auto const& link = up ? opts_.timing.h2d : opts_.timing.d2h;
@@ -520,32 +525,43 @@ private:
     touches t;
     t.add(a, off, off + n, write ? detail::access_mode::write : detail::access_mode::read);
     auto const kind = write ? op_kind::host_write : op_kind::host_read;
-    detail::check_touches(t, p, kind, label(write ? "host write" : "host read"), log_, opts_,
-                          hazards_);
+    auto name = label(write ? "host write" : "host read");
+    detail::check_touches(t, p, kind, name, log_, opts_, hazards_);
     host_clock_ = c;
-    auto const op = log_op(kind, 0, c.get(0), host_now_, host_now_, n, engine::none,
-                           label(write ? "host write" : "host read"));
+    auto const op = log_op(kind, 0, c.get(0), host_now_, host_now_, n, engine::none, std::move(name));
     detail::record_touches(t, p, op);
   }
 
-  alloc_ptr find_device(device_ptr d, std::string const& what) const {
-    auto it = device_allocs_.upper_bound(d.address());
+  /// Which call (and part of it) an error names: the parts, joined only when an error is thrown.
+  struct call_site {
+    std::string_view head, name = {}, tail = {};
+    call_site(char const* h) : head(h) {} // implicit: a plain call name
+    call_site(std::string_view h, std::string_view n, std::string_view t = {}) : head(h), name(n), tail(t) {}
+    [[nodiscard]] std::string text() const {
+      std::string out(head);
+      return out.append(name).append(tail);
+    }
+  };
+
+  alloc_ptr find_device(device_ptr d, call_site const& what) const {
+    auto it = std::upper_bound(device_allocs_.begin(), device_allocs_.end(), d.address(),
+                               [](std::uintptr_t x, auto const& e) { return x < e.first; });
     if (it != device_allocs_.begin()) {
       --it;
       if (d.address() < it->second->base + it->second->size) return it->second;
     }
-    throw mock_error("mock::backend::" + what + ": " + describe_ptr(d) +
+    throw mock_error("mock::backend::" + what.text() + ": " + describe_ptr(d) +
                      " is not device memory allocated by this backend");
   }
 
-  alloc_ptr find_host(std::byte const* h, std::string const& what) const {
+  alloc_ptr find_host(std::byte const* h, call_site const& what) const {
     auto const addr = reinterpret_cast<std::uintptr_t>(h);
     auto it = host_allocs_.upper_bound(addr);
     if (it != host_allocs_.begin()) {
       --it;
       if (addr < it->second->base + it->second->size) return it->second;
     }
-    throw mock_error("mock::backend::" + what +
+    throw mock_error("mock::backend::" + what.text() +
                      ": the host pointer is not pinned memory allocated by this backend (pageable "
                      "memory would make the copy synchronous)");
   }
@@ -557,10 +573,10 @@ private:
   }
 
   std::size_t range_in(allocation const& a, std::uintptr_t addr, std::size_t n,
-                       std::string const& what) const {
+                       call_site const& what) const {
     auto const off = static_cast<std::size_t>(addr - a.base);
     if (off + n > a.size) {
-      throw mock_error("mock::backend::" + what + ": bytes [" + std::to_string(off) + ", " +
+      throw mock_error("mock::backend::" + what.text() + ": bytes [" + std::to_string(off) + ", " +
                        std::to_string(off + n) + ") exceed " + (a.device ? "device" : "pinned") +
                        " allocation #" + std::to_string(a.id) + " of " + std::to_string(a.size) +
                        " bytes");
@@ -579,7 +595,8 @@ private:
   std::uint64_t alloc_ids_ = 0;
   std::uintptr_t next_device_address_ = std::uintptr_t{1} << 40;
   std::uintptr_t next_host_address_ = std::uintptr_t{1} << 46;
-  std::map<std::uintptr_t, alloc_ptr> device_allocs_;
+  /// Every device allocation (released ones too, for use-after-release reports), by base address.
+  std::vector<std::pair<std::uintptr_t, alloc_ptr>> device_allocs_;
   std::map<std::uintptr_t, alloc_ptr> host_allocs_;
   detail::op_log log_;
   std::vector<hazard> hazards_;
