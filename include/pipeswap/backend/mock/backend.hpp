@@ -288,7 +288,7 @@ public:
     auto const op = commit(s, p, op_kind::kernel, touched,
                            opts_.timing.concurrent_kernels ? engine::none : engine::compute,
                            std::move(name));
-    detail::record_touches(t, p, op);
+    record_touches(t, p, op);
     if (opts_.materialize && body) {
       auto allocs = t.allocations();
       effects_.push(p.end, op, [allocs = std::move(allocs), ctx = std::move(ctx),
@@ -333,8 +333,8 @@ public:
     host_clock_.set(0, host_clock_.get(0) + 1);
     auto const op = log_op(op_kind::host_write, 0, host_clock_.get(0), host_now_, host_now_,
                            bytes.size(), engine::none, label("write_device"));
-    a->shadow->record(off, off + bytes.size(), detail::access_mode::write,
-                      {0, host_clock_.get(0), op}, host_clock_);
+    if (opts_.hazards == hazard_policy::ignore) shadows_behind_ = true;
+    else a->shadow->record(off, off + bytes.size(), detail::access_mode::write, {0, host_clock_.get(0), op}, host_clock_);
     if (opts_.materialize) std::memcpy(a->data + off, bytes.data(), bytes.size());
   }
 
@@ -349,7 +349,16 @@ public:
 
   [[nodiscard]] std::vector<hazard> const& hazards() const noexcept { return hazards_; }
   void clear_hazards() noexcept { hazards_.clear(); }
-  void set_hazard_policy(hazard_policy p) noexcept { opts_.hazards = p; }
+  /// Operations that ran under `ignore` are not recorded for the checker: when checking resumes after
+  /// them, every allocation's record starts afresh (no earlier access counts as unordered).
+  void set_hazard_policy(hazard_policy p) {
+    if (p != hazard_policy::ignore && shadows_behind_) {
+      for (auto const& [_, a] : device_allocs_) a->shadow.emplace(a->size, std::nullopt);
+      for (auto const& [_, a] : host_allocs_) a->shadow.emplace(a->size, std::nullopt);
+      shadows_behind_ = false;
+    }
+    opts_.hazards = p;
+  }
   [[nodiscard]] options const& config() const noexcept { return opts_; }
 
   /// The host thread's simulated clock.
@@ -459,7 +468,7 @@ private:
     detail::check_touches(t, p, dir, name, log_, opts_, hazards_);
     auto const op = commit(s, p, dir, n, eng, name);
     planned_[up ? 0 : 1].append(shares);
-    detail::record_touches(t, p, op);
+    record_touches(t, p, op);
     (up ? bytes_h2d_ : bytes_d2h_) += n;
     if (opts_.materialize) {
       effects_.push(p.end, op, [src, dst, so, dof, n] {
@@ -529,7 +538,7 @@ private:
     detail::check_touches(t, p, kind, name, log_, opts_, hazards_);
     host_clock_ = c;
     auto const op = log_op(kind, 0, c.get(0), host_now_, host_now_, n, engine::none, std::move(name));
-    detail::record_touches(t, p, op);
+    record_touches(t, p, op);
   }
 
   /// Which call (and part of it) an error names: the parts, joined only when an error is thrown.
@@ -542,6 +551,16 @@ private:
       return out.append(name).append(tail);
     }
   };
+
+  /// Records a committed operation's touches for the checker (not under hazard_policy::ignore: then
+  /// nothing reads them until set_hazard_policy starts the records afresh).
+  void record_touches(touches const& t, planned const& p, std::uint64_t op) {
+    if (opts_.hazards == hazard_policy::ignore) {
+      shadows_behind_ = true;
+      return;
+    }
+    detail::record_touches(t, p, op);
+  }
 
   alloc_ptr find_device(device_ptr d, call_site const& what) const {
     auto it = std::upper_bound(device_allocs_.begin(), device_allocs_.end(), d.address(),
@@ -603,6 +622,7 @@ private:
   detail::memory_timeline memory_; ///< every allocation and release, at its simulated time
   detail::effect_queue effects_;
   std::string label_;
+  bool shadows_behind_ = false; ///< operations ran under hazard_policy::ignore without being recorded
   std::size_t device_live_ = 0;
   std::size_t live_device_allocations_ = 0;
   std::size_t host_live_ = 0;
