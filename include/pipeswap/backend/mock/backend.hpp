@@ -264,7 +264,7 @@ public:
   /// after their writes; writes after every unordered use.
   void launch(stream s, kernel_desc desc, std::function<void(kernel_context const&)> body = {}) {
     state_of(s, "launch");
-    faults_.attempt(fault_site::kernel, "launch '" + desc.name + "'", 0);
+    faults_.attempt(fault_site::kernel, [&] { return "launch '" + desc.name + "'"; }, 0);
     touches t;
     std::size_t touched = 0;
     kernel_context ctx;
