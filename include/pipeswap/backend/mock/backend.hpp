@@ -121,7 +121,8 @@ public:
     if (opts_.materialize) a->fill_poison();
     auto const op = commit(s, p, op_kind::allocate, n, engine::none, label("allocate"));
     a->shadow.emplace(n, detail::access_ref{p.agent, p.seq, op});
-    device_allocs_.emplace_back(a->base, a); // addresses only grow: the list stays sorted
+    device_allocs_.emplace_back(a->base, a); // addresses only grow: both lists stay sorted
+    live_device_.emplace_back(a->base, a);
     memory_.add({p.start, static_cast<std::int64_t>(n), op});
     device_live_ += n;
     ++live_device_allocations_;
@@ -145,10 +146,14 @@ public:
     auto const op = commit(s, p, op_kind::release, n, engine::none, std::move(name));
     a->released = true;
     a->release_op = op;
+    if (auto const it = find_in(live_device_, a->base); it != live_device_.end() && it->second == a)
+      live_device_.erase(it); // (a second release, reported above, finds it gone)
     memory_.add({p.start, -static_cast<std::int64_t>(n), op});
     device_live_ -= n;
     --live_device_allocations_;
-    effects_.push(p.end, op, [a] { a->free_storage(); });
+    // Without bytes nothing reads storage_gone (only the data effects of a materialized run do).
+    if (opts_.materialize) effects_.push(p.end, op, [a] { a->free_storage(); });
+    else a->free_storage();
   }
 
   std::byte* allocate_host(std::size_t n) {
@@ -562,12 +567,18 @@ private:
     detail::record_touches(t, p, op);
   }
 
+  using alloc_list = std::vector<std::pair<std::uintptr_t, alloc_ptr>>;
+  /// The entry of `list` (sorted by base address) with the highest base at or below `addr`, or end.
+  static alloc_list::const_iterator find_in(alloc_list const& list, std::uintptr_t addr) {
+    auto it = std::upper_bound(list.begin(), list.end(), addr, [](std::uintptr_t x, auto const& e) { return x < e.first; });
+    return it == list.begin() ? list.end() : std::prev(it);
+  }
+
+  /// The allocation holding `d`: a live one (the short list) first, else a released one.
   alloc_ptr find_device(device_ptr d, call_site const& what) const {
-    auto it = std::upper_bound(device_allocs_.begin(), device_allocs_.end(), d.address(),
-                               [](std::uintptr_t x, auto const& e) { return x < e.first; });
-    if (it != device_allocs_.begin()) {
-      --it;
-      if (d.address() < it->second->base + it->second->size) return it->second;
+    for (auto const* list : {&live_device_, &device_allocs_}) {
+      auto const it = find_in(*list, d.address());
+      if (it != list->end() && d.address() < it->second->base + it->second->size) return it->second;
     }
     throw mock_error("mock::backend::" + what.text() + ": " + describe_ptr(d) +
                      " is not device memory allocated by this backend");
@@ -615,7 +626,8 @@ private:
   std::uintptr_t next_device_address_ = std::uintptr_t{1} << 40;
   std::uintptr_t next_host_address_ = std::uintptr_t{1} << 46;
   /// Every device allocation (released ones too, for use-after-release reports), by base address.
-  std::vector<std::pair<std::uintptr_t, alloc_ptr>> device_allocs_;
+  alloc_list device_allocs_;
+  alloc_list live_device_; ///< the device allocations not released, by base address
   std::map<std::uintptr_t, alloc_ptr> host_allocs_;
   detail::op_log log_;
   std::vector<hazard> hazards_;
