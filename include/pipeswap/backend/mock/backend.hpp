@@ -146,8 +146,12 @@ public:
     auto const op = commit(s, p, op_kind::release, n, engine::none, std::move(name));
     a->released = true;
     a->release_op = op;
-    if (auto const it = find_in(live_device_, a->base); it != live_device_.end() && it->second == a)
-      live_device_.erase(it); // (a second release, reported above, finds it gone)
+    // The live list drops released entries in one pass once they are half of it (an entry still
+    // there names its own released allocation, as the full list would).
+    if (++released_in_live_ > live_device_.size() / 2) {
+      std::erase_if(live_device_, [](auto const& e) { return e.second->released; });
+      released_in_live_ = 0;
+    }
     memory_.add({p.start, -static_cast<std::int64_t>(n), op});
     device_live_ -= n;
     --live_device_allocations_;
@@ -574,7 +578,7 @@ private:
     return it == list.begin() ? list.end() : std::prev(it);
   }
 
-  /// The allocation holding `d`: a live one (the short list) first, else a released one.
+  /// The allocation holding `d`: from the short list of live ones first, else from the full list.
   alloc_ptr find_device(device_ptr d, call_site const& what) const {
     for (auto const* list : {&live_device_, &device_allocs_}) {
       auto const it = find_in(*list, d.address());
@@ -627,7 +631,8 @@ private:
   std::uintptr_t next_host_address_ = std::uintptr_t{1} << 46;
   /// Every device allocation (released ones too, for use-after-release reports), by base address.
   alloc_list device_allocs_;
-  alloc_list live_device_; ///< the device allocations not released, by base address
+  alloc_list live_device_;          ///< the device allocations not released (and a few released), by base
+  std::size_t released_in_live_ = 0; ///< releases since live_device_ was last pruned
   std::map<std::uintptr_t, alloc_ptr> host_allocs_;
   detail::op_log log_;
   std::vector<hazard> hazards_;
