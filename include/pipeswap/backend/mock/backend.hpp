@@ -24,6 +24,7 @@
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/backend/device_ptr.hpp>
 #include <pipeswap/backend/mock/checker.hpp>
+#include <pipeswap/backend/mock/detail/allocation_table.hpp>
 #include <pipeswap/backend/mock/detail/memory_timeline.hpp>
 #include <pipeswap/backend/mock/detail/op_log.hpp>
 #include <pipeswap/backend/mock/detail/storage.hpp>
@@ -121,8 +122,7 @@ public:
     if (opts_.materialize) a->fill_poison();
     auto const op = commit(s, p, op_kind::allocate, n, engine::none, label("allocate"));
     a->shadow.emplace(n, detail::access_ref{p.agent, p.seq, op});
-    device_allocs_.emplace_back(a->base, a); // addresses only grow: both lists stay sorted
-    live_device_.emplace_back(a->base, a);
+    allocs_.add_device(a);
     memory_.add({p.start, static_cast<std::int64_t>(n), op});
     device_live_ += n;
     ++live_device_allocations_;
@@ -132,9 +132,9 @@ public:
   void deallocate_device(device_ptr d, std::size_t n, stream s) {
     state_of(s, "deallocate_device");
     if (!d) return;
-    auto a = find_device(d, "deallocate_device");
+    auto a = allocs_.find_device(d, "deallocate_device");
     if (a->base != d.address() || a->size != n) {
-      throw mock_error("mock::backend::deallocate_device: " + describe_ptr(d) + " with " +
+      throw mock_error("mock::backend::deallocate_device: " + detail::describe_ptr(d) + " with " +
                        std::to_string(n) + " bytes does not name a whole allocation (allocation #" +
                        std::to_string(a->id) + " has " + std::to_string(a->size) + " bytes)");
     }
@@ -146,12 +146,7 @@ public:
     auto const op = commit(s, p, op_kind::release, n, engine::none, std::move(name));
     a->released = true;
     a->release_op = op;
-    // The live list drops released entries in one pass once they are half of it (an entry still
-    // there names its own released allocation, as the full list would).
-    if (++released_in_live_ > live_device_.size() / 2) {
-      std::erase_if(live_device_, [](auto const& e) { return e.second->released; });
-      released_in_live_ = 0;
-    }
+    allocs_.device_released();
     memory_.add({p.start, -static_cast<std::int64_t>(n), op});
     device_live_ -= n;
     --live_device_allocations_;
@@ -178,7 +173,7 @@ public:
     }
     auto const op = host_op(op_kind::host_allocate, n, label("allocate pinned"));
     a->shadow.emplace(n, detail::access_ref{0, host_clock_.get(0), op});
-    host_allocs_.emplace(a->base, a);
+    allocs_.add_host(a);
     host_live_ += n;
     host_peak_ = std::max(host_peak_, host_live_);
     return reinterpret_cast<std::byte*>(a->base);
@@ -186,7 +181,7 @@ public:
 
   void deallocate_host(std::byte* h, std::size_t n) {
     if (h == nullptr) return;
-    auto a = find_host(h, "deallocate_host");
+    auto a = allocs_.find_host(h, "deallocate_host");
     if (a->base != reinterpret_cast<std::uintptr_t>(h) || a->size != n) {
       throw mock_error("mock::backend::deallocate_host: the pointer with " + std::to_string(n) +
                        " bytes does not name a whole pinned allocation (allocation #" +
@@ -206,7 +201,7 @@ public:
     a->released = true;
     a->release_op = op;
     a->storage_gone = true; // the host frees at once; a racing copy finds nothing to write
-    host_allocs_.erase(a->base);
+    allocs_.erase_host(a->base);
     host_live_ -= n;
     effects_.keep_until_drained(std::move(a)); // bytes outlive pending effects
   }
@@ -280,9 +275,9 @@ public:
     ctx.name_ = desc.name;
     auto bind = [&](region const& r, bool writable) {
       if (r.bytes == 0) return;
-      call_site const where{"launch '", desc.name, "' region"};
-      auto a = find_device(r.ptr, where);
-      auto const off = range_in(*a, r.ptr.address(), r.bytes, where);
+      detail::call_site const where{"launch '", desc.name, "' region"};
+      auto a = allocs_.find_device(r.ptr, where);
+      auto const off = detail::range_in(*a, r.ptr.address(), r.bytes, where);
       t.add(a, off, off + r.bytes,
             writable ? detail::access_mode::read_write : detail::access_mode::read);
       ctx.regions_.push_back({r.ptr, r.bytes, writable, nullptr});
@@ -324,8 +319,8 @@ public:
   [[nodiscard]] std::vector<std::byte> read_device(device_ptr d, std::size_t n) {
     synchronize_device();
     if (n == 0) return {};
-    auto a = find_device(d, "read_device");
-    auto const off = range_in(*a, d.address(), n, "read_device");
+    auto a = allocs_.find_device(d, "read_device");
+    auto const off = detail::range_in(*a, d.address(), n, "read_device");
     if (a->released) throw mock_error("mock::backend::read_device: allocation was released");
     if (!opts_.materialize) throw mock_error("mock::backend::read_device: backend holds no bytes");
     return {a->data + off, a->data + off + n};
@@ -336,8 +331,8 @@ public:
   void write_device(device_ptr d, std::span<std::byte const> bytes) {
     synchronize_device();
     if (bytes.empty()) return;
-    auto a = find_device(d, "write_device");
-    auto const off = range_in(*a, d.address(), bytes.size(), "write_device");
+    auto a = allocs_.find_device(d, "write_device");
+    auto const off = detail::range_in(*a, d.address(), bytes.size(), "write_device");
     if (a->released) throw mock_error("mock::backend::write_device: allocation was released");
     host_clock_.set(0, host_clock_.get(0) + 1);
     auto const op = log_op(op_kind::host_write, 0, host_clock_.get(0), host_now_, host_now_,
@@ -362,8 +357,7 @@ public:
   /// them, every allocation's record starts afresh (no earlier access counts as unordered).
   void set_hazard_policy(hazard_policy p) {
     if (p != hazard_policy::ignore && shadows_behind_) {
-      for (auto const& [_, a] : device_allocs_) a->shadow.emplace(a->size, std::nullopt);
-      for (auto const& [_, a] : host_allocs_) a->shadow.emplace(a->size, std::nullopt);
+      allocs_.for_each([](allocation& a) { a.shadow.emplace(a.size, std::nullopt); });
       shadows_behind_ = false;
     }
     opts_.hazards = p;
@@ -456,11 +450,11 @@ private:
     state_of(s, call);
     if (n == 0) return;
     auto const host = reinterpret_cast<std::uintptr_t>(h);
-    call_site const source{call, " source"}, destination{call, " destination"};
-    auto src = up ? find_host(h, source) : find_device(d, source);
-    auto dst = up ? find_device(d, destination) : find_host(h, destination);
-    auto const so = range_in(*src, up ? host : d.address(), n, source);
-    auto const dof = range_in(*dst, up ? d.address() : host, n, destination);
+    detail::call_site const source{call, " source"}, destination{call, " destination"};
+    auto src = up ? allocs_.find_host(h, source) : allocs_.find_device(d, source);
+    auto dst = up ? allocs_.find_device(d, destination) : allocs_.find_host(h, destination);
+    auto const so = detail::range_in(*src, up ? host : d.address(), n, source);
+    auto const dof = detail::range_in(*dst, up ? d.address() : host, n, destination);
     faults_.attempt(fault_site::copy, call, n);
     auto const eng = up ? engine::h2d : engine::d2h;
     auto const& link = up ? opts_.timing.h2d : opts_.timing.d2h;
@@ -533,8 +527,8 @@ private:
 
   void host_access(std::byte const* h, std::size_t n, bool write) {
     if (n == 0) return;
-    auto a = find_host(h, write ? "note_host_write" : "note_host_read");
-    auto const off = range_in(*a, reinterpret_cast<std::uintptr_t>(h), n,
+    auto a = allocs_.find_host(h, write ? "note_host_write" : "note_host_read");
+    auto const off = detail::range_in(*a, reinterpret_cast<std::uintptr_t>(h), n,
                               write ? "note_host_write" : "note_host_read");
     effects_.drain(host_now_);
     auto c = host_clock_;
@@ -550,17 +544,6 @@ private:
     record_touches(t, p, op);
   }
 
-  /// Which call (and part of it) an error names: the parts, joined only when an error is thrown.
-  struct call_site {
-    std::string_view head, name = {}, tail = {};
-    call_site(char const* h) : head(h) {} // implicit: a plain call name
-    call_site(std::string_view h, std::string_view n, std::string_view t = {}) : head(h), name(n), tail(t) {}
-    [[nodiscard]] std::string text() const {
-      std::string out(head);
-      return out.append(name).append(tail);
-    }
-  };
-
   /// Records a committed operation's touches for the checker (not under hazard_policy::ignore: then
   /// nothing reads them until set_hazard_policy starts the records afresh).
   void record_touches(touches const& t, planned const& p, std::uint64_t op) {
@@ -569,53 +552,6 @@ private:
       return;
     }
     detail::record_touches(t, p, op);
-  }
-
-  using alloc_list = std::vector<std::pair<std::uintptr_t, alloc_ptr>>;
-  /// The entry of `list` (sorted by base address) with the highest base at or below `addr`, or end.
-  static alloc_list::const_iterator find_in(alloc_list const& list, std::uintptr_t addr) {
-    auto it = std::upper_bound(list.begin(), list.end(), addr, [](std::uintptr_t x, auto const& e) { return x < e.first; });
-    return it == list.begin() ? list.end() : std::prev(it);
-  }
-
-  /// The allocation holding `d`: from the short list of live ones first, else from the full list.
-  alloc_ptr find_device(device_ptr d, call_site const& what) const {
-    for (auto const* list : {&live_device_, &device_allocs_}) {
-      auto const it = find_in(*list, d.address());
-      if (it != list->end() && d.address() < it->second->base + it->second->size) return it->second;
-    }
-    throw mock_error("mock::backend::" + what.text() + ": " + describe_ptr(d) +
-                     " is not device memory allocated by this backend");
-  }
-
-  alloc_ptr find_host(std::byte const* h, call_site const& what) const {
-    auto const addr = reinterpret_cast<std::uintptr_t>(h);
-    auto it = host_allocs_.upper_bound(addr);
-    if (it != host_allocs_.begin()) {
-      --it;
-      if (addr < it->second->base + it->second->size) return it->second;
-    }
-    throw mock_error("mock::backend::" + what.text() +
-                     ": the host pointer is not pinned memory allocated by this backend (pageable "
-                     "memory would make the copy synchronous)");
-  }
-
-  static std::string describe_ptr(device_ptr d) {
-    std::ostringstream os;
-    os << "device address 0x" << std::hex << d.address();
-    return os.str();
-  }
-
-  std::size_t range_in(allocation const& a, std::uintptr_t addr, std::size_t n,
-                       call_site const& what) const {
-    auto const off = static_cast<std::size_t>(addr - a.base);
-    if (off + n > a.size) {
-      throw mock_error("mock::backend::" + what.text() + ": bytes [" + std::to_string(off) + ", " +
-                       std::to_string(off + n) + ") exceed " + (a.device ? "device" : "pinned") +
-                       " allocation #" + std::to_string(a.id) + " of " + std::to_string(a.size) +
-                       " bytes");
-    }
-    return off;
   }
 
   options opts_;
@@ -630,10 +566,7 @@ private:
   std::uintptr_t next_device_address_ = std::uintptr_t{1} << 40;
   std::uintptr_t next_host_address_ = std::uintptr_t{1} << 46;
   /// Every device allocation (released ones too, for use-after-release reports), by base address.
-  alloc_list device_allocs_;
-  alloc_list live_device_;          ///< the device allocations not released (and a few released), by base
-  std::size_t released_in_live_ = 0; ///< releases since live_device_ was last pruned
-  std::map<std::uintptr_t, alloc_ptr> host_allocs_;
+  detail::allocation_table allocs_;
   detail::op_log log_;
   std::vector<hazard> hazards_;
   detail::memory_timeline memory_; ///< every allocation and release, at its simulated time
