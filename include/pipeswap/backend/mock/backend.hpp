@@ -1,8 +1,9 @@
 // pipeswap — the mock backend's model of one accelerator: the Backend concept, its optional
 // capabilities, kernels, peek and poke for tests, accounting. Its parts: the hazard checker
 // (checker.hpp), the trace export (trace.hpp), fault injection (faults.hpp), kernel bodies' views
-// (kernel_context.hpp), the effect queue (detail/storage.hpp) and the memory timeline
-// (detail/memory_timeline.hpp); <pipeswap/backend/mock.hpp> describes the whole.
+// (kernel_context.hpp), the effect queue (detail/storage.hpp), the memory timeline
+// (detail/memory_timeline.hpp) and the allocations by address (detail/allocation_table.hpp);
+// <pipeswap/backend/mock.hpp> describes the whole.
 #pragma once
 
 #include <algorithm>
