@@ -274,6 +274,30 @@ BOOST_AUTO_TEST_CASE(raise_policy_throws_before_the_operation_takes_effect) {
   r.b->deallocate_device(out, rig::n, r.cs);
 }
 
+// Under `ignore` nothing is checked nor recorded for later checks; checking again afterwards starts
+// every allocation's record afresh: what ran unchecked does not count, what runs next does.
+BOOST_AUTO_TEST_CASE(checking_resumes_afresh_after_ignore) {
+  rig r{mock::hazard_policy::record};
+  auto out = r.b->allocate_device(rig::n, r.cs);
+  r.b->wait_event(r.cp, r.b->record_event(r.cs)); // the copy stream sees `out` allocated
+  r.b->set_hazard_policy(mock::hazard_policy::ignore);
+  r.b->copy_h2d(r.d, r.h, rig::n, r.cp); // unordered with the kernel below: not checked
+  r.b->launch(r.cs, {"unchecked", {{r.d, rig::n}}, {{out, rig::n}}, 10});
+  BOOST_TEST(r.b->hazards().empty());
+  r.b->set_hazard_policy(mock::hazard_policy::record);
+  r.b->launch(r.cs, {"after", {{r.d, rig::n}}, {{out, rig::n}}, 10}); // the ignored copy does not count
+  BOOST_TEST(r.b->hazards().empty());
+  r.b->wait_event(r.cp, r.b->record_event(r.cs)); // the copy below comes after the kernel's read
+  r.b->copy_h2d(r.d, r.h, rig::n, r.cp);           // but the next kernel does not wait for it
+  r.b->launch(r.cs, {"racing", {{r.d, rig::n}}, {{out, rig::n}}, 10});
+  BOOST_TEST_REQUIRE(r.kinds().size() == 1u);
+  BOOST_TEST((r.kinds()[0] == hazard_kind::read_before_write));
+  BOOST_TEST(r.b->hazards()[0].message.find("'racing'") != std::string::npos, r.b->hazards()[0].message);
+  r.b->set_hazard_policy(mock::hazard_policy::ignore);
+  r.b->synchronize_device();
+  r.b->deallocate_device(out, rig::n, r.cs);
+}
+
 BOOST_AUTO_TEST_CASE(host_release_while_copy_pending) {
   for (bool fixed : {false, true}) {
     mock::options o;

@@ -9,11 +9,13 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,8 @@
 #include <pipeswap/sim/pipeline.hpp>
 #include <pipeswap/sim/plan.hpp>
 #include <pipeswap/sim/report.hpp>
+#include <pipeswap/sim/scenario_json.hpp>
+#include <pipeswap/sim/sized.hpp>
 
 #include "support/qwen3.hpp"
 
@@ -518,6 +522,83 @@ BOOST_AUTO_TEST_CASE(plan_picks_the_fastest_fitting_option_of_a_small_scenario) 
       if (budget >= none.peak_bytes && static_cast<double>(none.step_ns) <= reach)
         BOOST_TEST(moved(r.chosen_outcome) == 0u);
       if (budget < none.peak_bytes) BOOST_TEST(!(*r.chosen == sim::swap_choice{}));
+    }
+  }
+}
+
+// On the smallest scenarios of the gallery (examples/scenarios), at the budget `pipeswap plan` uses
+// (the device's memory), the planner's choice against the exhaustive one: every uniform candidate
+// simulated as plan() simulates its candidates (sized per rank, without the hazard checker). The
+// chosen plan is as fast (within the tolerance of the fastest) and moves as few host-link bytes, or
+// (13b_interleaved) at most 5 % more. The larger gallery files take minutes of exhaustive
+// simulation each, too long for CI; they are not checked this way.
+BOOST_AUTO_TEST_CASE(plan_matches_the_exhaustive_search_on_the_small_gallery_scenarios) {
+  for (char const* name : {"7b_2ranks.json", "7b_2ranks_slow_link.json", "13b_interleaved.json"}) {
+    BOOST_TEST_CONTEXT(name) {
+      std::ifstream in(std::string(PIPESWAP_SCENARIOS_DIR) + "/" + name);
+      BOOST_REQUIRE(in);
+      std::stringstream text;
+      text << in.rdbuf();
+      auto const given = sim::scenario_from_json_text(text.str());
+      auto const budget = given.device.memory_bytes;
+      auto const r = sim::plan(given, budget);
+      BOOST_REQUIRE(r.chosen.has_value());
+
+      auto const s = sim::calibrated(given);
+      auto const gaps = std::make_shared<sim::activation_gaps const>(sim::gaps_of(s.pipeline));
+      sim::plan_space space;
+      if (s.parallel.dp > 1) space.distributed_optimizer = {false, true};
+      space.tolerance = s.plan.tolerance;
+      space.gaps = sim::gap_levels(*gaps);
+      BOOST_TEST(r.candidates == space.size());
+      auto eval = [&](sim::swap_choice const& c) { // as plan() evaluates a candidate
+        auto o = sim::options_for(c, gaps, s.swap);
+        auto sc = sim::scenario_for(c, s);
+        if (o.overlap && budget > sc.device.reserved_bytes) sc.device.memory_bytes = std::min(sc.device.memory_bytes, budget);
+        if (o.overlap && o.swap_activations) sim::set_load_lookaheads(o, sc);
+        o.check_hazards = false;
+        return sim::outcome_of(sim::simulate_sized(sc, o, 4), &sc, &o);
+      };
+      std::vector<std::pair<sim::swap_choice, sim::plan_outcome>> all;
+      for (auto const& c : all_choices(space)) all.emplace_back(c, eval(c));
+      auto fastest = std::numeric_limits<pipeswap::mock::sim_time>::max();
+      for (auto const& [c, o] : all)
+        if (o.peak_bytes <= budget) fastest = std::min(fastest, o.step_ns);
+      for (auto const& e : r.simulated)
+        if (e.fits) fastest = std::min(fastest, e.outcome.step_ns);
+      auto const reach = static_cast<double>(fastest) * (1 + space.tolerance);
+      auto const& chosen = r.chosen_outcome;
+      BOOST_TEST(chosen.peak_bytes <= budget);
+      BOOST_TEST(static_cast<double>(chosen.step_ns) <= reach);
+      auto const moved = [](sim::plan_outcome const& o) { return o.h2d_bytes + o.d2h_bytes; };
+      // The exhaustive choice: of the candidates that fit within the tolerance of the fastest, the
+      // fewest host-link bytes, then the lowest peak.
+      std::optional<sim::plan_outcome> best;
+      for (auto const& [c, o] : all) {
+        if (o.peak_bytes > budget || static_cast<double>(o.step_ns) > reach) continue;
+        if (!best || std::pair{moved(o), o.peak_bytes} < std::pair{moved(*best), best->peak_bytes}) best = o;
+      }
+      BOOST_REQUIRE(best.has_value());
+      // What the search gives up, and its bound. On 7b_2ranks and 7b_2ranks_slow_link nothing: no
+      // uniform candidate as fast moves fewer bytes, or as few with a lower peak. On 13b_interleaved
+      // the search stops walking the optimizer batch counts at 32 (which lowered neither the peak nor
+      // the step of 16) and misses 64, which moves 4.2 % fewer bytes (95.3 against 99.6 GB per step)
+      // at the same step: the chosen plan moves at most 5 % more than the exhaustive choice
+      // (docs/simulator.md, "The planner").
+      auto const excess = static_cast<double>(moved(chosen)) / static_cast<double>(std::max<std::uint64_t>(moved(*best), 1)) - 1;
+      BOOST_TEST_MESSAGE(name << ": the chosen plan moves " << excess * 100 << " % more host-link bytes than the exhaustive choice");
+      if (std::string(name) == "13b_interleaved.json") {
+        BOOST_TEST(excess <= 0.05);
+      } else {
+        BOOST_TEST(moved(chosen) <= moved(*best));
+        if (moved(chosen) == moved(*best)) BOOST_TEST(chosen.peak_bytes <= best->peak_bytes);
+      }
+      // The chosen plan's figures are what the simulator gives for it.
+      if (r.chosen->ranks.empty()) {
+        auto const again = eval(*r.chosen);
+        BOOST_TEST(again.step_ns == chosen.step_ns);
+        BOOST_TEST(again.peak_bytes == chosen.peak_bytes);
+      }
     }
   }
 }

@@ -103,7 +103,7 @@ inline std::vector<saved_tensor> head_activations(model_spec const& m, parallel_
   std::uint64_t const Tr = p.sequence_parallel ? T / t : T;
   return {{"norm", "input", e * Tr * m.hidden},
           {"lm_head", "input (the norm's output)", e * Tr * m.hidden},
-          {"cross entropy", "softmax of the logits (fp32)", 4 * T * detail::ceil_div(m.vocab, t)}};
+          {"cross entropy", "softmax of the logits (fp32)", 4 * T * pipeswap::detail::ceil_div(m.vocab, t)}};
 }
 
 /// The embedding's dropout mask on the first stage (with dropout).
@@ -338,7 +338,7 @@ inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recomp
     o.embedding = st == 0;
     o.head = st + 1 == stages;
     o.recompute = recompute.empty() ? m.recompute : recompute[st];
-    auto const vshard = detail::ceil_div(m.vocab, std::uint64_t{par.tp});
+    auto const vshard = pipeswap::detail::ceil_div(m.vocab, std::uint64_t{par.tp});
     if (o.embedding) o.tensors.push_back({"embed_tokens", vshard * m.hidden, false});
     for (std::uint32_t l = 0; l < o.layers; ++l) {
       for (auto& t : layer_tensors(m, layer + l, par)) o.tensors.push_back(std::move(t));
@@ -396,7 +396,7 @@ inline double state_bytes_per_param(model_spec const& m, parallel_spec const& p 
 /// A routed expert's tensor (`expert`) shards over the expert data-parallel group instead.
 inline std::uint64_t optimizer_shard(std::uint64_t numel, parallel_spec const& p, bool expert = false) {
   if (!p.distributed_optimizer) return numel;
-  return detail::ceil_div(numel, expert ? expert_dp_of(p) : std::uint64_t{p.dp});
+  return pipeswap::detail::ceil_div(numel, expert ? expert_dp_of(p) : std::uint64_t{p.dp});
 }
 
 /// Narayanan et al. 2021's FLOPs per iteration (eq. 3): 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) with full
@@ -438,7 +438,7 @@ struct link_rates {
 inline std::vector<link_rates> host_link_rates(scenario const& s, std::vector<bool> const& swaps) {
   auto const R = s.pipeline.ranks;
   std::uint64_t const per_rank = std::uint64_t{s.parallel.tp} * s.parallel.dp, gpus = s.node.gpus;
-  std::uint64_t const total = per_rank * R, nodes = detail::ceil_div(total, gpus);
+  std::uint64_t const total = per_rank * R, nodes = pipeswap::detail::ceil_div(total, gpus);
   auto swapping = [&](std::uint64_t g) { return g / per_rank < swaps.size() && swaps[g / per_rank]; };
   std::vector<std::uint32_t> crowd(nodes, 0);
   for (std::uint64_t g = 0; g < total; ++g)

@@ -18,6 +18,36 @@
 
 namespace pipeswap::sim {
 
+namespace detail {
+
+/// "  overlap, per rank: 0: resident 12.3 GB, 9 of 16 batches on the device at the step, loads 2
+/// slots ahead; ..." (ranks alike are grouped).
+inline std::string overlap_lines(plan_outcome const& c) {
+  auto one = [&](std::size_t r) {
+    std::string x;
+    if (c.rank_batches[r] > 0)
+      x = "resident " + plan_gb(c.resident_shares[r]) + ", " + std::to_string(c.prefetched[r]) + " of " +
+          std::to_string(c.rank_batches[r]) + " optimizer batches on the device when the step began";
+    if (c.lookaheads[r] > 1) x += (x.empty() ? "" : ", ") + std::string("activation loads ") + std::to_string(c.lookaheads[r]) + " slots ahead";
+    if (r < c.wait_delays.size() && c.wait_delays[r] > 1)
+      x += (x.empty() ? "" : ", ") + std::string("offloads waited ") + std::to_string(c.wait_delays[r]) + " slots after";
+    return x.empty() ? std::string("nothing to overlap") : x;
+  };
+  auto const R = c.resident_shares.size();
+  if (R == 0) return {};
+  std::string o = "  overlap, per rank: ";
+  for (std::size_t r = 0; r < R;) {
+    auto const text = one(r);
+    std::size_t e = r;
+    while (e + 1 < R && one(e + 1) == text) ++e;
+    o += (r ? "; " : "") + std::to_string(r) + (e > r ? "-" + std::to_string(e) : "") + ": " + text;
+    r = e + 1;
+  }
+  return o + "\n";
+}
+
+} // namespace detail
+
 /// A setting of the user's scenario that a plan changes: the field, its value in the scenario and in
 /// the plan ("per rank: 0: full; 1-3: none" when the plan's ranks differ).
 struct setting_change {

@@ -1,8 +1,9 @@
 // pipeswap — the mock backend's model of one accelerator: the Backend concept, its optional
 // capabilities, kernels, peek and poke for tests, accounting. Its parts: the hazard checker
 // (checker.hpp), the trace export (trace.hpp), fault injection (faults.hpp), kernel bodies' views
-// (kernel_context.hpp), the effect queue (detail/storage.hpp) and the memory timeline
-// (detail/memory_timeline.hpp); <pipeswap/backend/mock.hpp> describes the whole.
+// (kernel_context.hpp), the effect queue (detail/storage.hpp), the memory timeline
+// (detail/memory_timeline.hpp) and the allocations by address (detail/allocation_table.hpp);
+// <pipeswap/backend/mock.hpp> describes the whole.
 #pragma once
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/backend/device_ptr.hpp>
 #include <pipeswap/backend/mock/checker.hpp>
+#include <pipeswap/backend/mock/detail/allocation_table.hpp>
 #include <pipeswap/backend/mock/detail/memory_timeline.hpp>
 #include <pipeswap/backend/mock/detail/op_log.hpp>
 #include <pipeswap/backend/mock/detail/storage.hpp>
@@ -121,7 +123,7 @@ public:
     if (opts_.materialize) a->fill_poison();
     auto const op = commit(s, p, op_kind::allocate, n, engine::none, label("allocate"));
     a->shadow.emplace(n, detail::access_ref{p.agent, p.seq, op});
-    device_allocs_.emplace(a->base, a);
+    allocs_.add_device(a);
     memory_.add({p.start, static_cast<std::int64_t>(n), op});
     device_live_ += n;
     ++live_device_allocations_;
@@ -131,23 +133,27 @@ public:
   void deallocate_device(device_ptr d, std::size_t n, stream s) {
     state_of(s, "deallocate_device");
     if (!d) return;
-    auto a = find_device(d, "deallocate_device");
+    auto a = allocs_.find_device(d, "deallocate_device");
     if (a->base != d.address() || a->size != n) {
-      throw mock_error("mock::backend::deallocate_device: " + describe_ptr(d) + " with " +
+      throw mock_error("mock::backend::deallocate_device: " + detail::describe_ptr(d) + " with " +
                        std::to_string(n) + " bytes does not name a whole allocation (allocation #" +
                        std::to_string(a->id) + " has " + std::to_string(a->size) + " bytes)");
     }
     auto const p = plan(s, 0, engine::none);
     touches t;
     t.add(a, 0, n, detail::access_mode::release);
-    detail::check_touches(t, p, op_kind::release, label("release"), log_, opts_, hazards_);
-    auto const op = commit(s, p, op_kind::release, n, engine::none, label("release"));
+    auto name = label("release");
+    detail::check_touches(t, p, op_kind::release, name, log_, opts_, hazards_);
+    auto const op = commit(s, p, op_kind::release, n, engine::none, std::move(name));
     a->released = true;
     a->release_op = op;
+    allocs_.device_released();
     memory_.add({p.start, -static_cast<std::int64_t>(n), op});
     device_live_ -= n;
     --live_device_allocations_;
-    effects_.push(p.end, op, [a] { a->free_storage(); });
+    // Without bytes nothing reads storage_gone (only the data effects of a materialized run do).
+    if (opts_.materialize) effects_.push(p.end, op, [a] { a->free_storage(); });
+    else a->free_storage();
   }
 
   std::byte* allocate_host(std::size_t n) {
@@ -168,7 +174,7 @@ public:
     }
     auto const op = host_op(op_kind::host_allocate, n, label("allocate pinned"));
     a->shadow.emplace(n, detail::access_ref{0, host_clock_.get(0), op});
-    host_allocs_.emplace(a->base, a);
+    allocs_.add_host(a);
     host_live_ += n;
     host_peak_ = std::max(host_peak_, host_live_);
     return reinterpret_cast<std::byte*>(a->base);
@@ -176,7 +182,7 @@ public:
 
   void deallocate_host(std::byte* h, std::size_t n) {
     if (h == nullptr) return;
-    auto a = find_host(h, "deallocate_host");
+    auto a = allocs_.find_host(h, "deallocate_host");
     if (a->base != reinterpret_cast<std::uintptr_t>(h) || a->size != n) {
       throw mock_error("mock::backend::deallocate_host: the pointer with " + std::to_string(n) +
                        " bytes does not name a whole pinned allocation (allocation #" +
@@ -188,14 +194,15 @@ public:
     touches t;
     t.add(a, 0, n, detail::access_mode::release);
     planned p{0, c.get(0), host_now_, host_now_, c};
-    detail::check_touches(t, p, op_kind::host_release, label("release pinned"), log_, opts_, hazards_);
+    auto name = label("release pinned");
+    detail::check_touches(t, p, op_kind::host_release, name, log_, opts_, hazards_);
     host_clock_ = c;
     auto const op = log_op(op_kind::host_release, 0, c.get(0), host_now_, host_now_, n, engine::none,
-                           label("release pinned"));
+                           std::move(name));
     a->released = true;
     a->release_op = op;
     a->storage_gone = true; // the host frees at once; a racing copy finds nothing to write
-    host_allocs_.erase(a->base);
+    allocs_.erase_host(a->base);
     host_live_ -= n;
     effects_.keep_until_drained(std::move(a)); // bytes outlive pending effects
   }
@@ -262,15 +269,16 @@ public:
   /// after their writes; writes after every unordered use.
   void launch(stream s, kernel_desc desc, std::function<void(kernel_context const&)> body = {}) {
     state_of(s, "launch");
-    faults_.attempt(fault_site::kernel, "launch '" + desc.name + "'", 0);
+    faults_.attempt(fault_site::kernel, [&] { return "launch '" + desc.name + "'"; }, 0);
     touches t;
     std::size_t touched = 0;
     kernel_context ctx;
     ctx.name_ = desc.name;
     auto bind = [&](region const& r, bool writable) {
       if (r.bytes == 0) return;
-      auto a = find_device(r.ptr, "launch '" + desc.name + "' region");
-      auto const off = range_in(*a, r.ptr.address(), r.bytes, "launch '" + desc.name + "' region");
+      detail::call_site const where{"launch '", desc.name, "' region"};
+      auto a = allocs_.find_device(r.ptr, where);
+      auto const off = detail::range_in(*a, r.ptr.address(), r.bytes, where);
       t.add(a, off, off + r.bytes,
             writable ? detail::access_mode::read_write : detail::access_mode::read);
       ctx.regions_.push_back({r.ptr, r.bytes, writable, nullptr});
@@ -280,11 +288,12 @@ public:
     for (auto const& r : desc.writes) bind(r, true);
     auto const cost = desc.cost ? *desc.cost : opts_.timing.kernel_duration(touched);
     auto const p = plan(s, cost, opts_.timing.concurrent_kernels ? engine::none : engine::compute);
-    detail::check_touches(t, p, op_kind::kernel, label(desc.name), log_, opts_, hazards_);
+    auto name = label(desc.name);
+    detail::check_touches(t, p, op_kind::kernel, name, log_, opts_, hazards_);
     auto const op = commit(s, p, op_kind::kernel, touched,
                            opts_.timing.concurrent_kernels ? engine::none : engine::compute,
-                           label(desc.name));
-    detail::record_touches(t, p, op);
+                           std::move(name));
+    record_touches(t, p, op);
     if (opts_.materialize && body) {
       auto allocs = t.allocations();
       effects_.push(p.end, op, [allocs = std::move(allocs), ctx = std::move(ctx),
@@ -311,8 +320,8 @@ public:
   [[nodiscard]] std::vector<std::byte> read_device(device_ptr d, std::size_t n) {
     synchronize_device();
     if (n == 0) return {};
-    auto a = find_device(d, "read_device");
-    auto const off = range_in(*a, d.address(), n, "read_device");
+    auto a = allocs_.find_device(d, "read_device");
+    auto const off = detail::range_in(*a, d.address(), n, "read_device");
     if (a->released) throw mock_error("mock::backend::read_device: allocation was released");
     if (!opts_.materialize) throw mock_error("mock::backend::read_device: backend holds no bytes");
     return {a->data + off, a->data + off + n};
@@ -323,14 +332,14 @@ public:
   void write_device(device_ptr d, std::span<std::byte const> bytes) {
     synchronize_device();
     if (bytes.empty()) return;
-    auto a = find_device(d, "write_device");
-    auto const off = range_in(*a, d.address(), bytes.size(), "write_device");
+    auto a = allocs_.find_device(d, "write_device");
+    auto const off = detail::range_in(*a, d.address(), bytes.size(), "write_device");
     if (a->released) throw mock_error("mock::backend::write_device: allocation was released");
     host_clock_.set(0, host_clock_.get(0) + 1);
     auto const op = log_op(op_kind::host_write, 0, host_clock_.get(0), host_now_, host_now_,
                            bytes.size(), engine::none, label("write_device"));
-    a->shadow->record(off, off + bytes.size(), detail::access_mode::write,
-                      {0, host_clock_.get(0), op}, host_clock_);
+    if (opts_.hazards == hazard_policy::ignore) shadows_behind_ = true;
+    else a->shadow->record(off, off + bytes.size(), detail::access_mode::write, {0, host_clock_.get(0), op}, host_clock_);
     if (opts_.materialize) std::memcpy(a->data + off, bytes.data(), bytes.size());
   }
 
@@ -345,7 +354,15 @@ public:
 
   [[nodiscard]] std::vector<hazard> const& hazards() const noexcept { return hazards_; }
   void clear_hazards() noexcept { hazards_.clear(); }
-  void set_hazard_policy(hazard_policy p) noexcept { opts_.hazards = p; }
+  /// Operations that ran under `ignore` are not recorded for the checker: when checking resumes after
+  /// them, every allocation's record starts afresh (no earlier access counts as unordered).
+  void set_hazard_policy(hazard_policy p) {
+    if (p != hazard_policy::ignore && shadows_behind_) {
+      allocs_.for_each([](allocation& a) { a.shadow.emplace(a.size, std::nullopt); });
+      shadows_behind_ = false;
+    }
+    opts_.hazards = p;
+  }
   [[nodiscard]] options const& config() const noexcept { return opts_; }
 
   /// The host thread's simulated clock.
@@ -430,14 +447,15 @@ private:
   template <class HostPtr>
   void copy(op_kind dir, device_ptr d, HostPtr h, std::size_t n, stream s) {
     bool const up = dir == op_kind::h2d;
-    std::string const call = up ? "copy_h2d" : "copy_d2h";
-    state_of(s, call.c_str());
+    char const* const call = up ? "copy_h2d" : "copy_d2h";
+    state_of(s, call);
     if (n == 0) return;
     auto const host = reinterpret_cast<std::uintptr_t>(h);
-    auto src = up ? find_host(h, call + " source") : find_device(d, call + " source");
-    auto dst = up ? find_device(d, call + " destination") : find_host(h, call + " destination");
-    auto const so = range_in(*src, up ? host : d.address(), n, call + " source");
-    auto const dof = range_in(*dst, up ? d.address() : host, n, call + " destination");
+    detail::call_site const source{call, " source"}, destination{call, " destination"};
+    auto src = up ? allocs_.find_host(h, source) : allocs_.find_device(d, source);
+    auto dst = up ? allocs_.find_device(d, destination) : allocs_.find_host(h, destination);
+    auto const so = detail::range_in(*src, up ? host : d.address(), n, source);
+    auto const dof = detail::range_in(*dst, up ? d.address() : host, n, destination);
     faults_.attempt(fault_site::copy, call, n);
     auto const eng = up ? engine::h2d : engine::d2h;
     auto const& link = up ? opts_.timing.h2d : opts_.timing.d2h;
@@ -454,7 +472,7 @@ private:
     detail::check_touches(t, p, dir, name, log_, opts_, hazards_);
     auto const op = commit(s, p, dir, n, eng, name);
     planned_[up ? 0 : 1].append(shares);
-    detail::record_touches(t, p, op);
+    record_touches(t, p, op);
     (up ? bytes_h2d_ : bytes_d2h_) += n;
     if (opts_.materialize) {
       effects_.push(p.end, op, [src, dst, so, dof, n] {
@@ -510,8 +528,8 @@ private:
 
   void host_access(std::byte const* h, std::size_t n, bool write) {
     if (n == 0) return;
-    auto a = find_host(h, write ? "note_host_write" : "note_host_read");
-    auto const off = range_in(*a, reinterpret_cast<std::uintptr_t>(h), n,
+    auto a = allocs_.find_host(h, write ? "note_host_write" : "note_host_read");
+    auto const off = detail::range_in(*a, reinterpret_cast<std::uintptr_t>(h), n,
                               write ? "note_host_write" : "note_host_read");
     effects_.drain(host_now_);
     auto c = host_clock_;
@@ -520,52 +538,21 @@ private:
     touches t;
     t.add(a, off, off + n, write ? detail::access_mode::write : detail::access_mode::read);
     auto const kind = write ? op_kind::host_write : op_kind::host_read;
-    detail::check_touches(t, p, kind, label(write ? "host write" : "host read"), log_, opts_,
-                          hazards_);
+    auto name = label(write ? "host write" : "host read");
+    detail::check_touches(t, p, kind, name, log_, opts_, hazards_);
     host_clock_ = c;
-    auto const op = log_op(kind, 0, c.get(0), host_now_, host_now_, n, engine::none,
-                           label(write ? "host write" : "host read"));
+    auto const op = log_op(kind, 0, c.get(0), host_now_, host_now_, n, engine::none, std::move(name));
+    record_touches(t, p, op);
+  }
+
+  /// Records a committed operation's touches for the checker (not under hazard_policy::ignore: then
+  /// nothing reads them until set_hazard_policy starts the records afresh).
+  void record_touches(touches const& t, planned const& p, std::uint64_t op) {
+    if (opts_.hazards == hazard_policy::ignore) {
+      shadows_behind_ = true;
+      return;
+    }
     detail::record_touches(t, p, op);
-  }
-
-  alloc_ptr find_device(device_ptr d, std::string const& what) const {
-    auto it = device_allocs_.upper_bound(d.address());
-    if (it != device_allocs_.begin()) {
-      --it;
-      if (d.address() < it->second->base + it->second->size) return it->second;
-    }
-    throw mock_error("mock::backend::" + what + ": " + describe_ptr(d) +
-                     " is not device memory allocated by this backend");
-  }
-
-  alloc_ptr find_host(std::byte const* h, std::string const& what) const {
-    auto const addr = reinterpret_cast<std::uintptr_t>(h);
-    auto it = host_allocs_.upper_bound(addr);
-    if (it != host_allocs_.begin()) {
-      --it;
-      if (addr < it->second->base + it->second->size) return it->second;
-    }
-    throw mock_error("mock::backend::" + what +
-                     ": the host pointer is not pinned memory allocated by this backend (pageable "
-                     "memory would make the copy synchronous)");
-  }
-
-  static std::string describe_ptr(device_ptr d) {
-    std::ostringstream os;
-    os << "device address 0x" << std::hex << d.address();
-    return os.str();
-  }
-
-  std::size_t range_in(allocation const& a, std::uintptr_t addr, std::size_t n,
-                       std::string const& what) const {
-    auto const off = static_cast<std::size_t>(addr - a.base);
-    if (off + n > a.size) {
-      throw mock_error("mock::backend::" + what + ": bytes [" + std::to_string(off) + ", " +
-                       std::to_string(off + n) + ") exceed " + (a.device ? "device" : "pinned") +
-                       " allocation #" + std::to_string(a.id) + " of " + std::to_string(a.size) +
-                       " bytes");
-    }
-    return off;
   }
 
   options opts_;
@@ -579,13 +566,14 @@ private:
   std::uint64_t alloc_ids_ = 0;
   std::uintptr_t next_device_address_ = std::uintptr_t{1} << 40;
   std::uintptr_t next_host_address_ = std::uintptr_t{1} << 46;
-  std::map<std::uintptr_t, alloc_ptr> device_allocs_;
-  std::map<std::uintptr_t, alloc_ptr> host_allocs_;
+  /// Every device allocation (released ones too, for use-after-release reports), by base address.
+  detail::allocation_table allocs_;
   detail::op_log log_;
   std::vector<hazard> hazards_;
   detail::memory_timeline memory_; ///< every allocation and release, at its simulated time
   detail::effect_queue effects_;
   std::string label_;
+  bool shadows_behind_ = false; ///< operations ran under hazard_policy::ignore without being recorded
   std::size_t device_live_ = 0;
   std::size_t live_device_allocations_ = 0;
   std::size_t host_live_ = 0;

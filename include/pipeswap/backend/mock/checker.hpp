@@ -29,12 +29,13 @@ inline std::string storage_text(allocation const& a, std::size_t lo, std::size_t
 }
 
 /// The hazard, if any, of one touch of operation `op` (not yet logged) of kind `k` named `name`.
+/// The report's text is formatted only once a hazard is found: a clean touch costs the check alone.
 inline std::optional<hazard> find_hazard(touches::one const& x, planned const& p, std::uint64_t op,
                                          op_kind k, std::string const& name, op_log const& log) {
-  auto const self = log.op_text(op, k, name, p.agent, p.start, p.end);
+  auto const self = [&] { return log.op_text(op, k, name, p.agent, p.start, p.end); };
   if (x.a->released) {
     return hazard{hazard_kind::use_after_release, op, x.a->release_op, x.a->id, x.lo, x.hi - x.lo,
-                  self + " uses " + storage_text(*x.a, x.lo, x.hi) + " after " +
+                  self() + " uses " + storage_text(*x.a, x.lo, x.hi) + " after " +
                       log.op_text(x.a->release_op) + " released it"};
   }
   auto const c = x.a->shadow->check(x.lo, x.hi, x.mode, p.clock);
@@ -65,7 +66,7 @@ inline std::optional<hazard> find_hazard(touches::one const& x, planned const& p
     rule = " writes " + storage_text(*x.a, c->lo, c->hi) + " while " + other + " still " +
            (c->other_wrote ? "writes" : "reads") + " it and is not ordered before the write";
   }
-  return hazard{kind, op, c->other.op, x.a->id, c->lo, c->hi - c->lo, self + rule};
+  return hazard{kind, op, c->other.op, x.a->id, c->lo, c->hi - c->lo, self() + rule};
 }
 
 /// Checks every touch of operation `op` (the next to be logged). Under hazard_policy::raise throws

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include <pipeswap/backend/mock/hazard.hpp>
 #include <pipeswap/backend/mock/types.hpp>
@@ -23,14 +24,19 @@ public:
     return attempts_[index(site)];
   }
   /// Counts one attempt of class `site`; throws mock_error if it is the one to fail. `what` names
-  /// the call, `n` its bytes (0: none).
-  void attempt(fault_site site, std::string const& what, std::size_t n) {
+  /// the call: a string, or a callable that gives it (called only for the failing attempt); `n` its
+  /// bytes (0: none).
+  template <class What>
+  void attempt(fault_site site, What const& what, std::size_t n) {
     auto const i = index(site);
     auto const nth = attempts_[i]++;
     if (faults_[i] && *faults_[i] == nth) {
       faults_[i].reset();
       constexpr char const* names[] = {"copy", "allocation", "kernel"};
-      throw mock_error("mock::backend: injected fault in " + what + " (" + names[i] + " #" +
+      std::string name;
+      if constexpr (std::is_invocable_v<What const&>) name = what();
+      else name = what;
+      throw mock_error("mock::backend: injected fault in " + name + " (" + names[i] + " #" +
                        std::to_string(nth) + (n ? ", " + std::to_string(n) + " bytes" : "") + ")");
     }
   }

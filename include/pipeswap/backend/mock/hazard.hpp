@@ -72,7 +72,7 @@ private:
 enum class hazard_policy : std::uint8_t {
   raise,  ///< throw hazard_error from the offending call, before the operation takes effect
   record, ///< append to hazards() and carry on (the data then shows what the race did)
-  ignore, ///< do not check (pure timing runs)
+  ignore, ///< do not check, nor record accesses for later checks (pure timing runs)
 };
 
 } // namespace pipeswap::mock

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -9,25 +11,44 @@ namespace pipeswap::mock::detail {
 
 /// One counter per agent (agent 0 is the host thread, agent i+1 is stream i). Operation (a, n) — the
 /// n-th operation of agent a — happens before everything whose clock has entry a >= n.
+///
+/// Every operation copies a clock: up to `inline_agents` agents the counters live in the object (no
+/// allocation per copy), beyond that on the heap.
 class vector_clock {
 public:
   [[nodiscard]] std::uint64_t get(std::uint32_t agent) const noexcept {
-    return agent < v_.size() ? v_[agent] : 0;
+    return agent < n_ ? data()[agent] : 0;
   }
   void set(std::uint32_t agent, std::uint64_t value) {
-    if (agent >= v_.size()) v_.resize(agent + 1, 0);
-    v_[agent] = value;
+    if (agent >= n_) grow(agent + std::size_t{1});
+    data()[agent] = value;
   }
   void join(vector_clock const& o) {
-    if (o.v_.size() > v_.size()) v_.resize(o.v_.size(), 0);
-    for (std::size_t i = 0; i < o.v_.size(); ++i) v_[i] = std::max(v_[i], o.v_[i]);
+    if (o.n_ > n_) grow(o.n_);
+    auto* v = data();
+    auto const* w = o.data();
+    for (std::size_t i = 0; i < o.n_; ++i) v[i] = std::max(v[i], w[i]);
   }
   [[nodiscard]] bool covers(std::uint32_t agent, std::uint64_t seq) const noexcept {
     return get(agent) >= seq;
   }
 
 private:
-  std::vector<std::uint64_t> v_;
+  static constexpr std::size_t inline_agents = 16;
+
+  [[nodiscard]] std::uint64_t* data() noexcept { return heap_.empty() ? inline_.data() : heap_.data(); }
+  [[nodiscard]] std::uint64_t const* data() const noexcept { return heap_.empty() ? inline_.data() : heap_.data(); }
+
+  /// n > n_ agents; the new counters are 0 (inline ones past n_ never left 0).
+  void grow(std::size_t n) {
+    if (heap_.empty() && n > inline_agents) heap_.assign(inline_.begin(), inline_.begin() + static_cast<std::ptrdiff_t>(n_));
+    if (!heap_.empty() || n > inline_agents) heap_.resize(n, 0);
+    n_ = n;
+  }
+
+  std::array<std::uint64_t, inline_agents> inline_{};
+  std::vector<std::uint64_t> heap_; ///< the counters, once more than inline_agents
+  std::size_t n_ = 0;               ///< agents counted
 };
 
 } // namespace pipeswap::mock::detail

@@ -1,0 +1,117 @@
+// pipeswap — the mock backend's allocations by address (internal): which device or pinned allocation
+// holds a pointer, and the errors that name the call when none does.
+//
+// Device allocations stay listed after their release (a later use is a use-after-release report,
+// not an unknown pointer). Device addresses only grow, so both device lists are vectors sorted by
+// base address: every allocation, and a short one of the live ones (which the kernels' regions and
+// copies name) searched first; released entries leave the short list in batches, and one still
+// there names its own released allocation, as the full list would.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <map>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <pipeswap/backend/device_ptr.hpp>
+#include <pipeswap/backend/mock/detail/storage.hpp>
+#include <pipeswap/backend/mock/hazard.hpp>
+
+namespace pipeswap::mock::detail {
+
+/// Which call (and part of it) an error names: the parts, joined only when an error is thrown.
+struct call_site {
+  std::string_view head, name = {}, tail = {};
+  call_site(char const* h) : head(h) {} // implicit: a plain call name
+  call_site(std::string_view h, std::string_view n, std::string_view t = {}) : head(h), name(n), tail(t) {}
+  [[nodiscard]] std::string text() const {
+    std::string out(head);
+    return out.append(name).append(tail);
+  }
+};
+
+inline std::string describe_ptr(device_ptr d) {
+  std::ostringstream os;
+  os << "device address 0x" << std::hex << d.address();
+  return os.str();
+}
+
+/// The offset of [addr, addr + n) in `a`; mock_error naming `what` if the bytes exceed it.
+inline std::size_t range_in(allocation const& a, std::uintptr_t addr, std::size_t n, call_site const& what) {
+  auto const off = static_cast<std::size_t>(addr - a.base);
+  if (off + n > a.size) {
+    throw mock_error("mock::backend::" + what.text() + ": bytes [" + std::to_string(off) + ", " +
+                     std::to_string(off + n) + ") exceed " + (a.device ? "device" : "pinned") +
+                     " allocation #" + std::to_string(a.id) + " of " + std::to_string(a.size) + " bytes");
+  }
+  return off;
+}
+
+class allocation_table {
+public:
+  /// A new device allocation: its base is above every earlier one's.
+  void add_device(alloc_ptr const& a) {
+    device_.emplace_back(a->base, a);
+    live_device_.emplace_back(a->base, a);
+  }
+  /// After a device allocation was marked released.
+  void device_released() {
+    if (++released_in_live_ > live_device_.size() / 2) {
+      std::erase_if(live_device_, [](auto const& e) { return e.second->released; });
+      released_in_live_ = 0;
+    }
+  }
+  void add_host(alloc_ptr const& a) { host_.emplace(a->base, a); }
+  void erase_host(std::uintptr_t base) { host_.erase(base); }
+
+  /// The device allocation holding `d` (live or released); mock_error naming `what` if none.
+  [[nodiscard]] alloc_ptr find_device(device_ptr d, call_site const& what) const {
+    for (auto const* list : {&live_device_, &device_}) {
+      auto const it = find_in(*list, d.address());
+      if (it != list->end() && d.address() < it->second->base + it->second->size) return it->second;
+    }
+    throw mock_error("mock::backend::" + what.text() + ": " + describe_ptr(d) +
+                     " is not device memory allocated by this backend");
+  }
+
+  /// The pinned allocation (not released) holding `h`; mock_error naming `what` if none.
+  [[nodiscard]] alloc_ptr find_host(std::byte const* h, call_site const& what) const {
+    auto const addr = reinterpret_cast<std::uintptr_t>(h);
+    auto it = host_.upper_bound(addr);
+    if (it != host_.begin()) {
+      --it;
+      if (addr < it->second->base + it->second->size) return it->second;
+    }
+    throw mock_error("mock::backend::" + what.text() +
+                     ": the host pointer is not pinned memory allocated by this backend (pageable "
+                     "memory would make the copy synchronous)");
+  }
+
+  /// Calls `f(allocation&)` for every device allocation and every pinned one not released.
+  template <class F>
+  void for_each(F&& f) const {
+    for (auto const& e : device_) f(*e.second);
+    for (auto const& e : host_) f(*e.second);
+  }
+
+private:
+  using alloc_list = std::vector<std::pair<std::uintptr_t, alloc_ptr>>;
+  /// The entry of `list` (sorted by base address) with the highest base at or below `addr`, or end.
+  static alloc_list::const_iterator find_in(alloc_list const& list, std::uintptr_t addr) {
+    auto it = std::upper_bound(list.begin(), list.end(), addr, [](std::uintptr_t x, auto const& e) { return x < e.first; });
+    return it == list.begin() ? list.end() : std::prev(it);
+  }
+
+  alloc_list device_;                ///< every device allocation, by base address
+  alloc_list live_device_;           ///< those not released (and a few released), by base address
+  std::size_t released_in_live_ = 0; ///< releases since live_device_ was last pruned
+  std::map<std::uintptr_t, alloc_ptr> host_;
+};
+
+} // namespace pipeswap::mock::detail

@@ -1,0 +1,85 @@
+// pipeswap — the swap planner's rules (internal to sim/plan_search.hpp): the checks of a plan_space,
+// the tolerance within which steps count as equally fast, the choice among simulated candidates and
+// what a fitting candidate's figures say against the chosen plan's.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <pipeswap/backend/mock/timing.hpp>
+#include <pipeswap/error.hpp>
+#include <pipeswap/schedule/inject.hpp>
+#include <pipeswap/sim/plan_space.hpp>
+#include <pipeswap/sim/report.hpp>
+
+namespace pipeswap::sim::detail {
+
+inline std::string plan_gb(std::uint64_t b) { return fmt("%.1f GB", static_cast<double>(b) / 1e9); }
+
+inline void check_space(plan_space const& s) {
+  for (std::size_t i = 0; i < s.gaps.size(); ++i) {
+    if (s.gaps[i] < schedule::min_swap_gap)
+      throw invalid_argument("plan: activation gap " + std::to_string(s.gaps[i]) + " is below the injector's minimum " +
+                             std::to_string(schedule::min_swap_gap));
+    if (i > 0 && s.gaps[i] >= s.gaps[i - 1])
+      throw invalid_argument("plan: activation gaps must be strictly decreasing");
+  }
+  if (!(s.tolerance >= 0 && s.tolerance < 1))
+    throw invalid_argument("plan: the tolerance must be in [0, 1), got " + fmt("%g", s.tolerance));
+  if (s.swap_times.empty() || s.packed.empty() || s.recompute.empty() || s.distributed_optimizer.empty())
+    throw invalid_argument("plan: swap_times, packed, recompute and distributed_optimizer need at least one value each");
+  for (std::size_t i = 0; i < s.swap_times.size(); ++i) {
+    if (s.swap_times[i] == 0) throw invalid_argument("plan: swap_times must be positive");
+    if (i > 0 && s.swap_times[i] <= s.swap_times[i - 1])
+      throw invalid_argument("plan: swap_times must be strictly increasing");
+  }
+}
+
+/// Bytes over the host link, both directions.
+inline std::uint64_t link_bytes(plan_outcome const& o) { return o.h2d_bytes + o.d2h_bytes; }
+
+/// Whether a step of `step` ns is within `tolerance` of the fastest, `fastest` ns.
+inline bool within_tolerance(mock::sim_time step, mock::sim_time fastest, double tolerance) {
+  return static_cast<double>(step) <= static_cast<double>(fastest) * (1.0 + tolerance);
+}
+
+/// The choice among `simulated` (plan_result::simulated): of the candidates that fit, those within
+/// `tolerance` of the fastest; of them the fewest host-link bytes, then the lowest peak, then the
+/// shortest step, then the first simulated. Returns its index, or none when nothing fits.
+inline std::optional<std::size_t> choose(std::vector<considered> const& simulated, double tolerance) {
+  std::optional<mock::sim_time> fastest;
+  for (auto const& e : simulated)
+    if (e.fits && (!fastest || e.outcome.step_ns < *fastest)) fastest = e.outcome.step_ns;
+  if (!fastest) return std::nullopt;
+  std::optional<std::size_t> best;
+  auto key = [](plan_outcome const& o) { return std::tuple{link_bytes(o), o.peak_bytes, o.step_ns}; };
+  for (std::size_t i = 0; i < simulated.size(); ++i) {
+    auto const& e = simulated[i];
+    if (!e.fits || !within_tolerance(e.outcome.step_ns, *fastest, tolerance)) continue;
+    if (!best || key(e.outcome) < key(simulated[*best].outcome)) best = i;
+  }
+  return best;
+}
+
+/// What a fitting candidate's figures say against the chosen plan's (`c`), the fastest step being
+/// `fastest`: slower beyond the tolerance, or within it and what it costs more.
+inline std::string verdict_against(plan_outcome const& e, plan_outcome const& c, mock::sim_time fastest,
+                                   double tolerance) {
+  auto const pct = percent(overhead(e.step_ns, c.step_ns));
+  auto const tol = fmt("%.2f %%", tolerance * 100);
+  if (!within_tolerance(e.step_ns, fastest, tolerance))
+    return "fits, but " + pct + " slower than the chosen plan (beyond the " + tol + " tolerance)";
+  std::string const head = "fits, within the " + tol + " tolerance (" + pct + " against the chosen plan), but ";
+  if (link_bytes(e) != link_bytes(c))
+    return head + "moves " + plan_gb(link_bytes(e) - link_bytes(c)) + " more over the host link";
+  if (e.peak_bytes != c.peak_bytes)
+    return head + "moves as many bytes and peaks " + plan_gb(e.peak_bytes - c.peak_bytes) + " higher";
+  if (e.step_ns != c.step_ns) return head + "moves as many bytes, peaks as high and is slower";
+  return "fits, within the " + tol + " tolerance, with the chosen plan's step, bytes and peak (simulated after it)";
+}
+
+} // namespace pipeswap::sim::detail
