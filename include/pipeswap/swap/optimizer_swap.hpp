@@ -12,6 +12,7 @@
 //   carry_over.hpp           what one step leaves the next: the resident share, prefetched batches,
 //                            a deferred offload, their budget holds
 //   step_trace.hpp           the operation in progress (named by errors) and the listener
+//   former_names.hpp         the calls' former names, deprecated
 //
 // Phases around the step (docs/optimizer.md, "Phases") are all optional and off by default; with
 // them off the two pipelines run op for op as written in their headers.
@@ -48,6 +49,7 @@
 #include <pipeswap/optim/state.hpp>
 #include <pipeswap/swap/detail/attachment.hpp>
 #include <pipeswap/swap/detail/carry_over.hpp>
+#include <pipeswap/swap/detail/former_names.hpp>
 #include <pipeswap/swap/detail/packed_pipeline.hpp>
 #include <pipeswap/swap/detail/per_tensor_pipeline.hpp>
 #include <pipeswap/swap/detail/step_plan.hpp>
@@ -60,7 +62,7 @@
 namespace pipeswap {
 
 template <swap_optimizer O, partition_policy P = balanced_partition>
-class optimizer_swap {
+class optimizer_swap : public detail::optimizer_swap_former_names<optimizer_swap<O, P>> {
 public:
   using optimizer_type = O;
   using backend_type = typename O::backend_type;
@@ -83,7 +85,7 @@ public:
   /// Hands the state back to the optimizer (swapped slots in its host stores, resident slots with
   /// their device storage) and detaches. An interrupted step is abandoned. Never throws; if the
   /// backend fails here, the state is marked lost (optimizer_state::lost()) and released.
-  ~optimizer_swap();
+  ~optimizer_swap() { hand_back(); }
 
   /// Runs one optimizer step (or completes an interrupted one). See the header comment.
   void step();
@@ -99,8 +101,6 @@ public:
   /// step brings the resident share back). Must not be called from inside a step (it is not
   /// reentrant).
   void synchronize_host_mirrors();
-  /// The former name of synchronize_host_mirrors() ("host" is the word for pinned host memory).
-  [[deprecated("use synchronize_host_mirrors()")]] void synchronize_cpu_mirrors() { synchronize_host_mirrors(); }
 
   // ----- phases around the step (docs/optimizer.md, "Phases") -------------------------------------
 
@@ -127,9 +127,9 @@ public:
   /// Batches resident or in flight for the next step (resident share included).
   [[nodiscard]] std::size_t prefetched_batches() const noexcept { return carry_.kept(); }
   /// Bytes of the resident share actually kept by the last plan (rounded down to whole batches).
-  [[nodiscard]] std::size_t resident_share_bytes() const noexcept { return planner_.last() ? planner_.last()->resident_share_bytes : 0; }
+  [[nodiscard]] std::size_t resident_share_bytes() const noexcept { return planner_.current().resident_share_bytes; }
   /// Batches of the resident share in the last plan.
-  [[nodiscard]] std::size_t resident_batches() const noexcept { return planner_.last() ? planner_.last()->resident : 0; }
+  [[nodiscard]] std::size_t resident_batches() const noexcept { return planner_.current().resident; }
 
   void set_listener(listener l) { trace_.set_listener(std::move(l)); }
   void set_event_listener(event_listener l) { trace_.set_event_listener(std::move(l)); }
@@ -138,26 +138,18 @@ public:
   [[nodiscard]] transfer_engine<B>& engine() noexcept { return engine_; }
   [[nodiscard]] swap_config const& config() const noexcept { return cfg_; }
   /// The batches of the last step.
-  [[nodiscard]] batch_plan const& last_plan() const noexcept { return planner_.last() ? planner_.last()->plan : no_plan_; }
+  [[nodiscard]] batch_plan const& last_plan() const noexcept { return planner_.current().plan; }
   /// Device bytes of the state that is never swapped (slots that are not swappable). The resident
   /// share, swappable state kept on the device between steps, is resident_share_bytes().
   [[nodiscard]] std::size_t unswappable_bytes() const noexcept { return attached_.unswappable_bytes(); }
-  /// The former name of unswappable_bytes() ("resident" is the resident share's word).
-  [[nodiscard, deprecated("use unswappable_bytes()")]] std::size_t resident_bytes() const noexcept {
-    return unswappable_bytes();
-  }
   /// Bytes of state that is swapped.
   [[nodiscard]] std::size_t swappable_bytes() const noexcept { return attached_.swappable_bytes(); }
   /// Bytes of the larger staging arena of the last packed step (0 for per-tensor).
   [[nodiscard]] std::size_t arena_bytes() const noexcept { return packed_.arena_bytes(); }
   /// Bytes of the largest batch of the last step.
-  [[nodiscard]] std::size_t max_batch_bytes() const noexcept { return planner_.last() ? planner_.last()->max_batch_bytes : 0; }
+  [[nodiscard]] std::size_t max_batch_bytes() const noexcept { return planner_.current().max_batch_bytes; }
   /// Pinned bytes of the host stores that hold the swapped state (one per dtype).
   [[nodiscard]] std::size_t host_store_bytes() const noexcept { return opt_.swap_state().host_bytes(); }
-  /// The former name of host_store_bytes() ("arena" now means device staging memory only).
-  [[nodiscard, deprecated("use host_store_bytes()")]] std::size_t host_arena_bytes() const noexcept {
-    return host_store_bytes();
-  }
 
   // ----- the placement of one slot (checkpoints, tests) --------------------------------------------
 
@@ -168,10 +160,6 @@ public:
   /// The device storage of non-swappable slot i.
   [[nodiscard]] device_pointer_t<B> unswappable_device(std::size_t i) const {
     return attached_.unswappable_device(i, opt_.slots());
-  }
-  /// The former name of unswappable_device().
-  [[nodiscard, deprecated("use unswappable_device(i)")]] device_pointer_t<B> resident_device(std::size_t i) const {
-    return unswappable_device(i);
   }
   /// True when every piece of slot i is in `r`.
   [[nodiscard]] bool slot_in(std::size_t i, residency r) const { return attached_.slot(i).all(r); }
@@ -274,7 +262,6 @@ private:
   P policy_;
   detail::attachment<B> attached_{engine_}; ///< the slots and their storage
   std::optional<step_state> pending_;
-  batch_plan const no_plan_; ///< last_plan() before the first step
   detail::step_planner<B> planner_; ///< the last plan, reused while the step's units do not change
   detail::step_trace trace_; ///< the operation in progress, and the listener
   char const* busy_ = nullptr; ///< the public call in progress (reentrancy)
@@ -323,9 +310,6 @@ optimizer_swap<O, P>::optimizer_swap(transfer_engine<B>& engine, O& opt, swap_co
 }
 
 template <swap_optimizer O, partition_policy P>
-optimizer_swap<O, P>::~optimizer_swap() { hand_back(); }
-
-template <swap_optimizer O, partition_policy P>
 void optimizer_swap<O, P>::step() {
   detail::call_guard guard(busy_, "step");
   engine_.check_budget("optimizer_swap::step");
@@ -339,11 +323,9 @@ void optimizer_swap<O, P>::step() {
     if (!st.d) plan_step(st);
     detail::update_call const update{this, &update_batch};
     try { // each pipeline recovers from its own failures, leaving every state intact
-      if (cfg_.packed) packed_.run(st.d, st.next, update);
-      else per_tensor_.run(st.d, st.next, update);
+      cfg_.packed ? packed_.run(st.d, st.next, update) : per_tensor_.run(st.d, st.next, update);
     } catch (...) {
-      if (cfg_.packed) packed_.abort();
-      else per_tensor_.abort(*st.d);
+      cfg_.packed ? packed_.abort() : per_tensor_.abort(*st.d);
       throw;
     }
     trace_.note("finish_step");

@@ -100,6 +100,8 @@ public:
 
   /// The last plan built (null before the first step).
   [[nodiscard]] plan_ptr const& last() const noexcept { return cached_; }
+  /// The last plan built, or an empty plan before the first step.
+  [[nodiscard]] step_plan<B> const& current() const noexcept { return cached_ ? *cached_ : empty_; }
 
   /// Builds the plan of `batches` (the partition of `k.items`): cuts the slots to match, lists each
   /// batch's pieces (and their staging layout when `packed`), and takes the resident share from the
@@ -222,6 +224,7 @@ private:
   }
 
   plan_ptr cached_;
+  step_plan<B> empty_; ///< current() before the first step
   plan_key key_;
 };
 
