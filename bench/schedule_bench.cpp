@@ -76,11 +76,33 @@ constexpr std::int64_t largest = 1 << 20;
 
 } // namespace
 
-BENCHMARK(copy_baseline)->RangeMultiplier(4)->Range(smallest, largest)->Unit(benchmark::kMicrosecond)->Complexity(benchmark::oN);
-BENCHMARK(inject<gpipe_order>)->Name("inject/gpipe")->RangeMultiplier(4)->Range(smallest, largest)->Unit(benchmark::kMicrosecond)->Complexity(benchmark::oN);
-BENCHMARK(inject<one_f_one_b_order>)->Name("inject/1f1b")->RangeMultiplier(4)->Range(smallest, largest)->Unit(benchmark::kMicrosecond)->Complexity(benchmark::oN);
-BENCHMARK(check_order)->RangeMultiplier(4)->Range(smallest, largest)->Unit(benchmark::kMicrosecond)->Complexity(benchmark::oN);
-BENCHMARK(check_schedule)->RangeMultiplier(4)->Range(smallest, largest)->Unit(benchmark::kMicrosecond)->Complexity(benchmark::oN);
+BENCHMARK(copy_baseline)
+    ->RangeMultiplier(4)
+    ->Range(smallest, largest)
+    ->Unit(benchmark::kMicrosecond)
+    ->Complexity(benchmark::oN);
+BENCHMARK(inject<gpipe_order>)
+    ->Name("inject/gpipe")
+    ->RangeMultiplier(4)
+    ->Range(smallest, largest)
+    ->Unit(benchmark::kMicrosecond)
+    ->Complexity(benchmark::oN);
+BENCHMARK(inject<one_f_one_b_order>)
+    ->Name("inject/1f1b")
+    ->RangeMultiplier(4)
+    ->Range(smallest, largest)
+    ->Unit(benchmark::kMicrosecond)
+    ->Complexity(benchmark::oN);
+BENCHMARK(check_order)
+    ->RangeMultiplier(4)
+    ->Range(smallest, largest)
+    ->Unit(benchmark::kMicrosecond)
+    ->Complexity(benchmark::oN);
+BENCHMARK(check_schedule)
+    ->RangeMultiplier(4)
+    ->Range(smallest, largest)
+    ->Unit(benchmark::kMicrosecond)
+    ->Complexity(benchmark::oN);
 
 // glibc serves allocations above its 32 MiB mmap threshold with fresh pages on every call, so at a
 // million entries each iteration would mostly time page faults; keeping such blocks in the heap

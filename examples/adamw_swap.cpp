@@ -35,8 +35,8 @@ std::vector<std::size_t> toy_model() {
 }
 
 struct result {
-  std::size_t peak = 0;         // device bytes at the peak of the steps (set-up excluded)
-  mock::sim_time step_ns = 0;   // simulated time of the last step
+  std::size_t peak = 0;          // device bytes at the peak of the steps (set-up excluded)
+  mock::sim_time step_ns = 0;    // simulated time of the last step
   std::vector<std::byte> params; // every parameter's bytes after the steps
 };
 

@@ -63,7 +63,11 @@ int main(int argc, char** argv) {
     ok = ok && static_cast<unsigned char>(host[i][bytes - 1]) == i + 1;
     b.deallocate_host(host[i], bytes);
   }
-  std::ofstream(path) << [&] { std::ostringstream os; b.write_chrome_trace(os); return os.str(); }();
+  std::ofstream(path) << [&] {
+    std::ostringstream os;
+    b.write_chrome_trace(os);
+    return os.str();
+  }();
   double const ms = static_cast<double>(b.makespan()) / 1e6;
   double const ideal = static_cast<double>(blocks * bytes) / 55e9 * 1e3;
   std::printf("%zu blocks of %zu MiB: simulated %.3f ms (one-way link bound %.3f ms), peak device "

@@ -302,7 +302,9 @@ run_result run_steps(cuda::backend& b, ps::transfer_engine<cuda::backend>& x, mo
   snapshot* out = keep != nullptr ? keep : &now;
   out->params = m.param_bytes();
   bool exact = true;
-  if (ref != nullptr) exact = ref->params.size() == out->params.size() && same_bytes(ref->params.data(), out->params.data(), out->params.size());
+  if (ref != nullptr)
+    exact = ref->params.size() == out->params.size() &&
+            same_bytes(ref->params.data(), out->params.data(), out->params.size());
   std::size_t i = 0;
   auto const slots = opt.slots();
   for (std::size_t si = 0; si < slots.size(); ++si) {
@@ -314,7 +316,8 @@ run_result run_steps(cuda::backend& b, ps::transfer_engine<cuda::backend>& x, mo
     } else {
       bytes.resize(slot->bytes());
       b.synchronize_device();
-      PIPESWAP_CUDA_TRY(cudaMemcpy(bytes.data(), rt.unswappable_device(si).get(), bytes.size(), cudaMemcpyDeviceToHost));
+      PIPESWAP_CUDA_TRY(
+          cudaMemcpy(bytes.data(), rt.unswappable_device(si).get(), bytes.size(), cudaMemcpyDeviceToHost));
       p = bytes.data();
     }
     if (ref != nullptr) {
@@ -411,9 +414,8 @@ std::size_t selftest_kernels(cuda::backend& b) {
     PIPESWAP_CUDA_TRY(cudaMemcpy(mem.get(), blob.data(), total, cudaMemcpyHostToDevice));
     std::vector<ps::adam_tensor<cuda::backend>> ts;
     for (std::size_t i = 0; i < rs.size(); ++i) {
-      ts.push_back(rs[i].view<cuda::backend>([&](std::size_t a) {
-        return mem + at[6 * i + a] + rs[i].arrays[a].offset * rs[i].arrays[a].esize;
-      }));
+      ts.push_back(rs[i].view<cuda::backend>(
+          [&](std::size_t a) { return mem + at[6 * i + a] + rs[i].arrays[a].offset * rs[i].arrays[a].esize; }));
     }
     ps::adam_kernels<cuda::backend>{}.update(b, cs, ts, sc);
     b.synchronize(b.record_event(cs));
@@ -476,10 +478,9 @@ std::size_t selftest_swap(cuda::backend& b, ps::transfer_engine<cuda::backend>& 
         grad.put(s.grad_type, gv);
         std::vector<float> mm(n, 0), vv(n, 0), vmax(n, 0), master(n);
         for (std::size_t k = 0; k < n; ++k) {
-          master[k] = s.type == ps::dtype::f32 ? reinterpret_cast<float*>(param.data())[k]
-                      : s.type == ps::dtype::bf16
-                          ? ps::to_float(reinterpret_cast<ps::bf16*>(param.data())[k])
-                          : ps::to_float(reinterpret_cast<ps::f16*>(param.data())[k]);
+          master[k] = s.type == ps::dtype::f32    ? reinterpret_cast<float*>(param.data())[k]
+                      : s.type == ps::dtype::bf16 ? ps::to_float(reinterpret_cast<ps::bf16*>(param.data())[k])
+                                                  : ps::to_float(reinterpret_cast<ps::f16*>(param.data())[k]);
         }
         for (int step = 1; step <= steps; ++step) {
           auto const sc = ps::make_step_scalars(acfg, step);
@@ -642,14 +643,19 @@ section bench_steps(cuda::backend& b, ps::transfer_engine<cuda::backend>& x, std
       std::fflush(stdout);
       auto r = run_any(false, b, x, m, acfg, run_spec{pipeline, k, false}, warm, timed, &ref, nullptr);
       r.mock_ms = predict_ms(specs, r.spec);
-      if (!r.bit_exact.value_or(false)) fail(std::string(name) + ": " + pipeline + " swap_times " + std::to_string(k) + " differs from the no-swap run");
+      if (!r.bit_exact.value_or(false))
+        fail(std::string(name) + ": " + pipeline + " swap_times " + std::to_string(k) +
+             " differs from the no-swap run");
       sec.runs.push_back(r);
     }
     x.pool().trim(); // the other pipeline's host memory has another shape
   }
   std::size_t n = 0;
   for (auto const& s : specs) n += s.numel;
-  sec.figures.integer("params", n).integer("tensors", specs.size()).integer("steps_warm", static_cast<std::uint64_t>(warm)).integer("steps_timed", static_cast<std::uint64_t>(timed));
+  sec.figures.integer("params", n)
+      .integer("tensors", specs.size())
+      .integer("steps_warm", static_cast<std::uint64_t>(warm))
+      .integer("steps_timed", static_cast<std::uint64_t>(timed));
   return sec;
 }
 
@@ -662,7 +668,8 @@ std::string mock_text(double ms) {
 
 void print_table(char const* title, section const& sec, bandwidth const& bw) {
   std::printf("\n### %s\n\n", title);
-  std::printf("| pipeline | swap_times | step ms (min) | host ms | ideal ms | ideal ms (duplex) | efficiency | over no-swap ms | mock ms | bit-exact |\n");
+  std::printf("| pipeline | swap_times | step ms (min) | host ms | ideal ms | ideal ms (duplex) | efficiency | over "
+              "no-swap ms | mock ms | bit-exact |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (auto const& r : sec.runs) {
     double const gpu = minimum(r.gpu_ms);
@@ -680,8 +687,10 @@ void print_table(char const* title, section const& sec, bandwidth const& bw) {
 }
 
 int usage(char const* why) {
-  std::fprintf(stderr, "gpu_check: %s\nusage: gpu_check [--quick] [--out FILE] [--budget SECONDS] "
-                       "[--selftest-only] [--params N] [--small-tensors N] | --predict | --probe | --version\n", why);
+  std::fprintf(stderr,
+               "gpu_check: %s\nusage: gpu_check [--quick] [--out FILE] [--budget SECONDS] "
+               "[--selftest-only] [--params N] [--small-tensors N] | --predict | --probe | --version\n",
+               why);
   return 2;
 }
 
@@ -690,14 +699,16 @@ std::vector<param_spec> large_model(options const& o) {
   std::size_t const per = std::min<std::size_t>(o.params, std::size_t{1} << 24); // 64 MiB tensors
   return std::vector<param_spec>(std::max<std::size_t>(1, o.params / per), param_spec{per});
 }
-std::vector<param_spec> small_model(options const& o) { return std::vector<param_spec>(o.small_tensors, param_spec{16384}); }
+std::vector<param_spec> small_model(options const& o) {
+  return std::vector<param_spec>(o.small_tensors, param_spec{16384});
+}
 std::vector<std::size_t> const large_swap_times{4, 8, 16, 32};
 std::vector<std::size_t> const small_swap_times{4, 16};
 
 /// --predict: the mock's step times for every configuration, as a Markdown table.
 int predict_only(options const& o) {
   for (auto const& [title, specs, ks] : {std::tuple{"large model", large_model(o), large_swap_times},
-                                          std::tuple{"small tensors", small_model(o), small_swap_times}}) {
+                                         std::tuple{"small tensors", small_model(o), small_swap_times}}) {
     std::size_t n = 0;
     for (auto const& s : specs) n += s.numel;
     if (specs.size() > max_predicted_tensors) {
@@ -710,7 +721,8 @@ int predict_only(options const& o) {
     std::printf("| pipeline | swap_times | mock ms |\n|---|---|---|\n");
     std::printf("| none | - | %.2f |\n", predict_ms(specs, run_spec{"none", 1, false}));
     for (char const* pipeline : {"per_tensor", "packed"}) {
-      for (auto k : ks) std::printf("| %s | %zu | %.2f |\n", pipeline, k, predict_ms(specs, run_spec{pipeline, k, false}));
+      for (auto k : ks)
+        std::printf("| %s | %zu | %.2f |\n", pipeline, k, predict_ms(specs, run_spec{pipeline, k, false}));
     }
     std::fflush(stdout);
   }
@@ -722,10 +734,11 @@ int run(options const& o) {
   int devices = 0; // cudaGetDeviceCount leaves it untouched when there is no driver
   cudaError_t const st = cudaGetDeviceCount(&devices);
   if (st != cudaSuccess || devices == 0) {
-    std::printf("gpu_check: no CUDA device: %s\n",
-                st != cudaSuccess ? (std::string("cudaGetDeviceCount returned ") + cudaGetErrorName(st) + " (" +
-                                     cudaGetErrorString(st) + ")").c_str()
-                                  : "cudaGetDeviceCount found 0 devices");
+    std::printf("gpu_check: no CUDA device: %s\n", st != cudaSuccess
+                                                       ? (std::string("cudaGetDeviceCount returned ") +
+                                                          cudaGetErrorName(st) + " (" + cudaGetErrorString(st) + ")")
+                                                             .c_str()
+                                                       : "cudaGetDeviceCount found 0 devices");
     return 77;
   }
   cudaDeviceProp prop{};
@@ -746,7 +759,9 @@ int run(options const& o) {
 
   json dev;
   dev.str("name", prop.name).str("cc", std::to_string(prop.major) + "." + std::to_string(prop.minor));
-  dev.num("memory_gib", static_cast<double>(prop.totalGlobalMem) / (1u << 30)).integer("driver", static_cast<std::uint64_t>(driver)).integer("runtime", static_cast<std::uint64_t>(runtime));
+  dev.num("memory_gib", static_cast<double>(prop.totalGlobalMem) / (1u << 30))
+      .integer("driver", static_cast<std::uint64_t>(driver))
+      .integer("runtime", static_cast<std::uint64_t>(runtime));
   json out;
   out.obj("device", dev).str("mode", o.quick ? "quick" : "full");
 

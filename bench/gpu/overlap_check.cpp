@@ -181,15 +181,15 @@ int run(options o) {
   PIPESWAP_CUDA_TRY(cudaEventDestroy(e0));
   PIPESWAP_CUDA_TRY(cudaEventDestroy(e1));
   char line[1024];
-  std::snprintf(line, sizeof line,
-                "{\"params\": %zu, \"pipeline\": \"%s\", \"swap_times\": %zu, \"backward_ms\": %.3f, \"budget_pct\": %.1f, "
-                "\"resident_pct\": %.1f, \"no_swap_ms\": %.3f, \"reference_ms\": %.3f, \"overlapped_ms\": %.3f, "
-                "\"ovl_over_none\": %.4f, \"ref_over_none\": %.4f, \"ovl_over_ref\": %.4f, \"prefetched\": %zu, "
-                "\"budget_high_GB\": %.3f, \"bit_identical\": %s}",
-                o.params, o.packed ? "packed" : "per-tensor", o.swap_times, bwd.reps * one, o.budget_pct,
-                o.resident_pct, none.period_ms, ref.period_ms, ovl.period_ms, ovl.period_ms / none.period_ms,
-                ref.period_ms / none.period_ms, ovl.period_ms / ref.period_ms, ovl.prefetched, ovl.budget_high_gb,
-                exact ? "true" : "false");
+  std::snprintf(
+      line, sizeof line,
+      "{\"params\": %zu, \"pipeline\": \"%s\", \"swap_times\": %zu, \"backward_ms\": %.3f, \"budget_pct\": %.1f, "
+      "\"resident_pct\": %.1f, \"no_swap_ms\": %.3f, \"reference_ms\": %.3f, \"overlapped_ms\": %.3f, "
+      "\"ovl_over_none\": %.4f, \"ref_over_none\": %.4f, \"ovl_over_ref\": %.4f, \"prefetched\": %zu, "
+      "\"budget_high_GB\": %.3f, \"bit_identical\": %s}",
+      o.params, o.packed ? "packed" : "per-tensor", o.swap_times, bwd.reps * one, o.budget_pct, o.resident_pct,
+      none.period_ms, ref.period_ms, ovl.period_ms, ovl.period_ms / none.period_ms, ref.period_ms / none.period_ms,
+      ovl.period_ms / ref.period_ms, ovl.prefetched, ovl.budget_high_gb, exact ? "true" : "false");
   std::printf("| loop | iteration ms | / no swap |\n|---|---|---|\n| no swap | %.2f | 1.00 |\n"
               "| reference | %.2f | %.3f |\n| overlapped | %.2f | %.3f |\n",
               none.period_ms, ref.period_ms, ref.period_ms / none.period_ms, ovl.period_ms,
@@ -221,16 +221,25 @@ int main(int argc, char** argv) {
     }
     if (i + 1 >= argc) return usage((a + " needs a value").c_str());
     char const* v = argv[++i];
-    if (a == "--params") o.params = std::strtoull(v, nullptr, 10);
-    else if (a == "--tensors") o.tensors = std::strtoull(v, nullptr, 10);
-    else if (a == "--backward-ms") o.backward_ms = std::atof(v);
-    else if (a == "--budget-pct") o.budget_pct = std::atof(v);
-    else if (a == "--resident-pct") o.resident_pct = std::atof(v);
-    else if (a == "--swap-times") o.swap_times = std::strtoull(v, nullptr, 10);
-    else if (a == "--out") o.out = v;
-    else return usage(("unknown argument " + a).c_str());
+    if (a == "--params")
+      o.params = std::strtoull(v, nullptr, 10);
+    else if (a == "--tensors")
+      o.tensors = std::strtoull(v, nullptr, 10);
+    else if (a == "--backward-ms")
+      o.backward_ms = std::atof(v);
+    else if (a == "--budget-pct")
+      o.budget_pct = std::atof(v);
+    else if (a == "--resident-pct")
+      o.resident_pct = std::atof(v);
+    else if (a == "--swap-times")
+      o.swap_times = std::strtoull(v, nullptr, 10);
+    else if (a == "--out")
+      o.out = v;
+    else
+      return usage(("unknown argument " + a).c_str());
   }
-  if (o.params == 0 || o.tensors == 0 || o.tensors > o.params || o.swap_times == 0) return usage("sizes must be positive");
+  if (o.params == 0 || o.tensors == 0 || o.tensors > o.params || o.swap_times == 0)
+    return usage("sizes must be positive");
   try {
     return run(o);
   } catch (std::exception const& e) {

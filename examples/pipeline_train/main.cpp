@@ -94,7 +94,8 @@ pt::rank_outcome unpack(std::vector<std::byte> const& v) {
     auto const s = get<int>(v, at);
     auto const n = get<std::size_t>(v, at);
     if (at + n > v.size()) throw pipeswap::invalid_argument("pipeline_train: truncated rank report");
-    o.stage_params[s].assign(v.begin() + static_cast<std::ptrdiff_t>(at), v.begin() + static_cast<std::ptrdiff_t>(at + n));
+    o.stage_params[s].assign(v.begin() + static_cast<std::ptrdiff_t>(at),
+                             v.begin() + static_cast<std::ptrdiff_t>(at + n));
     at += n;
   }
   return o;
@@ -102,7 +103,8 @@ pt::rank_outcome unpack(std::vector<std::byte> const& v) {
 
 /// Every rank sends its outcome to rank 0 (two messages: size, bytes); rank 0 returns them all.
 template <class C>
-std::vector<std::optional<pt::rank_outcome>> gather(C& c, pt::rank_outcome const& mine, std::chrono::milliseconds timeout) {
+std::vector<std::optional<pt::rank_outcome>> gather(C& c, pt::rank_outcome const& mine,
+                                                    std::chrono::milliseconds timeout) {
   int const tag_size = c.max_tag(), tag_bytes = c.max_tag() - 1;
   auto wait = [&](auto& r, std::string const& what) {
     if (!c.wait_for(r, timeout)) {
@@ -143,7 +145,8 @@ void print_verdict(pt::train_options const& o) {
 
 /// Rank 0's report; returns the exit status.
 int report(pt::train_options const& o, std::vector<std::optional<pt::rank_outcome>> const& outs, char const* how) {
-  auto const swap = o.swap_activations ? (o.swap_optimizer ? "both" : "activations") : (o.swap_optimizer ? "optimizer" : "none");
+  auto const swap =
+      o.swap_activations ? (o.swap_optimizer ? "both" : "activations") : (o.swap_optimizer ? "optimizer" : "none");
   std::printf("pipeline_train: %s, %d ranks x %d chunks (%d stages of %d MLP blocks), %d micro-batches, swap %s%s, "
               "%d steps, seed %llu (%s)\n",
               kind_name(o.kind), o.ranks, o.chunks, o.ranks * o.chunks, o.model.blocks, o.model.micro, swap,
@@ -164,7 +167,8 @@ int report(pt::train_options const& o, std::vector<std::optional<pt::rank_outcom
     if (!r) continue;
     std::printf("rank %d peak device bytes %zu (activation groups swapped: %zu", r->rank, r->peak_device_bytes,
                 r->swapped_chunks);
-    if (o.swap_optimizer && o.optimizer_phases) std::printf(", optimizer batches prefetched: %zu", r->prefetched_batches);
+    if (o.swap_optimizer && o.optimizer_phases)
+      std::printf(", optimizer batches prefetched: %zu", r->prefetched_batches);
     std::printf(")\n");
   }
   if (hazards) std::printf("hazards reported: %zu\n", hazards);
@@ -186,21 +190,25 @@ int main(int argc, char** argv) {
   std::size_t fail_kernel = 0;
   std::string orders_file;
   long long timeout_ms = 60000;
-  app.add_option("--schedule", kind, "gpipe, 1f1b or interleaved")->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
+  app.add_option("--schedule", kind, "gpipe, 1f1b or interleaved")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
   app.add_option("--chunks", o.chunks, "stages per rank (interleaved)")->check(CLI::Range(1, 64));
   app.add_option("--micro", o.model.micro, "micro-batches per step")->check(CLI::Range(1, 4096));
   app.add_option("--swap", swap, "none, activations, optimizer or both")
       ->check(CLI::IsMember({"none", "activations", "optimizer", "both"}));
   app.add_flag("--overlap", o.overlap_b_f, "interleaved: OVERLAP_B_F composites in the steady state");
-  app.add_flag("--phases", o.optimizer_phases,
-               "optimizer swap: the runtime's phases (prefetch in the backward tail, offload deferred into the next step)");
+  app.add_flag(
+      "--phases", o.optimizer_phases,
+      "optimizer swap: the runtime's phases (prefetch in the backward tail, offload deferred into the next step)");
   app.add_option("--steps", o.steps, "training steps")->check(CLI::Range(1, 1000));
   app.add_option("--seed", o.model.seed, "seed of weights and data");
   app.add_option("--ranks", ranks, "run N ranks as threads of this process (thread_comm) instead of MPI")
       ->check(CLI::Range(1, 64));
-  app.add_option("--wait-timeout", timeout_ms, "watchdog on every wait for a message, in ms")->check(CLI::Range(1, 3600000));
+  app.add_option("--wait-timeout", timeout_ms, "watchdog on every wait for a message, in ms")
+      ->check(CLI::Range(1, 3600000));
   app.add_option("--fail-rank", fail_rank, "fault injection: the rank that fails");
-  app.add_option("--fail-at", fail_at, "fault injection: the order position it fails at (its length: the optimizer step)");
+  app.add_option("--fail-at", fail_at,
+                 "fault injection: the order position it fails at (its length: the optimizer step)");
   app.add_option("--fail-kernel", fail_kernel, "fault injection: fail the rank's (N+1)-th kernel launch instead");
   app.add_option("--orders", orders_file,
                  "run these orders (a JSON array of rank orders, swap steps as given) instead of --schedule");
@@ -211,8 +219,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-schedule-check", no_check, "skip the executor's check that every rank runs one schedule");
   CLI11_PARSE(app, argc, argv);
   auto kind_of = [](std::string const& k) {
-    return k == "gpipe" ? pt::schedule_kind::gpipe : k == "1f1b" ? pt::schedule_kind::one_f_one_b
-                                                                 : pt::schedule_kind::interleaved;
+    return k == "gpipe"  ? pt::schedule_kind::gpipe
+           : k == "1f1b" ? pt::schedule_kind::one_f_one_b
+                         : pt::schedule_kind::interleaved;
   };
   o.kind = kind_of(kind);
   o.exec.check_schedule = !no_check;
@@ -295,7 +304,8 @@ int main(int argc, char** argv) {
       for (auto& t : ts) t.join();
       if (!r.ok()) {
         for (int k = 0; k < o.ranks; ++k) {
-          if (!r.errors[std::size_t(k)].empty()) std::fprintf(stderr, "pipeline_train: %s\n", r.errors[std::size_t(k)].c_str());
+          if (!r.errors[std::size_t(k)].empty())
+            std::fprintf(stderr, "pipeline_train: %s\n", r.errors[std::size_t(k)].c_str());
         }
         return 2;
       }
@@ -319,8 +329,7 @@ int main(int argc, char** argv) {
         std::fflush(stderr);
         try {
           c.abort(std::string("rank ") + std::to_string(c.rank()) + " ended with: " + e.what());
-        } catch (...) {
-        }
+        } catch (...) {}
         ex::mpi_session::abort_job(2);
       }
     }

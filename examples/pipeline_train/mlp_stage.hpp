@@ -22,12 +22,12 @@ namespace ps = pipeswap;
 namespace mock = pipeswap::mock;
 
 struct model_config {
-  std::size_t dim = 64;    ///< width of the residual stream (the stage boundary)
+  std::size_t dim = 64;     ///< width of the residual stream (the stage boundary)
   std::size_t hidden = 128; ///< width of each block's hidden layer
-  std::size_t rows = 32;   ///< rows of one micro-batch
-  int blocks = 2;          ///< blocks per stage
-  int stages = 4;          ///< stages of the model
-  int micro = 8;           ///< micro-batches per step
+  std::size_t rows = 32;    ///< rows of one micro-batch
+  int blocks = 2;           ///< blocks per stage
+  int stages = 4;           ///< stages of the model
+  int micro = 8;            ///< micro-batches per step
   std::uint64_t seed = 1;
 };
 
@@ -79,8 +79,7 @@ public:
         b_.deallocate_device(t.grad, 4 * t.numel, s);
       }
       if (loss_) b_.deallocate_device(loss_, 4 * static_cast<std::size_t>(c_.micro), s);
-    } catch (...) {
-    }
+    } catch (...) {}
   }
 
   [[nodiscard]] std::size_t input_bytes() const { return 4 * c_.rows * c_.dim; }
@@ -115,7 +114,8 @@ public:
       b.launch(s, {label("load", f.micro), {}, {{x, 4 * R * D}}, {}},
                [x, n = R * D, seed = c_.seed, step = step_, m = f.micro](mock::kernel_context const& k) {
                  auto v = k.write<float>(x, n);
-                 for (std::size_t i = 0; i < n; ++i) v[i] = 2.0f * noise(seed, 1, step, static_cast<std::uint64_t>(m), i);
+                 for (std::size_t i = 0; i < n; ++i)
+                   v[i] = 2.0f * noise(seed, 1, step, static_cast<std::uint64_t>(m), i);
                });
       f.save(x, 4 * R * D);
     }
@@ -127,10 +127,11 @@ public:
       auto const a = b.allocate_device(4 * R * H, s);
       bool const to_output = j + 1 == c_.blocks && f.output.ptr;
       auto const y = to_output ? f.output.ptr : b.allocate_device(4 * R * D, s);
-      mock::kernel_desc d{label("fwd b" + std::to_string(j), f.micro),
-                          {{x, 4 * R * D}, {w1.param, 4 * H * D}, {b1.param, 4 * H}, {w2.param, 4 * D * H}, {b2.param, 4 * D}},
-                          {{a, 4 * R * H}, {y, 4 * R * D}},
-                          {}};
+      mock::kernel_desc d{
+          label("fwd b" + std::to_string(j), f.micro),
+          {{x, 4 * R * D}, {w1.param, 4 * H * D}, {b1.param, 4 * H}, {w2.param, 4 * D * H}, {b2.param, 4 * D}},
+          {{a, 4 * R * H}, {y, 4 * R * D}},
+          {}};
       b.launch(s, std::move(d), [=](mock::kernel_context const& k) {
         auto X = k.read<float>(x, R * D);
         auto W1 = k.read<float>(w1.param, H * D);
@@ -212,10 +213,11 @@ public:
       } else if (g.grad_input.ptr) {
         dx = g.grad_input.ptr;
       }
-      mock::kernel_desc d{label("bwd b" + std::to_string(j), g.micro),
-                          {{x, 4 * R * D}, {a, 4 * R * H}, {dy, 4 * R * D}, {w1.param, 4 * H * D}, {w2.param, 4 * D * H}},
-                          {{w1.grad, 4 * H * D}, {b1.grad, 4 * H}, {w2.grad, 4 * D * H}, {b2.grad, 4 * D}},
-                          {}};
+      mock::kernel_desc d{
+          label("bwd b" + std::to_string(j), g.micro),
+          {{x, 4 * R * D}, {a, 4 * R * H}, {dy, 4 * R * D}, {w1.param, 4 * H * D}, {w2.param, 4 * D * H}},
+          {{w1.grad, 4 * H * D}, {b1.grad, 4 * H}, {w2.grad, 4 * D * H}, {b2.grad, 4 * D}},
+          {}};
       if (dx) d.writes.push_back({dx, 4 * R * D});
       b.launch(s, std::move(d), [=](mock::kernel_context const& k) {
         auto X = k.read<float>(x, R * D);

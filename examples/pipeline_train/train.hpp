@@ -44,7 +44,7 @@ struct train_options {
   /// optimizer_phases): batches prefetched during each backward tail, the last offloads deferred
   /// into the next step's forward.
   bool optimizer_phases = false;
-  model_config model;      ///< stages and micro are set from ranks, chunks and micro
+  model_config model; ///< stages and micro are set from ranks, chunks and micro
   ps::exec::executor_options exec;
   /// Orders to run instead of the generated schedule (one per rank, swap steps as given).
   std::optional<ps::schedule::rank_orders> orders;
@@ -90,10 +90,10 @@ struct rank_outcome {
   std::vector<float> losses;     ///< per step (mean over micro-batches); the last stage's rank only
   std::vector<std::byte> params; ///< every parameter byte of the rank's stages, stage by stage
   std::map<int, std::vector<std::byte>> stage_params;
-  std::size_t peak_device_bytes = 0; ///< during the steps (set-up excluded)
+  std::size_t peak_device_bytes = 0;   ///< during the steps (set-up excluded)
   std::size_t pipeline_peak_bytes = 0; ///< during the schedules' entries (optimizer steps excluded)
-  std::size_t swapped_chunks = 0; ///< over all steps
-  std::size_t prefetched_batches = 0; ///< optimizer_phases: batches prefetched when each step() began, over all steps
+  std::size_t swapped_chunks = 0;      ///< over all steps
+  std::size_t prefetched_batches = 0;  ///< optimizer_phases: batches prefetched when each step() began, over all steps
   std::size_t hazards = 0;
 };
 
@@ -142,14 +142,17 @@ inline std::size_t peak_since(mock::backend const& b, mock::sim_time t0) {
 }
 
 /// Device bytes at their peak within the intervals [from, to) (live at each `from` included).
-inline std::size_t peak_within(mock::backend const& b, std::vector<std::pair<mock::sim_time, mock::sim_time>> const& spans) {
+inline std::size_t peak_within(mock::backend const& b,
+                               std::vector<std::pair<mock::sim_time, mock::sim_time>> const& spans) {
   auto const tl = b.device_memory_timeline();
   std::size_t peak = 0;
   for (auto const& [from, to] : spans) {
     std::size_t live = 0;
     for (auto const& [t, n] : tl) {
-      if (t <= from) live = n;
-      else if (t < to) peak = std::max(peak, n);
+      if (t <= from)
+        live = n;
+      else if (t < to)
+        peak = std::max(peak, n);
     }
     peak = std::max(peak, live);
   }
@@ -192,7 +195,8 @@ rank_outcome train_rank(C& comm, train_options const& o) {
     if (layout.rank_of(s) != rank) continue;
     owned.push_back(std::make_unique<mlp_stage>(b, cfg, s));
     stages[s] = owned.back().get();
-    for (auto const& t : owned.back()->tensors()) opt.add_param({t.param, t.grad, t.numel, ps::dtype::f32, ps::dtype::f32, false});
+    for (auto const& t : owned.back()->tensors())
+      opt.add_param({t.param, t.grad, t.numel, ps::dtype::f32, ps::dtype::f32, false});
   }
   rank_outcome out;
   out.rank = rank;
@@ -214,7 +218,9 @@ rank_outcome train_rank(C& comm, train_options const& o) {
     if (o.fault_rank && *o.fault_rank == rank) b.fail_after(o.fault_site, o.fault_after);
     for (int step = 0; step < o.steps; ++step) {
       auto const begin = b.now();
-      auto const at_step = [&] { phases.emplace_back(begin, b.now()); }; // the host synchronized the pipeline's compute work
+      auto const at_step = [&] {
+        phases.emplace_back(begin, b.now());
+      }; // the host synchronized the pipeline's compute work
       if (phased) {
         phased_step<ps::optimizer_swap<opt_type>, decltype(at_step)> f{osw, at_step};
         ex.run_step(orders.at(static_cast<std::size_t>(rank)), f);
@@ -279,7 +285,8 @@ inline reference_result reference(train_options const& o) {
   opt_type opt(b);
   for (int s = 0; s < cfg.stages; ++s) {
     st.push_back(std::make_unique<mlp_stage>(b, cfg, s));
-    for (auto const& t : st.back()->tensors()) opt.add_param({t.param, t.grad, t.numel, ps::dtype::f32, ps::dtype::f32, false});
+    for (auto const& t : st.back()->tensors())
+      opt.add_param({t.param, t.grad, t.numel, ps::dtype::f32, ps::dtype::f32, false});
   }
   reference_result out;
   {
@@ -290,15 +297,22 @@ inline reference_result reference(train_options const& o) {
     for (int step = 0; step < o.steps; ++step) {
       for (auto& s : st) s->begin_step(b, cs);
       // saved[s][m], inputs[s][m] (the input of stage s), grads[s][m] (the gradient into stage s's output)
-      std::vector<std::vector<std::vector<buf>>> saved(st.size(), std::vector<std::vector<buf>>(std::size_t(cfg.micro)));
+      std::vector<std::vector<std::vector<buf>>> saved(st.size(),
+                                                       std::vector<std::vector<buf>>(std::size_t(cfg.micro)));
       std::vector<std::vector<buf>> inputs(st.size() + 1, std::vector<buf>(std::size_t(cfg.micro)));
       for (int m = 0; m < cfg.micro; ++m) {
         for (std::size_t s = 0; s < st.size(); ++s) {
           buf out{};
           if (s + 1 < st.size()) out = {b.allocate_device(boundary, cs), boundary};
           auto& sv = saved[s][std::size_t(m)];
-          ps::exec::forward_args<mock::backend> f{b, cs, int(s), m, inputs[s][std::size_t(m)], out,
-                                                  [&](ps::device_ptr p, std::size_t n) { sv.push_back({p, n}); }, {}};
+          ps::exec::forward_args<mock::backend> f{b,
+                                                  cs,
+                                                  int(s),
+                                                  m,
+                                                  inputs[s][std::size_t(m)],
+                                                  out,
+                                                  [&](ps::device_ptr p, std::size_t n) { sv.push_back({p, n}); },
+                                                  {}};
           st[s]->forward(f);
           inputs[s + 1][std::size_t(m)] = out;
         }
@@ -306,13 +320,16 @@ inline reference_result reference(train_options const& o) {
       std::vector<std::vector<buf>> grads(st.size() + 1, std::vector<buf>(std::size_t(cfg.micro)));
       for (std::size_t s = st.size(); s-- > 0;) {
         std::vector<int> ms;
-        if (auto it = backward_order.find(int(s)); it != backward_order.end()) ms = it->second;
-        else for (int m = 0; m < cfg.micro; ++m) ms.push_back(m);
+        if (auto it = backward_order.find(int(s)); it != backward_order.end())
+          ms = it->second;
+        else
+          for (int m = 0; m < cfg.micro; ++m) ms.push_back(m);
         for (int m : ms) {
           buf gin{};
           if (s > 0) gin = {b.allocate_device(boundary, cs), boundary};
           auto const& sv = saved[s][std::size_t(m)];
-          ps::exec::backward_args<mock::backend> g{b, cs, int(s), m, inputs[s][std::size_t(m)], grads[s + 1][std::size_t(m)], gin, sv, {}};
+          ps::exec::backward_args<mock::backend> g{
+              b, cs, int(s), m, inputs[s][std::size_t(m)], grads[s + 1][std::size_t(m)], gin, sv, {}};
           st[s]->backward(g);
           grads[s][std::size_t(m)] = gin;
         }
@@ -344,7 +361,8 @@ struct threaded_run {
   std::vector<std::optional<rank_outcome>> outcomes;
   std::vector<std::string> errors; ///< empty string: the rank succeeded
   [[nodiscard]] bool ok() const {
-    for (auto const& e : errors) if (!e.empty()) return false;
+    for (auto const& e : errors)
+      if (!e.empty()) return false;
     return true;
   }
 };
@@ -366,8 +384,7 @@ inline threaded_run train_threads(train_options const& o) {
         if (r.errors[std::size_t(k)].empty()) r.errors[std::size_t(k)] = "(empty message)";
         try {
           w.comm(k).abort(std::string("rank ") + std::to_string(k) + " ended with: " + e.what());
-        } catch (...) {
-        }
+        } catch (...) {}
       }
     });
   }

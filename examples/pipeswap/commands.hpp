@@ -23,7 +23,7 @@ struct plan_args {
   std::string scenario;
   std::optional<double> budget_gb;
   std::optional<double> tolerance; ///< percent; unset: the scenario's plan.tolerance
-  std::string svg; ///< the alternatives chart (empty: none)
+  std::string svg;                 ///< the alternatives chart (empty: none)
   bool json = false;
   progress_mode progress = progress_mode::automatic;
 };

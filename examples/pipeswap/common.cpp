@@ -18,8 +18,7 @@ namespace pipeswap_cli {
 
 std::string read_input(std::string const& path) {
   if (path.empty() || path == "-") {
-    if (::isatty(STDIN_FILENO))
-      throw bad_input("no input: give a file name or pipe JSON into standard input");
+    if (::isatty(STDIN_FILENO)) throw bad_input("no input: give a file name or pipe JSON into standard input");
     std::ostringstream ss;
     ss << std::cin.rdbuf();
     if (std::cin.bad()) throw bad_input("cannot read standard input");
@@ -104,8 +103,8 @@ void progress_meter::finish() {
   if (enabled_ && (shown_ || !delay_)) {
     if (tty_) {
       if (shown_) std::fputs("\r\033[K", stderr);
-    }
-    else if (last_tenth_ < 10) std::fprintf(stderr, "%s: 100%%\n", label_.c_str());
+    } else if (last_tenth_ < 10)
+      std::fprintf(stderr, "%s: 100%%\n", label_.c_str());
     std::fflush(stderr);
   }
   finished_ = true;

@@ -85,8 +85,9 @@ int main(int argc, char** argv) {
   inject_args in;
   auto* inject = app.add_subcommand("inject", "read one order (a JSON array), print it with activation-swap steps");
   inject->add_option("input", in.input, "JSON file ('-' or absent: stdin)");
-  inject->add_option("--min-gap", in.min_gap, "swap only chunks whose backward trails their forward by at least "
-                                              "this many compute slots (the injector's minimum is 4)");
+  inject->add_option("--min-gap", in.min_gap,
+                     "swap only chunks whose backward trails their forward by at least "
+                     "this many compute slots (the injector's minimum is 4)");
   add_indent(inject, in.indent);
 
   validate_args va;
@@ -104,8 +105,10 @@ int main(int argc, char** argv) {
   auto* partition = app.add_subcommand("partition", "read {\"costs\": [...], \"swap_times\": K}; print the swap "
                                                     "batches: {\"sizes\": [...], \"batch_costs\": [...]}");
   partition->add_option("input", pa.input, "JSON file ('-' or absent: stdin)");
-  partition->add_option("--policy", pa.policy, "reference (whole units, the reference rule) or split (equal "
-                                               "batches, cutting units; prints the ranges too)")
+  partition
+      ->add_option("--policy", pa.policy,
+                   "reference (whole units, the reference rule) or split (equal "
+                   "batches, cutting units; prints the ranges too)")
       ->check(CLI::IsMember({"reference", "split"}))
       ->capture_default_str();
   add_indent(partition, pa.indent);

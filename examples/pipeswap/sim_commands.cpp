@@ -23,8 +23,8 @@ int run_simulate(simulate_args const& a) {
   sim::report r;
   {
     progress_meter meter("pipeswap simulate", a.progress);
-    r = sim::run_report(s, [&](double f) { meter.update(f); },
-                        a.trace.empty() ? std::nullopt : std::optional(sim::swapping::both));
+    r = sim::run_report(
+        s, [&](double f) { meter.update(f); }, a.trace.empty() ? std::nullopt : std::optional(sim::swapping::both));
     meter.finish();
   }
   std::uint32_t const rank = a.svg_rank.value_or(sim::highest_peak_rank(r[sim::swapping::none]));
@@ -67,7 +67,8 @@ int run_plan(plan_args const& a) {
     meter.finish();
   }
   if (!a.svg.empty()) write_file(a.svg, sim::svg::render(sim::alternatives_chart(p, s)));
-  if (a.json) std::cout << sim::to_json(p, s).dump(2) << "\n";
+  if (a.json)
+    std::cout << sim::to_json(p, s).dump(2) << "\n";
   else {
     std::cout << sim::format_plan(p, s);
     if (!a.svg.empty()) std::cout << "alternatives chart: " << a.svg << "\n";

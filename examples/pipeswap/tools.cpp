@@ -78,10 +78,14 @@ int run_schedule(schedule_args const& a) {
   if (!interleaved && chunks != 1) throw bad_input("--chunks " + std::to_string(chunks) + " needs --kind interleaved");
   if (!interleaved && a.overlap_b_f) throw bad_input("--overlap-b-f needs --kind interleaved");
   ps::rank_orders orders;
-  if (a.kind == "gpipe") orders = ps::gpipe(ranks, micro);
-  else if (a.kind == "1f1b") orders = ps::one_f_one_b(ranks, micro);
-  else if (interleaved) orders = ps::interleaved_1f1b({ranks, chunks, micro, a.overlap_b_f});
-  else throw bad_input("--kind must be gpipe, 1f1b or interleaved, got '" + a.kind + "'");
+  if (a.kind == "gpipe")
+    orders = ps::gpipe(ranks, micro);
+  else if (a.kind == "1f1b")
+    orders = ps::one_f_one_b(ranks, micro);
+  else if (interleaved)
+    orders = ps::interleaved_1f1b({ranks, chunks, micro, a.overlap_b_f});
+  else
+    throw bad_input("--kind must be gpipe, 1f1b or interleaved, got '" + a.kind + "'");
   ojson j = ojson::object();
   j["ranks"] = ps::to_json(orders);
   print(j, a.indent);
@@ -157,7 +161,9 @@ int run_validate(validate_args const& a) {
 
 int run_partition(partition_args const& a) {
   auto const j = parse_json(read_input(a.input), "input");
-  if (!j.is_object()) throw bad_input(std::string("input: expected an object {\"costs\": [...], \"swap_times\": K}, got ") + j.type_name());
+  if (!j.is_object())
+    throw bad_input(std::string("input: expected an object {\"costs\": [...], \"swap_times\": K}, got ") +
+                    j.type_name());
   bool const split = a.policy == "split";
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it.key() == "costs" || it.key() == "swap_times" || (split && it.key() == "granularity")) continue;
@@ -165,13 +171,13 @@ int run_partition(partition_args const& a) {
                     (it.key() == "granularity" ? " (only with --policy split)" : ""));
   }
   auto uint_field = [&](nlohmann::json const& v, std::string const& what) -> std::uint64_t {
-    if (!v.is_number_unsigned())
-      throw bad_input("input: " + what + " must be a non-negative integer, got " + v.dump());
+    if (!v.is_number_unsigned()) throw bad_input("input: " + what + " must be a non-negative integer, got " + v.dump());
     return v.get<std::uint64_t>();
   };
   auto const costs_it = j.find("costs");
   if (costs_it == j.end()) throw bad_input("input: missing 'costs'");
-  if (!costs_it->is_array()) throw bad_input("input: 'costs' must be an array, got " + std::string(costs_it->type_name()));
+  if (!costs_it->is_array())
+    throw bad_input("input: 'costs' must be an array, got " + std::string(costs_it->type_name()));
   auto const k_it = j.find("swap_times");
   if (k_it == j.end()) throw bad_input("input: missing 'swap_times'");
   auto const k = uint_field(*k_it, "'swap_times'");

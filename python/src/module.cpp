@@ -60,11 +60,12 @@ class runtime {
 public:
   runtime(c10::Device device, py::function update)
       : ctx_(device_context::of(device)), b_(ctx_->b), engine_(ctx_->engine),
-        opt_(b_, [this](std::vector<pt::tensor_optimizer::batch_item>& items) {
-          py::list l;
-          for (auto& it : items) l.append(py::make_tuple(it.param, py::cast(it.states)));
-          update_(l);
-        }),
+        opt_(b_,
+             [this](std::vector<pt::tensor_optimizer::batch_item>& items) {
+               py::list l;
+               for (auto& it : items) l.append(py::make_tuple(it.param, py::cast(it.states)));
+               update_(l);
+             }),
         update_(std::move(update)) {}
 
   ~runtime() { rt_.reset(); } // hands the state back before the optimizer goes
@@ -173,8 +174,8 @@ class device_budget_py {
 public:
   device_budget_py(c10::Device device, std::uint64_t capacity, bool strict)
       : ctx_(device_context::of(device)),
-        budget_(std::make_unique<pipeswap::device_budget>(
-            capacity, strict ? pipeswap::budget_policy::strict : pipeswap::budget_policy::overshoot)) {
+        budget_(std::make_unique<pipeswap::device_budget>(capacity, strict ? pipeswap::budget_policy::strict
+                                                                           : pipeswap::budget_policy::overshoot)) {
     if (ctx_->engine.budget()) {
       throw pipeswap::state_error("DeviceBudget(" + ctx_->b.device().str() +
                                   "): the device has a budget already; close() it first");
@@ -184,8 +185,7 @@ public:
   ~device_budget_py() {
     try {
       close();
-    } catch (...) {
-    }
+    } catch (...) {}
   }
   /// Detaches the budget; refused while the swap jobs hold device storage counted in it.
   void close() {
@@ -510,8 +510,9 @@ nothing changed. One budget per device at a time; set it while the swap jobs hol
            py::arg("strict") = false)
       .def("close", &device_budget_py::close)
       .def("stats", &device_budget_py::stats)
-      .def_property("capacity", [](device_budget_py& b) { return b.get().capacity(); },
-                    [](device_budget_py& b, std::uint64_t c) { b.get().set_capacity(c); });
+      .def_property(
+          "capacity", [](device_budget_py& b) { return b.get().capacity(); },
+          [](device_budget_py& b, std::uint64_t c) { b.get().set_capacity(c); });
 
   py::class_<pt::saved_tensor>(m, "SavedTensor")
       .def_property_readonly("stage", [](pt::saved_tensor const& s) { return s.handle.chunk.stage; })
@@ -545,8 +546,8 @@ nothing changed. One budget per device at a time; set it while the swap jobs hol
   py::class_<runtime>(m, "Runtime")
       .def(py::init<c10::Device, py::function>(), py::arg("device"), py::arg("update"))
       .def("add_param", &runtime::add_param, py::arg("param"), py::arg("keys"))
-      .def("configure", &runtime::configure, py::arg("swap_times"), py::arg("packed"),
-           py::arg("resident_share"), py::arg("defer_offload"), py::arg("min_numel"))
+      .def("configure", &runtime::configure, py::arg("swap_times"), py::arg("packed"), py::arg("resident_share"),
+           py::arg("defer_offload"), py::arg("min_numel"))
       .def("set_active", &runtime::set_active)
       .def("step", &runtime::step)
       .def("prefetch", &runtime::prefetch, py::arg("max_batches") = py::none())

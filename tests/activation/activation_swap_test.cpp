@@ -110,8 +110,7 @@ BOOST_AUTO_TEST_CASE(registration_is_scoped_and_restored) {
     try {
       auto inner = r.m.forward(g);
       throw std::runtime_error("forward failed");
-    } catch (std::runtime_error const&) {
-    }
+    } catch (std::runtime_error const&) {}
     BOOST_TEST((r.m.current() == f)); // restored by the exception too
   }
   BOOST_TEST(!r.m.current().has_value());
@@ -224,7 +223,7 @@ BOOST_AUTO_TEST_CASE(a_failed_offload_can_be_retried_or_aborted) {
       auto scope = r.m.forward(c);
       for (unsigned char v = 1; v <= 4; ++v) h.push_back(r.m.save(r.make(100, v), 100));
     }
-    r.b.fail_after(mock::fault_site::copy, 2); // the third D2H fails
+    r.b.fail_after(mock::fault_site::copy, 2);                  // the third D2H fails
     BOOST_CHECK_THROW(r.m.launch_offload(c), mock::mock_error); // a direct engine call: unwrapped
     if (retry) {
       r.m.launch_offload(c); // continues with the buffers still on the device
@@ -356,8 +355,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(protect_before_or_after_save_keeps_the_buffer, B, 
     auto scope = r.m.forward(c);
     (void)r.m.save(input, 512);
     (void)r.m.save(act, 2048);
-    r.m.protect(c, input, 512);  // after its save
-    r.m.protect(c, late, 128);   // before its save
+    r.m.protect(c, input, 512); // after its save
+    r.m.protect(c, late, 128);  // before its save
     (void)r.m.save(late, 128);
   }
   BOOST_TEST(r.m.kept_bytes(c) == 640u);

@@ -61,8 +61,7 @@ BOOST_AUTO_TEST_CASE(injected_copy_fault_throws_and_leaves_the_backend_usable) {
     b.copy_h2d(d + 50, h + 50, 50, s); // copy #1 fails
     BOOST_ERROR("no injected fault");
   } catch (mock::mock_error const& e) {
-    BOOST_TEST(std::string(e.what()).find("injected fault in copy_h2d (copy #1") != std::string::npos,
-               e.what());
+    BOOST_TEST(std::string(e.what()).find("injected fault in copy_h2d (copy #1") != std::string::npos, e.what());
   }
   BOOST_TEST(b.ops().size() == ops);
   BOOST_TEST(b.makespan() == t);
@@ -89,8 +88,7 @@ BOOST_AUTO_TEST_CASE(injected_allocation_and_kernel_faults) {
   BOOST_TEST(b.host_bytes_in_use() == 0u);
   bool ran = false;
   b.fail_after(mock::fault_site::kernel, 0);
-  BOOST_CHECK_THROW(b.launch(s, {"k", {}, {{d, 64}}, 1},
-                             [&](mock::kernel_context const&) { ran = true; }),
+  BOOST_CHECK_THROW(b.launch(s, {"k", {}, {{d, 64}}, 1}, [&](mock::kernel_context const&) { ran = true; }),
                     mock::mock_error);
   b.synchronize_device();
   BOOST_TEST(!ran);
@@ -136,8 +134,8 @@ BOOST_AUTO_TEST_CASE(trace_is_valid_chrome_json_with_a_lane_per_stream_and_engin
     }
     if (ph == "C") ++counters;
   }
-  for (auto const* lane : {"host", "stream 0 (compute)", "copy", "H2D copy engine", "D2H copy engine",
-                           "compute engine"}) {
+  for (auto const* lane :
+       {"host", "stream 0 (compute)", "copy", "H2D copy engine", "D2H copy engine", "compute engine"}) {
     BOOST_TEST(lanes.count(lane) == 1u, lane);
   }
   // H2D, kernel and D2H on their stream lanes plus once more on their engine lanes, and the host's

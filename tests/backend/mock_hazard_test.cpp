@@ -54,12 +54,11 @@ struct rig {
 void prefetch_then_use(rig& r, pipeswap::device_ptr out, bool fixed) {
   r.b->copy_h2d(r.d, r.h, rig::n, r.cp);
   if (fixed) r.b->wait_event(r.cs, r.b->record_event(r.cp));
-  r.b->launch(r.cs, {"use", {{r.d, rig::n}}, {{out, rig::n}}, 10},
-              [d = r.d, out](mock::kernel_context const& k) {
-                auto in = k.read<std::byte>(d, rig::n);
-                auto o = k.write<std::byte>(out, rig::n);
-                std::copy(in.begin(), in.end(), o.begin());
-              });
+  r.b->launch(r.cs, {"use", {{r.d, rig::n}}, {{out, rig::n}}, 10}, [d = r.d, out](mock::kernel_context const& k) {
+    auto in = k.read<std::byte>(d, rig::n);
+    auto o = k.write<std::byte>(out, rig::n);
+    std::copy(in.begin(), in.end(), o.begin());
+  });
 }
 
 } // namespace
@@ -101,10 +100,9 @@ BOOST_AUTO_TEST_CASE(write_while_in_use_fires_and_corrupts_the_snapshot) {
     r.b->wait_event(r.cp, r.b->record_event(r.cs));
     r.b->copy_d2h(r.h, r.d, rig::n, r.cp); // snapshot of 0x33
     if (fixed) r.b->wait_event(r.cs, r.b->record_event(r.cp));
-    r.b->launch(r.cs, {"overwrite", {}, {{r.d, rig::n}}, 10},
-                [d = r.d](mock::kernel_context const& k) {
-                  for (auto& v : k.write<unsigned char>(d, rig::n)) v = 0x44;
-                });
+    r.b->launch(r.cs, {"overwrite", {}, {{r.d, rig::n}}, 10}, [d = r.d](mock::kernel_context const& k) {
+      for (auto& v : k.write<unsigned char>(d, rig::n)) v = 0x44;
+    });
     r.b->synchronize_device();
     if (fixed) {
       BOOST_TEST(r.b->hazards().empty());
@@ -288,7 +286,7 @@ BOOST_AUTO_TEST_CASE(checking_resumes_afresh_after_ignore) {
   r.b->launch(r.cs, {"after", {{r.d, rig::n}}, {{out, rig::n}}, 10}); // the ignored copy does not count
   BOOST_TEST(r.b->hazards().empty());
   r.b->wait_event(r.cp, r.b->record_event(r.cs)); // the copy below comes after the kernel's read
-  r.b->copy_h2d(r.d, r.h, rig::n, r.cp);           // but the next kernel does not wait for it
+  r.b->copy_h2d(r.d, r.h, rig::n, r.cp);          // but the next kernel does not wait for it
   r.b->launch(r.cs, {"racing", {{r.d, rig::n}}, {{out, rig::n}}, 10});
   BOOST_TEST_REQUIRE(r.kinds().size() == 1u);
   BOOST_TEST((r.kinds()[0] == hazard_kind::read_before_write));

@@ -145,8 +145,9 @@ BOOST_AUTO_TEST_CASE(shared_copy_end_conserves_the_link_capacity) {
         auto const e2 = mock::detail::shared_copy_end(unit, f, 0, m, first, mine);
         double const shared = 2 * f - 1;
         double const during = shared * static_cast<double>(n); // bytes moved while the first runs
-        double const expect = static_cast<double>(m) <= during ? static_cast<double>(m) / shared
-                                                                 : static_cast<double>(n) + (static_cast<double>(m) - during);
+        double const expect = static_cast<double>(m) <= during
+                                  ? static_cast<double>(m) / shared
+                                  : static_cast<double>(n) + (static_cast<double>(m) - during);
         BOOST_TEST(static_cast<double>(e2) >= expect - 1e-6);
         BOOST_TEST(static_cast<double>(e2) <= expect + 1);
         double moved = 0;
@@ -249,8 +250,7 @@ BOOST_FIXTURE_TEST_CASE(peak_memory_matches_a_hand_computation, fixture) {
   b.deallocate_device(z, 700, cs);
 
   BOOST_TEST(b.peak_device_bytes() == 1500u);
-  std::vector<std::pair<sim_time, std::size_t>> const expected{
-      {0, 1500}, {300, 1200}, {400, 500}, {500, 0}};
+  std::vector<std::pair<sim_time, std::size_t>> const expected{{0, 1500}, {300, 1200}, {400, 500}, {500, 0}};
   BOOST_TEST((b.device_memory_timeline() == expected));
   BOOST_TEST(b.device_bytes_in_use() == 0u);
   BOOST_TEST(b.live_device_allocations() == 0u);
@@ -316,16 +316,14 @@ BOOST_AUTO_TEST_CASE(invalid_calls_are_rejected_with_what_is_wrong) {
   };
   throws_with([&] { b.copy_h2d(d, pageable.data(), 10, s); }, "not pinned memory");
   throws_with([&] { b.copy_h2d(d + 50, h, 60, s); }, "bytes [50, 110) exceed device allocation");
-  throws_with([&] { b.copy_d2h(h, pipeswap::device_ptr(std::uintptr_t{8}), 10, s); },
-              "is not device memory");
+  throws_with([&] { b.copy_d2h(h, pipeswap::device_ptr(std::uintptr_t{8}), 10, s); }, "is not device memory");
   throws_with([&] { b.deallocate_device(d, 99, s); }, "does not name a whole allocation");
   throws_with([&] { b.wait_event(s, mock::event{}); }, "never recorded");
   throws_with([&] { b.launch(mock::stream{42}, {"k", {}, {}, 1}); }, "unknown stream 42");
   throws_with(
       [&] {
-        b.launch(s, {"sneaky", {{d, 10}}, {}, 1}, [d](mock::kernel_context const& k) {
-          (void)k.read<std::byte>(d + 20, 4);
-        });
+        b.launch(s, {"sneaky", {{d, 10}}, {}, 1},
+                 [d](mock::kernel_context const& k) { (void)k.read<std::byte>(d + 20, 4); });
         b.synchronize_device();
       },
       "outside the regions its launch declared");

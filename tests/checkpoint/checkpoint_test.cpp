@@ -109,9 +109,7 @@ bytes with_header(bytes const& base, std::function<void(nlohmann::json&)> edit) 
 
 bytes first(bytes const& b, std::size_t n) { return {b.begin(), b.begin() + static_cast<std::ptrdiff_t>(n)}; }
 
-bool injected(mock::mock_error const& e) {
-  return std::string(e.what()).find("injected fault") != std::string::npos;
-}
+bool injected(mock::mock_error const& e) { return std::string(e.what()).find("injected fault") != std::string::npos; }
 
 /// A failed step arrives as a step_error with the backend's injected fault nested.
 bool injected_step(ps::step_error const& e) {
@@ -119,8 +117,7 @@ bool injected_step(ps::step_error const& e) {
     std::rethrow_if_nested(e);
   } catch (mock::mock_error const& inner) {
     return injected(inner);
-  } catch (...) {
-  }
+  } catch (...) {}
   return false;
 }
 
@@ -164,8 +161,8 @@ BOOST_AUTO_TEST_CASE(a_checkpoint_resumes_under_any_runtime_configuration) {
   auto const params = train_and_save(s, checkpoint_swap(true, 3, 64), 3, path);
   for (auto const& cfg :
        {checkpoint_swap(false, 5, 0), checkpoint_swap(true, 1, 0), checkpoint_swap(false, 2, 2048), no_swap()}) {
-    BOOST_TEST_CONTEXT("packed " << cfg.packed << " swap_times " << cfg.swap_times << " min_numel "
-                                 << cfg.min_numel << " swap " << !cfg.state_keys) {
+    BOOST_TEST_CONTEXT("packed " << cfg.packed << " swap_times " << cfg.swap_times << " min_numel " << cfg.min_numel
+                                 << " swap " << !cfg.state_keys) {
       check_same(resume(s, cfg, params, path, 3, 5), ref);
     }
   }
@@ -312,7 +309,7 @@ BOOST_AUTO_TEST_CASE(bad_files_are_rejected_and_the_optimizer_keeps_every_byte) 
   struct bad_case {
     std::string what;
     bytes file;
-    std::string expected;             ///< the whole rejection, or its start when `prefix`
+    std::string expected; ///< the whole rejection, or its start when `prefix`
     bool prefix = false;
     ps::checkpoint_load_options options{};
   };
@@ -320,17 +317,16 @@ BOOST_AUTO_TEST_CASE(bad_files_are_rejected_and_the_optimizer_keeps_every_byte) 
   auto const q = [](std::string const& s) { return "\"" + s + "\""; };
 
   // Truncated at several points: inside the length field, the header, the data.
-  cases.push_back({"empty file", {},
-                   "format: safetensors: header: file is 0 bytes, shorter than the 8-byte header length"});
+  cases.push_back(
+      {"empty file", {}, "format: safetensors: header: file is 0 bytes, shorter than the 8-byte header length"});
   cases.push_back({"cut in the length field", first(base, 5),
                    "format: safetensors: header: file is 5 bytes, shorter than the 8-byte header length"});
   cases.push_back({"length field only", first(base, 8),
                    "format: safetensors: header: length " + std::to_string(n) +
                        " runs past the end of the file (0 bytes follow the length field)"});
   cases.push_back({"cut in the header", first(base, 8 + n / 2),
-                   "format: safetensors: header: length " + std::to_string(n) +
-                       " runs past the end of the file (" + std::to_string(n / 2) +
-                       " bytes follow the length field)"});
+                   "format: safetensors: header: length " + std::to_string(n) + " runs past the end of the file (" +
+                       std::to_string(n / 2) + " bytes follow the length field)"});
   cases.push_back({"header without data", first(base, 8 + n), "format: safetensors: tensor ", true});
   cases.push_back({"cut in the data", first(base, 8 + n + data / 2), "format: safetensors: tensor ", true});
   cases.push_back({"last byte missing", first(base, total - 1), "format: safetensors: tensor ", true});
@@ -347,9 +343,11 @@ BOOST_AUTO_TEST_CASE(bad_files_are_rejected_and_the_optimizer_keeps_every_byte) 
     cases.push_back(c);
   }
   // Overlapping byte ranges; a corrupted header byte; a trailing byte.
-  cases.push_back({"overlapping ranges", with_header(base, [](nlohmann::json& h) {
-                     h["state.0.exp_avg_sq"]["data_offsets"] = h["state.0.exp_avg"]["data_offsets"];
-                   }),
+  cases.push_back({"overlapping ranges",
+                   with_header(base,
+                               [](nlohmann::json& h) {
+                                 h["state.0.exp_avg_sq"]["data_offsets"] = h["state.0.exp_avg"]["data_offsets"];
+                               }),
                    "format: safetensors: tensor \"state.0.exp_avg", true});
   {
     auto f = base;
@@ -361,78 +359,102 @@ BOOST_AUTO_TEST_CASE(bad_files_are_rejected_and_the_optimizer_keeps_every_byte) 
     cases.push_back({"NUL in the header", f, "format: safetensors: header: NUL byte at header offset 1"});
     f = base;
     f.push_back(std::byte{0});
-    cases.push_back({"trailing byte", f, "format: safetensors: header: the tensors cover " + std::to_string(data) +
-                                             " bytes but the data section holds " + std::to_string(data + 1) +
-                                             " (1 trailing bytes)"});
+    cases.push_back({"trailing byte", f,
+                     "format: safetensors: header: the tensors cover " + std::to_string(data) +
+                         " bytes but the data section holds " + std::to_string(data + 1) + " (1 trailing bytes)"});
   }
   // Well-formed files that do not match the optimizer.
-  cases.push_back({"wrong dtype", rebuild(base, [&](auto& ts, auto&) {
-                     auto& t = find(ts, "state.0.exp_avg");
-                     t.type = ps::dtype::bf16;
-                     t.shape = {6000};
-                   }),
+  cases.push_back({"wrong dtype",
+                   rebuild(base,
+                           [&](auto& ts, auto&) {
+                             auto& t = find(ts, "state.0.exp_avg");
+                             t.type = ps::dtype::bf16;
+                             t.shape = {6000};
+                           }),
                    "invalid: checkpoint: tensor \"state.0.exp_avg\": dtype BF16 does not match (the optimizer's "
                    "slot is F32 [3000])"});
   cases.push_back({"wrong shape",
-                   rebuild(base, [&](auto& ts, auto&) { find(ts, "state.4.exp_avg_sq").shape = {1024, 2}; }),
+                   rebuild(base,
+                           [&](auto& ts, auto&) {
+                             find(ts, "state.4.exp_avg_sq").shape = {1024, 2};
+                           }),
                    "invalid: checkpoint: tensor \"state.4.exp_avg_sq\": shape [1024, 2] does not match (the "
                    "optimizer's slot is F32 [2048])"});
-  cases.push_back({"wrong size", rebuild(base, [&](auto& ts, auto&) {
-                     auto& t = find(ts, "state.3.max_exp_avg_sq");
-                     t.shape = {64};
-                     t.bytes = t.bytes.first(256);
-                   }),
+  cases.push_back({"wrong size",
+                   rebuild(base,
+                           [&](auto& ts, auto&) {
+                             auto& t = find(ts, "state.3.max_exp_avg_sq");
+                             t.shape = {64};
+                             t.bytes = t.bytes.first(256);
+                           }),
                    "invalid: checkpoint: tensor \"state.3.max_exp_avg_sq\": shape [64] does not match (the "
                    "optimizer's slot is F32 [65])"});
-  cases.push_back({"missing tensor", rebuild(base, [&](auto& ts, auto&) {
-                     std::erase_if(ts, [](auto const& t) { return t.name == "state.6.master_param"; });
-                   }),
-                   "invalid: checkpoint: tensor \"state.6.master_param\" is missing (the optimizer's slot is F32 "
-                   "[4096])"});
-  cases.push_back({"missing empty tensor", rebuild(base, [&](auto& ts, auto&) {
-                     std::erase_if(ts, [](auto const& t) { return t.name == "state.2.exp_avg"; });
-                   }),
-                   "invalid: checkpoint: tensor \"state.2.exp_avg\" is missing (the optimizer's slot is F32 [0])"});
-  cases.push_back({"unexpected tensor", rebuild(base, [&](auto& ts, auto&) {
-                     auto t = find(ts, "state.1.exp_avg");
-                     t.name = "state.9.exp_avg";
-                     ts.push_back(t);
-                   }),
+  cases.push_back(
+      {"missing tensor",
+       rebuild(base, [&](auto& ts,
+                         auto&) { std::erase_if(ts, [](auto const& t) { return t.name == "state.6.master_param"; }); }),
+       "invalid: checkpoint: tensor \"state.6.master_param\" is missing (the optimizer's slot is F32 "
+       "[4096])"});
+  cases.push_back(
+      {"missing empty tensor",
+       rebuild(base,
+               [&](auto& ts, auto&) { std::erase_if(ts, [](auto const& t) { return t.name == "state.2.exp_avg"; }); }),
+       "invalid: checkpoint: tensor \"state.2.exp_avg\" is missing (the optimizer's slot is F32 [0])"});
+  cases.push_back({"unexpected tensor",
+                   rebuild(base,
+                           [&](auto& ts, auto&) {
+                             auto t = find(ts, "state.1.exp_avg");
+                             t.name = "state.9.exp_avg";
+                             ts.push_back(t);
+                           }),
                    "invalid: checkpoint: tensor \"state.9.exp_avg\" is unexpected: the optimizer has no such slot"});
-  cases.push_back({"a master for an fp32 parameter", rebuild(base, [&](auto& ts, auto&) {
-                     auto t = find(ts, "state.1.exp_avg");
-                     t.name = "state.1.master_param";
-                     ts.push_back(t);
-                   }),
+  cases.push_back({"a master for an fp32 parameter",
+                   rebuild(base,
+                           [&](auto& ts, auto&) {
+                             auto t = find(ts, "state.1.exp_avg");
+                             t.name = "state.1.master_param";
+                             ts.push_back(t);
+                           }),
                    "invalid: checkpoint: tensor \"state.1.master_param\" is unexpected: the optimizer has no such "
                    "slot"});
   // Metadata: the format, its version, the optimizer's hyper-parameters and step counts.
   auto meta_case = [&](std::string what, std::function<void(io::metadata_map&)> edit, std::string expected) {
     cases.push_back({std::move(what), rebuild(base, [&](auto&, auto& m) { edit(m); }), std::move(expected)});
   };
-  meta_case("no format", [](auto& m) { m.erase("pipeswap.format"); },
-            "invalid: checkpoint: metadata \"pipeswap.format\" is missing: not a pipeswap optimizer checkpoint");
-  meta_case("another format", [](auto& m) { m["pipeswap.format"] = "model"; },
-            "invalid: checkpoint: metadata \"pipeswap.format\" is \"model\", not \"optimizer_state\"");
-  meta_case("no version", [](auto& m) { m.erase("pipeswap.format_version"); },
-            "invalid: checkpoint: metadata \"pipeswap.format_version\" is missing");
-  meta_case("a newer version", [](auto& m) { m["pipeswap.format_version"] = "2"; },
-            "invalid: checkpoint: metadata \"pipeswap.format_version\" is \"2\", but this build reads version 1 "
-            "only");
-  meta_case("an unknown format key", [](auto& m) { m["pipeswap.compression"] = "zstd"; },
-            "invalid: checkpoint: metadata \"pipeswap.compression\" is not defined by format version 1");
-  meta_case("another learning rate", [](auto& m) { m["lr"] = "0.5"; },
-            "invalid: checkpoint: adam: checkpoint metadata 'lr' is '0.5' but this optimizer has '0.01'");
-  meta_case("Adam instead of AdamW", [](auto& m) { m["optimizer"] = "Adam"; },
-            "invalid: checkpoint: adam: checkpoint metadata 'optimizer' is 'Adam' but this optimizer has 'AdamW'");
-  meta_case("no amsgrad", [](auto& m) { m["amsgrad"] = "false"; },
-            "invalid: checkpoint: adam: checkpoint metadata 'amsgrad' is 'false' but this optimizer has 'true'");
-  meta_case("bad step counts", [](auto& m) { m["steps"] = "2,2,x,2,2,2,2,2,2"; },
-            "invalid: checkpoint: adam: checkpoint metadata 'steps' has a bad entry 'x'");
-  meta_case("too few step counts", [](auto& m) { m["steps"] = "2,2"; },
-            "invalid: checkpoint: adam: checkpoint metadata 'steps' has 2 entries for 9 parameters");
-  meta_case("no step counts", [](auto& m) { m.erase("steps"); },
-            "invalid: checkpoint: adam: checkpoint metadata lacks 'steps'");
+  meta_case(
+      "no format", [](auto& m) { m.erase("pipeswap.format"); },
+      "invalid: checkpoint: metadata \"pipeswap.format\" is missing: not a pipeswap optimizer checkpoint");
+  meta_case(
+      "another format", [](auto& m) { m["pipeswap.format"] = "model"; },
+      "invalid: checkpoint: metadata \"pipeswap.format\" is \"model\", not \"optimizer_state\"");
+  meta_case(
+      "no version", [](auto& m) { m.erase("pipeswap.format_version"); },
+      "invalid: checkpoint: metadata \"pipeswap.format_version\" is missing");
+  meta_case(
+      "a newer version", [](auto& m) { m["pipeswap.format_version"] = "2"; },
+      "invalid: checkpoint: metadata \"pipeswap.format_version\" is \"2\", but this build reads version 1 "
+      "only");
+  meta_case(
+      "an unknown format key", [](auto& m) { m["pipeswap.compression"] = "zstd"; },
+      "invalid: checkpoint: metadata \"pipeswap.compression\" is not defined by format version 1");
+  meta_case(
+      "another learning rate", [](auto& m) { m["lr"] = "0.5"; },
+      "invalid: checkpoint: adam: checkpoint metadata 'lr' is '0.5' but this optimizer has '0.01'");
+  meta_case(
+      "Adam instead of AdamW", [](auto& m) { m["optimizer"] = "Adam"; },
+      "invalid: checkpoint: adam: checkpoint metadata 'optimizer' is 'Adam' but this optimizer has 'AdamW'");
+  meta_case(
+      "no amsgrad", [](auto& m) { m["amsgrad"] = "false"; },
+      "invalid: checkpoint: adam: checkpoint metadata 'amsgrad' is 'false' but this optimizer has 'true'");
+  meta_case(
+      "bad step counts", [](auto& m) { m["steps"] = "2,2,x,2,2,2,2,2,2"; },
+      "invalid: checkpoint: adam: checkpoint metadata 'steps' has a bad entry 'x'");
+  meta_case(
+      "too few step counts", [](auto& m) { m["steps"] = "2,2"; },
+      "invalid: checkpoint: adam: checkpoint metadata 'steps' has 2 entries for 9 parameters");
+  meta_case(
+      "no step counts", [](auto& m) { m.erase("steps"); },
+      "invalid: checkpoint: adam: checkpoint metadata lacks 'steps'");
   cases.push_back({"a plain safetensors file", io::serialize(std::vector<io::tensor_source>{}),
                    "invalid: checkpoint: metadata \"pipeswap.format\" is missing: not a pipeswap optimizer "
                    "checkpoint"});
@@ -666,8 +688,8 @@ BOOST_AUTO_TEST_CASE(every_wait_of_save_and_load_is_necessary) {
     adam_world w;
     rt_t rt(w.x, w.opt, no_swap());
     w.train(rt, 0, 2);
-    file = ps::checkpoint_to_bytes(rt);   // clean
-    w.set_grads(2);                        // (synchronizes the host with the device)
+    file = ps::checkpoint_to_bytes(rt); // clean
+    w.set_grads(2);                     // (synchronizes the host with the device)
     rt.step();
     mutate(wait_site::offload_after_compute);
     BOOST_CHECK_THROW((void)ps::checkpoint_to_bytes(rt), mock::hazard_error); // D2H before the update
@@ -683,7 +705,8 @@ BOOST_AUTO_TEST_CASE(every_wait_of_save_and_load_is_necessary) {
     mutate(wait_site::use_after_load);
     ps::load_checkpoint_from_bytes(rt, file);
     ps::detail::mutated_sites = 0;
-    BOOST_CHECK_THROW(rt.step(), ps::step_error); // the update would read storage still being filled (a nested hazard_error)
+    BOOST_CHECK_THROW(rt.step(),
+                      ps::step_error); // the update would read storage still being filled (a nested hazard_error)
     w.b.set_hazard_policy(mock::hazard_policy::ignore);
   }
 }

@@ -69,11 +69,10 @@ void describe(World& w, Runtime& rt, std::filesystem::path const& json_path) {
   j["tensors"] = json::object();
   for (std::size_t i = 0; i < slots.size(); ++i) {
     auto const& s = slots[i];
-    j["tensors"][ps::checkpoint_tensor_name(s.param, s.key)] = {
-        {"dtype", std::string(ps::name_of(s.type))},
-        {"shape", json::array({s.numel})},
-        {"hex", to_hex(state[i])},
-        {"values", values(s.type, state[i])}};
+    j["tensors"][ps::checkpoint_tensor_name(s.param, s.key)] = {{"dtype", std::string(ps::name_of(s.type))},
+                                                                {"shape", json::array({s.numel})},
+                                                                {"hex", to_hex(state[i])},
+                                                                {"values", values(s.type, state[i])}};
   }
   std::ofstream(json_path) << j.dump(1);
 }

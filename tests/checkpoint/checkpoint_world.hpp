@@ -89,8 +89,7 @@ struct adam_world {
       params.push_back(b.allocate_device(n * elem(i), cs));
       grads.push_back(b.allocate_device(n * elem(i), cs));
       upload(params[i], random_floats(n, 11 + i), half);
-      opt.add_param({params[i], grads[i], n, half ? dtype::bf16 : dtype::f32,
-                     half ? dtype::bf16 : dtype::f32, half});
+      opt.add_param({params[i], grads[i], n, half ? dtype::bf16 : dtype::f32, half ? dtype::bf16 : dtype::f32, half});
     }
   }
   adam_world(adam_world const&) = delete;
@@ -264,8 +263,7 @@ static_assert(swap_optimizer<momentum_bf16>);
 /// fp32 parameters trained by momentum_bf16.
 struct momentum_world {
   explicit momentum_world(std::vector<std::size_t> sz = checkpoint_sizes)
-      : sizes(std::move(sz)), b{mock::options{mock::timing_model::unit()}}, x(b, {1 << 20, 1 << 18, 512}),
-        opt(b) {
+      : sizes(std::move(sz)), b{mock::options{mock::timing_model::unit()}}, x(b, {1 << 20, 1 << 18, 512}), opt(b) {
     auto cs = b.current_stream();
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       params.push_back(b.allocate_device(sizes[i] * 4, cs));

@@ -60,7 +60,8 @@ std::optional<std::pair<sim::plan_outcome, sim::plan_outcome>> oracle_choice(sim
   for (auto const& c : all_choices(space))
     if (auto const o = eval(c); o.peak_bytes <= budget) fit.push_back(o);
   if (fit.empty()) return std::nullopt;
-  auto const fastest = *std::min_element(fit.begin(), fit.end(), [](auto const& a, auto const& b) { return a.step_ns < b.step_ns; });
+  auto const fastest =
+      *std::min_element(fit.begin(), fit.end(), [](auto const& a, auto const& b) { return a.step_ns < b.step_ns; });
   std::optional<sim::plan_outcome> best;
   for (auto const& o : fit) {
     if (static_cast<double>(o.step_ns) > static_cast<double>(fastest.step_ns) * (1 + space.tolerance)) continue;
@@ -87,8 +88,8 @@ std::optional<sim::plan_outcome> fastest_fitting(sim::plan_space const& space, s
 struct toy_model {
   std::uint64_t base_peak = 0;
   pipeswap::mock::sim_time base_step = 0;
-  std::vector<std::uint64_t> act_saving;                        ///< per level (0: none), nondecreasing
-  std::vector<pipeswap::mock::sim_time> act_cost;               ///< per level, nondecreasing
+  std::vector<std::uint64_t> act_saving;          ///< per level (0: none), nondecreasing
+  std::vector<pipeswap::mock::sim_time> act_cost; ///< per level, nondecreasing
   std::map<std::pair<bool, std::uint32_t>, std::uint64_t> opt_saving;
   std::map<std::pair<bool, std::uint32_t>, pipeswap::mock::sim_time> opt_cost;
   std::vector<std::size_t> gaps;
@@ -199,8 +200,8 @@ BOOST_AUTO_TEST_CASE(search_matches_the_exhaustive_oracle_on_synthetic_models) {
     auto const model = random_model(rng, space);
     space.tolerance = std::array{0.0, 0.005, 0.05}[static_cast<std::size_t>(round) % 3];
     // Budgets from "anything fits" down to "nothing fits".
-    for (std::uint64_t budget : {200'000ull, 100'000ull, 99'999ull, 80'000ull, 60'000ull, 52'000ull, 45'000ull,
-                                 30'000ull, 1ull}) {
+    for (std::uint64_t budget :
+         {200'000ull, 100'000ull, 99'999ull, 80'000ull, 60'000ull, 52'000ull, 45'000ull, 30'000ull, 1ull}) {
       model.calls = 0;
       auto const r = sim::search_plan(space, budget, model);
       auto const oracle = fastest_fitting(space, budget, model);
@@ -211,7 +212,8 @@ BOOST_AUTO_TEST_CASE(search_matches_the_exhaustive_oracle_on_synthetic_models) {
           // host-link bytes, then the lowest peak.
           auto const [fast, best] = *oracle_choice(space, budget, model);
           BOOST_TEST(fast.step_ns == oracle->step_ns);
-          BOOST_TEST(static_cast<double>(r.chosen_outcome.step_ns) <= static_cast<double>(fast.step_ns) * (1 + space.tolerance));
+          BOOST_TEST(static_cast<double>(r.chosen_outcome.step_ns) <=
+                     static_cast<double>(fast.step_ns) * (1 + space.tolerance));
           BOOST_TEST(r.chosen_outcome.h2d_bytes + r.chosen_outcome.d2h_bytes == best.h2d_bytes + best.d2h_bytes);
           BOOST_TEST(r.chosen_outcome.peak_bytes == best.peak_bytes);
           BOOST_TEST(r.chosen_outcome.peak_bytes <= budget);
@@ -236,15 +238,19 @@ BOOST_AUTO_TEST_CASE(search_matches_the_exhaustive_oracle_on_synthetic_models) {
           auto const moved = [](sim::plan_outcome const& o) { return o.h2d_bytes + o.d2h_bytes; };
           for (auto const& e : r.simulated) {
             if (!e.fits || e.verdict == "chosen") continue;
-            bool const within = static_cast<double>(e.outcome.step_ns) <= static_cast<double>(fastest) * (1 + space.tolerance);
-            BOOST_TEST((e.verdict.find(within ? "within the" : "slower than the chosen plan (beyond") != std::string::npos), e.verdict);
+            bool const within =
+                static_cast<double>(e.outcome.step_ns) <= static_cast<double>(fastest) * (1 + space.tolerance);
+            BOOST_TEST(
+                (e.verdict.find(within ? "within the" : "slower than the chosen plan (beyond") != std::string::npos),
+                e.verdict);
             if (within) {
               BOOST_TEST(moved(e.outcome) >= moved(r.chosen_outcome));
               if (moved(e.outcome) > moved(r.chosen_outcome))
                 BOOST_TEST(e.verdict.find("more over the host link") != std::string::npos, e.verdict);
               else if (e.outcome.peak_bytes != r.chosen_outcome.peak_bytes)
                 BOOST_TEST((e.outcome.peak_bytes > r.chosen_outcome.peak_bytes &&
-                            e.verdict.find(" higher") != std::string::npos), e.verdict);
+                            e.verdict.find(" higher") != std::string::npos),
+                           e.verdict);
             } else {
               BOOST_TEST(e.outcome.step_ns > r.chosen_outcome.step_ns);
             }
@@ -420,8 +426,10 @@ BOOST_AUTO_TEST_CASE(descriptions_name_every_knob) {
   BOOST_TEST(sim::describe(sim::swap_choice{0, true, 16, true, sim::recompute_kind::selective, true}) ==
              "distributed optimizer + selective recomputation + optimizer swap (packed, 16 batches)");
   sim::swap_choice mix;
-  mix.ranks = {{4, true, sim::recompute_kind::none}, {0, true, sim::recompute_kind::none},
-               {0, true, sim::recompute_kind::none}, {0, false, sim::recompute_kind::full}};
+  mix.ranks = {{4, true, sim::recompute_kind::none},
+               {0, true, sim::recompute_kind::none},
+               {0, true, sim::recompute_kind::none},
+               {0, false, sim::recompute_kind::full}};
   BOOST_TEST(sim::describe(mix) == "per rank: 0: optimizer swap (packed, 16 batches) + every eligible activation "
                                    "group; 1-2: optimizer swap (packed, 16 batches); 3: full recomputation");
 }
@@ -468,7 +476,10 @@ BOOST_AUTO_TEST_CASE(plan_picks_the_fastest_fitting_option_of_a_small_scenario) 
   auto eval = [&](sim::swap_choice const& c) {
     auto const key = sim::describe(c);
     auto it = cache.find(key);
-    if (it == cache.end()) it = cache.emplace(key, sim::outcome_of(sim::simulate(sim::scenario_for(c, s), sim::options_for(c, gaps, s.swap)))).first;
+    if (it == cache.end())
+      it =
+          cache.emplace(key, sim::outcome_of(sim::simulate(sim::scenario_for(c, s), sim::options_for(c, gaps, s.swap))))
+              .first;
     return it->second;
   };
   auto const none = eval(sim::swap_choice{});
@@ -480,14 +491,18 @@ BOOST_AUTO_TEST_CASE(plan_picks_the_fastest_fitting_option_of_a_small_scenario) 
   for (auto const& c : all_choices(space)) lowest = std::min(lowest, eval(c).peak_bytes);
   BOOST_REQUIRE(lowest < none.peak_bytes); // swapping frees memory on this scenario
 
-  for (std::uint64_t budget : {none.peak_bytes, none.peak_bytes - 1, (none.peak_bytes + lowest) / 2, lowest + 1, lowest}) {
+  for (std::uint64_t budget :
+       {none.peak_bytes, none.peak_bytes - 1, (none.peak_bytes + lowest) / 2, lowest + 1, lowest}) {
     BOOST_TEST_CONTEXT("budget " << budget) {
       double last_progress = -1;
       bool monotone = true;
-      auto const r = sim::plan(s, budget, [&](double f) {
-        monotone = monotone && f >= 0 && f <= 1;
-        last_progress = f;
-      }, space);
+      auto const r = sim::plan(
+          s, budget,
+          [&](double f) {
+            monotone = monotone && f >= 0 && f <= 1;
+            last_progress = f;
+          },
+          space);
       auto const oracle = fastest_fitting(space, budget, eval);
       BOOST_REQUIRE(oracle.has_value());
       BOOST_REQUIRE(r.chosen.has_value());
@@ -554,7 +569,8 @@ BOOST_AUTO_TEST_CASE(plan_matches_the_exhaustive_search_on_the_small_gallery_sce
       auto eval = [&](sim::swap_choice const& c) { // as plan() evaluates a candidate
         auto o = sim::options_for(c, gaps, s.swap);
         auto sc = sim::scenario_for(c, s);
-        if (o.overlap && budget > sc.device.reserved_bytes) sc.device.memory_bytes = std::min(sc.device.memory_bytes, budget);
+        if (o.overlap && budget > sc.device.reserved_bytes)
+          sc.device.memory_bytes = std::min(sc.device.memory_bytes, budget);
         if (o.overlap && o.swap_activations) sim::set_load_lookaheads(o, sc);
         o.check_hazards = false;
         return sim::outcome_of(sim::simulate_sized(sc, o, 4), &sc, &o);
@@ -585,8 +601,10 @@ BOOST_AUTO_TEST_CASE(plan_matches_the_exhaustive_search_on_the_small_gallery_sce
       // the step of 16) and misses 64, which moves 4.2 % fewer bytes (95.3 against 99.6 GB per step)
       // at the same step: the chosen plan moves at most 5 % more than the exhaustive choice
       // (docs/simulator.md, "The planner").
-      auto const excess = static_cast<double>(moved(chosen)) / static_cast<double>(std::max<std::uint64_t>(moved(*best), 1)) - 1;
-      BOOST_TEST_MESSAGE(name << ": the chosen plan moves " << excess * 100 << " % more host-link bytes than the exhaustive choice");
+      auto const excess =
+          static_cast<double>(moved(chosen)) / static_cast<double>(std::max<std::uint64_t>(moved(*best), 1)) - 1;
+      BOOST_TEST_MESSAGE(name << ": the chosen plan moves " << excess * 100
+                              << " % more host-link bytes than the exhaustive choice");
       if (std::string(name) == "13b_interleaved.json") {
         BOOST_TEST(excess <= 0.05);
       } else {
@@ -610,7 +628,8 @@ BOOST_AUTO_TEST_CASE(plan_says_nothing_fits_when_the_budget_is_too_small) {
   space.gaps = sim::gap_levels(*gaps);
   std::uint64_t lowest = std::numeric_limits<std::uint64_t>::max();
   for (auto const& c : all_choices(space))
-    lowest = std::min(lowest, sim::outcome_of(sim::simulate(sim::scenario_for(c, s), sim::options_for(c, gaps, s.swap))).peak_bytes);
+    lowest = std::min(
+        lowest, sim::outcome_of(sim::simulate(sim::scenario_for(c, s), sim::options_for(c, gaps, s.swap))).peak_bytes);
   for (std::uint64_t budget : {lowest - 1, std::uint64_t{1}}) {
     auto const r = sim::plan(s, budget, {}, space);
     BOOST_TEST(!r.chosen.has_value());
@@ -736,7 +755,8 @@ BOOST_AUTO_TEST_CASE(the_verdict_is_never_beaten_on_both_step_and_peak) {
           BOOST_TEST(!(faster && a.peak_bytes < c.peak_bytes), a.title);
           if (a.fits) BOOST_TEST(!faster, a.title); // nothing that fits is faster beyond the tolerance
         }
-        if (v.next_best) BOOST_TEST(v.text.find("; next best, " + alts[*v.next_best].title + ": ") != std::string::npos);
+        if (v.next_best)
+          BOOST_TEST(v.text.find("; next best, " + alts[*v.next_best].title + ": ") != std::string::npos);
         ++checked;
       }
     }

@@ -262,7 +262,8 @@ BOOST_AUTO_TEST_CASE(wrong_types_are_rejected) {
                   "scenario: model.recompute: expected one of \"none\", \"selective\", \"full\", got boolean true");
   expect_rejected(R"({"model": {"grad_dtype": "I8"}})",
                   "scenario: model.grad_dtype: expected \"FP32\", \"BF16\", \"F16\" or null, got string \"I8\"");
-  expect_rejected(R"({"model": {"dropout": "no"}})", "scenario: model.dropout: expected true or false, got string \"no\"");
+  expect_rejected(R"({"model": {"dropout": "no"}})",
+                  "scenario: model.dropout: expected true or false, got string \"no\"");
   expect_rejected(R"({"swap": {"overlap": 1}})", "scenario: swap.overlap: expected true or false, got number 1");
   expect_rejected(R"({"swap": {"overlap": "yes"}})",
                   "scenario: swap.overlap: expected true or false, got string \"yes\"");
@@ -297,7 +298,8 @@ BOOST_AUTO_TEST_CASE(inconsistent_scenarios_are_rejected) {
   expect_rejected(with({{"model", {{"layers", 1}}}}),
                   "scenario: model.layers (1) must be at least the number of stages (pipeline.ranks × "
                   "pipeline.chunks = 2)");
-  expect_rejected(with({{"pipeline", {{"chunks", 2}}}}), "scenario: pipeline.chunks > 1 needs the interleaved schedule");
+  expect_rejected(with({{"pipeline", {{"chunks", 2}}}}),
+                  "scenario: pipeline.chunks > 1 needs the interleaved schedule");
   expect_rejected(with({{"pipeline", {{"micro_batches", 0}}}}), "scenario: pipeline.micro_batches must be at least 1");
   expect_rejected(with({{"swap", {{"swap_times", 0}}}}), "scenario: swap.swap_times must be positive");
   expect_rejected(with({{"model", {{"param_dtype", "F32"}}}}), "scenario: model.fp32_master needs BF16 or F16 weights");
@@ -306,7 +308,8 @@ BOOST_AUTO_TEST_CASE(inconsistent_scenarios_are_rejected) {
   expect_rejected(with({{"pipeline", {{"ranks", 2000}}}, {"model", {{"layers", 4000}}}}),
                   "scenario: pipeline.ranks (2000) is above the limit of 1024");
   expect_rejected(with({{"parallel", {{"tp", 3}}}}), "scenario: model.heads (4) must be a multiple of parallel.tp (3)");
-  expect_rejected(with({{"parallel", {{"tp", 4}}}}), "scenario: model.kv_heads (2) must be a multiple of parallel.tp (4)");
+  expect_rejected(with({{"parallel", {{"tp", 4}}}}),
+                  "scenario: model.kv_heads (2) must be a multiple of parallel.tp (4)");
   expect_rejected(with({{"parallel", {{"sequence_parallel", true}}}}),
                   "scenario: parallel.sequence_parallel needs parallel.tp > 1");
   expect_rejected(with({{"parallel", {{"distributed_optimizer", true}}}}),

@@ -104,14 +104,19 @@ private:
       auto const semi = raw.find(';', k);
       if (semi == std::string_view::npos) fail("bare '&'");
       auto const ent = raw.substr(k + 1, semi - k - 1);
-      if (ent == "amp") out += '&';
-      else if (ent == "lt") out += '<';
-      else if (ent == "gt") out += '>';
-      else if (ent == "quot") out += '"';
-      else if (ent == "apos") out += '\'';
+      if (ent == "amp")
+        out += '&';
+      else if (ent == "lt")
+        out += '<';
+      else if (ent == "gt")
+        out += '>';
+      else if (ent == "quot")
+        out += '"';
+      else if (ent == "apos")
+        out += '\'';
       else if (!ent.empty() && ent[0] == '#') {
         unsigned long const v = ent.size() > 1 && ent[1] == 'x' ? std::stoul(std::string(ent.substr(2)), nullptr, 16)
-                                                                 : std::stoul(std::string(ent.substr(1)));
+                                                                : std::stoul(std::string(ent.substr(1)));
         if (v >= 0x80) fail("non-ASCII character reference (not needed here)");
         out += static_cast<char>(v);
       } else {

@@ -42,9 +42,15 @@ std::vector<element const*> with_class(element const& root, std::string const& c
 // The chart's mapping from data to pixels, recovered from its tick labels.
 struct axes {
   std::vector<double> xv, xp, yv, yp; // tick values and their pixel positions
-  double x_to_px(double v) const { return xp.front() + (v - xv.front()) / (xv.back() - xv.front()) * (xp.back() - xp.front()); }
-  double y_to_px(double v) const { return yp.front() + (v - yv.front()) / (yv.back() - yv.front()) * (yp.back() - yp.front()); }
-  double px_to_y(double p) const { return yv.front() + (p - yp.front()) / (yp.back() - yp.front()) * (yv.back() - yv.front()); }
+  double x_to_px(double v) const {
+    return xp.front() + (v - xv.front()) / (xv.back() - xv.front()) * (xp.back() - xp.front());
+  }
+  double y_to_px(double v) const {
+    return yp.front() + (v - yv.front()) / (yv.back() - yv.front()) * (yp.back() - yp.front());
+  }
+  double px_to_y(double p) const {
+    return yv.front() + (p - yp.front()) / (yp.back() - yp.front()) * (yv.back() - yv.front());
+  }
 };
 
 axes read_axes(element const& root) {
@@ -77,10 +83,11 @@ std::string group_title(element const& g) {
 } // namespace
 
 BOOST_AUTO_TEST_CASE(nice_ticks_cover_the_range_with_round_steps) {
-  BOOST_TEST(svg::nice_ticks(0, 238.9) == (std::vector<double>{0, 50, 100, 150, 200, 250}), boost::test_tools::per_element());
+  BOOST_TEST(svg::nice_ticks(0, 238.9) == (std::vector<double>{0, 50, 100, 150, 200, 250}),
+             boost::test_tools::per_element());
   BOOST_TEST(svg::nice_ticks(0, 1) == (std::vector<double>{0, 0.2, 0.4, 0.6, 0.8, 1}),
              boost::test_tools::tolerance(1e-12) << boost::test_tools::per_element());
-  BOOST_TEST(svg::nice_ticks(3, 3).size() >= 2u);          // an empty range still gets an axis
+  BOOST_TEST(svg::nice_ticks(3, 3).size() >= 2u); // an empty range still gets an axis
   BOOST_TEST(svg::nice_ticks(NAN, 1).empty());
   std::mt19937_64 rng(7);
   std::uniform_real_distribution<double> mag(-6, 12), frac(0, 1);
@@ -95,8 +102,8 @@ BOOST_AUTO_TEST_CASE(nice_ticks_cover_the_range_with_round_steps) {
     BOOST_TEST(t.back() >= hi - step * 1e-6);
     BOOST_TEST(t.size() <= 14u);
     double const m = step / std::pow(10.0, std::floor(std::log10(step) + 1e-9));
-    bool const round = std::abs(m - 1) < 1e-6 || std::abs(m - 2) < 1e-6 || std::abs(m - 5) < 1e-6 ||
-                       std::abs(m - 10) < 1e-6;
+    bool const round =
+        std::abs(m - 1) < 1e-6 || std::abs(m - 2) < 1e-6 || std::abs(m - 5) < 1e-6 || std::abs(m - 10) < 1e-6;
     BOOST_TEST(round, "step " << step << " for [" << lo << ", " << hi << "]");
   }
 }
@@ -140,8 +147,8 @@ BOOST_AUTO_TEST_CASE(the_document_is_well_formed_with_series_levels_axes_and_leg
   BOOST_TEST(a.xv.back() >= 5.0);
   BOOST_TEST(a.yv.front() == 0.0);
   BOOST_TEST(a.yv.back() >= 141.0);
-  BOOST_TEST(std::is_sorted(a.xp.begin(), a.xp.end()));             // x grows to the right
-  BOOST_TEST(std::is_sorted(a.yp.rbegin(), a.yp.rend()));           // y grows upwards
+  BOOST_TEST(std::is_sorted(a.xp.begin(), a.xp.end()));   // x grows to the right
+  BOOST_TEST(std::is_sorted(a.yp.rbegin(), a.yp.rend())); // y grows upwards
   bool x_label = false, y_label = false;
   for (auto const* t : root->all("text")) {
     x_label = x_label || t->text == c.x_label;
@@ -155,7 +162,8 @@ BOOST_AUTO_TEST_CASE(the_document_is_well_formed_with_series_levels_axes_and_leg
   BOOST_REQUIRE_EQUAL(legend.size(), 1u);
   std::vector<std::string> names;
   for (auto const* t : legend[0]->all("text")) names.push_back(t->text);
-  BOOST_TEST(names == (std::vector<std::string>{"no swap", "both", "device capacity"}), boost::test_tools::per_element());
+  BOOST_TEST(names == (std::vector<std::string>{"no swap", "both", "device capacity"}),
+             boost::test_tools::per_element());
   BOOST_TEST(legend[0]->all("line").size() == 3u);
 }
 
@@ -169,7 +177,7 @@ BOOST_AUTO_TEST_CASE(the_legend_fits_in_the_picture) {
     BOOST_TEST(w >= width);
     auto const plot = with_class(*root, "axes").at(0)->child("rect");
     BOOST_REQUIRE(plot != nullptr);
-    BOOST_TEST(std::stod(plot->attr("width")) >= 200.0); // the plot keeps a usable width
+    BOOST_TEST(std::stod(plot->attr("width")) >= 200.0);                 // the plot keeps a usable width
     for (auto const* t : with_class(*root, "legend").at(0)->all("text")) // about 7 px a character
       BOOST_TEST(std::stod(t->attr("x")) + 7.0 * static_cast<double>(t->text.size()) <= w, t->text);
   }
@@ -238,7 +246,7 @@ BOOST_AUTO_TEST_CASE(text_is_escaped_and_the_file_is_self_contained) {
   c.title = "a < b & \"c\" 'd' >\x01";
   c.lines[0].name = "<script>alert(1)</script>";
   auto const text = svg::render(c);
-  auto const root = svg_test::parse(text); // would throw on a bare '<' or '&'
+  auto const root = svg_test::parse(text);                         // would throw on a bare '<' or '&'
   BOOST_TEST(root->child("title")->text == "a < b & \"c\" 'd' >"); // the control character is dropped
   BOOST_TEST(root->all("script").empty());
   std::vector<element const*> any;
@@ -256,8 +264,9 @@ BOOST_AUTO_TEST_CASE(text_is_escaped_and_the_file_is_self_contained) {
 }
 
 BOOST_AUTO_TEST_CASE(degenerate_charts_still_render) {
-  for (auto const& c : {svg::chart{}, svg::chart{"one point", "x", "y", {{"p", "#000000", {{2, 3}}, false}}, {}, 960, 540},
-                        svg::chart{"flat", "x", "y", {{"z", "#000000", {{0, 0}, {1, 0}}, false}}, {}, 10, 10}}) {
+  for (auto const& c :
+       {svg::chart{}, svg::chart{"one point", "x", "y", {{"p", "#000000", {{2, 3}}, false}}, {}, 960, 540},
+        svg::chart{"flat", "x", "y", {{"z", "#000000", {{0, 0}, {1, 0}}, false}}, {}, 10, 10}}) {
     auto const text = svg::render(c);
     BOOST_TEST(text.find("nan") == std::string::npos);
     BOOST_TEST(text.find("inf") == std::string::npos);

@@ -52,20 +52,26 @@ struct counted {
 
 template <class T>
 T make(int x) {
-  if constexpr (std::is_same_v<T, pod>) return pod{static_cast<std::uint32_t>(x), x * 0.5};
+  if constexpr (std::is_same_v<T, pod>)
+    return pod{static_cast<std::uint32_t>(x), x * 0.5};
   else if constexpr (std::is_same_v<T, std::string>)
     return std::string(static_cast<std::size_t>(x % 40), static_cast<char>('a' + x % 26));
-  else if constexpr (std::is_same_v<T, counted>) return counted(x);
-  else if constexpr (std::is_same_v<T, std::shared_ptr<int>>) return std::make_shared<int>(x);
-  else return static_cast<T>(x);
+  else if constexpr (std::is_same_v<T, counted>)
+    return counted(x);
+  else if constexpr (std::is_same_v<T, std::shared_ptr<int>>)
+    return std::make_shared<int>(x);
+  else
+    return static_cast<T>(x);
 }
 
 /// Equal elements; shared pointers compare what they point to (the two containers get distinct
 /// but equal objects).
 template <class T>
 bool equal(T const& x, T const& y) {
-  if constexpr (std::is_same_v<T, std::shared_ptr<int>>) return x && y ? *x == *y : !x && !y;
-  else return x == y;
+  if constexpr (std::is_same_v<T, std::shared_ptr<int>>)
+    return x && y ? *x == *y : !x && !y;
+  else
+    return x == y;
 }
 
 /// Under ASan: the bytes [0, size) of the buffer are addressable and [size, capacity) poisoned.
@@ -104,10 +110,19 @@ void differential(unsigned seed) {
     auto const op = rng() % 13;
     switch (op) {
     case 0:
-    case 1: a.push_back(make<T>(x)); b.push_back(make<T>(x)); break;
-    case 2: a.emplace_back(make<T>(x)); b.emplace_back(make<T>(x)); break;
+    case 1:
+      a.push_back(make<T>(x));
+      b.push_back(make<T>(x));
+      break;
+    case 2:
+      a.emplace_back(make<T>(x));
+      b.emplace_back(make<T>(x));
+      break;
     case 3:
-      if (!b.empty()) { a.pop_back(); b.pop_back(); }
+      if (!b.empty()) {
+        a.pop_back();
+        b.pop_back();
+      }
       break;
     case 4: {
       auto const i = pick(b.size() + 1);
@@ -165,13 +180,17 @@ void differential(unsigned seed) {
       break;
     }
     default:
-      if (rng() % 8 == 0) { a.clear(); b.clear(); }
-      else { a.reserve(pick(100)); }
+      if (rng() % 8 == 0) {
+        a.clear();
+        b.clear();
+      } else {
+        a.reserve(pick(100));
+      }
       break;
     }
     BOOST_TEST_REQUIRE(same(a, b), "lean_vector and std::vector differ after step "
-                                       << step << " (operation " << op << ", sizes " << a.size() << " and "
-                                       << b.size() << ")");
+                                       << step << " (operation " << op << ", sizes " << a.size() << " and " << b.size()
+                                       << ")");
   }
 }
 

@@ -80,41 +80,67 @@ BOOST_AUTO_TEST_CASE(adam_and_optimizer_swap) {
   std::vector<ps::unit_range> const far = {{7, 0, 1}};
   std::vector<ps::unit_range> const past_end = {{0, 0, 5000}};
   sweep({
-      {"set_grad", [&] { opt.set_grad(99, g); }, {"adam::set_grad", "parameter index 99", "not below the 1 parameters"}},
+      {"set_grad",
+       [&] { opt.set_grad(99, g); },
+       {"adam::set_grad", "parameter index 99", "not below the 1 parameters"}},
       {"step_count", [&] { (void)opt.step_count(1); }, {"adam::step_count", "parameter index 1", "not below"}},
       {"param", [&] { (void)opt.param(5); }, {"adam::param", "parameter index 5", "not below"}},
       {"initialize", [&] { opt.initialize(9, p); }, {"adam::initialize", "slot 9", "not below the 2 slots"}},
-      {"add_param: bad type", [&] { opt.add_param({p + 4096 * 4, {}, 1, ps::dtype::u8}); },
+      {"add_param: bad type",
+       [&] {
+         opt.add_param({p + 4096 * 4, {}, 1, ps::dtype::u8});
+       },
        {"adam::add_param", "parameter 1", "F32, BF16 and F16 are supported"}},
-      {"add_param: tied", [&] { opt.add_param({p, {}, 4096}); },
+      {"add_param: tied",
+       [&] {
+         opt.add_param({p, {}, 4096});
+       },
        {"adam::add_param", "parameter 1", "parameter 0", "once"}},
-      {"update: unit", [&] {
+      {"update: unit",
+       [&] {
          auto ctx = opt.prepare_step();
          opt.update(far, ctx, ps::state_view<B>(nullptr, nullptr));
-       }, {"adam::update", "unit 7", "not below"}},
-      {"update: range", [&] {
+       },
+       {"adam::update", "unit 7", "not below"}},
+      {"update: range",
+       [&] {
          auto ctx = opt.prepare_step();
          opt.update(past_end, ctx, ps::state_view<B>(nullptr, nullptr));
-       }, {"adam::update", "[0, 5000)", "4096 elements"}},
+       },
+       {"adam::update", "[0, 5000)", "4096 elements"}},
       {"load_metadata", [&] { opt.load_metadata({}); }, {"adam", "metadata", "lacks 'optimizer'"}},
   });
   ps::swap_config bad_cfg;
   bad_cfg.swap_times = 0;
-  sweep({{"swap_config", [&] { ps::optimizer_swap<ps::adamw<B>> rt(x, opt, bad_cfg); }, {"swap_config::swap_times", "must be positive"}}});
+  sweep({{"swap_config",
+          [&] { ps::optimizer_swap<ps::adamw<B>> rt(x, opt, bad_cfg); },
+          {"swap_config::swap_times", "must be positive"}}});
   {
     ps::swap_config cfg;
     cfg.swap_times = 2;
     cfg.min_numel = 1;
     ps::optimizer_swap<ps::adamw<B>> rt(x, opt, cfg);
     sweep({
-        {"is_swappable", [&] { (void)rt.is_swappable(2); }, {"optimizer_swap", "slot index 2", "out of range (2 slots)"}},
+        {"is_swappable",
+         [&] { (void)rt.is_swappable(2); },
+         {"optimizer_swap", "slot index 2", "out of range (2 slots)"}},
         {"host_mirror", [&] { (void)rt.host_mirror(40); }, {"optimizer_swap", "slot index 40", "out of range"}},
-        {"unswappable_device", [&] { (void)rt.unswappable_device(0); }, {"optimizer_swap", "'0.exp_avg'", "is swapped"}},
-        {"slot_in", [&] { (void)rt.slot_in(3, ps::residency::host); }, {"optimizer_swap", "slot index 3", "out of range"}},
-        {"second runtime", [&] { ps::optimizer_swap<ps::adamw<B>> again(x, opt); }, {"optimizer_swap", "already managed"}},
-        {"add_param under a runtime", [&] { opt.add_param({p + 8 * 4096, {}, 1}); }, {"adam::add_param", "destroy the runtime"}},
+        {"unswappable_device",
+         [&] { (void)rt.unswappable_device(0); },
+         {"optimizer_swap", "'0.exp_avg'", "is swapped"}},
+        {"slot_in",
+         [&] { (void)rt.slot_in(3, ps::residency::host); },
+         {"optimizer_swap", "slot index 3", "out of range"}},
+        {"second runtime",
+         [&] { ps::optimizer_swap<ps::adamw<B>> again(x, opt); },
+         {"optimizer_swap", "already managed"}},
+        {"add_param under a runtime",
+         [&] {
+           opt.add_param({p + 8 * 4096, {}, 1});
+         },
+         {"adam::add_param", "destroy the runtime"}},
     });
-    rt.step(); // still works
+    rt.step();                          // still works
     BOOST_TEST(opt.step_count(0) == 3); // the two prepare_step() calls above began steps too
   }
   b.deallocate_device(p, 4096 * 4, s);
@@ -157,7 +183,9 @@ BOOST_AUTO_TEST_CASE(activation_swap_budget_transfer_and_pool) {
   x.allocate_arena(arena, 4096);
   ps::device_budget elsewhere(1 << 20);
   sweep({
-      {"allocate_arena twice", [&] { x.allocate_arena(arena, 4096); }, {"allocate_arena", "staging arena", "already allocated"}},
+      {"allocate_arena twice",
+       [&] { x.allocate_arena(arena, 4096); },
+       {"allocate_arena", "staging arena", "already allocated"}},
   });
   {
     // While the engine holds reserved bytes in a budget it cannot move to another one.
@@ -165,7 +193,8 @@ BOOST_AUTO_TEST_CASE(activation_swap_budget_transfer_and_pool) {
     x.set_budget(&held);
     ps::staging_arena<B> a2;
     x.allocate_arena(a2, 512);
-    sweep({{"set_budget while holding", [&] { x.set_budget(&elsewhere); },
+    sweep({{"set_budget while holding",
+            [&] { x.set_budget(&elsewhere); },
             {"transfer_engine::set_budget", "512 reserved bytes", "change budgets only while"}}});
     x.release_arena(a2);
     b.synchronize_device();
@@ -175,15 +204,23 @@ BOOST_AUTO_TEST_CASE(activation_swap_budget_transfer_and_pool) {
 
   ps::device_budget budget(1000);
   budget.reserve(ps::budget_client::optimizer, 100);
-  sweep({{"release", [&] { budget.release(ps::budget_client::activation, 1); },
+  sweep({{"release",
+          [&] { budget.release(ps::budget_client::activation, 1); },
           {"device_budget::release", "activation client", "holds 0"}}});
   BOOST_TEST(budget.used() == 100u);
 
   sweep({
       {"pool: alignment", [&] { ps::pinned_pool<B> pool(b, {.alignment = 3}); }, {"pinned_pool", "alignment 3"}},
-      {"pool: first slab", [&] { ps::pinned_pool<B> pool(b, {.first_slab_bytes = 0}); }, {"pinned_pool", "first_slab_bytes"}},
+      {"pool: first slab",
+       [&] { ps::pinned_pool<B> pool(b, {.first_slab_bytes = 0}); },
+       {"pinned_pool", "first_slab_bytes"}},
       {"world size", [&] { ps::exec::thread_world w(0); }, {"thread_world", "size must be >= 1"}},
-      {"world rank", [&] { ps::exec::thread_world w(2); (void)w.comm(2); }, {"thread_world", "rank 2"}},
+      {"world rank",
+       [&] {
+         ps::exec::thread_world w(2);
+         (void)w.comm(2);
+       },
+       {"thread_world", "rank 2"}},
   });
 }
 
@@ -195,18 +232,27 @@ BOOST_AUTO_TEST_CASE(pipeline_executor) {
   no_op_stage st;
   using exec_t = ps::exec::pipeline_executor<B, ps::exec::thread_comm, no_op_stage>;
   sweep({
-      {"layout ranks", [&] { exec_t e(x, comm, ps::schedule::stage_layout(2), {{0, &st}}); },
+      {"layout ranks",
+       [&] {
+         exec_t e(x, comm, ps::schedule::stage_layout(2), {{0, &st}});
+       },
        {"pipeline_executor", "layout has 2 ranks", "the comm 1"}},
-      {"missing stage", [&] { exec_t e(x, comm, ps::schedule::stage_layout(1), {}); },
+      {"missing stage",
+       [&] { exec_t e(x, comm, ps::schedule::stage_layout(1), {}); },
        {"pipeline_executor", "rank 0 runs stage 0", "no stage object"}},
-      {"foreign stage", [&] { exec_t e(x, comm, ps::schedule::stage_layout(1), {{0, &st}, {1, &st}}); },
+      {"foreign stage",
+       [&] {
+         exec_t e(x, comm, ps::schedule::stage_layout(1), {{0, &st}, {1, &st}});
+       },
        {"pipeline_executor", "given 2 stages, the layout has 1 stages per rank"}},
   });
   exec_t e(x, comm, ps::schedule::stage_layout(1), {{0, &st}}, {.fail_at = 99});
   ps::schedule::order const o = {ps::schedule::fwd(0, 0), ps::schedule::bwd(0, 0)};
   ps::schedule::order const foreign = {ps::schedule::fwd(2, 0)};
   sweep({
-      {"fail_at past the order", [&] { e.run_step(o, [] {}); }, {"pipeline_executor", "fail_at 99", "past the order's 2 entries"}},
+      {"fail_at past the order",
+       [&] { e.run_step(o, [] {}); },
+       {"pipeline_executor", "fail_at 99", "past the order's 2 entries"}},
   });
   exec_t ok(x, comm, ps::schedule::stage_layout(1), {{0, &st}});
   sweep({
@@ -218,7 +264,9 @@ BOOST_AUTO_TEST_CASE(pipeline_executor) {
   BOOST_TEST(finished == 1);
   // A failing step aborts the comm (every rank hears of it), so it comes last.
   sweep({
-      {"stage outside the layout", [&] { ok.run_step(foreign, [] {}); }, {"rank 0 failed", "stage 2", "outside the layout"}},
+      {"stage outside the layout",
+       [&] { ok.run_step(foreign, [] {}); },
+       {"rank 0 failed", "stage 2", "outside the layout"}},
   });
 }
 

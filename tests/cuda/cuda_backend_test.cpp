@@ -51,9 +51,7 @@ bool round_trip(cuda::backend& b, cuda::stream_ref s, std::size_t n, std::uint32
   return ok;
 }
 
-bool contains(std::string const& text, std::string const& part) {
-  return text.find(part) != std::string::npos;
-}
+bool contains(std::string const& text, std::string const& part) { return text.find(part) != std::string::npos; }
 
 } // namespace
 
@@ -130,8 +128,7 @@ BOOST_AUTO_TEST_CASE(copies_in_opposite_directions_overlap) {
       auto const t0 = std::chrono::steady_clock::now();
       enqueue();
       b.synchronize_device();
-      best = std::min(best,
-                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     return best;
   };
@@ -142,9 +139,8 @@ BOOST_AUTO_TEST_CASE(copies_in_opposite_directions_overlap) {
     b.copy_d2h(down_dst, d_down, n, s_down);
   });
   auto gbps = [n](double s) { return static_cast<double>(n) / s / 1e9; };
-  BOOST_TEST_MESSAGE("H2D " << gbps(h2d) << " GB/s, D2H " << gbps(d2h) << " GB/s, both at once "
-                            << both * 1e3 << " ms vs " << (h2d + d2h) * 1e3
-                            << " ms one after the other");
+  BOOST_TEST_MESSAGE("H2D " << gbps(h2d) << " GB/s, D2H " << gbps(d2h) << " GB/s, both at once " << both * 1e3
+                            << " ms vs " << (h2d + d2h) * 1e3 << " ms one after the other");
   BOOST_TEST(both < 0.85 * (h2d + d2h));
 
   b.deallocate_device(d_up, n, s_up);
@@ -236,8 +232,7 @@ BOOST_AUTO_TEST_CASE(stream_ordered_release_reuses_memory) {
   b.wait_event(s2, b.record_event(s));
   device_ptr const d4 = b.allocate_device(n, s2); // another stream, ordered after the free
   BOOST_WARN(pool.reserved_bytes() == reserved3);
-  BOOST_TEST_MESSAGE("cross-stream reuse after an event "
-                     << (d3 == d4 ? "returned the same address" : "moved"));
+  BOOST_TEST_MESSAGE("cross-stream reuse after an event " << (d3 == d4 ? "returned the same address" : "moved"));
   b.deallocate_device(d4, n, s2);
   b.synchronize_device();
 

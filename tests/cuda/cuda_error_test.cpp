@@ -66,8 +66,7 @@ BOOST_AUTO_TEST_CASE(cuda_error_carries_status_call_and_location) {
   BOOST_TEST(e.call() == "cudaFoo(a, b)");
   BOOST_TEST(e.where().line() == line);
   std::string const what = e.what();
-  BOOST_TEST(
-      what.starts_with("pipeswap::cuda::thing(3): cudaFoo(a, b) failed: cudaErrorInvalidValue: "));
+  BOOST_TEST(what.starts_with("pipeswap::cuda::thing(3): cudaFoo(a, b) failed: cudaErrorInvalidValue: "));
   BOOST_TEST(what.find("cuda_error_test.cpp:" + std::to_string(line)) != std::string::npos);
 
   cuda::cuda_error const bare(cudaErrorMemoryAllocation, "cudaBar()", "");
@@ -86,8 +85,7 @@ BOOST_AUTO_TEST_CASE(try_throws_naming_the_call_and_its_line) {
   } catch (cuda::cuda_error const& e) {
     BOOST_TEST(e.status() == cudaErrorInvalidValue);
     BOOST_TEST(e.call() == "returns(s)");
-    BOOST_TEST(std::string_view(e.where().function_name()).find("try_failing") !=
-               std::string_view::npos);
+    BOOST_TEST(std::string_view(e.where().function_name()).find("try_failing") != std::string_view::npos);
   }
   // Caught as the library's base and as std::exception too.
   BOOST_CHECK_THROW(try_failing(cudaErrorNotSupported), pipeswap::error);
@@ -117,8 +115,7 @@ BOOST_AUTO_TEST_CASE(log_never_throws_and_counts) {
   // Teardown at process exit is not worth a line per handle.
   BOOST_TEST(PIPESWAP_CUDA_LOG(returns(cudaErrorCudartUnloading)) == cudaErrorCudartUnloading);
   BOOST_TEST(cuda::logged_error_count() == before + 1);
-  static_assert(
-      noexcept(cuda::detail::log_failure(cudaSuccess, "", std::source_location::current())));
+  static_assert(noexcept(cuda::detail::log_failure(cudaSuccess, "", std::source_location::current())));
 }
 
 BOOST_AUTO_TEST_CASE(stream_refs_are_values) {
@@ -161,8 +158,7 @@ BOOST_AUTO_TEST_CASE(a_device_that_does_not_exist_is_an_error) {
       BOOST_FAIL("no exception for device " << bad);
     } catch (cuda::cuda_error const& e) {
       BOOST_TEST_MESSAGE(e.what());
-      BOOST_TEST(std::string(e.what()).starts_with("pipeswap::cuda::backend(device " +
-                                                   std::to_string(bad) + "): "));
+      BOOST_TEST(std::string(e.what()).starts_with("pipeswap::cuda::backend(device " + std::to_string(bad) + "): "));
       if (n > 0) {
         BOOST_TEST(e.status() == cudaErrorInvalidDevice);
         BOOST_TEST(e.call() == "cudaSetDevice(device)");

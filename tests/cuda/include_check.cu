@@ -17,9 +17,7 @@ __global__ void touch(unsigned char* p, unsigned long n) {
 } // namespace
 
 // A kernel launched on a stream the backend hands out: the way a .cu user combines the two.
-void pipeswap_cuda_include_check_cu(pipeswap::cuda::backend& b, pipeswap::device_ptr d,
-                                    unsigned long n) {
-  touch<<<static_cast<unsigned>((n + 255) / 256), 256, 0, b.current_stream().get()>>>(
-      d.get<unsigned char>(), n);
+void pipeswap_cuda_include_check_cu(pipeswap::cuda::backend& b, pipeswap::device_ptr d, unsigned long n) {
+  touch<<<static_cast<unsigned>((n + 255) / 256), 256, 0, b.current_stream().get()>>>(d.get<unsigned char>(), n);
   PIPESWAP_CUDA_TRY(cudaGetLastError());
 }

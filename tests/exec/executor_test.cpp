@@ -65,7 +65,9 @@ std::string all_errors(pt::threaded_run const& r) {
 }
 
 std::string name_of(pt::train_options const& o) {
-  char const* k = o.kind == pt::schedule_kind::gpipe ? "gpipe" : o.kind == pt::schedule_kind::one_f_one_b ? "1f1b" : "interleaved";
+  char const* k = o.kind == pt::schedule_kind::gpipe         ? "gpipe"
+                  : o.kind == pt::schedule_kind::one_f_one_b ? "1f1b"
+                                                             : "interleaved";
   return std::string(k) + " R" + std::to_string(o.ranks) + " V" + std::to_string(o.chunks) + " M" +
          std::to_string(o.model.micro) + (o.overlap_b_f ? " overlap" : "") + " swap " +
          (o.swap_activations ? "A" : "-") + (o.swap_optimizer ? "O" : "-");
@@ -90,8 +92,10 @@ BOOST_AUTO_TEST_CASE(schedule_matrix_is_bit_identical_and_swap_lowers_peaks) {
     int chunks;
     bool overlap = false;
   };
-  std::vector<shape> const shapes{{pt::schedule_kind::gpipe, 1},       {pt::schedule_kind::one_f_one_b, 1},
-                                  {pt::schedule_kind::interleaved, 1}, {pt::schedule_kind::interleaved, 2},
+  std::vector<shape> const shapes{{pt::schedule_kind::gpipe, 1},
+                                  {pt::schedule_kind::one_f_one_b, 1},
+                                  {pt::schedule_kind::interleaved, 1},
+                                  {pt::schedule_kind::interleaved, 2},
                                   {pt::schedule_kind::interleaved, 2, true}};
   std::vector<int> const micros = sampled ? std::vector<int>{1, 3, 8} : std::vector<int>{1, 2, 3, 5, 8};
   std::size_t runs = 0, lowered_by_activations = 0;
@@ -229,7 +233,8 @@ BOOST_AUTO_TEST_CASE(random_schedules_run_exactly_when_the_validator_predicts_no
           BOOST_TEST(e.find("do not form one schedule") != std::string::npos, "rank " << k << ": " << e);
           for (auto const& b : report.deadlock) {
             BOOST_TEST(e.find("rank " + std::to_string(b.rank) + " blocks at position " + std::to_string(b.position) +
-                              " (" + b.step + ")") != std::string::npos, e);
+                              " (" + b.step + ")") != std::string::npos,
+                       e);
           }
         }
       } else {
@@ -252,7 +257,8 @@ BOOST_AUTO_TEST_CASE(random_schedules_run_exactly_when_the_validator_predicts_no
       }
     }
   }
-  BOOST_TEST_MESSAGE(ran << " random schedules ran, " << deadlocked << " deadlocked as predicted, " << tries << " tried");
+  BOOST_TEST_MESSAGE(ran << " random schedules ran, " << deadlocked << " deadlocked as predicted, " << tries
+                         << " tried");
   BOOST_TEST(ran >= trials / 2);
   BOOST_TEST(deadlocked >= 2);
   BOOST_TEST(refused >= 1);
@@ -277,12 +283,25 @@ BOOST_AUTO_TEST_CASE(ranks_with_different_schedules_fail_at_the_first_step_on_ev
     std::vector<std::string> words; // each rank's error holds them
   };
   std::vector<run_case> const cases = {
-      {"1F1B on ranks 0 and 2, GPipe on rank 1", 3, 4, mixed(3, 4, {1}), {},
+      {"1F1B on ranks 0 and 2, GPipe on rank 1",
+       3,
+       4,
+       mixed(3, 4, {1}),
+       {},
        {"at schedule check", "do not form one schedule", "deadlock", "rank 1 blocks at position"}},
-      {"4 micro-batches on ranks 0-2, 8 on rank 3", 4, 8, mixed(4, 4, {}, 8), {},
+      {"4 micro-batches on ranks 0-2, 8 on rank 3",
+       4,
+       8,
+       mixed(4, 4, {}, 8),
+       {},
        {"at schedule check", "ranks 0 and 3 do not run the same schedule: 4 against 8 micro-batches"}},
-      {"GPipe on rank 0, 1F1B on rank 1, labelled", 2, 4, mixed(2, 4, {0}), {"gpipe micro=4", "1f1b micro=4"},
-       {"at schedule check", "ranks 0 and 1 do not run the same schedule: schedule_label 'gpipe micro=4' against '1f1b micro=4'"}},
+      {"GPipe on rank 0, 1F1B on rank 1, labelled",
+       2,
+       4,
+       mixed(2, 4, {0}),
+       {"gpipe micro=4", "1f1b micro=4"},
+       {"at schedule check",
+        "ranks 0 and 1 do not run the same schedule: schedule_label 'gpipe micro=4' against '1f1b micro=4'"}},
   };
   for (auto const& c : cases) {
     BOOST_TEST_CONTEXT(c.name) {
@@ -298,7 +317,8 @@ BOOST_AUTO_TEST_CASE(ranks_with_different_schedules_fail_at_the_first_step_on_ev
       BOOST_TEST(took < 20s, "the watchdog (60 s), not the check, ended the run");
       for (std::size_t k = 0; k < r.errors.size(); ++k) {
         BOOST_TEST(!r.outcomes[k].has_value(), "rank " << k << " trained");
-        for (auto const& w : c.words) BOOST_TEST(r.errors[k].find(w) != std::string::npos, "rank " << k << ": " << r.errors[k]);
+        for (auto const& w : c.words)
+          BOOST_TEST(r.errors[k].find(w) != std::string::npos, "rank " << k << ": " << r.errors[k]);
       }
     }
   }
@@ -327,9 +347,11 @@ BOOST_AUTO_TEST_CASE(a_fault_on_one_rank_brings_every_rank_down_naming_rank_and_
   for (int r = 0; r < 3; ++r) {
     auto const n = orders[std::size_t(r)].size();
     for (std::size_t at : {std::size_t{0}, n / 2, n - 1, n}) {
-      std::string const site = at == n ? "optimizer step" : "position " + std::to_string(at) + " (" +
-                                                                 sch::to_text(*orders[std::size_t(r)][at]) + ")";
-      faults.push_back({r, at, {}, 0, "rank " + std::to_string(r) + " failed at " + site + ": injected fault at " + site});
+      std::string const site =
+          at == n ? "optimizer step"
+                  : "position " + std::to_string(at) + " (" + sch::to_text(*orders[std::size_t(r)][at]) + ")";
+      faults.push_back(
+          {r, at, {}, 0, "rank " + std::to_string(r) + " failed at " + site + ": injected fault at " + site});
     }
   }
   faults.push_back({1, {}, pipeswap::mock::fault_site::kernel, 5, "rank 1 failed at position"});
@@ -424,9 +446,11 @@ BOOST_AUTO_TEST_CASE(bad_input_is_rejected_naming_the_rule) {
     b.synchronize_device();
     BOOST_TEST(b.live_device_allocations() == baseline, "the failed step left device memory behind: " << part);
   };
-  run({sch::bwd(0, 0)}, "rank 0 failed at position 0 (B0.0): pipeline_executor: rank 0, position 0 (B0.0): its forward did not run");
+  run({sch::bwd(0, 0)},
+      "rank 0 failed at position 0 (B0.0): pipeline_executor: rank 0, position 0 (B0.0): its forward did not run");
   run({sch::fwd(2, 0)}, "position 0 (F2.0): no input (the FWD_RECV or the previous stage's FWD did not come first)");
-  run({sch::fwd(0, 1), sch::leaf(step_kind::bwd_input, 0, 1)}, "position 1 (BI0.1): the executor does not run BWD_INPUT steps");
+  run({sch::fwd(0, 1), sch::leaf(step_kind::bwd_input, 0, 1)},
+      "position 1 (BI0.1): the executor does not run BWD_INPUT steps");
   run({sch::fwd(0, 0), sch::leaf(step_kind::fwd_send, 0, 0), sch::leaf(step_kind::fwd_send, 0, 0)},
       "position 2 (FS0.0): nothing to send (its FWD did not run on this rank first)");
   run({sch::fwd(0, 0)}, "ended its order with 2 boundaries or saved chunks not consumed");
@@ -446,11 +470,16 @@ BOOST_AUTO_TEST_CASE(bad_input_is_rejected_naming_the_rule) {
     ex::thread_world w(1);
     auto c = w.comm(0);
     ex::pipeline_executor<pipeswap::mock::backend, ex::thread_comm, pt::mlp_stage> e(x, c, sch::stage_layout(1, 2),
-                                                                                  {{0, &t0}, {1, &t1}});
-    sch::order const o{sch::leaf(step_kind::swap_set_group, 0, 0), sch::fwd(0, 0),
-                       sch::leaf(step_kind::swap_launch_offload, 0, 0), sch::leaf(step_kind::swap_wait_offload, 0, 0),
-                       sch::fwd(1, 0), sch::bwd(1, 0), sch::bwd(0, 0)};
-    BOOST_CHECK_EXCEPTION(e.run_step(o, [] {}), ex::rank_failure, says("position 6 (B0.0): activation_swap::ptr: activation 0 of group"));
+                                                                                     {{0, &t0}, {1, &t1}});
+    sch::order const o{sch::leaf(step_kind::swap_set_group, 0, 0),
+                       sch::fwd(0, 0),
+                       sch::leaf(step_kind::swap_launch_offload, 0, 0),
+                       sch::leaf(step_kind::swap_wait_offload, 0, 0),
+                       sch::fwd(1, 0),
+                       sch::bwd(1, 0),
+                       sch::bwd(0, 0)};
+    BOOST_CHECK_EXCEPTION(e.run_step(o, [] {}), ex::rank_failure,
+                          says("position 6 (B0.0): activation_swap::ptr: activation 0 of group"));
     b.synchronize_device();
     BOOST_TEST(b.live_device_allocations() == base1);
   }
@@ -518,7 +547,7 @@ BOOST_AUTO_TEST_CASE(resumable_steps_and_phases_reject_misuse) {
   pt::mlp_stage st(b, cfg, 0);
   std::map<sch::index_type, pt::mlp_stage*> stages{{0, &st}};
   ex::pipeline_executor<backend, ex::thread_comm, pt::mlp_stage> e(x, c, sch::stage_layout(1, 1, sch::placement::loop),
-                                                                           stages);
+                                                                   stages);
   auto const says = [](std::string part) {
     return [part](std::exception const& ex) { return std::string(ex.what()).find(part) != std::string::npos; };
   };
@@ -534,6 +563,6 @@ BOOST_AUTO_TEST_CASE(resumable_steps_and_phases_reject_misuse) {
   ex::executor_options phased;
   phased.optimizer_phases = true;
   ex::pipeline_executor<backend, ex::thread_comm, pt::mlp_stage> p(x, c, sch::stage_layout(1, 1, sch::placement::loop),
-                                                                           stages, phased);
+                                                                   stages, phased);
   BOOST_CHECK_EXCEPTION(p.run_step(o, done), pipeswap::invalid_argument, says("optimizer_phases needs a finish"));
 }

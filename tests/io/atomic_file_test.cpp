@@ -23,8 +23,7 @@ namespace {
 
 /// Counts calls per name; fails the `nth` call named `call` with `err` (EINTR: only that one call).
 struct fault_plan {
-  explicit fault_plan(std::string c, std::size_t n = 0, int e = EIO)
-      : call(std::move(c)), nth(n), err(e) {}
+  explicit fault_plan(std::string c, std::size_t n = 0, int e = EIO) : call(std::move(c)), nth(n), err(e) {}
 
   std::string call;
   std::size_t nth;
@@ -147,8 +146,8 @@ BOOST_FIXTURE_TEST_CASE(a_failure_after_the_rename_reports_but_keeps_the_new_fil
       } catch (io::io_error const& e) {
         BOOST_TEST(e.call() == (call == "open_dir" ? "open" : "fsync"));
         BOOST_TEST(e.path() == dir.path());
-        BOOST_TEST(std::string(e.what()).ends_with(
-            "; \"" + target.string() + "\" holds the new file but the rename may not survive a crash"));
+        BOOST_TEST(std::string(e.what()).ends_with("; \"" + target.string() +
+                                                   "\" holds the new file but the rename may not survive a crash"));
       }
       BOOST_TEST((read_file(target) == expected()));
       BOOST_TEST(dir.entries() == only("opt.safetensors"), boost::test_tools::per_element());

@@ -22,9 +22,7 @@ std::string parse_error(bytes const& file, io::read_options const& o = {}) {
 }
 
 /// The message for a file made of `header` (length field included) and `data` data bytes.
-std::string header_error(std::string_view header, std::size_t data = 0) {
-  return parse_error(make_file(header, data));
-}
+std::string header_error(std::string_view header, std::size_t data = 0) { return parse_error(make_file(header, data)); }
 
 /// Checks the invariants every successfully parsed view must satisfy.
 void check_consistent(io::safetensors_view const& v, std::span<std::byte const> file) {
@@ -87,8 +85,7 @@ BOOST_AUTO_TEST_CASE(accepts_the_small_file_and_exposes_everything) {
   BOOST_TEST(v.at("empty").bytes.empty());
   BOOST_TEST(!v.contains("missing"));
   BOOST_TEST(v.find("missing") == nullptr);
-  BOOST_TEST(thrown_message<pipeswap::invalid_argument>([&] { (void)v.at("zz"); }) ==
-             "safetensors: no tensor \"zz\"");
+  BOOST_TEST(thrown_message<pipeswap::invalid_argument>([&] { (void)v.at("zz"); }) == "safetensors: no tensor \"zz\"");
 }
 
 BOOST_AUTO_TEST_CASE(accepts_valid_files_from_other_writers) {
@@ -117,15 +114,14 @@ BOOST_AUTO_TEST_CASE(accepts_valid_files_from_other_writers) {
 
 BOOST_AUTO_TEST_CASE(rejects_files_shorter_than_the_length_field) {
   for (std::size_t n = 0; n < 8; ++n) {
-    BOOST_TEST(parse_error(bytes(n)) == "safetensors: header: file is " + std::to_string(n) +
-                                            " bytes, shorter than the 8-byte header length");
+    BOOST_TEST(parse_error(bytes(n)) ==
+               "safetensors: header: file is " + std::to_string(n) + " bytes, shorter than the 8-byte header length");
   }
 }
 
 BOOST_AUTO_TEST_CASE(rejects_header_lengths_over_the_limit_or_past_the_end) {
   auto f = length_field(100'000'001);
-  BOOST_TEST(parse_error(f) ==
-             "safetensors: header: length 100000001 exceeds the limit of 100000000 bytes");
+  BOOST_TEST(parse_error(f) == "safetensors: header: length 100000001 exceeds the limit of 100000000 bytes");
   f = length_field(~std::uint64_t{0});
   BOOST_TEST(parse_error(f) == "safetensors: header: length 18446744073709551615 exceeds the limit "
                                "of 100000000 bytes");
@@ -136,9 +132,9 @@ BOOST_AUTO_TEST_CASE(rejects_header_lengths_over_the_limit_or_past_the_end) {
   // A configurable limit.
   auto const ok = make_file(f32x4, 16);
   auto const n = f32x4.size();
-  BOOST_TEST(parse_error(ok, io::read_options{n - 1}) ==
-             "safetensors: header: length " + std::to_string(n) + " exceeds the limit of " +
-                 std::to_string(n - 1) + " bytes");
+  BOOST_TEST(parse_error(ok, io::read_options{n - 1}) == "safetensors: header: length " + std::to_string(n) +
+                                                             " exceeds the limit of " + std::to_string(n - 1) +
+                                                             " bytes");
   BOOST_CHECK_NO_THROW((void)io::safetensors_view::parse(ok, io::read_options{n}));
 }
 
@@ -168,8 +164,8 @@ BOOST_AUTO_TEST_CASE(rejects_headers_that_are_not_utf8_json_objects) {
 
 BOOST_AUTO_TEST_CASE(rejects_duplicate_keys_at_every_level) {
   BOOST_TEST(header_error(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
-                          R"("a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})", 2) ==
-             "safetensors: header: duplicate key \"a\"");
+                          R"("a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})",
+                          2) == "safetensors: header: duplicate key \"a\"");
   BOOST_TEST(header_error(R"({"a":{"dtype":"U8","shape":[1],"dtype":"U8","data_offsets":[0,1]}})", 1) ==
              "safetensors: tensor \"a\": duplicate field \"dtype\"");
   BOOST_TEST(header_error(R"({"__metadata__":{"k":"1","k":"2"}})") ==
@@ -188,17 +184,14 @@ BOOST_AUTO_TEST_CASE(rejects_malformed_tensor_entries) {
   std::string const p = "safetensors: tensor \"t\": ";
   BOOST_TEST(entry("[1]") == p + "entry is an array, not an object");
   BOOST_TEST(entry("\"x\"") == p + "entry is a string, not an object");
-  BOOST_TEST(entry(R"({"dtype":"U8","shape":[1],"data_offsets":[0,1],"extra":1})", 1) ==
-             p + "unknown field \"extra\"");
+  BOOST_TEST(entry(R"({"dtype":"U8","shape":[1],"data_offsets":[0,1],"extra":1})", 1) == p + "unknown field \"extra\"");
   BOOST_TEST(entry(R"({"shape":[1],"data_offsets":[0,1]})", 1) == p + "missing field \"dtype\"");
   BOOST_TEST(entry(R"({"dtype":"U8","data_offsets":[0,1]})", 1) == p + "missing field \"shape\"");
   BOOST_TEST(entry(R"({"dtype":"U8","shape":[1]})", 1) == p + "missing field \"data_offsets\"");
   BOOST_TEST(entry(R"({"dtype":3,"shape":[1],"data_offsets":[0,1]})", 1) ==
              p + "\"dtype\" is the number 3, not a string");
-  BOOST_TEST(entry(R"({"dtype":"Q7","shape":[1],"data_offsets":[0,1]})", 1) ==
-             p + "unknown dtype \"Q7\"");
-  BOOST_TEST(entry(R"({"dtype":"f32","shape":[1],"data_offsets":[0,4]})", 4) ==
-             p + "unknown dtype \"f32\"");
+  BOOST_TEST(entry(R"({"dtype":"Q7","shape":[1],"data_offsets":[0,1]})", 1) == p + "unknown dtype \"Q7\"");
+  BOOST_TEST(entry(R"({"dtype":"f32","shape":[1],"data_offsets":[0,4]})", 4) == p + "unknown dtype \"f32\"");
   BOOST_TEST(entry(R"({"dtype":"I32","shape":[1],"data_offsets":[0,4]})", 4) ==
              p + "dtype \"I32\" is not supported (supported: F64, I64, F32, BF16, F16, U8)");
   BOOST_TEST(entry(R"({"dtype":"U8","shape":{},"data_offsets":[0,1]})", 1) ==
@@ -344,8 +337,7 @@ BOOST_AUTO_TEST_CASE(oversized_header_is_rejected_before_it_is_read) {
   std::string big = "{\"__metadata__\":{\"pad\":\"" + std::string(1 << 20, 'p') + "\"}}";
   auto const bf = make_file(big);
   BOOST_TEST(parse_error(bf, io::read_options{1 << 20}) ==
-             "safetensors: header: length " + std::to_string(big.size()) +
-                 " exceeds the limit of 1048576 bytes");
+             "safetensors: header: length " + std::to_string(big.size()) + " exceeds the limit of 1048576 bytes");
   BOOST_TEST(io::safetensors_view::parse(bf).metadata().at("pad").size() == std::size_t{1} << 20);
 }
 
@@ -374,8 +366,7 @@ BOOST_AUTO_TEST_CASE(open_reports_the_path_and_the_failing_call) {
     (void)io::safetensors_file::open(missing);
     BOOST_FAIL("no exception");
   } catch (io::io_error const& e) {
-    BOOST_TEST(std::string(e.what()) ==
-               "safetensors: open(\"" + missing.string() + "\"): No such file or directory");
+    BOOST_TEST(std::string(e.what()) == "safetensors: open(\"" + missing.string() + "\"): No such file or directory");
     BOOST_TEST(e.call() == "open");
     BOOST_TEST(e.code() == ENOENT);
     BOOST_TEST(e.path() == missing);

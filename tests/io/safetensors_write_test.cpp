@@ -36,8 +36,7 @@ std::string write_error(std::vector<io::tensor_source> const& ts, io::metadata_m
 constexpr dtype all_dtypes[] = {dtype::f32, dtype::f16, dtype::bf16, dtype::f64, dtype::i64, dtype::u8};
 
 /// Reads `file` back and checks it holds exactly `ts` and `m`.
-void check_round_trip(bytes const& file, std::vector<io::tensor_source> const& ts,
-                      io::metadata_map const& m) {
+void check_round_trip(bytes const& file, std::vector<io::tensor_source> const& ts, io::metadata_map const& m) {
   auto const v = io::safetensors_view::parse(file);
   BOOST_TEST(v.size() == ts.size());
   BOOST_TEST((v.metadata() == m));
@@ -68,27 +67,25 @@ BOOST_AUTO_TEST_CASE(matches_the_reference_test_vectors) {
   std::vector<float> const data{0.f, 1.f, 2.f, 3.f, 4.f, 5.f};
   std::vector<io::tensor_source> ts{{"attn.0", dtype::f32, {1, 2, 3}, as_bytes_of(data)}};
   bytes const expected = from_ints(
-      {64, 0, 0, 0, 0, 0, 0, 0, 123, 34, 97, 116, 116, 110, 46, 48, 34, 58, 123, 34, 100,
-       116, 121, 112, 101, 34, 58, 34, 70, 51, 50, 34, 44, 34, 115, 104, 97, 112, 101, 34,
-       58, 91, 49, 44, 50, 44, 51, 93, 44, 34, 100, 97, 116, 97, 95, 111, 102, 102, 115,
-       101, 116, 115, 34, 58, 91, 48, 44, 50, 52, 93, 125, 125, 0, 0, 0, 0, 0, 0, 128, 63,
-       0, 0, 0, 64, 0, 0, 64, 64, 0, 0, 128, 64, 0, 0, 160, 64});
+      {64,  0,  0,   0,  0,   0,  0,   0,   123, 34,  97,  116, 116, 110, 46,  48, 34, 58, 123, 34, 100, 116, 121, 112,
+       101, 34, 58,  34, 70,  51, 50,  34,  44,  34,  115, 104, 97,  112, 101, 34, 58, 91, 49,  44, 50,  44,  51,  93,
+       44,  34, 100, 97, 116, 97, 95,  111, 102, 102, 115, 101, 116, 115, 34,  58, 91, 48, 44,  50, 52,  93,  125, 125,
+       0,   0,  0,   0,  0,   0,  128, 63,  0,   0,   0,   64,  0,   0,   64,  64, 0,  0,  128, 64, 0,   0,   160, 64});
   BOOST_TEST((io::serialize(ts) == expected));
 
   BOOST_TEST((io::serialize({}) == from_ints({8, 0, 0, 0, 0, 0, 0, 0, 123, 125, 32, 32, 32, 32, 32, 32})));
   BOOST_TEST((io::serialize({}, {{"framework", "pt"}}) ==
-              from_ints({40, 0, 0, 0, 0, 0, 0, 0, 123, 34, 95, 95, 109, 101, 116, 97, 100, 97, 116,
-                         97, 95, 95, 34, 58, 123, 34, 102, 114, 97, 109, 101, 119, 111, 114, 107, 34,
-                         58, 34, 112, 116, 34, 125, 125, 32, 32, 32, 32, 32})));
+              from_ints({40,  0,   0,   0,  0,  0,  0,   0,   123, 34,  95,  95,  109, 101, 116, 97,
+                         100, 97,  116, 97, 95, 95, 34,  58,  123, 34,  102, 114, 97,  109, 101, 119,
+                         111, 114, 107, 34, 58, 34, 112, 116, 34,  125, 125, 32,  32,  32,  32,  32})));
 
   std::vector<io::tensor_source> ts2{{"attn0", dtype::f32, {1, 1, 2, 3}, as_bytes_of(data)}};
-  bytes const expected2 = from_ints(
-      {72, 0, 0, 0, 0, 0, 0, 0, 123, 34, 97, 116, 116, 110, 48, 34, 58, 123, 34, 100, 116,
-       121, 112, 101, 34, 58, 34, 70, 51, 50, 34, 44, 34, 115, 104, 97, 112, 101, 34, 58,
-       91, 49, 44, 49, 44, 50, 44, 51, 93, 44, 34, 100, 97, 116, 97, 95, 111, 102, 102,
-       115, 101, 116, 115, 34, 58, 91, 48, 44, 50, 52, 93, 125, 125, 32, 32, 32, 32, 32,
-       32, 32, 0, 0, 0, 0, 0, 0, 128, 63, 0, 0, 0, 64, 0, 0, 64, 64, 0, 0, 128, 64, 0, 0,
-       160, 64});
+  bytes const expected2 =
+      from_ints({72,  0,   0,   0,  0,  0,  0,  0,  123, 34,  97, 116, 116, 110, 48,  34,  58,  123, 34,  100, 116,
+                 121, 112, 101, 34, 58, 34, 70, 51, 50,  34,  44, 34,  115, 104, 97,  112, 101, 34,  58,  91,  49,
+                 44,  49,  44,  50, 44, 51, 93, 44, 34,  100, 97, 116, 97,  95,  111, 102, 102, 115, 101, 116, 115,
+                 34,  58,  91,  48, 44, 50, 52, 93, 125, 125, 32, 32,  32,  32,  32,  32,  32,  0,   0,   0,   0,
+                 0,   0,   128, 63, 0,  0,  0,  64, 0,   0,   64, 64,  0,   0,   128, 64,  0,   0,   160, 64});
   BOOST_TEST((io::serialize(ts2) == expected2));
 }
 
@@ -101,12 +98,11 @@ BOOST_AUTO_TEST_CASE(byte_exact_output_for_a_hand_computed_file) {
       {"a", dtype::f64, {}, as_bytes_of(a)},
       {"c", dtype::f16, {0}, {}},
   };
-  std::string const header =
-      R"({"__metadata__":{"step":"7"},)"
-      R"("a":{"dtype":"F64","shape":[],"data_offsets":[0,8]},)"
-      R"("c":{"dtype":"F16","shape":[0],"data_offsets":[8,8]},)"
-      R"("b":{"dtype":"U8","shape":[3],"data_offsets":[8,11]}})"
-      "     "; // 187 bytes of JSON + 5 spaces = 192, a multiple of 8
+  std::string const header = R"({"__metadata__":{"step":"7"},)"
+                             R"("a":{"dtype":"F64","shape":[],"data_offsets":[0,8]},)"
+                             R"("c":{"dtype":"F16","shape":[0],"data_offsets":[8,8]},)"
+                             R"("b":{"dtype":"U8","shape":[3],"data_offsets":[8,11]}})"
+                             "     "; // 187 bytes of JSON + 5 spaces = 192, a multiple of 8
   bytes expected = from_ints({192, 0, 0, 0, 0, 0, 0, 0});
   for (char c : header) expected.push_back(static_cast<std::byte>(c));
   for (int x : {0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xf8, 0x3f, 1, 2, 3}) {
@@ -129,8 +125,9 @@ BOOST_AUTO_TEST_CASE(byte_exact_output_for_a_hand_computed_file) {
   io::serialize_to(buf, ts, {{"step", "7"}});
   BOOST_TEST((buf == expected));
   bytes small(210);
-  BOOST_TEST(thrown_message<pipeswap::invalid_argument>([&] { io::serialize_to(small, ts, {{"step", "7"}}); }) ==
-             "safetensors: write_to: the buffer holds 210 bytes but the file is 211");
+  BOOST_TEST(thrown_message<pipeswap::invalid_argument>([&] {
+               io::serialize_to(small, ts, {{"step", "7"}});
+             }) == "safetensors: write_to: the buffer holds 210 bytes but the file is 211");
 }
 
 BOOST_AUTO_TEST_CASE(round_trips_every_dtype_and_shape_kind) {

@@ -121,9 +121,9 @@ BOOST_AUTO_TEST_CASE(bad_batches_are_rejected_with_the_range_and_the_rule) {
   auto expect = [&](tensor t, std::string const& message) {
     std::vector<tensor> ts{view(r), t};
     BOOST_CHECK_EXCEPTION(build(ts, sc), ps::invalid_argument, [&](auto const& e) {
-          if (std::string(e.what()) != message) BOOST_TEST_MESSAGE("got: " << e.what());
-          return std::string(e.what()) == message;
-        });
+      if (std::string(e.what()) != message) BOOST_TEST_MESSAGE("got: " << e.what());
+      return std::string(e.what()) == message;
+    });
   };
   auto t = view(r);
   t.scalars = 3;

@@ -94,7 +94,7 @@ void check_batch(B& b, std::vector<host_range>& rs, std::vector<host_range>& twi
 
 // Around the vector group (4), the block chunk (16384) and, on the GPU, several blocks (the
 // host-executed policies loop over a range as a whole; optim_adam_batch emulates the blocks).
-std::size_t const sizes[] = {1, 3, 4, 5, 8, 13, 1030, 16384, 16391,
+std::size_t const sizes[] = {1,    3, 4, 5, 8, 13, 1030, 16384, 16391,
 #if defined(PIPESWAP_TEST_CUDA)
                              70001
 #endif
@@ -138,10 +138,9 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(a_bad_batch_throws_before_any_tensor_changes, B, b
   auto t = db.view();
   t.exp_avg_sq = {};
   std::vector<ps::adam_tensor<B>> ts{dg.view(), t};
-  BOOST_CHECK_EXCEPTION(ps::adam_kernels<B>{}.update(b, b.current_stream(), ts, sc), ps::invalid_argument,
-                        [](auto const& e) {
-                          return std::string(e.what()) == "adam kernels: batch range 1 has no exp_avg_sq";
-                        });
+  BOOST_CHECK_EXCEPTION(
+      ps::adam_kernels<B>{}.update(b, b.current_stream(), ts, sc), ps::invalid_argument,
+      [](auto const& e) { return std::string(e.what()) == "adam kernels: batch range 1 has no exp_avg_sq"; });
   ts[1] = db.view();
   ts[1].scalars = 5;
   BOOST_CHECK_THROW(ps::adam_kernels<B>{}.update(b, b.current_stream(), ts, sc), ps::invalid_argument);

@@ -59,8 +59,7 @@ BOOST_AUTO_TEST_CASE(step_scalars) {
   ps::adam_config cfg{.lr = 0.1, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01};
   BOOST_TEST(message_of([&] { (void)ps::make_step_scalars(cfg, 0); }) ==
              "make_step_scalars: step must be >= 1 (the first update is step 1), got 0");
-  BOOST_TEST(message_of([&] { (void)ps::make_step_scalars({.lr = -1}, 1); }) ==
-             "Invalid learning rate: -1");
+  BOOST_TEST(message_of([&] { (void)ps::make_step_scalars({.lr = -1}, 1); }) == "Invalid learning rate: -1");
 
   auto const s = ps::make_step_scalars(cfg, 1);
   BOOST_TEST(s.step == 1);
@@ -201,8 +200,7 @@ BOOST_AUTO_TEST_CASE(zero_gradient_leaves_parameters) {
 
 BOOST_AUTO_TEST_CASE(host_loop_equals_element_function) {
   auto const s = ps::make_step_scalars({.lr = 0.01, .weight_decay = 0.1, .amsgrad = true}, 3);
-  std::vector<float> p{0.5f, -1.0f, 2.0f}, m{0.1f, 0.2f, -0.3f}, v{0.01f, 0.02f, 0.03f},
-      vm{0.05f, 0.0f, 0.04f};
+  std::vector<float> p{0.5f, -1.0f, 2.0f}, m{0.1f, 0.2f, -0.3f}, v{0.01f, 0.02f, 0.03f}, vm{0.05f, 0.0f, 0.04f};
   std::vector<float> const g{0.25f, -0.5f, 1e-3f};
   std::vector<element> ref;
   for (std::size_t i = 0; i < 3; ++i) ref.push_back({p[i], m[i], v[i], vm[i]});
@@ -221,14 +219,12 @@ BOOST_AUTO_TEST_CASE(size_and_overlap_errors_name_the_span) {
   auto const sa = ps::make_step_scalars({.amsgrad = true}, 1);
   std::vector<float> p(4, 1.0f), g(4, 0.5f), m(4), v(4), vm(4), short3(3);
   auto call = [&](auto const& sc, std::span<float> pp, std::span<float const> gg, std::span<float> mm,
-                  std::span<float> vv, std::span<float> vmax) {
-    return message_of([&] { ps::adam_update(sc, pp, gg, mm, vv, vmax); });
-  };
+                  std::span<float> vv,
+                  std::span<float> vmax) { return message_of([&] { ps::adam_update(sc, pp, gg, mm, vv, vmax); }); };
   BOOST_TEST(call(s, p, short3, m, v, {}) == "adam_update: grad has 3 elements but param has 4");
   BOOST_TEST(call(s, p, g, short3, v, {}) == "adam_update: exp_avg has 3 elements but param has 4");
   BOOST_TEST(call(s, p, g, m, short3, {}) == "adam_update: exp_avg_sq has 3 elements but param has 4");
-  BOOST_TEST(call(sa, p, g, m, v, short3) ==
-             "adam_update: max_exp_avg_sq has 3 elements but param has 4");
+  BOOST_TEST(call(sa, p, g, m, v, short3) == "adam_update: max_exp_avg_sq has 3 elements but param has 4");
   BOOST_TEST(call(sa, p, g, m, v, {}) == "adam_update: max_exp_avg_sq has 0 elements but param has 4");
   BOOST_TEST(call(s, p, g, m, v, vm) ==
              "adam_update: max_exp_avg_sq must be empty when amsgrad is off, got 4 elements");
@@ -241,8 +237,7 @@ BOOST_AUTO_TEST_CASE(size_and_overlap_errors_name_the_span) {
   for (float x : p) BOOST_TEST(x == 1.0f);
   for (float x : m) BOOST_TEST(x == 0.0f);
   // Adjacent, non-overlapping spans of one buffer are fine; empty tensors are fine.
-  BOOST_TEST(call(s, std::span(big).first(4), g, std::span(big).subspan(4, 4), v, {}) ==
-             "(no exception)");
+  BOOST_TEST(call(s, std::span(big).first(4), g, std::span(big).subspan(4, 4), v, {}) == "(no exception)");
   BOOST_TEST(call(s, {}, {}, {}, {}, {}) == "(no exception)");
 
   std::vector<ps::bf16> model(3);

@@ -59,12 +59,13 @@ param_types types_of(spec const& s, std::size_t i) {
   using ps::dtype;
   switch (s.types) {
   case mix::f32: return {dtype::f32, dtype::f32, false};
-  case mix::masters: return i % 2 == 0 ? param_types{dtype::bf16, dtype::bf16, true} : param_types{dtype::f32, dtype::f32, false};
+  case mix::masters:
+    return i % 2 == 0 ? param_types{dtype::bf16, dtype::bf16, true} : param_types{dtype::f32, dtype::f32, false};
   case mix::all: break;
   }
-  param_types const cycle[] = {{dtype::f32, dtype::f32, false},  {dtype::bf16, dtype::bf16, true},
-                               {dtype::f16, dtype::f32, true},   {dtype::bf16, dtype::bf16, false},
-                               {dtype::f16, dtype::f16, false},  {dtype::f32, dtype::bf16, false}};
+  param_types const cycle[] = {{dtype::f32, dtype::f32, false}, {dtype::bf16, dtype::bf16, true},
+                               {dtype::f16, dtype::f32, true},  {dtype::bf16, dtype::bf16, false},
+                               {dtype::f16, dtype::f16, false}, {dtype::f32, dtype::bf16, false}};
   return cycle[i % 6];
 }
 
@@ -228,8 +229,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(swap_never_changes_a_bit, B, backends_under_test) 
           // still run with every type mix.
           if (ps::test::sanitized_build && j % 3 != combo % 3) continue;
           auto const k = swap_times[j];
-          BOOST_TEST_CONTEXT("types " << static_cast<int>(types) << " amsgrad " << amsgrad << " packed "
-                                      << packed << " swap_times " << k) {
+          BOOST_TEST_CONTEXT("types " << static_cast<int>(types) << " amsgrad " << amsgrad << " packed " << packed
+                                      << " swap_times " << k) {
             auto const whole = run<B>(s, config(k, packed), 3);
             auto const split = run<B>(s, config(k, packed), 3, ps::split_partition{});
             BOOST_TEST_REQUIRE(whole.size() == ref.size());
@@ -258,8 +259,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(same_bytes_as_another_backend, B, backends_under_t
   // kernel's table then lives in device memory).
   std::vector<std::size_t> small(600);
   for (std::size_t i = 0; i < small.size(); ++i) small[i] = 64 + i % 37;
-  for (spec const& s : {spec{sizes, true, mix::all, true}, spec{sizes, false, mix::all, false},
-                        spec{small, true, mix::all, true}}) {
+  for (spec const& s :
+       {spec{sizes, true, mix::all, true}, spec{sizes, false, mix::all, false}, spec{small, true, mix::all, true}}) {
     for (bool packed : {false, true}) {
       // Under sanitizers the batches of hundreds of ranges run with the packed pipeline only.
       if (ps::test::sanitized_build && s.sizes.size() == small.size() && !packed) continue;
@@ -313,11 +314,10 @@ BOOST_AUTO_TEST_CASE(bad_parameters_and_configs_are_rejected) {
                         [](auto const& e) { return std::string(e.what()) == "Invalid learning rate: -1"; });
   ps::adam<mock::backend> opt(b);
   auto d = b.allocate_device(64, b.current_stream());
-  BOOST_CHECK_EXCEPTION(opt.add_param({d, d, 16, ps::dtype::f32, ps::dtype::f32, true}), ps::invalid_argument,
-                        [](auto const& e) {
-                          return std::string(e.what()) ==
-                                 "adam::add_param: parameter 0 is F32 and needs no master_param";
-                        });
+  BOOST_CHECK_EXCEPTION(
+      opt.add_param({d, d, 16, ps::dtype::f32, ps::dtype::f32, true}), ps::invalid_argument, [](auto const& e) {
+        return std::string(e.what()) == "adam::add_param: parameter 0 is F32 and needs no master_param";
+      });
   BOOST_CHECK_THROW(opt.add_param({d, d, 16, ps::dtype::i64, ps::dtype::f32, false}), ps::invalid_argument);
   BOOST_TEST(opt.size() == 0u);
   b.deallocate_device(d, 64, b.current_stream());

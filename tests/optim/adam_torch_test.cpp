@@ -59,8 +59,10 @@ std::int64_t ulps(U a, U b) {
   constexpr int bits = sizeof(U) * 8;
   constexpr std::uint64_t sign = std::uint64_t{1} << (bits - 1);
   auto is_nan = [](U x) {
-    if constexpr (sizeof(U) == 4) return std::isnan(std::bit_cast<float>(x));
-    else return false; // 16-bit model params are never NaN in the data
+    if constexpr (sizeof(U) == 4)
+      return std::isnan(std::bit_cast<float>(x));
+    else
+      return false; // 16-bit model params are never NaN in the data
   };
   if (is_nan(a) || is_nan(b)) return is_nan(a) && is_nan(b) ? 0 : INT64_MAX;
   auto ord = [](U x) -> std::int64_t {
@@ -106,9 +108,7 @@ ps::adam_config config_of(nlohmann::json const& c) {
 // Max ulps per compared tensor of one run.
 struct agreement {
   std::int64_t param = 0, exp_avg = 0, exp_avg_sq = 0, max_exp_avg_sq = 0, model_param = 0;
-  std::int64_t worst() const {
-    return std::max({param, exp_avg, exp_avg_sq, max_exp_avg_sq, model_param});
-  }
+  std::int64_t worst() const { return std::max({param, exp_avg, exp_avg_sq, max_exp_avg_sq, model_param}); }
 };
 
 // Replays one recorded run with storage type P for the model parameter (float: fp32 params).
@@ -126,8 +126,7 @@ agreement replay(nlohmann::json const& ds, nlohmann::json const& run) {
     master = floats_of(in.at("param").get<std::string>());
     for (auto const& g : in.at("grads")) grads.push_back(floats_of(g.get<std::string>()));
   } else {
-    for (auto h : hex_words<std::uint16_t>(in.at("param").get<std::string>()))
-      master.push_back(ps::to_float(P{h}));
+    for (auto h : hex_words<std::uint16_t>(in.at("param").get<std::string>())) master.push_back(ps::to_float(P{h}));
     for (auto const& g : in.at("grads")) {
       std::vector<P> v;
       for (auto h : hex_words<std::uint16_t>(g.get<std::string>())) v.push_back(P{h});
@@ -141,19 +140,16 @@ agreement replay(nlohmann::json const& ds, nlohmann::json const& run) {
   std::vector<P> model(n);
   for (int k = 0; k < steps; ++k) {
     auto const s = ps::make_step_scalars(cfg, k + 1);
-    ps::adam_update(s, std::span(master), std::span<P const>(grads[static_cast<std::size_t>(k)]),
-                    m, v, vmax);
+    ps::adam_update(s, std::span(master), std::span<P const>(grads[static_cast<std::size_t>(k)]), m, v, vmax);
     ps::cast_master_to_param(master, std::span(model));
   }
 
   agreement a;
   a.param = max_ulps(bits_of(master), hex_words<std::uint32_t>(run.at("param").get<std::string>()));
   a.exp_avg = max_ulps(bits_of(m), hex_words<std::uint32_t>(run.at("exp_avg").get<std::string>()));
-  a.exp_avg_sq =
-      max_ulps(bits_of(v), hex_words<std::uint32_t>(run.at("exp_avg_sq").get<std::string>()));
+  a.exp_avg_sq = max_ulps(bits_of(v), hex_words<std::uint32_t>(run.at("exp_avg_sq").get<std::string>()));
   if (cfg.amsgrad)
-    a.max_exp_avg_sq = max_ulps(
-        bits_of(vmax), hex_words<std::uint32_t>(run.at("max_exp_avg_sq").get<std::string>()));
+    a.max_exp_avg_sq = max_ulps(bits_of(vmax), hex_words<std::uint32_t>(run.at("max_exp_avg_sq").get<std::string>()));
   if constexpr (!std::is_same_v<P, float>) {
     std::vector<std::uint16_t> mb;
     for (P p : model) mb.push_back(p.bits);
@@ -175,8 +171,8 @@ std::string describe(nlohmann::json const& ds, nlohmann::json const& run) {
   os << run.at("dtype").get<std::string>() << (c.at("decoupled_weight_decay").get<bool>() ? " AdamW" : " Adam")
      << " lr=" << c.at("lr").get<double>() << " betas=(" << c.at("beta1").get<double>() << ","
      << c.at("beta2").get<double>() << ") eps=" << c.at("eps").get<double>()
-     << " wd=" << c.at("weight_decay").get<double>()
-     << (c.at("amsgrad").get<bool>() ? " amsgrad" : "") << (c.at("maximize").get<bool>() ? " maximize" : "");
+     << " wd=" << c.at("weight_decay").get<double>() << (c.at("amsgrad").get<bool>() ? " amsgrad" : "")
+     << (c.at("maximize").get<bool>() ? " maximize" : "");
   return os.str();
 }
 
@@ -185,17 +181,13 @@ std::string describe(nlohmann::json const& ds, nlohmann::json const& run) {
 using ulps3 = std::array<std::int64_t, 3>;
 std::map<std::string, std::vector<ulps3>> const expected_ulps = {
     {"torch-2.15.0-avx2",
-     {{1, 20, 1}, {1, 20, 1}, {1, 20, 1}, {1, 20, 1}, {0, 6, 1}, {0, 12, 1},
-      {0, 6, 1}, {0, 12, 1}, {1, 20, 1}, {1, 20, 1}, {1, 20, 1}, {1, 20, 1},
-      {6, 20, 1}, {2, 20, 1}, {6, 20, 1}, {1, 20, 1}, {8, 13, 1}, {2, 7, 1},
-      {12, 13, 1}, {2, 7, 1}, {14, 20, 1}, {1, 20, 1}, {14, 20, 1}, {1, 20, 1},
-      {0, 8, 1}, {2, 4, 3}}},
+     {{1, 20, 1},  {1, 20, 1}, {1, 20, 1},  {1, 20, 1}, {0, 6, 1},   {0, 12, 1}, {0, 6, 1},  {0, 12, 1}, {1, 20, 1},
+      {1, 20, 1},  {1, 20, 1}, {1, 20, 1},  {6, 20, 1}, {2, 20, 1},  {6, 20, 1}, {1, 20, 1}, {8, 13, 1}, {2, 7, 1},
+      {12, 13, 1}, {2, 7, 1},  {14, 20, 1}, {1, 20, 1}, {14, 20, 1}, {1, 20, 1}, {0, 8, 1},  {2, 4, 3}}},
     {"torch-1.13.0-default",
-     {{2, 8, 0}, {2, 8, 0}, {2, 8, 0}, {2, 8, 0}, {1, 32, 0}, {1, 128, 0},
-      {1, 32, 0}, {1, 128, 0}, {2, 8, 0}, {2, 8, 0}, {2, 8, 0}, {2, 8, 0},
-      {6, 8, 0}, {2, 8, 0}, {6, 8, 0}, {2, 8, 0}, {4, 2, 0}, {1, 32, 1},
-      {4, 2, 0}, {1, 32, 1}, {6, 8, 0}, {2, 8, 0}, {6, 8, 0}, {2, 8, 0},
-      {0, 4, 0}, {0, 0, 0}}},
+     {{2, 8, 0}, {2, 8, 0},  {2, 8, 0}, {2, 8, 0}, {1, 32, 0}, {1, 128, 0}, {1, 32, 0}, {1, 128, 0}, {2, 8, 0},
+      {2, 8, 0}, {2, 8, 0},  {2, 8, 0}, {6, 8, 0}, {2, 8, 0},  {6, 8, 0},   {2, 8, 0},  {4, 2, 0},   {1, 32, 1},
+      {4, 2, 0}, {1, 32, 1}, {6, 8, 0}, {2, 8, 0}, {6, 8, 0},  {2, 8, 0},   {0, 4, 0},  {0, 0, 0}}},
 };
 
 } // namespace
@@ -242,16 +234,14 @@ BOOST_AUTO_TEST_CASE(final_states_agree_with_torch) {
       exact += a.worst() == 0;
       ulps3 const got{a.param, a.exp_avg, std::max(a.exp_avg_sq, a.max_exp_avg_sq)};
       ulps3 const want = it == expected_ulps.end() ? ulps3{0, 0, 0} : it->second[i];
-      BOOST_TEST(got == want, ds.name << " run " << i << " (" << describe(ds.json, runs[i])
-                                      << "): ulps {" << got[0] << ", " << got[1] << ", " << got[2]
-                                      << "}, expected {" << want[0] << ", " << want[1] << ", "
-                                      << want[2] << "}");
-      BOOST_TEST(a.model_param == 0, ds.name << " run " << i << ": model param " << a.model_param
-                                             << " ulps");
+      BOOST_TEST(got == want, ds.name << " run " << i << " (" << describe(ds.json, runs[i]) << "): ulps {" << got[0]
+                                      << ", " << got[1] << ", " << got[2] << "}, expected {" << want[0] << ", "
+                                      << want[1] << ", " << want[2] << "}");
+      BOOST_TEST(a.model_param == 0, ds.name << " run " << i << ": model param " << a.model_param << " ulps");
     }
-    BOOST_TEST_MESSAGE(ds.name << " (torch " << ds.json.at("torch_version").get<std::string>()
-                               << ", " << ds.json.at("cpu_capability").get<std::string>() << "): "
-                               << exact << " of " << runs.size() << " runs bit-exact");
+    BOOST_TEST_MESSAGE(ds.name << " (torch " << ds.json.at("torch_version").get<std::string>() << ", "
+                               << ds.json.at("cpu_capability").get<std::string>() << "): " << exact << " of "
+                               << runs.size() << " runs bit-exact");
   }
 }
 

@@ -69,8 +69,7 @@ int main() {
   pipeswap::adam_config const configs[] = {
       {.lr = 1e-3},
       {.lr = 0.1, .weight_decay = 0.01, .amsgrad = true},
-      {.lr = 0.01, .beta1 = 0.3, .beta2 = 0.99, .weight_decay = 0.1, .maximize = true,
-       .decoupled_weight_decay = true},
+      {.lr = 0.01, .beta1 = 0.3, .beta2 = 0.99, .weight_decay = 0.1, .maximize = true, .decoupled_weight_decay = true},
   };
   for (auto const& cfg : configs) {
     static float p[n], m[n], v[n], vmax[n];

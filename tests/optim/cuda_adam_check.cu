@@ -17,21 +17,19 @@ namespace {
 
 // One thread per element: the form the real kernels will take.
 template <class P, class G>
-__global__ void adam_kernel(ps::adam_step_scalars s, P* param, G const* grad, float* exp_avg,
-                            float* exp_avg_sq, float* max_exp_avg_sq, std::size_t n) {
+__global__ void adam_kernel(ps::adam_step_scalars s, P* param, G const* grad, float* exp_avg, float* exp_avg_sq,
+                            float* max_exp_avg_sq, std::size_t n) {
   std::size_t const i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   float p = ps::to_float(param[i]);
   float unused = 0;
-  ps::adam_element(s, ps::to_float(grad[i]), p, exp_avg[i], exp_avg_sq[i],
-                   s.amsgrad ? max_exp_avg_sq[i] : unused);
+  ps::adam_element(s, ps::to_float(grad[i]), p, exp_avg[i], exp_avg_sq[i], s.amsgrad ? max_exp_avg_sq[i] : unused);
   param[i] = ps::from_float<P>(p);
 }
 
 // The host loop's code path, run by one thread (instantiates adam_update_unchecked on the device).
-__global__ void adam_loop_kernel(ps::adam_step_scalars s, float* param, ps::bf16 const* grad,
-                                 float* exp_avg, float* exp_avg_sq, float* max_exp_avg_sq,
-                                 ps::bf16* model, std::size_t n) {
+__global__ void adam_loop_kernel(ps::adam_step_scalars s, float* param, ps::bf16 const* grad, float* exp_avg,
+                                 float* exp_avg_sq, float* max_exp_avg_sq, ps::bf16* model, std::size_t n) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   ps::adam_update_unchecked(s, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, n);
   ps::cast_master_to_param_unchecked(param, model, n);
@@ -70,13 +68,13 @@ __global__ void ops_kernel(float const* a, float const* b, float* out, std::size
   if (i < n) all_ops(a[i], b[i], out + 8 * i);
 }
 
-#define CHECK(call)                                                                                \
-  do {                                                                                             \
-    cudaError_t const e_ = (call);                                                                 \
-    if (e_ != cudaSuccess) {                                                                       \
-      std::printf("%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));          \
-      std::exit(1);                                                                                \
-    }                                                                                              \
+#define CHECK(call)                                                                                                    \
+  do {                                                                                                                 \
+    cudaError_t const e_ = (call);                                                                                     \
+    if (e_ != cudaSuccess) {                                                                                           \
+      std::printf("%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));                               \
+      std::exit(1);                                                                                                    \
+    }                                                                                                                  \
   } while (0)
 
 template <class T>
@@ -95,9 +93,7 @@ std::vector<T> to_host(T const* d, std::size_t n) {
 }
 
 // Same bits, or both NaN (NaN payloads differ between host and device arithmetic).
-bool same(float a, float b) {
-  return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof a) == 0;
-}
+bool same(float a, float b) { return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof a) == 0; }
 
 int mismatches = 0;
 void expect_same(std::vector<float> const& host, std::vector<float> const& dev, char const* what) {
@@ -116,8 +112,8 @@ std::vector<float> inputs(std::size_t n, std::uint32_t seed, int lo, int hi) {
     // Biased exponent in [127 + lo, 127 + hi), clamped to [0, 254]: 0 gives subnormals.
     int e = 127 + lo + static_cast<int>((r >> 8) % static_cast<std::uint32_t>(hi - lo));
     e = e < 0 ? 0 : e > 254 ? 254 : e;
-    std::uint32_t const u = ((r << 24) & 0x80000000u) | (static_cast<std::uint32_t>(e) << 23) |
-                            ((r * 2654435761u) & 0x7fffffu);
+    std::uint32_t const u =
+        ((r << 24) & 0x80000000u) | (static_cast<std::uint32_t>(e) << 23) | ((r * 2654435761u) & 0x7fffffu);
     std::memcpy(&x, &u, sizeof x);
   }
   v[0] = 0.0f;
@@ -132,8 +128,7 @@ void check_adam(ps::adam_config const& cfg) {
   auto p = inputs(n, 1, -6, 4);
   auto const g = inputs(n, 2, -20, 8);
   std::vector<float> m(n, 0.0f), v(n, 0.0f), vm(n, 0.0f);
-  float *dp = to_device(p), *dg = to_device(g), *dm = to_device(m), *dv = to_device(v),
-        *dvm = to_device(vm);
+  float *dp = to_device(p), *dg = to_device(g), *dm = to_device(m), *dv = to_device(v), *dvm = to_device(vm);
   for (int step = 1; step <= 4; ++step) {
     auto const s = ps::make_step_scalars(cfg, step);
     ps::adam_update_unchecked(s, p.data(), g.data(), m.data(), v.data(), vm.data(), n);
@@ -149,8 +144,7 @@ void check_adam(ps::adam_config const& cfg) {
 
 void check_master_bf16() {
   constexpr std::size_t n = 4096;
-  ps::adam_config const cfg{.lr = 0.01, .weight_decay = 0.01, .amsgrad = true,
-                            .decoupled_weight_decay = true};
+  ps::adam_config const cfg{.lr = 0.01, .weight_decay = 0.01, .amsgrad = true, .decoupled_weight_decay = true};
   auto master = inputs(n, 3, -6, 4);
   std::vector<ps::bf16> grad(n), model(n);
   auto const gf = inputs(n, 4, -20, 8);
@@ -226,8 +220,7 @@ void check_conversions() {
     std::printf("conversions: %llu mismatches\n", static_cast<unsigned long long>(bad));
     mismatches += 1;
   }
-  for (void* d : {static_cast<void*>(bf), static_cast<void*>(hf), static_cast<void*>(fb),
-                  static_cast<void*>(fh)})
+  for (void* d : {static_cast<void*>(bf), static_cast<void*>(hf), static_cast<void*>(fb), static_cast<void*>(fh)})
     CHECK(cudaFree(d));
 }
 
@@ -241,8 +234,8 @@ int main() {
   }
   check_adam({.lr = 1e-3});
   check_adam({.lr = 0.1, .weight_decay = 0.01, .amsgrad = true, .maximize = true});
-  check_adam({.lr = 0.01, .beta1 = 0.3, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0.1,
-              .decoupled_weight_decay = true});
+  check_adam(
+      {.lr = 0.01, .beta1 = 0.3, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0.1, .decoupled_weight_decay = true});
   check_master_bf16();
   check_ops();
   check_conversions();

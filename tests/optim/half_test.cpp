@@ -32,7 +32,7 @@ static_assert(to_float(f16{0x7bff}) == 65504.0f);
 static_assert(to_float(bf16{0x7f7f}) == 0x1.fep127f);
 static_assert(to_f16(65519.0f).bits == 0x7bff && to_f16(65520.0f).bits == 0x7c00);
 static_assert(to_f16(0x1p-25f).bits == 0x0000 && to_f16(0x1.000002p-25f).bits == 0x0001);
-static_assert(to_f16(-0x1.8p-24f).bits == 0x8002); // tie 1.5 ulp -> even 2
+static_assert(to_f16(-0x1.8p-24f).bits == 0x8002);  // tie 1.5 ulp -> even 2
 static_assert(to_bf16(0x1.ffp127f).bits == 0x7f80); // tie above the max -> even, which is inf
 static_assert(pipeswap::from_float<float>(0.1f) == 0.1f);
 static_assert(pipeswap::dtype_of<bf16> == pipeswap::dtype::bf16);
@@ -161,8 +161,9 @@ BOOST_AUTO_TEST_CASE(all_f16_patterns_round_trip) {
     // Value: (-1)^s * 2^(e-15) * 1.m, or 2^-14 * 0.m for subnormals, computed in double.
     int const e = static_cast<int>((i >> 10) & 0x1f);
     double const m = static_cast<double>(i & 0x3ff);
-    double v = e == 0 ? std::ldexp(m, -24) : e == 31 ? std::numeric_limits<double>::infinity()
-                                                      : std::ldexp(1024 + m, e - 25);
+    double v = e == 0    ? std::ldexp(m, -24)
+               : e == 31 ? std::numeric_limits<double>::infinity()
+                         : std::ldexp(1024 + m, e - 25);
     if (i & 0x8000u) v = -v;
     bad += static_cast<double>(f) != v || std::signbit(f) != std::signbit(v);
 #if defined(__FLT16_MAX__) && !defined(__clang__)

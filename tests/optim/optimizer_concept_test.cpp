@@ -29,7 +29,7 @@ struct sgd_momentum {
   struct step_context {};
   static constexpr bool splittable = true;
   explicit sgd_momentum(B& b) : state(b) {}
-  std::vector<pipeswap::slot_desc> descs;  // {param, state_key::exp_avg, dtype::f32, numel}
+  std::vector<pipeswap::slot_desc> descs; // {param, state_key::exp_avg, dtype::f32, numel}
   std::vector<pipeswap::update_unit> units;
   pipeswap::optimizer_state<B> state;
   std::span<pipeswap::slot_desc const> slots() const { return descs; }
@@ -53,21 +53,52 @@ static_assert(ps::swap_optimizer<ps::test::toy_optimizer<ps::test::sync_host_bac
 
 // One near-miss per requirement.
 enum class miss {
-  none, opt_in, backend, splittable_constant, splittable_type, slots, swap_state, validate, step_context,
-  initialize, prepare_step, update_units, update, finish_step, metadata, load_metadata
+  none,
+  opt_in,
+  backend,
+  splittable_constant,
+  splittable_type,
+  slots,
+  swap_state,
+  validate,
+  step_context,
+  initialize,
+  prepare_step,
+  update_units,
+  update,
+  finish_step,
+  metadata,
+  load_metadata
 };
 
 using arch = ps::test::archetype_backend;
 struct ctx {};
 using meta = std::map<std::string, std::string>;
 
-template <miss M> struct opt_in_part { using optimizer_concept = ps::optimizer_tag; };
-template <> struct opt_in_part<miss::opt_in> {};
-template <miss M> struct split_part { static constexpr bool splittable = true; };
-template <> struct split_part<miss::splittable_constant> { static inline bool splittable = true; };
-template <> struct split_part<miss::splittable_type> { static constexpr int splittable = 1; };
-template <miss M> struct ctx_part { using step_context = ctx; };
-template <> struct ctx_part<miss::step_context> {};
+template <miss M>
+struct opt_in_part {
+  using optimizer_concept = ps::optimizer_tag;
+};
+template <>
+struct opt_in_part<miss::opt_in> {};
+template <miss M>
+struct split_part {
+  static constexpr bool splittable = true;
+};
+template <>
+struct split_part<miss::splittable_constant> {
+  static inline bool splittable = true;
+};
+template <>
+struct split_part<miss::splittable_type> {
+  static constexpr int splittable = 1;
+};
+template <miss M>
+struct ctx_part {
+  using step_context = ctx;
+};
+template <>
+struct ctx_part<miss::step_context> {};
 
 template <miss M>
 struct near : opt_in_part<M>, split_part<M>, ctx_part<M> {
@@ -104,10 +135,13 @@ static_assert(!ps::optimizer_description<near<miss::slots>>);
 static_assert(!ps::optimizer_description<near<miss::swap_state>>);
 static_assert(!ps::optimizer_description<near<miss::validate>>);
 // steppable_optimizer (the description holds)
-static_assert(ps::optimizer_description<near<miss::step_context>> && !ps::steppable_optimizer<near<miss::step_context>>);
+static_assert(ps::optimizer_description<near<miss::step_context>> &&
+              !ps::steppable_optimizer<near<miss::step_context>>);
 static_assert(ps::optimizer_description<near<miss::initialize>> && !ps::steppable_optimizer<near<miss::initialize>>);
-static_assert(ps::optimizer_description<near<miss::prepare_step>> && !ps::steppable_optimizer<near<miss::prepare_step>>);
-static_assert(ps::optimizer_description<near<miss::update_units>> && !ps::steppable_optimizer<near<miss::update_units>>);
+static_assert(ps::optimizer_description<near<miss::prepare_step>> &&
+              !ps::steppable_optimizer<near<miss::prepare_step>>);
+static_assert(ps::optimizer_description<near<miss::update_units>> &&
+              !ps::steppable_optimizer<near<miss::update_units>>);
 static_assert(ps::optimizer_description<near<miss::update>> && !ps::steppable_optimizer<near<miss::update>>);
 static_assert(ps::optimizer_description<near<miss::finish_step>> && !ps::steppable_optimizer<near<miss::finish_step>>);
 // checkpointable_optimizer (stepping holds)

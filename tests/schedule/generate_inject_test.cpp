@@ -21,19 +21,17 @@
 #include <pipeswap/schedule/text.hpp>
 
 namespace ps = pipeswap::schedule;
-using schedule_test::expect_error;
 using ps::step_kind;
+using schedule_test::expect_error;
 
 namespace {
 
 // The text of the top-level entries of `o` whose kind is one of `kinds`, space-separated.
 std::string only(ps::order const& o, std::initializer_list<step_kind> kinds) {
   std::string out;
-  auto wanted = [&](ps::entry const& e) {
-    return e && std::find(kinds.begin(), kinds.end(), e->kind) != kinds.end();
-  };
-  for (std::string const& s : o | ranges::views::filter(wanted) |
-                                  ranges::views::transform([](ps::entry const& e) { return ps::to_text(e); }))
+  auto wanted = [&](ps::entry const& e) { return e && std::find(kinds.begin(), kinds.end(), e->kind) != kinds.end(); };
+  for (std::string const& s :
+       o | ranges::views::filter(wanted) | ranges::views::transform([](ps::entry const& e) { return ps::to_text(e); }))
     out += (out.empty() ? "" : " ") + s;
   return out;
 }
@@ -88,7 +86,8 @@ BOOST_AUTO_TEST_CASE(gpipe_orders) {
       "FR2.0 F2.0 FR2.1 F2.1 B2.0 BS2.0 B2.1 BS2.1",
   };
   BOOST_TEST(texts(ps::gpipe(3, 2)) == want, boost::test_tools::per_element());
-  BOOST_TEST(texts(ps::gpipe(1, 2)) == std::vector<std::string>{"F0.0 F0.1 B0.0 B0.1"}, boost::test_tools::per_element());
+  BOOST_TEST(texts(ps::gpipe(1, 2)) == std::vector<std::string>{"F0.0 F0.1 B0.0 B0.1"},
+             boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_CASE(one_f_one_b_orders) {
@@ -167,21 +166,36 @@ BOOST_AUTO_TEST_CASE(parameters_are_validated) {
   expect_error([] { ps::one_f_one_b(4, 0); }, "1f1b: micro must be >= 1, got 0");
   expect_error([] { ps::interleaved_1f1b({4, 0, 8, false}); }, "interleaved 1f1b: chunks must be >= 1, got 0");
   expect_error([] { ps::interleaved_1f1b({0, 2, 8, false}); }, "interleaved 1f1b: ranks must be >= 1, got 0");
-  expect_error([] { ps::interleaved_1f1b({65536, 65536, 1, false}); },
-               "stage layout: ranks * chunks (4294967296) exceeds the stage index range");
-  expect_error([] { ps::interleaved_1f1b({1, 4, 1 << 30, false}); },
-               "interleaved 1f1b: micro * chunks (4294967296) exceeds the index range");
+  expect_error(
+      [] {
+        ps::interleaved_1f1b({65536, 65536, 1, false});
+      },
+      "stage layout: ranks * chunks (4294967296) exceeds the stage index range");
+  expect_error(
+      [] {
+        ps::interleaved_1f1b({1, 4, 1 << 30, false});
+      },
+      "interleaved 1f1b: micro * chunks (4294967296) exceeds the index range");
 }
 
 BOOST_AUTO_TEST_CASE(insert_p2p_rejects_misplaced_steps) {
   ps::stage_layout const two(2, 2);
   expect_error([&] { ps::insert_p2p({ps::order_from_text("F0.0")}, two); }, "insert_p2p: 1 orders for 2 ranks");
-  expect_error([&] { ps::insert_p2p({ps::order_from_text("F0.0 F1.0"), {}}, two); },
-               "insert_p2p: rank 0 entry 1 (F1.0): stage 1 runs on rank 1");
-  expect_error([&] { ps::insert_p2p({{}, ps::order_from_text("_ F5.0")}, two); },
-               "insert_p2p: rank 1 entry 1 (F5.0): stage 5 is outside the layout's 4 stages");
-  expect_error([&] { ps::insert_p2p({{ps::fwd(0, -3)}, {}}, two); },
-               "insert_p2p: rank 0 entry 0 (F0.-3): FWD has a negative micro-batch (-3)");
+  expect_error(
+      [&] {
+        ps::insert_p2p({ps::order_from_text("F0.0 F1.0"), {}}, two);
+      },
+      "insert_p2p: rank 0 entry 1 (F1.0): stage 1 runs on rank 1");
+  expect_error(
+      [&] {
+        ps::insert_p2p({{}, ps::order_from_text("_ F5.0")}, two);
+      },
+      "insert_p2p: rank 1 entry 1 (F5.0): stage 5 is outside the layout's 4 stages");
+  expect_error(
+      [&] {
+        ps::insert_p2p({{ps::fwd(0, -3)}, {}}, two);
+      },
+      "insert_p2p: rank 0 entry 0 (F0.-3): FWD has a negative micro-batch (-3)");
   // The v placement: stages 0,1 then 1,0 — rank 1 sends stage 1's output to itself (no P2P).
   ps::stage_layout const v(2, 2, ps::placement::v);
   auto const orders = ps::insert_p2p({ps::order_from_text("F0.0 _ _ F3.0"), ps::order_from_text("_ F1.0 F2.0")}, v);
@@ -211,8 +225,8 @@ BOOST_AUTO_TEST_SUITE(injection)
 
 // Reference §4.1 item 1.
 BOOST_AUTO_TEST_CASE(gpipe_lifecycle_order) {
-  auto const o = ps::inject_swap_steps(ps::order_from_text(
-      "F0.0 FS0.0 F0.1 FS0.1 F0.2 FS0.2 F0.3 FS0.3 BR0.0 B0.0 BS0.0 BR0.1 B0.1 BS0.1 BR0.2 B0.2 BS0.2 BR0.3 B0.3 BS0.3"));
+  auto const o = ps::inject_swap_steps(ps::order_from_text("F0.0 FS0.0 F0.1 FS0.1 F0.2 FS0.2 F0.3 FS0.3 BR0.0 B0.0 "
+                                                           "BS0.0 BR0.1 B0.1 BS0.1 BR0.2 B0.2 BS0.2 BR0.3 B0.3 BS0.3"));
   for (int m = 0; m < 4; ++m) {
     auto p = [&](char const* code) { return pos(o, code + std::string("0.") + std::to_string(m)); };
     BOOST_TEST(p("SG") < p("F"));
@@ -234,8 +248,8 @@ BOOST_AUTO_TEST_CASE(gpipe_lifecycle_order) {
 // this GPipe order one compute slot earlier, as far as its offload's wait allows (computed by hand: with
 // gaps of four slots every chunk is clamped to fwd + 2), and nothing else.
 BOOST_AUTO_TEST_CASE(load_lookahead_moves_only_the_load) {
-  auto const in = ps::order_from_text(
-      "F0.0 FS0.0 F0.1 FS0.1 F0.2 FS0.2 F0.3 FS0.3 BR0.0 B0.0 BS0.0 BR0.1 B0.1 BS0.1 BR0.2 B0.2 BS0.2 BR0.3 B0.3 BS0.3");
+  auto const in = ps::order_from_text("F0.0 FS0.0 F0.1 FS0.1 F0.2 FS0.2 F0.3 FS0.3 BR0.0 B0.0 BS0.0 BR0.1 B0.1 BS0.1 "
+                                      "BR0.2 B0.2 BS0.2 BR0.3 B0.3 BS0.3");
   BOOST_TEST((ps::inject_swap_steps(in, ps::inject_options{}) == ps::inject_swap_steps(in)));
   BOOST_TEST((ps::inject_swap_steps(in, ps::inject_options{1}) == ps::inject_swap_steps(in)));
   BOOST_TEST(ps::to_text(ps::inject_swap_steps(in, ps::inject_options{2})) ==
@@ -268,9 +282,13 @@ BOOST_AUTO_TEST_CASE(offload_wait_delay_moves_only_the_wait) {
   auto const k5 = ps::inject_swap_steps(g, ps::inject_options{5, 3});
   BOOST_TEST(pos(k5, "WO0.0") == pos(k5, "LO0.2") + 1);
   BOOST_TEST(pos(k5, "LL0.0") + 2 == pos(k5, "F0.3"));
-  BOOST_TEST((ps::inject_swap_steps(g, ps::inject_options{1, 100}) == ps::inject_swap_steps(g, ps::inject_options{1, 6})));
-  expect_error([&] { ps::inject_swap_steps(g, ps::inject_options{1, 0}); },
-               "inject_options.offload_wait_delay must be at least 1 (1 is the default placement)");
+  BOOST_TEST(
+      (ps::inject_swap_steps(g, ps::inject_options{1, 100}) == ps::inject_swap_steps(g, ps::inject_options{1, 6})));
+  expect_error(
+      [&] {
+        ps::inject_swap_steps(g, ps::inject_options{1, 0});
+      },
+      "inject_options.offload_wait_delay must be at least 1 (1 is the default placement)");
 }
 
 // Reference §4.1 item 2.
@@ -329,17 +347,18 @@ BOOST_AUTO_TEST_CASE(interleaved_overlap_b_f_uses_leaf_steps) {
   // The whole order, as the reference injects it: at the composite the before-steps come out by
   // priority (LL 30, WL 20, SG 10), LO0.7 anchors on the leaf's own FS0.7 inside the P2P run, and
   // WO0.6, whose first in-between entry is the composite, falls back to the end of that run.
-  BOOST_TEST(ps::to_text(r0) ==
-             "SG0.0 F0.0 FS0.0 LO0.0 SG0.1 F0.1 FS0.1 LO0.1 WO0.0 SG0.2 F0.2 FS0.2 LO0.2 WO0.1 SG0.3 F0.3 FS0.3 LO0.3 "
-             "WO0.2 FR4.0 SG4.0 F4.0 FS4.0 LO4.0 WO0.3 FR4.1 SG4.1 F4.1 FS4.1 LO4.1 WO4.0 FR4.2 SG4.2 F4.2 FS4.2 LO4.2 "
-             "WO4.1 FR4.3 SG4.3 F4.3 FS4.3 LO4.3 WO4.2 SG0.4 F0.4 FS0.4 LO0.4 WO4.3 SG0.5 F0.5 FS0.5 LO0.5 WO0.4 _ _ _ "
-             "BR4.0 LL4.0 SG0.6 F0.6 FS0.6 LO0.6 WO0.5 LL4.1 WL4.0 SG0.7 [B4.0|F0.7] BS4.0 BR4.1 FS0.7 LO0.7 FR4.4 WO0.6 "
-             "LL4.2 WL4.1 SG4.4 [B4.1|F4.4] BS4.1 BR4.2 FS4.4 LO4.4 FR4.5 WO0.7 LL4.3 WL4.2 SG4.5 [B4.2|F4.5] BS4.2 "
-             "BR4.3 FS4.5 LO4.5 FR4.6 WO4.4 LL0.0 WL4.3 SG4.6 [B4.3|F4.6] BS4.3 BR0.0 FS4.6 LO4.6 FR4.7 WO4.5 LL0.1 "
-             "WL0.0 SG4.7 [B0.0|F4.7] BR0.1 FS4.7 LO4.7 WO4.6 LL0.2 WL0.1 B0.1 BR0.2 WO4.7 _ LL0.3 WL0.2 B0.2 BR0.3 _ "
-             "LL4.4 WL0.3 B0.3 BR4.4 _ LL4.5 WL4.4 B4.4 BS4.4 BR4.5 _ LL4.6 WL4.5 B4.5 BS4.5 BR4.6 _ LL4.7 WL4.6 B4.6 "
-             "BS4.6 BR4.7 _ LL0.4 WL4.7 B4.7 BS4.7 BR0.4 _ LL0.5 WL0.4 B0.4 BR0.5 _ LL0.6 WL0.5 B0.5 BR0.6 _ LL0.7 WL0.6 "
-             "B0.6 BR0.7 _ WL0.7 B0.7");
+  BOOST_TEST(
+      ps::to_text(r0) ==
+      "SG0.0 F0.0 FS0.0 LO0.0 SG0.1 F0.1 FS0.1 LO0.1 WO0.0 SG0.2 F0.2 FS0.2 LO0.2 WO0.1 SG0.3 F0.3 FS0.3 LO0.3 "
+      "WO0.2 FR4.0 SG4.0 F4.0 FS4.0 LO4.0 WO0.3 FR4.1 SG4.1 F4.1 FS4.1 LO4.1 WO4.0 FR4.2 SG4.2 F4.2 FS4.2 LO4.2 "
+      "WO4.1 FR4.3 SG4.3 F4.3 FS4.3 LO4.3 WO4.2 SG0.4 F0.4 FS0.4 LO0.4 WO4.3 SG0.5 F0.5 FS0.5 LO0.5 WO0.4 _ _ _ "
+      "BR4.0 LL4.0 SG0.6 F0.6 FS0.6 LO0.6 WO0.5 LL4.1 WL4.0 SG0.7 [B4.0|F0.7] BS4.0 BR4.1 FS0.7 LO0.7 FR4.4 WO0.6 "
+      "LL4.2 WL4.1 SG4.4 [B4.1|F4.4] BS4.1 BR4.2 FS4.4 LO4.4 FR4.5 WO0.7 LL4.3 WL4.2 SG4.5 [B4.2|F4.5] BS4.2 "
+      "BR4.3 FS4.5 LO4.5 FR4.6 WO4.4 LL0.0 WL4.3 SG4.6 [B4.3|F4.6] BS4.3 BR0.0 FS4.6 LO4.6 FR4.7 WO4.5 LL0.1 "
+      "WL0.0 SG4.7 [B0.0|F4.7] BR0.1 FS4.7 LO4.7 WO4.6 LL0.2 WL0.1 B0.1 BR0.2 WO4.7 _ LL0.3 WL0.2 B0.2 BR0.3 _ "
+      "LL4.4 WL0.3 B0.3 BR4.4 _ LL4.5 WL4.4 B4.4 BS4.4 BR4.5 _ LL4.6 WL4.5 B4.5 BS4.5 BR4.6 _ LL4.7 WL4.6 B4.6 "
+      "BS4.6 BR4.7 _ LL0.4 WL4.7 B4.7 BS4.7 BR0.4 _ LL0.5 WL0.4 B0.4 BR0.5 _ LL0.6 WL0.5 B0.5 BR0.6 _ LL0.7 WL0.6 "
+      "B0.6 BR0.7 _ WL0.7 B0.7");
 }
 
 // Reference §4.1 item 5 (and the newer upstream check of the swapped keys).
@@ -358,7 +377,8 @@ BOOST_AUTO_TEST_CASE(injects_current_rank_only) {
   std::vector<ps::chunk> keys;
   for (auto const& c : ps::swap_candidates(orders[0])) keys.push_back(c.key);
   BOOST_TEST((keys == std::vector<ps::chunk>{{0, 0}, {0, 1}, {0, 2}, {0, 3}}));
-  expect_error([&] { ps::inject_swap_steps_for_rank(orders, 2); }, "inject_swap_steps_for_rank: no order for rank 2 among 2");
+  expect_error([&] { ps::inject_swap_steps_for_rank(orders, 2); },
+               "inject_swap_steps_for_rank: no order for rank 2 among 2");
 }
 
 // Reference §4.1 item 6.
@@ -393,7 +413,8 @@ BOOST_AUTO_TEST_CASE(duplicate_chunks_follow_dict_semantics) {
 BOOST_AUTO_TEST_CASE(p2p_runs_end_at_bubbles_and_opaque_steps) {
   // LO0.1 anchors on FS0.1 (the FSDP step after it ends the run); LO0.3 goes right after F0.3 because
   // the bubble ends the run before FS0.3.
-  auto const o = ps::inject_swap_steps(ps::order_from_text("F0.0 FS0.0 F0.1 FS0.1 RS0 FS0.0 F0.2 FS0.2 F0.3 _ FS0.3 B0.0 B0.1 B0.2 B0.3"));
+  auto const o = ps::inject_swap_steps(
+      ps::order_from_text("F0.0 FS0.0 F0.1 FS0.1 RS0 FS0.0 F0.2 FS0.2 F0.3 _ FS0.3 B0.0 B0.1 B0.2 B0.3"));
   BOOST_TEST(ps::to_text(o) ==
              "SG0.0 F0.0 FS0.0 LO0.0 SG0.1 F0.1 FS0.1 LO0.1 WO0.0 RS0 FS0.0 SG0.2 F0.2 FS0.2 LO0.2 WO0.1 LL0.0 SG0.3 "
              "F0.3 LO0.3 WO0.2 _ FS0.3 LL0.1 WL0.0 B0.0 WO0.3 LL0.2 WL0.1 B0.1 LL0.3 WL0.2 B0.2 WL0.3 B0.3");
@@ -402,10 +423,11 @@ BOOST_AUTO_TEST_CASE(p2p_runs_end_at_bubbles_and_opaque_steps) {
 BOOST_AUTO_TEST_CASE(composite_fwd_leaf_anchors_on_its_own_send) {
   auto const o = ps::inject_swap_steps(
       ps::order_from_text("F0.0 F1.0 [B2.0|F0.1] FS0.1 BR0.0 FS0.0 F0.2 F0.3 _ F0.4 FS0.4 B0.0 B0.1 B0.2 B0.3 B0.4"));
-  BOOST_TEST(ps::to_text(o) ==
-             "SG0.0 F0.0 LO0.0 F1.0 WO0.0 SG0.1 [B2.0|F0.1] FS0.1 LO0.1 BR0.0 FS0.0 SG0.2 F0.2 LO0.2 WO0.1 SG0.3 F0.3 "
-             "LO0.3 WO0.2 _ LL0.0 SG0.4 F0.4 FS0.4 LO0.4 WO0.3 LL0.1 WL0.0 B0.0 WO0.4 LL0.2 WL0.1 B0.1 LL0.3 WL0.2 B0.2 "
-             "LL0.4 WL0.3 B0.3 WL0.4 B0.4");
+  BOOST_TEST(
+      ps::to_text(o) ==
+      "SG0.0 F0.0 LO0.0 F1.0 WO0.0 SG0.1 [B2.0|F0.1] FS0.1 LO0.1 BR0.0 FS0.0 SG0.2 F0.2 LO0.2 WO0.1 SG0.3 F0.3 "
+      "LO0.3 WO0.2 _ LL0.0 SG0.4 F0.4 FS0.4 LO0.4 WO0.3 LL0.1 WL0.0 B0.0 WO0.4 LL0.2 WL0.1 B0.1 LL0.3 WL0.2 B0.2 "
+      "LL0.4 WL0.3 B0.3 WL0.4 B0.4");
 }
 
 BOOST_AUTO_TEST_CASE(eligibility_predicate_selects_chunks) {

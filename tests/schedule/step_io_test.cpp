@@ -12,8 +12,8 @@
 #include <pipeswap/schedule/text.hpp>
 
 namespace ps = pipeswap::schedule;
-using schedule_test::expect_error;
 using ps::step_kind;
+using schedule_test::expect_error;
 
 namespace {
 
@@ -75,7 +75,8 @@ BOOST_AUTO_TEST_CASE(text_form_names_every_kind) {
     if (ps::is_composite(k)) continue;
     o.push_back(ps::leaf(k, 2, ps::has_micro(k) ? 5 : ps::no_index));
   }
-  std::string const text = "F2.5 B2.5 FR2.5 FS2.5 BR2.5 BS2.5 SG2.5 LO2.5 WO2.5 LL2.5 WL2.5 BI2.5 BW2.5 US2 RS2 RG2 WG2";
+  std::string const text =
+      "F2.5 B2.5 FR2.5 FS2.5 BR2.5 BS2.5 SG2.5 LO2.5 WO2.5 LL2.5 WL2.5 BI2.5 BW2.5 US2 RS2 RG2 WG2";
   BOOST_TEST(ps::to_text(o) == text);
   BOOST_TEST((ps::order_from_text(text) == o));
 }
@@ -98,23 +99,33 @@ BOOST_AUTO_TEST_CASE(text_printing_shows_malformed_steps) {
 
 BOOST_AUTO_TEST_CASE(bad_text_is_rejected_with_entry_and_column) {
   expect_error([] { ps::order_from_text("F0.1 X0.1"); }, "order text: entry 1 (column 7): unknown step code 'X'");
-  expect_error([] { ps::order_from_text("F0"); }, "order text: entry 0 (column 3): expected '.' and the micro-batch after the stage");
+  expect_error([] { ps::order_from_text("F0"); },
+               "order text: entry 0 (column 3): expected '.' and the micro-batch after the stage");
   expect_error([] { ps::order_from_text("F.1"); }, "order text: entry 0 (column 2): expected the stage (digits)");
-  expect_error([] { ps::order_from_text("F0.-1"); }, "order text: entry 0 (column 4): expected the micro-batch (digits)");
-  expect_error([] { ps::order_from_text("F0.99999999999"); }, "order text: entry 0 (column 14): the micro-batch is out of range");
-  expect_error([] { ps::order_from_text("US1.2"); }, "order text: entry 0 (column 4): FSDP_UNSHARD takes no micro-batch");
-  expect_error([] { ps::order_from_text("F0.1,F0.2"); }, "order text: entry 0 (column 5): expected white space after the entry, got ','");
+  expect_error([] { ps::order_from_text("F0.-1"); },
+               "order text: entry 0 (column 4): expected the micro-batch (digits)");
+  expect_error([] { ps::order_from_text("F0.99999999999"); },
+               "order text: entry 0 (column 14): the micro-batch is out of range");
+  expect_error([] { ps::order_from_text("US1.2"); },
+               "order text: entry 0 (column 4): FSDP_UNSHARD takes no micro-batch");
+  expect_error([] { ps::order_from_text("F0.1,F0.2"); },
+               "order text: entry 0 (column 5): expected white space after the entry, got ','");
   expect_error([] { ps::order_from_text("_ []"); }, "order text: entry 1 (column 5): a composite needs leaves");
   expect_error([] { ps::order_from_text("FB[]"); }, "order text: entry 0 (column 5): OVERLAP_F_B has no leaves");
   expect_error([] { ps::order_from_text("[F0.1|B0.1|F0.2]"); },
                "order text: entry 0 (column 17): OVERLAP_F_B has 3 leaves; a composite holds one or two");
-  expect_error([] { ps::order_from_text("[F0.1 B0.1]"); }, "order text: entry 0 (column 7): expected '|' or ']' in the composite");
-  expect_error([] { ps::order_from_text("[F0.1|[B0.1]]"); }, "order text: entry 0 (column 7): a composite cannot hold a composite");
+  expect_error([] { ps::order_from_text("[F0.1 B0.1]"); },
+               "order text: entry 0 (column 7): expected '|' or ']' in the composite");
+  expect_error([] { ps::order_from_text("[F0.1|[B0.1]]"); },
+               "order text: entry 0 (column 7): a composite cannot hold a composite");
   expect_error([] { ps::order_from_text("[F0.1"); }, "order text: entry 0 (column 6): unterminated composite");
   expect_error([] { ps::order_from_text("[LO0.1|F0.1]"); },
-               "order text: entry 0 (column 13): cannot tell the composite's kind from its first leaf; write FB[...] or BF[...]");
-  expect_error([] { ps::order_from_text("XY[F0.1]"); }, "order text: entry 0 (column 3): unknown composite prefix 'XY' (FB or BF)");
-  expect_error([] { ps::entry_from_text("F0.1 F0.2"); }, "order text: entry 0 (column 6): unexpected text after the step");
+               "order text: entry 0 (column 13): cannot tell the composite's kind from its first leaf; write FB[...] "
+               "or BF[...]");
+  expect_error([] { ps::order_from_text("XY[F0.1]"); },
+               "order text: entry 0 (column 3): unknown composite prefix 'XY' (FB or BF)");
+  expect_error([] { ps::entry_from_text("F0.1 F0.2"); },
+               "order text: entry 0 (column 6): unexpected text after the step");
   expect_error([] { ps::entry_from_text(" "); }, "order text: entry 0 (column 2): no step");
 }
 
@@ -155,7 +166,8 @@ BOOST_AUTO_TEST_CASE(bad_json_is_rejected_with_entry_and_reason) {
   bad(R"([{"stage":0,"micro":0}])", "order JSON: entry 0: missing 'type'");
   bad(R"([{"type":3,"stage":0,"micro":0}])", "order JSON: entry 0: 'type' must be a string, got 3");
   bad(R"([{"type":"FWD","stage":0,"micor":1}])", "order JSON: entry 0: unknown key 'micor'");
-  bad(R"([{"type":"FWD","stage":-1,"micro":0}])", "order JSON: entry 0: 'stage' must be a non-negative integer, got -1");
+  bad(R"([{"type":"FWD","stage":-1,"micro":0}])",
+      "order JSON: entry 0: 'stage' must be a non-negative integer, got -1");
   bad(R"([{"type":"FWD","stage":0,"micro":1.5}])",
       "order JSON: entry 0: 'micro' must be a non-negative integer or null, got 1.5");
   bad(R"([{"type":"FWD","stage":0,"micro":"3"}])",
@@ -166,9 +178,11 @@ BOOST_AUTO_TEST_CASE(bad_json_is_rejected_with_entry_and_reason) {
   bad(R"([{"type":"FSDP_RESHARD","stage":1,"micro":2}])",
       "order JSON: entry 0: FSDP_RESHARD carries a micro-batch (2); FSDP steps act on a whole stage");
   bad(R"([{"type":"OVERLAP_B_F","stage":null,"micro":null}])", "order JSON: entry 0: OVERLAP_B_F has no leaves");
-  bad(R"([{"type":"OVERLAP_B_F","stage":null,"micro":null,"sub":[]}])", "order JSON: entry 0: OVERLAP_B_F has no leaves");
+  bad(R"([{"type":"OVERLAP_B_F","stage":null,"micro":null,"sub":[]}])",
+      "order JSON: entry 0: OVERLAP_B_F has no leaves");
   bad(R"([{"type":"OVERLAP_F_B","stage":2,"micro":null,"sub":[{"type":"FWD","stage":0,"micro":0}]}])",
-      "order JSON: entry 0: OVERLAP_F_B carries a stage or micro-batch; a composite's stages and micro-batches belong to its leaves");
+      "order JSON: entry 0: OVERLAP_F_B carries a stage or micro-batch; a composite's stages and micro-batches belong "
+      "to its leaves");
   bad(R"([{"type":"FWD","stage":0,"micro":0,"sub":[{"type":"BWD","stage":0,"micro":0}]}])",
       "order JSON: entry 0: FWD is not a composite but has 1 leaves");
   bad(R"([{"type":"OVERLAP_F_B","sub":{"type":"FWD"}}])",

@@ -32,8 +32,8 @@ struct totals {
   std::size_t entries = 0, swapped = 0, bubbles = 0, p2p = 0;
   friend bool operator==(totals const&, totals const&) = default;
   friend std::ostream& operator<<(std::ostream& os, totals const& t) {
-    return os << "{entries " << t.entries << ", swapped " << t.swapped << ", bubbles " << t.bubbles << ", p2p "
-              << t.p2p << "}";
+    return os << "{entries " << t.entries << ", swapped " << t.swapped << ", bubbles " << t.bubbles << ", p2p " << t.p2p
+              << "}";
   }
 };
 
@@ -76,8 +76,10 @@ std::string independent_check(ps::order const& original, ps::order const& inject
       if (!ps::is_compute(leaf.kind)) continue;
       compute = true;
       auto& l = life_of(leaf);
-      if (leaf.kind == step_kind::fwd) l.at[1] = long(i), l.fwd_slot = slot;
-      else l.at[6] = long(i), l.bwd_slot = slot;
+      if (leaf.kind == step_kind::fwd)
+        l.at[1] = long(i), l.fwd_slot = slot;
+      else
+        l.at[6] = long(i), l.bwd_slot = slot;
     }
     if (compute) ++slot;
   }
@@ -87,7 +89,8 @@ std::string independent_check(ps::order const& original, ps::order const& inject
     int const steps = l.count[0] + l.count[1] + l.count[2] + l.count[3] + l.count[4];
     if (steps == 0) continue;
     ++swapped;
-    std::string const name = "chunk (" + std::to_string(k / std::size_t(micros)) + "," + std::to_string(k % std::size_t(micros)) + ")";
+    std::string const name =
+        "chunk (" + std::to_string(k / std::size_t(micros)) + "," + std::to_string(k % std::size_t(micros)) + ")";
     for (int c : l.count) {
       if (c != 1) return name + ": not exactly one of each swap step";
     }
@@ -101,8 +104,8 @@ std::string independent_check(ps::order const& original, ps::order const& inject
       return name + ": offload waited before slot " + std::to_string(l.wait_slot) + ", not " + std::to_string(w + 1) +
              " (delay " + std::to_string(delay) + ")";
     if (l.load_slot != std::max(l.bwd_slot - long(lookahead), w + 1))
-      return name + ": load launched before slot " + std::to_string(l.load_slot) + ", not " + std::to_string(lookahead) +
-             " slot(s) ahead of its backward at " + std::to_string(l.bwd_slot);
+      return name + ": load launched before slot " + std::to_string(l.load_slot) + ", not " +
+             std::to_string(lookahead) + " slot(s) ahead of its backward at " + std::to_string(l.bwd_slot);
   }
   return {};
 }
@@ -125,7 +128,8 @@ void check_family(std::string const& family, std::function<ps::rank_orders(int, 
       ps::stage_layout const layout(ranks, chunks);
       auto const report = ps::check_schedule(orders, layout);
       if (!report.ok()) BOOST_ERROR(where() << ": " << to_string(report));
-      if (sampled(micro) && ps::find_label_cycle(ps::p2p_labels(orders, chunks))) BOOST_ERROR(where() << ": label cycle");
+      if (sampled(micro) && ps::find_label_cycle(ps::p2p_labels(orders, chunks)))
+        BOOST_ERROR(where() << ": label cycle");
 
       ps::rank_orders injected;
       for (std::size_t r = 0; r < orders.size(); ++r) {
@@ -141,8 +145,10 @@ void check_family(std::string const& family, std::function<ps::rank_orders(int, 
         sum.entries += o.size();
         sum.swapped += swapped;
         for (ps::entry const& e : o) {
-          if (!e) ++sum.bubbles;
-          else if (ps::is_p2p(e->kind)) ++sum.p2p;
+          if (!e)
+            ++sum.bubbles;
+          else if (ps::is_p2p(e->kind))
+            ++sum.p2p;
         }
         if (round_trip && sampled(micro)) {
           if (!(ps::order_from_text(ps::to_text(in)) == in)) BOOST_ERROR(where() << ": text round trip");
@@ -168,28 +174,39 @@ BOOST_AUTO_TEST_SUITE(schedule_sweep)
 
 BOOST_AUTO_TEST_CASE(gpipe_sweep) {
   totals t;
-  check_family("gpipe", [](int r, int m) { return ps::gpipe(r, m); }, 1, t, true);
+  check_family(
+      "gpipe", [](int r, int m) { return ps::gpipe(r, m); }, 1, t, true);
   if (full_sweep) BOOST_TEST(t == (totals{97152, 18792, 0, 59136}));
 }
 
 BOOST_AUTO_TEST_CASE(one_f_one_b_sweep) {
   totals t;
-  check_family("1f1b", [](int r, int m) { return ps::one_f_one_b(r, m); }, 1, t, true);
+  check_family(
+      "1f1b", [](int r, int m) { return ps::one_f_one_b(r, m); }, 1, t, true);
   if (full_sweep) BOOST_TEST(t == (totals{97152, 10614, 0, 59136}));
 }
 
 BOOST_AUTO_TEST_CASE(interleaved_sweep) {
   totals t;
   for (int v = 1; v <= 4; ++v)
-    check_family("interleaved", [v](int r, int m) { return ps::interleaved_1f1b({r, v, m, false}); }, v, t, v == 2);
+    check_family(
+        "interleaved",
+        [v](int r, int m) {
+          return ps::interleaved_1f1b({r, v, m, false});
+        },
+        v, t, v == 2);
   if (full_sweep) BOOST_TEST(t == (totals{1161432, 173334, 101208, 680064}));
 }
 
 BOOST_AUTO_TEST_CASE(interleaved_overlap_b_f_sweep) {
   totals t;
   for (int v = 1; v <= 4; ++v)
-    check_family("interleaved overlap", [v](int r, int m) { return ps::interleaved_1f1b({r, v, m, true}); }, v, t,
-                 v == 3);
+    check_family(
+        "interleaved overlap",
+        [v](int r, int m) {
+          return ps::interleaved_1f1b({r, v, m, true});
+        },
+        v, t, v == 3);
   if (full_sweep) BOOST_TEST(t == (totals{1038444, 160943, 101208, 680064}));
 }
 
@@ -209,8 +226,14 @@ BOOST_AUTO_TEST_CASE(load_lookahead_sweep) {
   std::vector<family> const families{
       {"gpipe", 1, [](int r, int m) { return ps::gpipe(r, m); }},
       {"1f1b", 1, [](int r, int m) { return ps::one_f_one_b(r, m); }},
-      {"interleaved", 2, [](int r, int m) { return ps::interleaved_1f1b({r, 2, m, false}); }},
-      {"interleaved overlap", 2, [](int r, int m) { return ps::interleaved_1f1b({r, 2, m, true}); }},
+      {"interleaved", 2,
+       [](int r, int m) {
+         return ps::interleaved_1f1b({r, 2, m, false});
+       }},
+      {"interleaved overlap", 2,
+       [](int r, int m) {
+         return ps::interleaved_1f1b({r, 2, m, true});
+       }},
   };
   std::size_t moved = 0;
   for (auto const& f : families) {
@@ -259,8 +282,14 @@ BOOST_AUTO_TEST_CASE(offload_wait_delay_sweep) {
   std::vector<std::pair<char const*, std::function<ps::rank_orders(int, int)>>> const families{
       {"gpipe", [](int r, int m) { return ps::gpipe(r, m); }},
       {"1f1b", [](int r, int m) { return ps::one_f_one_b(r, m); }},
-      {"interleaved", [](int r, int m) { return ps::interleaved_1f1b({r, 2, m, false}); }},
-      {"interleaved overlap", [](int r, int m) { return ps::interleaved_1f1b({r, 2, m, true}); }},
+      {"interleaved",
+       [](int r, int m) {
+         return ps::interleaved_1f1b({r, 2, m, false});
+       }},
+      {"interleaved overlap",
+       [](int r, int m) {
+         return ps::interleaved_1f1b({r, 2, m, true});
+       }},
   };
   std::size_t moved = 0;
   for (std::size_t f = 0; f < families.size(); ++f) {
@@ -271,8 +300,9 @@ BOOST_AUTO_TEST_CASE(offload_wait_delay_sweep) {
         for (auto const& kd : {std::pair<std::size_t, std::size_t>{1, 1}, {1, 2}, {3, 3}, {2, 7}}) {
           auto const k = kd.first, d = kd.second; // named: clang 14 cannot capture structured bindings
           auto const where = [&] {
-            return std::string(families[f].first) + " ranks=" + std::to_string(ranks) + " micro=" +
-                   std::to_string(micro) + " lookahead=" + std::to_string(k) + " delay=" + std::to_string(d);
+            return std::string(families[f].first) + " ranks=" + std::to_string(ranks) +
+                   " micro=" + std::to_string(micro) + " lookahead=" + std::to_string(k) +
+                   " delay=" + std::to_string(d);
           };
           ps::rank_orders injected;
           for (std::size_t r = 0; r < orders.size(); ++r) {

@@ -16,8 +16,8 @@
 #include <pipeswap/schedule/validate.hpp>
 
 namespace ps = pipeswap::schedule;
-using schedule_test::expect_error;
 using ps::step_kind;
+using schedule_test::expect_error;
 
 namespace {
 
@@ -57,9 +57,8 @@ BOOST_AUTO_TEST_CASE(generated_and_injected_orders_are_well_formed) {
 
 BOOST_AUTO_TEST_CASE(shape) {
   ps::order const o{ps::fwd(0, 0), ps::leaf(step_kind::bwd, -2, 0), ps::composite(step_kind::overlap_f_b, {})};
-  BOOST_TEST(lines(ps::check_order(o)) ==
-                 (strings{"position 1 (B-2.0): shape: BWD has a negative stage (-2)",
-                          "position 2 (FB[]): shape: OVERLAP_F_B has no leaves"}),
+  BOOST_TEST(lines(ps::check_order(o)) == (strings{"position 1 (B-2.0): shape: BWD has a negative stage (-2)",
+                                                   "position 2 (FB[]): shape: OVERLAP_F_B has no leaves"}),
              boost::test_tools::per_element());
 }
 
@@ -89,28 +88,30 @@ BOOST_AUTO_TEST_CASE(duplicates_and_backward_before_forward) {
                           "position 6 (B2.2): backward-before-forward: BWD of chunk (2,2) has no FWD"}),
              boost::test_tools::per_element());
   // Inside one OVERLAP_B_F the backward leaf runs first.
-  BOOST_TEST(check("[B0.0|F0.0]") ==
-                 strings{"position 0 (B0.0): backward-before-forward: BWD of chunk (0,0) runs before its FWD (position 0)"},
-             boost::test_tools::per_element());
+  BOOST_TEST(
+      check("[B0.0|F0.0]") ==
+          strings{"position 0 (B0.0): backward-before-forward: BWD of chunk (0,0) runs before its FWD (position 0)"},
+      boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_CASE(swap_lifecycle) {
   BOOST_TEST(check("SG0.0 F0.0 LO0.0 WO0.0 LL0.0 WL0.0 B0.0").empty());
   // Missing SET_GROUP, a repeated LAUNCH_OFFLOAD, a WAIT_OFFLOAD before its LAUNCH_OFFLOAD, and a chunk
   // that stops before its backward.
-  BOOST_TEST(check("F0.0 LO0.0 WO0.0 LO0.0 LL0.0 WL0.0 B0.0 SG0.1 F0.1 WO0.1 LO0.1 SG0.2 F0.2 LO0.2") ==
-                 (strings{"position 0 (F0.0): swap-lifecycle: FWD of chunk (0,0) comes before SWAP_SET_GROUP",
-                          "position 3 (LO0.0): swap-lifecycle: SWAP_LAUNCH_OFFLOAD of chunk (0,0) is out of order: its "
-                          "life cycle already reached SWAP_WAIT_OFFLOAD at position 2",
-                          "position 9 (WO0.1): swap-lifecycle: SWAP_WAIT_OFFLOAD of chunk (0,1) comes before "
-                          "SWAP_LAUNCH_OFFLOAD",
-                          "position 9 (WO0.1): swap-lifecycle: swap life cycle of chunk (0,1) is incomplete: missing "
-                          "SWAP_LAUNCH_LOAD, SWAP_WAIT_LOAD, BWD",
-                          "position 10 (LO0.1): swap-lifecycle: SWAP_LAUNCH_OFFLOAD of chunk (0,1) is out of order: its "
-                          "life cycle already reached SWAP_WAIT_OFFLOAD at position 9",
-                          "position 13 (LO0.2): swap-lifecycle: swap life cycle of chunk (0,2) is incomplete: missing "
-                          "SWAP_WAIT_OFFLOAD, SWAP_LAUNCH_LOAD, SWAP_WAIT_LOAD, BWD"}),
-             boost::test_tools::per_element());
+  BOOST_TEST(
+      check("F0.0 LO0.0 WO0.0 LO0.0 LL0.0 WL0.0 B0.0 SG0.1 F0.1 WO0.1 LO0.1 SG0.2 F0.2 LO0.2") ==
+          (strings{"position 0 (F0.0): swap-lifecycle: FWD of chunk (0,0) comes before SWAP_SET_GROUP",
+                   "position 3 (LO0.0): swap-lifecycle: SWAP_LAUNCH_OFFLOAD of chunk (0,0) is out of order: its "
+                   "life cycle already reached SWAP_WAIT_OFFLOAD at position 2",
+                   "position 9 (WO0.1): swap-lifecycle: SWAP_WAIT_OFFLOAD of chunk (0,1) comes before "
+                   "SWAP_LAUNCH_OFFLOAD",
+                   "position 9 (WO0.1): swap-lifecycle: swap life cycle of chunk (0,1) is incomplete: missing "
+                   "SWAP_LAUNCH_LOAD, SWAP_WAIT_LOAD, BWD",
+                   "position 10 (LO0.1): swap-lifecycle: SWAP_LAUNCH_OFFLOAD of chunk (0,1) is out of order: its "
+                   "life cycle already reached SWAP_WAIT_OFFLOAD at position 9",
+                   "position 13 (LO0.2): swap-lifecycle: swap life cycle of chunk (0,2) is incomplete: missing "
+                   "SWAP_WAIT_OFFLOAD, SWAP_LAUNCH_LOAD, SWAP_WAIT_LOAD, BWD"}),
+      boost::test_tools::per_element());
   BOOST_TEST(check("SG0.0 SG0.0 F0.0 LO0.0 WO0.0 LL0.0 WL0.0 B0.0") ==
                  strings{"position 1 (SG0.0): swap-lifecycle: SWAP_SET_GROUP of chunk (0,0) is repeated: its life "
                          "cycle already reached SWAP_SET_GROUP at position 0"},
@@ -183,11 +184,12 @@ BOOST_AUTO_TEST_CASE(unpaired_messages) {
   BOOST_TEST(ps::to_text(orders[1]) == "FR1.0 F1.0 B1.0 BS1.0 FR1.1 F1.1 B1.1 BS1.1");
   orders[1].erase(orders[1].begin() + 4); // drop FR1.1
   auto const report = ps::check_schedule(orders, ps::stage_layout(2));
-  BOOST_TEST(lines(report.problems) ==
-                 (strings{"rank 0, position 4 (FS0.1): unpaired: FWD_SEND has no matching FR1.1 on rank 1",
-                          "rank 1, position 4 (F1.1): dataflow: FWD runs before its input arrives: no FR1.1 before it on "
-                          "rank 1"}),
-             boost::test_tools::per_element());
+  BOOST_TEST(
+      lines(report.problems) ==
+          (strings{"rank 0, position 4 (FS0.1): unpaired: FWD_SEND has no matching FR1.1 on rank 1",
+                   "rank 1, position 4 (F1.1): dataflow: FWD runs before its input arrives: no FR1.1 before it on "
+                   "rank 1"}),
+      boost::test_tools::per_element());
   BOOST_TEST(report.deadlock.empty());
 }
 
@@ -212,8 +214,8 @@ BOOST_AUTO_TEST_CASE(two_rank_deadlock_is_reported_as_a_cycle) {
   auto const orders = parse({"F0.0 BR0.0 FS0.0 B0.0", "FR1.0 F1.0 B1.0 BS1.0"});
   auto const report = ps::check_schedule(orders, ps::stage_layout(2));
   BOOST_TEST(report.problems.empty());
-  BOOST_TEST((report.deadlock == std::vector<ps::blocked_receive>{{0, 1, "BR0.0", 1, 3, "BS1.0"},
-                                                                 {1, 0, "FR1.0", 0, 2, "FS0.0"}}));
+  BOOST_TEST((report.deadlock ==
+              std::vector<ps::blocked_receive>{{0, 1, "BR0.0", 1, 3, "BS1.0"}, {1, 0, "FR1.0", 0, 2, "FS0.0"}}));
   expect_error([&] { ps::require_valid_schedule(orders, ps::stage_layout(2)); },
                "schedule has 0 problems and deadlocks:\n"
                "  deadlock:\n"
@@ -229,9 +231,9 @@ BOOST_AUTO_TEST_CASE(a_ring_of_four_ranks) {
   auto const report = ps::check_schedule(orders, ps::stage_layout(4, 2));
   BOOST_TEST(report.problems.empty());
   BOOST_TEST((report.deadlock == std::vector<ps::blocked_receive>{{0, 2, "FR4.0", 3, 4, "FS3.0"},
-                                                                 {3, 0, "FR7.0", 2, 5, "FS6.0"},
-                                                                 {2, 3, "FR6.0", 1, 5, "FS5.0"},
-                                                                 {1, 3, "FR5.0", 0, 4, "FS4.0"}}));
+                                                                  {3, 0, "FR7.0", 2, 5, "FS6.0"},
+                                                                  {2, 3, "FR6.0", 1, 5, "FS5.0"},
+                                                                  {1, 3, "FR5.0", 0, 4, "FS4.0"}}));
 }
 
 BOOST_AUTO_TEST_CASE(a_blocked_bystander_is_not_part_of_the_cycle) {
@@ -239,16 +241,16 @@ BOOST_AUTO_TEST_CASE(a_blocked_bystander_is_not_part_of_the_cycle) {
   auto const orders = parse({"F0.0 FS0.0 BR0.0 B0.0", "FR1.0 F1.0 BR1.0 FS1.0 B1.0 BS1.0", "FR2.0 F2.0 B2.0 BS2.0"});
   auto const report = ps::check_schedule(orders, ps::stage_layout(3));
   BOOST_TEST(report.problems.empty());
-  BOOST_TEST((report.deadlock == std::vector<ps::blocked_receive>{{1, 2, "BR1.0", 2, 3, "BS2.0"},
-                                                                 {2, 0, "FR2.0", 1, 3, "FS1.0"}}));
+  BOOST_TEST((report.deadlock ==
+              std::vector<ps::blocked_receive>{{1, 2, "BR1.0", 2, 3, "BS2.0"}, {2, 0, "FR2.0", 1, 3, "FS1.0"}}));
 }
 
 BOOST_AUTO_TEST_CASE(a_finished_rank_zero_is_skipped) {
   // Rank 0 runs to its end; the search for the cycle starts at rank 1, the lowest blocked rank.
   auto const report = ps::check_schedule(parse({"F0.0 FS0.0", "FR1.0 F1.0 BR1.0 FS1.0 B1.0", "FR2.0 F2.0 B2.0 BS2.0"}),
                                          ps::stage_layout(3));
-  BOOST_TEST((report.deadlock == std::vector<ps::blocked_receive>{{1, 2, "BR1.0", 2, 3, "BS2.0"},
-                                                                 {2, 0, "FR2.0", 1, 3, "FS1.0"}}));
+  BOOST_TEST((report.deadlock ==
+              std::vector<ps::blocked_receive>{{1, 2, "BR1.0", 2, 3, "BS2.0"}, {2, 0, "FR2.0", 1, 3, "FS1.0"}}));
 }
 
 BOOST_AUTO_TEST_CASE(a_cycle_entered_above_its_lowest_rank_starts_at_its_lowest_rank) {
@@ -257,8 +259,8 @@ BOOST_AUTO_TEST_CASE(a_cycle_entered_above_its_lowest_rank_starts_at_its_lowest_
   auto const report =
       ps::check_schedule(parse({"F0.0 FS0.0 FR3.0 F3.0", "FR1.0 F1.0 BR1.0 FS1.0 B1.0", "FR2.0 F2.0 FS2.0 B2.0 BS2.0"}),
                          ps::stage_layout(3, 2));
-  BOOST_TEST((report.deadlock == std::vector<ps::blocked_receive>{{1, 2, "BR1.0", 2, 4, "BS2.0"},
-                                                                 {2, 0, "FR2.0", 1, 3, "FS1.0"}}));
+  BOOST_TEST((report.deadlock ==
+              std::vector<ps::blocked_receive>{{1, 2, "BR1.0", 2, 4, "BS2.0"}, {2, 0, "FR2.0", 1, 3, "FS1.0"}}));
 }
 
 BOOST_AUTO_TEST_CASE(a_rank_can_deadlock_on_itself) {
@@ -297,13 +299,13 @@ BOOST_AUTO_TEST_CASE(detect_cycle_in_graph) {
               multiple == ps::label_cycle{{"D", "E", "D"}, {"2 D -> E", "2 E -> D"}}));
   BOOST_TEST(!cycle({}).has_value());
   BOOST_TEST(!cycle({{"rank1", {"A", "B"}}}).has_value());
-  BOOST_TEST((cycle({{"1", {"A", "B", "C"}}, {"2", {"C", "D", "E"}}, {"3", {"E", "A"}}}) ==
-              ps::label_cycle{{"A", "B", "C", "D", "E", "A"},
-                              {"1 A -> B", "1 B -> C", "2 C -> D", "2 D -> E", "3 E -> A"}}));
+  BOOST_TEST(
+      (cycle({{"1", {"A", "B", "C"}}, {"2", {"C", "D", "E"}}, {"3", {"E", "A"}}}) ==
+       ps::label_cycle{{"A", "B", "C", "D", "E", "A"}, {"1 A -> B", "1 B -> C", "2 C -> D", "2 D -> E", "3 E -> A"}}));
   BOOST_TEST((cycle({{"1", {"A", "B", "C"}}, {"2", {"D", "E", "D"}}}) ==
               ps::label_cycle{{"D", "E", "D"}, {"2 D -> E", "2 E -> D"}}));
-  BOOST_TEST((cycle({{"1", {"A", "B"}}, {"2", {"B", "A"}}}) ==
-              ps::label_cycle{{"A", "B", "A"}, {"1 A -> B", "2 B -> A"}}));
+  BOOST_TEST(
+      (cycle({{"1", {"A", "B"}}, {"2", {"B", "A"}}}) == ps::label_cycle{{"A", "B", "A"}, {"1 A -> B", "2 B -> A"}}));
   BOOST_TEST((cycle({{"1", {"A", "B"}}, {"2", {"B", "C"}}, {"3", {"C", "A"}}}) ==
               ps::label_cycle{{"A", "B", "C", "A"}, {"1 A -> B", "2 B -> C", "3 C -> A"}}));
   BOOST_TEST(!cycle({{"1", {"A", "B"}}, {"2", {"B", "C"}}, {"3", {"C", "D"}}}).has_value());
@@ -319,8 +321,8 @@ BOOST_AUTO_TEST_CASE(detect_cycle_in_graph) {
 // Reference §4.1 item 10 (TestPipelineValidation).
 BOOST_AUTO_TEST_CASE(validate_pipeline_execution) {
   auto const pair = ps::validate_pipeline_execution(parse({"FS0.0", "FR1.0"}), 1);
-  BOOST_TEST((pair.operations == lm{{"0", {"Send_Receive_(0)->(1)_micro0_1th"}},
-                                    {"1", {"Send_Receive_(0)->(1)_micro0_1th"}}}));
+  BOOST_TEST((pair.operations ==
+              lm{{"0", {"Send_Receive_(0)->(1)_micro0_1th"}}, {"1", {"Send_Receive_(0)->(1)_micro0_1th"}}}));
   BOOST_TEST(!pair.has_cycle());
   // A full 3-rank x 3-chunk x 6-micro interleaved order has no cycle.
   auto const full = ps::validate_pipeline_execution(ps::interleaved_1f1b({3, 3, 6, false}), 3);
@@ -332,17 +334,20 @@ BOOST_AUTO_TEST_CASE(labels_count_per_peer_and_micro_batch) {
   // Two ranks, two chunks: the forward message 0->1 (stage 0->1) and the backward one 0->1 (stage 2->1)
   // of micro-batch 0 share a counter.
   auto const ops = ps::p2p_labels(parse({"FS0.0 BS2.0 FR2.0 F9.0 _", "FR1.0 BR1.0 FS1.0 FS3.0"}), 2);
-  BOOST_TEST((ops == lm{{"0", {"Send_Receive_(0)->(1)_micro0_1th", "Send_Receive_(0)->(1)_micro0_2th",
-                               "Send_Receive_(1)->(0)_micro0_1th"}},
-                        {"1", {"Send_Receive_(0)->(1)_micro0_1th", "Send_Receive_(0)->(1)_micro0_2th",
-                               "Send_Receive_(1)->(0)_micro0_1th"}}}));
+  BOOST_TEST((ops == lm{{"0",
+                         {"Send_Receive_(0)->(1)_micro0_1th", "Send_Receive_(0)->(1)_micro0_2th",
+                          "Send_Receive_(1)->(0)_micro0_1th"}},
+                        {"1",
+                         {"Send_Receive_(0)->(1)_micro0_1th", "Send_Receive_(0)->(1)_micro0_2th",
+                          "Send_Receive_(1)->(0)_micro0_1th"}}}));
 }
 
 BOOST_AUTO_TEST_CASE(label_cycles_assume_rendezvous_sends) {
   // Rank 0 sends both forwards before it receives a gradient; rank 1 sends the first gradient before it
   // receives the second forward. With rendezvous sends both block (a label cycle); with posted sends
   // the schedule runs.
-  auto const orders = parse({"F0.0 FS0.0 F0.1 FS0.1 BR0.0 B0.0 BR0.1 B0.1", "FR1.0 F1.0 B1.0 BS1.0 FR1.1 F1.1 B1.1 BS1.1"});
+  auto const orders =
+      parse({"F0.0 FS0.0 F0.1 FS0.1 BR0.0 B0.0 BR0.1 B0.1", "FR1.0 F1.0 B1.0 BS1.0 FR1.1 F1.1 B1.1 BS1.1"});
   BOOST_TEST(ps::check_schedule(orders, ps::stage_layout(2)).ok());
   std::string const a1 = "Send_Receive_(0)->(1)_micro1_1th", b0 = "Send_Receive_(1)->(0)_micro0_1th";
   BOOST_TEST((ps::validate_pipeline_execution(orders, 1).cycle ==

@@ -203,8 +203,7 @@ BOOST_AUTO_TEST_CASE(the_embedding_is_not_charged_as_a_matmul) {
   s.model.vocab *= 2;
   auto const b = sim::plan_stages(s);
   BOOST_TEST(a.front().fwd_flops == b.front().fwd_flops);
-  BOOST_TEST(b.back().fwd_flops - a.back().fwd_flops ==
-             2.0 * 32000 * 8192 * 4096, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(b.back().fwd_flops - a.back().fwd_flops == 2.0 * 32000 * 8192 * 4096, boost::test_tools::tolerance(1e-12));
   BOOST_TEST(b.front().params - a.front().params == 32000u * 8192u);
 }
 
@@ -353,7 +352,7 @@ BOOST_AUTO_TEST_CASE(an_end_to_end_mfu_calibrates_the_kernel_efficiency) {
   auto const got = sim::end_to_end_mfu(c, sim::simulate(c, {}).step_ns);
   BOOST_TEST(got == 0.3, boost::test_tools::tolerance(1e-3));
   BOOST_TEST(c.device.kernel_efficiency > 0.3); // the bubble costs the rest
-  s.device.end_to_end_mfu = 0.99;                // out of reach with the bubble of 2 ranks, 8 micro-batches
+  s.device.end_to_end_mfu = 0.99;               // out of reach with the bubble of 2 ranks, 8 micro-batches
   BOOST_CHECK_THROW((void)sim::calibrated(s), pipeswap::invalid_argument);
 }
 

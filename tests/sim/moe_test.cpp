@@ -89,11 +89,12 @@ BOOST_AUTO_TEST_CASE(qwen3_activations_per_layer_match_the_hand_calculation) {
   for (std::uint32_t t : {1u, 2u, 4u}) {
     auto const s = qwen3(t, 2, 4 * (t == 1 ? 2 : 1), 4);
     double const e = 2, h = 2048, T = 8192, Tr = T / t, P = 8 * Tr * t, fe = 768.0 / t;
-    double const attention = 2 * e * Tr * h + e * T * 4096 / t + 2 * e * T * 512 / t + e * T * 4096 / t +
-                             4 * 2 * (32.0 / t) * 4096;
+    double const attention =
+        2 * e * Tr * h + e * T * 4096 / t + 2 * e * T * 512 / t + e * T * 4096 / t + 4 * 2 * (32.0 / t) * 4096;
     double const moe = e * Tr * h + e * Tr * h + 4 * Tr * 128 + e * P * h + 2 * e * P * fe + e * P * fe + e * P * h;
     BOOST_TEST_CONTEXT("tp " << t) {
-      BOOST_TEST(close(static_cast<double>(sim::activation_bytes_per_layer(s.model, s.parallel)), attention + moe, 1e-12));
+      BOOST_TEST(
+          close(static_cast<double>(sim::activation_bytes_per_layer(s.model, s.parallel)), attention + moe, 1e-12));
     }
   }
 }

@@ -67,7 +67,9 @@ sim::sim_result run(sim::scenario s, sim::swapping c, bool overlap) {
   return sim::simulate_sized(s, o);
 }
 
-double overhead(sim::sim_result const& x, sim::sim_result const& base) { return sim::overhead(x.step_ns, base.step_ns); }
+double overhead(sim::sim_result const& x, sim::sim_result const& base) {
+  return sim::overhead(x.step_ns, base.step_ns);
+}
 
 } // namespace
 
@@ -192,12 +194,14 @@ BOOST_AUTO_TEST_CASE(the_load_lookahead_covers_the_copy_of_a_chunk) {
   auto const orders = sim::schedule_of(s);
   for (std::uint32_t r = 0; r < s.pipeline.ranks; ++r) {
     auto const& st = stages[r];
-    double const copy = s.device.copy_latency_us * 1e3 + static_cast<double>(st.activation_bytes - st.boundary_bytes) /
-                                                             links[r].h2d_gbps;
+    double const copy = s.device.copy_latency_us * 1e3 +
+                        static_cast<double>(st.activation_bytes - st.boundary_bytes) / links[r].h2d_gbps;
     std::size_t gap = 0;
     for (auto const& c : sched::swap_candidates(orders[r])) gap = gap == 0 ? c.gap() : std::min(gap, c.gap());
-    auto const want = gap == 0 ? 1 : std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(copy / static_cast<double>(st.fwd_ns))), 1,
-                                                     std::max<std::size_t>(1, gap / 2));
+    auto const want =
+        gap == 0 ? 1
+                 : std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(copy / static_cast<double>(st.fwd_ns))),
+                                           1, std::max<std::size_t>(1, gap / 2));
     BOOST_TEST(sim::load_lookahead_for(s, stages, r, links[r]) == want, "rank " << r);
   }
   // Rank 0: 10 layers of 1.125 GB over 278 / 8 × 0.7 GB/s take 0.46 s, about 2.6 forwards.
@@ -210,7 +214,8 @@ BOOST_AUTO_TEST_CASE(the_load_lookahead_covers_the_copy_of_a_chunk) {
   o.swap_activations = true;
   o.load_lookahead = 2;
   auto const a = sim::simulate(s2, o);
-  auto const b = sim::simulate_orders(s2, sim::inject_all(sim::schedule_of(s2), {}, [](std::uint32_t) { return std::size_t{2}; }), o);
+  auto const b = sim::simulate_orders(
+      s2, sim::inject_all(sim::schedule_of(s2), {}, [](std::uint32_t) { return std::size_t{2}; }), o);
   for (std::size_t r = 0; r < a.ranks.size(); ++r) {
     BOOST_TEST(a.ranks[r].step_ns == b.ranks[r].step_ns);
     BOOST_TEST(a.ranks[r].peak_bytes == b.ranks[r].peak_bytes);
@@ -243,8 +248,9 @@ BOOST_AUTO_TEST_CASE(the_offload_wait_delay_keeps_the_fill_from_waiting) {
   BOOST_REQUIRE(o.ranks.size() == 8u);
   BOOST_TEST(*o.ranks[0].offload_wait_delay == 2u);
   auto const delayed = sim::simulate(s, o);
-  auto const orders = sim::inject_all(sim::schedule_of(s), {}, std::function<sched::inject_options(std::uint32_t)>(
-                                                                   [&](std::uint32_t r) { return o.inject_options_of(r); }));
+  auto const orders = sim::inject_all(
+      sim::schedule_of(s), {},
+      std::function<sched::inject_options(std::uint32_t)>([&](std::uint32_t r) { return o.inject_options_of(r); }));
   auto const same = sim::simulate_orders(s, orders, o);
   for (auto& x : o.ranks) x.offload_wait_delay = 1;
   auto const reference = sim::simulate(s, o);

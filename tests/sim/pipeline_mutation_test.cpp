@@ -42,8 +42,7 @@ bool caught(unsigned sites) {
       std::rethrow_if_nested(e);
     } catch (ps::mock::hazard_error const&) {
       hazard = true;
-    } catch (...) {
-    }
+    } catch (...) {}
   }
   ps::detail::mutated_sites = 0;
   return hazard;

@@ -146,8 +146,8 @@ BOOST_AUTO_TEST_CASE(sweep_every_schedule_hazard_free_with_data_intact) {
             s.pipeline.schedule = kind;
             s.pipeline.chunks = chunks;
             s.pipeline.overlap_b_f = overlap;
-            BOOST_TEST_CONTEXT("kind " << int(kind) << " ranks " << ranks << " micro " << micro << " chunks "
-                                       << chunks << " overlap " << overlap) {
+            BOOST_TEST_CONTEXT("kind " << int(kind) << " ranks " << ranks << " micro " << micro << " chunks " << chunks
+                                       << " overlap " << overlap) {
               auto const plain = sim::simulate(s, opts(false, false));
               auto const both = sim::simulate(s, opts(true, true));
               ++runs;

@@ -64,8 +64,8 @@ struct host_range {
   std::uint32_t scalars;
   std::vector<host_array> arrays; // param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, master
 
-  host_range(dtype p, dtype g, bool with_master, bool ams, std::size_t n_, std::uint32_t sc,
-             range_offsets const& off, std::uint64_t seed)
+  host_range(dtype p, dtype g, bool with_master, bool ams, std::size_t n_, std::uint32_t sc, range_offsets const& off,
+             std::uint64_t seed)
       : ptype(p), gtype(g), master(with_master), amsgrad(ams), n(n_), scalars(sc) {
     std::size_t const es[6] = {size_of(p), size_of(g), 4, 4, 4, 4};
     for (std::size_t a = 0; a < 6; ++a) arrays.emplace_back(n, es[a], off[a]);

@@ -91,8 +91,7 @@ inline void fill_pattern(std::byte* p, std::size_t n, std::uint32_t seed) noexce
 }
 
 /// Index of the first byte that differs from pattern `seed`, or n when all match.
-[[nodiscard]] inline std::size_t first_mismatch(std::byte const* p, std::size_t n,
-                                                std::uint32_t seed) noexcept {
+[[nodiscard]] inline std::size_t first_mismatch(std::byte const* p, std::size_t n, std::uint32_t seed) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
     if (p[i] != pattern_byte(i, seed)) return i;
   }

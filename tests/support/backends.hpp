@@ -134,9 +134,7 @@ public:
     count("deallocate_device"), inner_.deallocate_device(d, n, s);
   }
   std::byte* allocate_host(std::size_t n) { return count("allocate_host"), inner_.allocate_host(n); }
-  void deallocate_host(std::byte* h, std::size_t n) {
-    count("deallocate_host"), inner_.deallocate_host(h, n);
-  }
+  void deallocate_host(std::byte* h, std::size_t n) { count("deallocate_host"), inner_.deallocate_host(h, n); }
   void copy_h2d(device_pointer d, std::byte const* h, std::size_t n, stream_type s) {
     count("copy_h2d"), inner_.copy_h2d(d, h, n, s);
   }

@@ -29,14 +29,13 @@ namespace pipeswap::test {
   cudaError_t const s = cudaGetDeviceCount(&n);
   if (s != cudaSuccess) {
     (void)cudaGetLastError();
-    return "no CUDA device: cudaGetDeviceCount returned error " +
-           std::to_string(static_cast<int>(s)) + " (" + cudaGetErrorName(s) + ": " +
-           cudaGetErrorString(s) + ")";
+    return "no CUDA device: cudaGetDeviceCount returned error " + std::to_string(static_cast<int>(s)) + " (" +
+           cudaGetErrorName(s) + ": " + cudaGetErrorString(s) + ")";
   }
   if (n == 0) return std::string("no CUDA device: cudaGetDeviceCount found 0 devices");
   if (int const d = cuda_test_device(); d < 0 || d >= n) {
-    return "no CUDA device: PIPESWAP_TEST_DEVICE=" + std::to_string(d) + " but only " +
-           std::to_string(n) + " device(s) present";
+    return "no CUDA device: PIPESWAP_TEST_DEVICE=" + std::to_string(d) + " but only " + std::to_string(n) +
+           " device(s) present";
   }
   return std::nullopt;
 }

@@ -7,11 +7,11 @@ namespace pipeswap::test {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 inline constexpr bool sanitized_build = true;
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#  if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
 inline constexpr bool sanitized_build = true;
-#else
+#  else
 inline constexpr bool sanitized_build = false;
-#endif
+#  endif
 #else
 inline constexpr bool sanitized_build = false;
 #endif

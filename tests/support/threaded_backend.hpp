@@ -204,7 +204,8 @@ private:
       }
       case task::work: {
         auto const most = (t.copy ? o_.copy_jitter : o_.kernel_jitter).count();
-        if (most > 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % static_cast<std::uint64_t>(most + 1)));
+        if (most > 0)
+          std::this_thread::sleep_for(std::chrono::microseconds(rng() % static_cast<std::uint64_t>(most + 1)));
         std::lock_guard lk(run_m_);
         t.fn();
         ++items_;
@@ -270,15 +271,17 @@ inline std::vector<std::byte> download(threaded_backend& b, device_ptr d, std::s
 template <>
 struct pipeswap::adam_kernels<pipeswap::test::threaded_backend> {
   using B = pipeswap::test::threaded_backend;
-  void update(B& b, B::stream_type s, std::span<adam_tensor<B> const> ts, std::span<adam_step_scalars const> scalars) const {
+  void update(B& b, B::stream_type s, std::span<adam_tensor<B> const> ts,
+              std::span<adam_step_scalars const> scalars) const {
     validate_adam_batch(ts, scalars); // before anything is enqueued
     std::vector<adam_tensor<B>> batch(ts.begin(), ts.end());
     std::vector<adam_step_scalars> sc(scalars.begin(), scalars.end());
-    b.launch(s, [batch = std::move(batch), sc = std::move(sc), &b, s] {
-      host_adam_kernels<B>{}.update(b, s, batch, sc);
-    });
+    b.launch(s,
+             [batch = std::move(batch), sc = std::move(sc), &b, s] { host_adam_kernels<B>{}.update(b, s, batch, sc); });
   }
   void init_master(B& b, B::stream_type s, device_ptr param, device_ptr master, std::size_t numel, dtype type) const {
-    b.launch(s, [&b, s, param, master, numel, type] { host_adam_kernels<B>{}.init_master(b, s, param, master, numel, type); });
+    b.launch(s, [&b, s, param, master, numel, type] {
+      host_adam_kernels<B>{}.init_master(b, s, param, master, numel, type);
+    });
   }
 };

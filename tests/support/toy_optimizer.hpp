@@ -28,8 +28,8 @@ struct host_kernel;
 template <>
 struct host_kernel<mock::backend> {
   template <class F>
-  static void run(mock::backend& b, std::string name, std::vector<mock::region> reads,
-                  std::vector<mock::region> writes, F body) {
+  static void run(mock::backend& b, std::string name, std::vector<mock::region> reads, std::vector<mock::region> writes,
+                  F body) {
     b.launch(b.current_stream(), {std::move(name), std::move(reads), std::move(writes), std::nullopt},
              [body = std::move(body)](mock::kernel_context const& k) { body(k); });
   }
@@ -38,16 +38,19 @@ struct host_kernel<mock::backend> {
 /// Device memory of the synchronous host backend is host memory: the body runs at once.
 struct direct_view {
   template <class T>
-  std::span<T const> read(device_ptr p, std::size_t n) const { return {p.get<T const>(), n}; }
+  std::span<T const> read(device_ptr p, std::size_t n) const {
+    return {p.get<T const>(), n};
+  }
   template <class T>
-  std::span<T> write(device_ptr p, std::size_t n) const { return {p.get<T>(), n}; }
+  std::span<T> write(device_ptr p, std::size_t n) const {
+    return {p.get<T>(), n};
+  }
 };
 
 template <>
 struct host_kernel<sync_host_backend> {
   template <class F>
-  static void run(sync_host_backend&, std::string, std::vector<mock::region>, std::vector<mock::region>,
-                  F body) {
+  static void run(sync_host_backend&, std::string, std::vector<mock::region>, std::vector<mock::region>, F body) {
     body(direct_view{});
   }
 };
@@ -95,12 +98,11 @@ public:
 
   void initialize(std::size_t slot, device_ptr dst) {
     auto const& p = params_.at(slots_.at(slot).param);
-    host_kernel<B>::run(b_, "init master", {{p.param, p.numel * 4}}, {{dst, p.numel * 4}},
-                        [=](auto const& k) {
-                          auto src = k.template read<float>(p.param, p.numel);
-                          auto out = k.template write<float>(dst, p.numel);
-                          std::copy(src.begin(), src.end(), out.begin());
-                        });
+    host_kernel<B>::run(b_, "init master", {{p.param, p.numel * 4}}, {{dst, p.numel * 4}}, [=](auto const& k) {
+      auto src = k.template read<float>(p.param, p.numel);
+      auto out = k.template write<float>(dst, p.numel);
+      std::copy(src.begin(), src.end(), out.begin());
+    });
   }
 
   step_context prepare_step() {
@@ -125,9 +127,12 @@ public:
       auto const& prm = params_[u.param];
       auto const off = r.begin * 4;
       auto const n = r.end - r.begin;
-      job j{prm.param + off, prm.grad + off, view.device_at(u.slots[0], r.begin),
+      job j{prm.param + off,
+            prm.grad + off,
+            view.device_at(u.slots[0], r.begin),
             view.device_at(u.slots[1], r.begin),
-            u.slots.size() > 2 ? view.device_at(u.slots[2], r.begin) : device_ptr{}, n};
+            u.slots.size() > 2 ? view.device_at(u.slots[2], r.begin) : device_ptr{},
+            n};
       reads.push_back({j.g, n * 4});
       writes.push_back({j.p, n * 4});
       writes.push_back({j.m, n * 4});

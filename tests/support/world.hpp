@@ -23,9 +23,7 @@ inline void upload(mock::backend& b, device_ptr d, void const* src, std::size_t 
 inline void upload(sync_host_backend&, device_ptr d, void const* src, std::size_t n) {
   if (n) std::memcpy(d.get(), src, n);
 }
-inline std::vector<std::byte> download(mock::backend& b, device_ptr d, std::size_t n) {
-  return b.read_device(d, n);
-}
+inline std::vector<std::byte> download(mock::backend& b, device_ptr d, std::size_t n) { return b.read_device(d, n); }
 inline std::vector<std::byte> download(sync_host_backend&, device_ptr d, std::size_t n) {
   auto const* p = d.get<std::byte>();
   return {p, p + n};

@@ -262,8 +262,8 @@ namespace {
 
 struct phased_outcome {
   std::size_t hazards = 0;
-  std::size_t swap_peak = 0;  ///< the mock's device peak above parameters and gradients
-  std::uint64_t counted = 0;  ///< the budget's high-water mark
+  std::size_t swap_peak = 0; ///< the mock's device peak above parameters and gradients
+  std::uint64_t counted = 0; ///< the budget's high-water mark
 };
 
 /// Three steps, each preceded by prefetch() of every batch, with a budget large enough to count

@@ -53,8 +53,8 @@ ps::swap_config swap(std::size_t times, bool packed, std::size_t min_numel = 0) 
 
 /// Runs `steps` steps and returns every parameter and state byte.
 template <class P = ps::balanced_partition>
-std::vector<std::vector<std::byte>> train(std::vector<std::size_t> const& sizes, ps::swap_config cfg,
-                                          int steps, bool masters, P policy = {}) {
+std::vector<std::vector<std::byte>> train(std::vector<std::size_t> const& sizes, ps::swap_config cfg, int steps,
+                                          bool masters, P policy = {}) {
   mock::backend b{recording()};
   ps::transfer_engine<mock::backend> x(b, small_pool());
   mock_model m(b, sizes, 7, masters);
@@ -77,8 +77,8 @@ BOOST_AUTO_TEST_CASE(bit_exact_against_no_swap_for_both_pipelines) {
     for (bool packed : {false, true}) {
       for (std::size_t k : {1u, 2u, 3u, 7u, 16u, 100u}) {
         for (std::size_t min_numel : {0u, 1024u}) {
-          BOOST_TEST_CONTEXT("packed " << packed << " swap_times " << k << " min_numel " << min_numel
-                                       << " masters " << masters) {
+          BOOST_TEST_CONTEXT("packed " << packed << " swap_times " << k << " min_numel " << min_numel << " masters "
+                                       << masters) {
             auto const got = train(mixed_sizes, swap(k, packed, min_numel), 3, masters);
             BOOST_TEST_REQUIRE(got.size() == ref.size());
             for (std::size_t i = 0; i < ref.size(); ++i) BOOST_TEST((got[i] == ref[i]), "tensor " << i);
@@ -106,8 +106,7 @@ BOOST_AUTO_TEST_CASE(user_backend_gives_the_same_bits_as_the_mock) {
   auto const ref = train(mixed_sizes, swap(3, true), 2, true);
   ps::test::sync_host_backend b;
   ps::transfer_engine<ps::test::sync_host_backend> x(b, small_pool());
-  ps::test::model<ps::test::sync_host_backend, toy_optimizer<ps::test::sync_host_backend>> m(
-      b, mixed_sizes, 7, true);
+  ps::test::model<ps::test::sync_host_backend, toy_optimizer<ps::test::sync_host_backend>> m(b, mixed_sizes, 7, true);
   {
     ps::optimizer_swap<toy_optimizer<ps::test::sync_host_backend>> rt(x, m.opt, swap(3, false));
     for (int s = 0; s < 2; ++s) {
@@ -122,21 +121,26 @@ BOOST_AUTO_TEST_CASE(user_backend_gives_the_same_bits_as_the_mock) {
 
 BOOST_AUTO_TEST_CASE(reference_call_traces) {
   // One single-slot unit per batch, as in the reference tests.
-  std::vector<std::string> const per_tensor3{
-      "prefetch:0",      "wait_prefetch:0", "prefetch:1",   "update:0",     "offload:0",
-      "wait_prefetch:1", "wait_offload:0",  "prefetch:2",   "update:1",     "offload:1",
-      "wait_prefetch:2", "wait_offload:1",  "update:2",     "offload:2",    "wait_offload:2"};
-  std::vector<std::string> const packed3{
-      "begin:3",          "prefetch:0:0",    "prefetch:1:1",      "wait_prefetch:0:0", "activate:0:0",
-      "update:0",         "chain:0:2:0",     "wait_prefetch:1:1", "activate:1:1",
-      "update:1",         "chain:1:-:1",  "wait_prefetch:2:0", "wait_offload:0",    "finish_offload:0",
-      "activate:2:0",     "update:2",        "chain:2:-:0",    "wait_offload:1",    "finish_offload:1",
-      "wait_offload:2",   "finish_offload:2", "end"};
+  std::vector<std::string> const per_tensor3{"prefetch:0", "wait_prefetch:0", "prefetch:1",      "update:0",
+                                             "offload:0",  "wait_prefetch:1", "wait_offload:0",  "prefetch:2",
+                                             "update:1",   "offload:1",       "wait_prefetch:2", "wait_offload:1",
+                                             "update:2",   "offload:2",       "wait_offload:2"};
+  std::vector<std::string> const packed3{"begin:3",          "prefetch:0:0",
+                                         "prefetch:1:1",     "wait_prefetch:0:0",
+                                         "activate:0:0",     "update:0",
+                                         "chain:0:2:0",      "wait_prefetch:1:1",
+                                         "activate:1:1",     "update:1",
+                                         "chain:1:-:1",      "wait_prefetch:2:0",
+                                         "wait_offload:0",   "finish_offload:0",
+                                         "activate:2:0",     "update:2",
+                                         "chain:2:-:0",      "wait_offload:1",
+                                         "finish_offload:1", "wait_offload:2",
+                                         "finish_offload:2", "end"};
   std::vector<std::string> const per_tensor1{"prefetch:0", "wait_prefetch:0", "update:0", "offload:0",
                                              "wait_offload:0"};
-  std::vector<std::string> const packed1{"begin:1",  "prefetch:0:0",   "wait_prefetch:0:0", "activate:0:0",
-                                         "update:0", "chain:0:-:0", "wait_offload:0",
-                                         "finish_offload:0", "end"};
+  std::vector<std::string> const packed1{"begin:1",        "prefetch:0:0",     "wait_prefetch:0:0",
+                                         "activate:0:0",   "update:0",         "chain:0:-:0",
+                                         "wait_offload:0", "finish_offload:0", "end"};
   for (bool packed : {false, true}) {
     for (std::size_t n : {0u, 1u, 2u, 3u}) {
       mock::backend b;
@@ -167,17 +171,17 @@ BOOST_AUTO_TEST_CASE(reference_call_traces) {
         if (n == 1) BOOST_TEST((trace == (packed ? packed1 : per_tensor1)));
         if (n == 3) BOOST_TEST((trace == (packed ? packed3 : per_tensor3)));
         if (n == 2 && !packed) {
-          std::vector<std::string> const two{"prefetch:0",      "wait_prefetch:0", "prefetch:1", "update:0",
-                                             "offload:0",       "wait_prefetch:1", "wait_offload:0",
-                                             "update:1",        "offload:1",       "wait_offload:1"};
+          std::vector<std::string> const two{"prefetch:0", "wait_prefetch:0", "prefetch:1",     "update:0",
+                                             "offload:0",  "wait_prefetch:1", "wait_offload:0", "update:1",
+                                             "offload:1",  "wait_offload:1"};
           BOOST_TEST((trace == two));
         }
         if (n == 2 && packed) {
           std::vector<std::string> const two{
-              "begin:2",        "prefetch:0:0",     "prefetch:1:1",   "wait_prefetch:0:0", "activate:0:0",
-              "update:0",       "chain:0:-:0",   "wait_prefetch:1:1", "activate:1:1",   "update:1",
-              "chain:1:-:1", "wait_offload:0",   "finish_offload:0", "wait_offload:1",  "finish_offload:1",
-              "end"};
+              "begin:2",          "prefetch:0:0",   "prefetch:1:1",     "wait_prefetch:0:0",
+              "activate:0:0",     "update:0",       "chain:0:-:0",      "wait_prefetch:1:1",
+              "activate:1:1",     "update:1",       "chain:1:-:1",      "wait_offload:0",
+              "finish_offload:0", "wait_offload:1", "finish_offload:1", "end"};
           BOOST_TEST((trace == two));
         }
       }
@@ -300,25 +304,22 @@ BOOST_AUTO_TEST_CASE(bad_configuration_is_rejected_with_clear_messages) {
   ps::transfer_engine<mock::backend> x(b, small_pool());
   mock_model m(b, {16, 16}, 1, false);
   auto cfg = swap(0, true);
-  BOOST_CHECK_EXCEPTION((ps::optimizer_swap<toy_optimizer<mock::backend>>(x, m.opt, cfg)),
-                        ps::invalid_argument, [](auto const& e) {
-                          return std::string(e.what()) == "swap_config::swap_times must be positive.";
-                        });
+  BOOST_CHECK_EXCEPTION(
+      (ps::optimizer_swap<toy_optimizer<mock::backend>>(x, m.opt, cfg)), ps::invalid_argument,
+      [](auto const& e) { return std::string(e.what()) == "swap_config::swap_times must be positive."; });
   cfg = swap(2, true);
   cfg.state_keys = std::vector<std::string>{"exp_avg", "momentum", "bogus", "momentum"};
-  BOOST_CHECK_EXCEPTION((ps::optimizer_swap<toy_optimizer<mock::backend>>(x, m.opt, cfg)),
-                        ps::invalid_argument, [](auto const& e) {
-                          return std::string(e.what()) ==
-                                 "swap_config::state_keys only supports Adam/AdamW logical slots "
-                                 "('exp_avg', 'exp_avg_sq', 'max_exp_avg_sq', 'master_param'), but got "
-                                 "['bogus', 'momentum'].";
-                        });
+  BOOST_CHECK_EXCEPTION(
+      (ps::optimizer_swap<toy_optimizer<mock::backend>>(x, m.opt, cfg)), ps::invalid_argument, [](auto const& e) {
+        return std::string(e.what()) == "swap_config::state_keys only supports Adam/AdamW logical slots "
+                                        "('exp_avg', 'exp_avg_sq', 'max_exp_avg_sq', 'master_param'), but got "
+                                        "['bogus', 'momentum'].";
+      });
   cfg.state_keys = std::vector<std::string>{"exp_avg", "exp_avg_sq", "exp_avg"};
-  BOOST_CHECK_EXCEPTION((ps::optimizer_swap<toy_optimizer<mock::backend>>(x, m.opt, cfg)),
-                        ps::invalid_argument, [](auto const& e) {
-                          return std::string(e.what()) ==
-                                 "swap_config::state_keys names 'exp_avg' twice; give each state key once";
-                        });
+  BOOST_CHECK_EXCEPTION(
+      (ps::optimizer_swap<toy_optimizer<mock::backend>>(x, m.opt, cfg)), ps::invalid_argument, [](auto const& e) {
+        return std::string(e.what()) == "swap_config::state_keys names 'exp_avg' twice; give each state key once";
+      });
   // Nothing was lost: a valid runtime still builds and steps over the same optimizer.
   cfg.state_keys = std::vector<std::string>{"exp_avg"};
   ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, cfg);
@@ -450,8 +451,7 @@ BOOST_AUTO_TEST_CASE(a_second_live_runtime_is_refused_and_nothing_leaks) {
   ps::test::sync_host_backend b;
   {
     ps::transfer_engine<ps::test::sync_host_backend> x(b, small_pool());
-    ps::test::model<ps::test::sync_host_backend, toy_optimizer<ps::test::sync_host_backend>> m(b, mixed_sizes, 7,
-                                                                                              true);
+    ps::test::model<ps::test::sync_host_backend, toy_optimizer<ps::test::sync_host_backend>> m(b, mixed_sizes, 7, true);
     auto const base = b.device_bytes();
     {
       ps::optimizer_swap<toy_optimizer<ps::test::sync_host_backend>> rt(x, m.opt, swap(3, false, 1024));
@@ -564,8 +564,8 @@ BOOST_AUTO_TEST_CASE(the_former_names_still_compile_and_forward) {
   rt.step();
   ps::schedule::stage_layout const layout(2, 3);
 #if defined(__GNUC__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#  pragma GCC diagnostic push
+#  pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 #endif
   rt.synchronize_cpu_mirrors();
   BOOST_TEST(rt.resident_bytes() == rt.unswappable_bytes());
@@ -575,7 +575,7 @@ BOOST_AUTO_TEST_CASE(the_former_names_still_compile_and_forward) {
   }
   BOOST_TEST(layout.chunks() == layout.stages_per_rank());
 #if defined(__GNUC__)
-#pragma GCC diagnostic pop
+#  pragma GCC diagnostic pop
 #endif
   BOOST_TEST(layout.stages_per_rank() == 3);
   BOOST_TEST(rt.at_rest());

@@ -20,8 +20,7 @@ namespace ps = pipeswap;
 
 namespace {
 
-std::vector<std::uint64_t> batch_costs(std::vector<std::uint64_t> const& costs,
-                                       std::vector<std::size_t> const& sizes) {
+std::vector<std::uint64_t> batch_costs(std::vector<std::uint64_t> const& costs, std::vector<std::size_t> const& sizes) {
   std::vector<std::uint64_t> out;
   std::size_t i = 0;
   for (auto s : sizes) {
@@ -87,15 +86,13 @@ BOOST_AUTO_TEST_CASE(reference_cases) {
   // Greedy, not optimal: 1..12 in 4 batches.
   std::vector<std::uint64_t> one_to_12(12);
   std::iota(one_to_12.begin(), one_to_12.end(), 1);
-  BOOST_TEST((batch_costs(one_to_12, ps::partition_sizes(one_to_12, 4)) ==
-              std::vector<std::uint64_t>{21, 15, 19, 23}));
+  BOOST_TEST((batch_costs(one_to_12, ps::partition_sizes(one_to_12, 4)) == std::vector<std::uint64_t>{21, 15, 19, 23}));
 }
 
 BOOST_AUTO_TEST_CASE(swap_times_zero_is_rejected) {
   std::vector<std::uint64_t> const c{1, 2};
-  BOOST_CHECK_EXCEPTION((void)ps::partition_sizes(c, 0), ps::invalid_argument, [](auto const& e) {
-    return std::string(e.what()) == "swap_times must be positive (got 0)";
-  });
+  BOOST_CHECK_EXCEPTION((void)ps::partition_sizes(c, 0), ps::invalid_argument,
+                        [](auto const& e) { return std::string(e.what()) == "swap_times must be positive (got 0)"; });
   BOOST_CHECK_THROW((void)ps::split_partition{}(items_of({1, 2}, 4), 0), ps::invalid_argument);
 }
 
@@ -117,7 +114,7 @@ BOOST_AUTO_TEST_CASE(sweep_matches_the_oracle_and_keeps_the_invariants) {
         for (auto& c : costs) {
           switch (shape) {
           case 0: c = 16; break;
-          case 1: c = rng() % 1000; break;                    // includes zeros
+          case 1: c = rng() % 1000; break; // includes zeros
           case 2: c = rng() % 3 == 0 ? 0 : rng() % 1000000; break;
           default: c = (rng() % 2) ? (std::uint64_t{1} << 36) : 1; break;
           }

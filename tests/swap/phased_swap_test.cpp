@@ -83,7 +83,7 @@ struct result {
   std::size_t hazards = 0;
   std::uint64_t high_water = 0;
   std::uint64_t over_budget = 0;
-  std::size_t swap_peak = 0; ///< the mock's device peak above parameters, gradients and resident state
+  std::size_t swap_peak = 0;  ///< the mock's device peak above parameters, gradients and resident state
   std::size_t prefetched = 0; ///< the largest prefetch() result
   std::size_t resident = 0;   ///< resident_share_bytes()
   std::size_t window = 0;     ///< the streaming window: two arenas (packed) or two batches
@@ -92,8 +92,7 @@ struct result {
 
 /// `steps` steps of forward, backward (gradients written, prefetch() in its middle), step(): every
 /// parameter and state byte at the end.
-result train(std::vector<std::size_t> const& sz, ps::swap_config cfg, phases const& p, int steps,
-             bool masters = true) {
+result train(std::vector<std::size_t> const& sz, ps::swap_config cfg, phases const& p, int steps, bool masters = true) {
   mock::backend b{recording()};
   ps::transfer_engine<mock::backend> x(b, small_pool());
   std::optional<ps::device_budget> budget;
@@ -152,7 +151,7 @@ BOOST_AUTO_TEST_CASE(every_phase_is_bit_exact_against_no_swap) {
   auto const ref = train(sizes, no_swap(), {}, 4);
   BOOST_TEST(ref.hazards == 0u);
   std::vector<phases> const ps_list{
-      {0, false, 0, std::nullopt, 0},          // prefetch(0): nothing
+      {0, false, 0, std::nullopt, 0}, // prefetch(0): nothing
       {0, false, std::size_t{1}, std::nullopt, 0},
       {0, true, std::nullopt, std::nullopt, 0}, // deferred, finished by the next step
       {0, true, std::size_t{2}, std::nullopt, 0},
@@ -195,8 +194,8 @@ BOOST_AUTO_TEST_CASE(the_budget_bounds_prefetch_and_matches_the_device_timeline)
         for (bool defer : {false, true}) {
           for (auto cap : capacities) {
             if (ps::test::sanitized_build && (k == 7 || cap == 12000 || cap == 60000)) continue; // sampled
-            BOOST_TEST_CONTEXT("packed " << packed << " swap_times " << k << " share " << share << " defer "
-                                         << defer << " capacity " << cap) {
+            BOOST_TEST_CONTEXT("packed " << packed << " swap_times " << k << " share " << share << " defer " << defer
+                                         << " capacity " << cap) {
               phases p{share, defer, ~std::size_t{0}, cap, 0};
               auto const got = train(sizes, config(k, packed, p), p, 3);
               BOOST_TEST(got.hazards == 0u);
@@ -355,8 +354,8 @@ BOOST_AUTO_TEST_CASE(a_failure_at_every_phase_boundary_loses_nothing) {
         // after a relayed step, batch 0 takes batch 2's arena; the relay: prefetched batch 0 leaves
         // as soon as it is updated, batch 5 loads into the storage it frees; the other prefetched
         // batches and batch 5 leave with the deferred offload
-        {"finish_deferred:2", "finish_deferred", "offload:0:early", "prefetch:5:own", "activate:5:own",
-         "offload:1:own", "offload:5:own", "defer:5"}};
+        {"finish_deferred:2", "finish_deferred", "offload:0:early", "prefetch:5:own", "activate:5:own", "offload:1:own",
+         "offload:5:own", "defer:5"}};
     for (auto const& want : wanted[static_cast<std::size_t>(mode)]) {
       BOOST_TEST((std::find(ops.begin(), ops.end(), want) != ops.end()), want);
     }

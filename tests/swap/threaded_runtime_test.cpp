@@ -60,7 +60,8 @@ void kernel(mock::backend& b, mock::stream s, std::vector<mock::region> reads, s
   });
 }
 template <class F>
-void kernel(threaded_backend& b, threaded_backend::stream_type s, std::vector<mock::region>, std::vector<mock::region>, F fn) {
+void kernel(threaded_backend& b, threaded_backend::stream_type s, std::vector<mock::region>, std::vector<mock::region>,
+            F fn) {
   b.launch(s, [fn] {
     fn([](ps::device_ptr p, std::size_t) { return p.get<float const>(); },
        [](ps::device_ptr p, std::size_t) { return p.get<float>(); });
@@ -264,7 +265,8 @@ struct toy_stage {
       int const m = f.micro;
       kernel(b, f.stream, {}, {{in, width * 4}}, [in, m](auto, auto wr) {
         float* p = wr(in, width);
-        for (std::size_t i = 0; i < width; ++i) p[i] = static_cast<float>((i * 7 + static_cast<std::size_t>(m) * 13) % 17) - 8.0f;
+        for (std::size_t i = 0; i < width; ++i)
+          p[i] = static_cast<float>((i * 7 + static_cast<std::size_t>(m) * 13) % 17) - 8.0f;
       });
       f.keep(in, width * 4);
     }
@@ -359,13 +361,14 @@ std::vector<std::vector<std::byte>> run_pipeline(bool swap, int micro, int steps
         errors[static_cast<std::size_t>(r)] = e.what();
         try {
           world.comm(r).abort(e.what());
-        } catch (...) {
-        }
+        } catch (...) {}
       }
     });
   }
   for (auto& t : ts) t.join();
-  for (int r = 0; r < ranks; ++r) BOOST_TEST(errors[static_cast<std::size_t>(r)].empty(), "rank " << r << ": " << errors[static_cast<std::size_t>(r)]);
+  for (int r = 0; r < ranks; ++r)
+    BOOST_TEST(errors[static_cast<std::size_t>(r)].empty(),
+               "rank " << r << ": " << errors[static_cast<std::size_t>(r)]);
   return out;
 }
 

@@ -72,8 +72,7 @@ public:
   ~activation_swap() {
     try {
       end_run();
-    } catch (...) {
-    }
+    } catch (...) {}
   }
 
   // ----- runs and scopes ----------------------------------------------------------------------------
@@ -91,8 +90,7 @@ public:
 
   /// The hyper-parallel-compatible name of a chunk's group in this run: "pp_swap_run{g}_s{s}_m{m}".
   [[nodiscard]] std::string group_name(schedule::chunk c) const {
-    return "pp_swap_run" + std::to_string(run_) + "_s" + std::to_string(c.stage) + "_m" +
-           std::to_string(c.micro);
+    return "pp_swap_run" + std::to_string(run_) + "_s" + std::to_string(c.stage) + "_m" + std::to_string(c.micro);
   }
 
   /// While alive, save() registers into the group of `c`. Scopes nest; the previous one is restored
@@ -142,8 +140,8 @@ public:
       if (auto const* o = overlapping(d, bytes)) {
         throw state_error("activation_swap::save: " + std::to_string(bytes) + " bytes at device address " +
                           describe(d) + " overlap activation " + std::to_string(o->index) + " of group '" +
-                          group_name(o->chunk) + "' (" + std::to_string(o->bytes) + " bytes at " +
-                          describe(o->at) + "), which the manager already owns; save each buffer once, whole");
+                          group_name(o->chunk) + "' (" + std::to_string(o->bytes) + " bytes at " + describe(o->at) +
+                          "), which the manager already owns; save each buffer once, whole");
       }
     }
     auto& e = g.entries.emplace_back();
@@ -248,7 +246,8 @@ public:
     g.state = group_state::loaded;
     for (std::size_t i = 0; i < g.entries.size(); ++i) { // the manager owns the new storage too
       auto const& x = *g.entries[i].buf;
-      if (!g.entries[i].keep && x.bytes() > 0 && x.device()) live_.emplace(x.device(), live_range{x.device(), x.bytes(), c, i});
+      if (!g.entries[i].keep && x.bytes() > 0 && x.device())
+        live_.emplace(x.device(), live_range{x.device(), x.bytes(), c, i});
     }
   }
 
@@ -355,8 +354,9 @@ private:
     }
     auto const& g = cget(h.chunk, "ptr");
     if (h.index >= g.entries.size()) {
-      throw invalid_argument("activation_swap::ptr: handle index " + std::to_string(h.index) + " is out of range for group '" +
-                             group_name(h.chunk) + "' (" + std::to_string(g.entries.size()) + " activations)");
+      throw invalid_argument("activation_swap::ptr: handle index " + std::to_string(h.index) +
+                             " is out of range for group '" + group_name(h.chunk) + "' (" +
+                             std::to_string(g.entries.size()) + " activations)");
     }
     return g.entries[h.index];
   }

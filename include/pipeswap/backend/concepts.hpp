@@ -93,11 +93,10 @@ inline constexpr bool enable_backend = requires {
 
 /// A device address type: a regular value with a null state, byte offsetting and ordering.
 template <class P>
-concept device_pointer_like = std::regular<P> && std::totally_ordered<P> &&
-    requires(P p, std::size_t n) {
-      { p + n } -> std::same_as<P>;
-      { static_cast<bool>(p) };
-    };
+concept device_pointer_like = std::regular<P> && std::totally_ordered<P> && requires(P p, std::size_t n) {
+  { p + n } -> std::same_as<P>;
+  {static_cast<bool>(p)};
+};
 
 /// Streams: a handle to the caller's current compute stream and new streams owned by the backend.
 template <class B>
@@ -111,22 +110,21 @@ concept stream_source = requires(B& b) {
 
 /// Events: record a point on a stream, make a stream wait for it, make the host wait for it.
 template <class B>
-concept event_source = stream_source<B> &&
-    requires(B& b, typename B::stream_type s, typename B::event_type const& e) {
-      requires std::copyable<typename B::event_type>;
-      { b.record_event(s) } -> std::same_as<typename B::event_type>;
-      { b.wait_event(s, e) } -> std::same_as<void>;
-      { b.synchronize(e) } -> std::same_as<void>;
-    };
+concept event_source = stream_source<B> && requires(B& b, typename B::stream_type s, typename B::event_type const& e) {
+  requires std::copyable<typename B::event_type>;
+  { b.record_event(s) } -> std::same_as<typename B::event_type>;
+  { b.wait_event(s, e) } -> std::same_as<void>;
+  { b.synchronize(e) } -> std::same_as<void>;
+};
 
 /// Stream-ordered device memory.
 template <class B>
 concept device_memory = stream_source<B> &&
     requires(B& b, typename B::stream_type s, typename B::device_pointer d, std::size_t n) {
-      requires device_pointer_like<typename B::device_pointer>;
-      { b.allocate_device(n, s) } -> std::same_as<typename B::device_pointer>;
-      { b.deallocate_device(d, n, s) } -> std::same_as<void>;
-    };
+  requires device_pointer_like<typename B::device_pointer>;
+  { b.allocate_device(n, s) } -> std::same_as<typename B::device_pointer>;
+  { b.deallocate_device(d, n, s) } -> std::same_as<void>;
+};
 
 /// Pinned (page-locked) host memory, allocated at exactly the requested size.
 template <class B>
@@ -137,24 +135,27 @@ concept pinned_memory = requires(B& b, std::byte* h, std::size_t n) {
 
 /// Asynchronous copies between pinned host memory and device memory, ordered on a stream.
 template <class B>
-concept async_copy = device_memory<B> &&
-    requires(B& b, typename B::stream_type s, typename B::device_pointer d, std::byte* h,
-             std::byte const* ch, std::size_t n) {
-      { b.copy_h2d(d, ch, n, s) } -> std::same_as<void>;
-      { b.copy_d2h(h, d, n, s) } -> std::same_as<void>;
-    };
+concept async_copy = device_memory<B> && requires(B& b, typename B::stream_type s, typename B::device_pointer d,
+                                                  std::byte* h, std::byte const* ch, std::size_t n) {
+  { b.copy_h2d(d, ch, n, s) } -> std::same_as<void>;
+  { b.copy_d2h(h, d, n, s) } -> std::same_as<void>;
+};
 
 /// Everything the swap runtimes need. See the header comment and docs/backend.md for the rules.
 template <class B>
-concept backend = enable_backend<B> &&
-    requires { typename B::error_type; } &&
-    std::derived_from<typename B::error_type, std::exception> &&
-    stream_source<B> && event_source<B> && device_memory<B> && pinned_memory<B> && async_copy<B>;
+concept backend = enable_backend<B> && requires {
+  typename B::error_type;
+} && std::derived_from<typename B::error_type, std::exception> && stream_source<B> && event_source<B> &&
+    device_memory<B> && pinned_memory<B> && async_copy<B>;
 
-template <backend B> using stream_t = typename B::stream_type;
-template <backend B> using event_t = typename B::event_type;
-template <backend B> using device_pointer_t = typename B::device_pointer;
-template <backend B> using backend_error_t = typename B::error_type;
+template <backend B>
+using stream_t = typename B::stream_type;
+template <backend B>
+using event_t = typename B::event_type;
+template <backend B>
+using device_pointer_t = typename B::device_pointer;
+template <backend B>
+using backend_error_t = typename B::error_type;
 
 // ---------------------------------------------------------------------------------------------------
 // Optional capabilities, each a named concept. The runtimes test for them with `if constexpr` and
@@ -170,7 +171,9 @@ template <backend B> using backend_error_t = typename B::error_type;
 //                                                                 are then addresses only
 
 template <class B>
-concept labelled_backend = requires(B& b, char const* s) { b.set_label(s); };
+concept labelled_backend = requires(B& b, char const* s) {
+  b.set_label(s);
+};
 
 /// b.synchronize_device(): blocks the calling host thread until all work on all of b's streams is
 /// complete. The pipeline executor needs it when executor_options::settle_device is on (it settles
@@ -203,8 +206,10 @@ namespace detail {
 /// Whether the host may read and write pinned memory of `b` (true for every real backend).
 template <class B>
 bool holds_bytes(B const& b) {
-  if constexpr (bytes_optional<B>) return b.holds_bytes();
-  else return true;
+  if constexpr (bytes_optional<B>)
+    return b.holds_bytes();
+  else
+    return true;
 }
 
 template <class B>

@@ -20,7 +20,9 @@ public:
 
   [[nodiscard]] constexpr std::uintptr_t address() const noexcept { return address_; }
   template <class T = void>
-  [[nodiscard]] T* get() const noexcept { return reinterpret_cast<T*>(address_); }
+  [[nodiscard]] T* get() const noexcept {
+    return reinterpret_cast<T*>(address_);
+  }
 
   constexpr explicit operator bool() const noexcept { return address_ != 0; }
 

@@ -189,7 +189,9 @@ public:
   void attach(detail::budget_link& l) {
     if (std::find(links_.begin(), links_.end(), &l) == links_.end()) links_.push_back(&l);
   }
-  void detach(detail::budget_link& l) noexcept { links_.erase(std::remove(links_.begin(), links_.end(), &l), links_.end()); }
+  void detach(detail::budget_link& l) noexcept {
+    links_.erase(std::remove(links_.begin(), links_.end(), &l), links_.end());
+  }
 
 private:
   [[noreturn]] void throw_exceeded(budget_client c, std::uint64_t bytes) const {

@@ -15,9 +15,11 @@ enum class dtype : std::uint8_t { f32, f16, bf16, f64, i64, u8 };
 /// Size in bytes of one element of `t`.
 constexpr std::size_t size_of(dtype t) noexcept {
   switch (t) {
-  case dtype::f64: case dtype::i64: return 8;
+  case dtype::f64:
+  case dtype::i64: return 8;
   case dtype::f32: return 4;
-  case dtype::f16: case dtype::bf16: return 2;
+  case dtype::f16:
+  case dtype::bf16: return 2;
   case dtype::u8: return 1;
   }
   return 0;
@@ -39,7 +41,10 @@ constexpr std::string_view name_of(dtype t) noexcept {
 /// Inverse of name_of; returns false when `s` names no supported type.
 constexpr bool parse_dtype(std::string_view s, dtype& out) noexcept {
   for (dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::f64, dtype::i64, dtype::u8}) {
-    if (name_of(t) == s) { out = t; return true; }
+    if (name_of(t) == s) {
+      out = t;
+      return true;
+    }
   }
   return false;
 }

@@ -53,9 +53,7 @@ namespace detail {
 PIPESWAP_HOST_DEVICE constexpr std::uint32_t float_bits(float f) noexcept {
   return __builtin_bit_cast(std::uint32_t, f);
 }
-PIPESWAP_HOST_DEVICE constexpr float bits_float(std::uint32_t u) noexcept {
-  return __builtin_bit_cast(float, u);
-}
+PIPESWAP_HOST_DEVICE constexpr float bits_float(std::uint32_t u) noexcept { return __builtin_bit_cast(float, u); }
 
 } // namespace detail
 
@@ -138,14 +136,17 @@ concept storage_float = std::same_as<T, float> || std::same_as<T, bf16> || std::
 /// float -> T for any storage_float T: identity for float, to_bf16 / to_f16 otherwise.
 template <storage_float T>
 PIPESWAP_HOST_DEVICE constexpr T from_float(float x) noexcept {
-  if constexpr (std::is_same_v<T, bf16>) return to_bf16(x);
-  else if constexpr (std::is_same_v<T, f16>) return to_f16(x);
-  else return x;
+  if constexpr (std::is_same_v<T, bf16>)
+    return to_bf16(x);
+  else if constexpr (std::is_same_v<T, f16>)
+    return to_f16(x);
+  else
+    return x;
 }
 
 /// The dtype tag of a storage_float type.
 template <storage_float T>
-inline constexpr dtype dtype_of = std::is_same_v<T, bf16> ? dtype::bf16
+inline constexpr dtype dtype_of = std::is_same_v<T, bf16>  ? dtype::bf16
                                   : std::is_same_v<T, f16> ? dtype::f16
                                                            : dtype::f32;
 

@@ -75,13 +75,13 @@ concept ieee_float = std::same_as<T, float> || std::same_as<T, double>;
 // flush subnormals, which the host does not do. Device, double: the __d*_rn intrinsics (.ftz does
 // not exist for f64).
 #if defined(__CUDA_ARCH__)
-#  define PIPESWAP_DETAIL_DEVICE_OP(f32_ptx, f64_intrinsic, ...)                                  \
-    if constexpr (std::is_same_v<T, float>) {                                                    \
-      float r;                                                                                    \
-      asm(f32_ptx : "=f"(r) : __VA_ARGS__);                                                       \
-      return r;                                                                                   \
-    } else {                                                                                      \
-      return f64_intrinsic;                                                                       \
+#  define PIPESWAP_DETAIL_DEVICE_OP(f32_ptx, f64_intrinsic, ...)                                                       \
+    if constexpr (std::is_same_v<T, float>) {                                                                          \
+      float r;                                                                                                         \
+      asm(f32_ptx : "=f"(r) : __VA_ARGS__);                                                                            \
+      return r;                                                                                                        \
+    } else {                                                                                                           \
+      return f64_intrinsic;                                                                                            \
     }
 #endif
 

@@ -57,8 +57,8 @@ struct pinned_pool_stats {
   std::size_t reserved_bytes = 0; ///< pinned bytes obtained from the backend
   std::size_t used_bytes = 0;     ///< bytes in blocks handed out
   std::size_t peak_used_bytes = 0;
-  std::size_t slabs = 0;          ///< slabs held
-  std::size_t dedicated = 0;      ///< dedicated blocks held (in use or parked for reuse)
+  std::size_t slabs = 0;     ///< slabs held
+  std::size_t dedicated = 0; ///< dedicated blocks held (in use or parked for reuse)
 };
 
 template <backend B>
@@ -66,13 +66,12 @@ class pinned_pool {
 public:
   explicit pinned_pool(B& b, pinned_pool_options opts = {}) : b_(b), opts_(opts) {
     if (opts_.alignment == 0 || (opts_.alignment & (opts_.alignment - 1)) != 0) {
-      throw invalid_argument("pinned_pool: alignment " + std::to_string(opts_.alignment) +
-                             " is not a power of two");
+      throw invalid_argument("pinned_pool: alignment " + std::to_string(opts_.alignment) + " is not a power of two");
     }
     if (opts_.slab_bytes < opts_.dedicated_threshold) {
       throw invalid_argument("pinned_pool: slab_bytes (" + std::to_string(opts_.slab_bytes) +
-                             ") must be at least dedicated_threshold (" +
-                             std::to_string(opts_.dedicated_threshold) + ")");
+                             ") must be at least dedicated_threshold (" + std::to_string(opts_.dedicated_threshold) +
+                             ")");
     }
     if (opts_.first_slab_bytes == 0) {
       throw invalid_argument("pinned_pool: first_slab_bytes must be positive");

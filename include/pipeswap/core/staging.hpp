@@ -44,7 +44,7 @@ staging_layout make_staging_layout(std::span<swap_buffer<B>* const> bufs, std::s
 class staging_layout {
 public:
   struct run {
-    std::size_t first = 0; ///< index (into the batch's buffer list) of the run's first buffer
+    std::size_t first = 0;  ///< index (into the batch's buffer list) of the run's first buffer
     std::size_t offset = 0; ///< byte offset in the arena
     std::size_t bytes = 0;
   };

@@ -134,8 +134,7 @@ public:
   /// mirror's last D2H, if any, still guards them.
   void set_mirror(buffer& x, std::byte* view) {
     if (!off_device(x.state_) || x.device_) {
-      throw state_error("set_mirror: swap buffer of " + std::to_string(x.bytes_) +
-                        " bytes is not at rest on the host");
+      throw state_error("set_mirror: swap buffer of " + std::to_string(x.bytes_) + " bytes is not at rest on the host");
     }
     release_mirror(x, x.event_);
     x.mirror_ = view;

@@ -138,29 +138,31 @@ concept comm_post = requires(C& c, void const* src, void* dst, std::size_t n, in
 
 /// Completing requests, without blocking or with a bound.
 template <class C>
-concept comm_complete = comm_post<C> &&
-    requires(C& c, typename C::request_type& r, std::chrono::milliseconds t) {
-      { c.test(r) } -> std::same_as<bool>;
-      { c.wait_for(r, t) } -> std::same_as<bool>;
-    };
+concept comm_complete = comm_post<C> && requires(C& c, typename C::request_type& r, std::chrono::milliseconds t) {
+  { c.test(r) } -> std::same_as<bool>;
+  { c.wait_for(r, t) } -> std::same_as<bool>;
+};
 
 /// Everything the executor needs. See the header comment and docs/executor.md for the rules.
 template <class C>
 concept comm = enable_comm<C> && comm_world<C> && comm_post<C> && comm_complete<C> &&
     requires(C& c, std::string_view why) {
-      { c.abort(why) } -> std::same_as<void>;
-      { C::reads_device_memory } -> std::convertible_to<bool>;
-      requires std::is_same_v<std::remove_cv_t<decltype(C::reads_device_memory)>, bool>;
-    };
+  { c.abort(why) } -> std::same_as<void>;
+  { C::reads_device_memory } -> std::convertible_to<bool>;
+  requires std::is_same_v < std::remove_cv_t<decltype(C::reads_device_memory)>,
+  bool > ;
+};
 
-template <comm C> using request_t = typename C::request_type;
+template <comm C>
+using request_t = typename C::request_type;
 
 /// The optional stream-ordered capability (see the header comment): sends and receives are
 /// enqueued on a device stream of type `Stream` instead of being completed by the host.
 template <class C, class Stream>
 concept stream_ordered_comm = comm<C> && requires {
   { C::stream_ordered } -> std::convertible_to<bool>;
-  requires std::is_same_v<std::remove_cv_t<decltype(C::stream_ordered)>, bool>;
+  requires std::is_same_v < std::remove_cv_t<decltype(C::stream_ordered)>,
+  bool > ;
   requires C::stream_ordered;
 } && requires(C& c, void const* src, void* dst, std::size_t n, int peer, int tag, Stream s) {
   { c.isend(src, n, peer, tag, s) } -> std::same_as<typename C::request_type>;

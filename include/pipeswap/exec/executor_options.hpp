@@ -21,8 +21,7 @@ namespace pipeswap::exec {
 class rank_failure : public error {
 public:
   rank_failure(std::string what, int rank, std::size_t position, std::string entry, bool aborted_by_peer)
-      : error(std::move(what)), rank_(rank), position_(position), entry_(std::move(entry)),
-        by_peer_(aborted_by_peer) {}
+      : error(std::move(what)), rank_(rank), position_(position), entry_(std::move(entry)), by_peer_(aborted_by_peer) {}
   [[nodiscard]] int rank() const noexcept { return rank_; }
   /// Position in the order; order.size() for the optimizer step.
   [[nodiscard]] std::size_t position() const noexcept { return position_; }
@@ -123,14 +122,18 @@ namespace detail {
 /// The optimizer-swap runtime's step (or any callable): the one call the executor makes into it.
 template <class F>
 void finish_step(F& f) {
-  if constexpr (std::is_invocable_v<F&>) f();
-  else f.step();
+  if constexpr (std::is_invocable_v<F&>)
+    f();
+  else
+    f.step();
 }
 
 template <class P>
 void* raw_address(P p) {
-  if constexpr (requires { p.template get<void>(); }) return p.template get<void>();
-  else return reinterpret_cast<void*>(p);
+  if constexpr (requires { p.template get<void>(); })
+    return p.template get<void>();
+  else
+    return reinterpret_cast<void*>(p);
 }
 
 } // namespace detail

@@ -29,26 +29,26 @@
 
 #if PIPESWAP_HAS_MPI
 
-#ifndef OMPI_SKIP_MPICXX
-#  define OMPI_SKIP_MPICXX 1 // the C API only: no deprecated C++ bindings
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#  define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
+#  ifndef OMPI_SKIP_MPICXX
+#    define OMPI_SKIP_MPICXX 1 // the C API only: no deprecated C++ bindings
+#  endif
+#  ifndef MPICH_SKIP_MPICXX
+#    define MPICH_SKIP_MPICXX 1
+#  endif
+#  include <mpi.h>
 
-#include <chrono>
-#include <climits>
-#include <cstdlib>
-#include <optional>
-#include <cstddef>
-#include <string>
-#include <string_view>
-#include <thread>
-#include <vector>
+#  include <chrono>
+#  include <climits>
+#  include <cstdlib>
+#  include <optional>
+#  include <cstddef>
+#  include <string>
+#  include <string_view>
+#  include <thread>
+#  include <vector>
 
-#include <pipeswap/error.hpp>
-#include <pipeswap/exec/comm.hpp>
+#  include <pipeswap/error.hpp>
+#  include <pipeswap/exec/comm.hpp>
 
 namespace pipeswap::exec {
 
@@ -176,8 +176,8 @@ public:
     if (rc != MPI_SUCCESS) {
       throw comm_error("mpi_comm rank " + std::to_string(rank_) + ": " + (r.recv_ ? "receive of " : "send of ") +
                        std::to_string(r.bytes_) + " bytes " + (r.recv_ ? "from" : "to") + " rank " +
-                       std::to_string(r.peer_) + " with tag " + std::to_string(r.tag_) + " failed: " +
-                       detail::mpi_error_text(rc));
+                       std::to_string(r.peer_) + " with tag " + std::to_string(r.tag_) +
+                       " failed: " + detail::mpi_error_text(rc));
     }
     if (!flag) return false;
     r.done_ = true;
@@ -219,7 +219,8 @@ public:
 
 private:
   static void check(int rc, char const* what) {
-    if (rc != MPI_SUCCESS) throw comm_error(std::string("mpi_comm: ") + what + " failed: " + detail::mpi_error_text(rc));
+    if (rc != MPI_SUCCESS)
+      throw comm_error(std::string("mpi_comm: ") + what + " failed: " + detail::mpi_error_text(rc));
   }
 
   request_type prepare(std::size_t n, int peer, int tag, bool recv, char const* what) {

@@ -36,19 +36,19 @@
 
 #if PIPESWAP_HAS_NCCL
 
-#include <cuda_runtime_api.h>
-#include <nccl.h>
+#  include <cuda_runtime_api.h>
+#  include <nccl.h>
 
-#include <chrono>
-#include <climits>
-#include <cstddef>
-#include <map>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <utility>
+#  include <chrono>
+#  include <climits>
+#  include <cstddef>
+#  include <map>
+#  include <optional>
+#  include <string>
+#  include <string_view>
+#  include <utility>
 
-#include <pipeswap/exec/comm.hpp>
+#  include <pipeswap/exec/comm.hpp>
 
 namespace pipeswap::exec {
 
@@ -166,8 +166,8 @@ private:
     if (aborted_) throw comm_aborted(*aborted_);
     ncclResult_t async = ncclSuccess;
     if (ncclCommGetAsyncError(c_, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
-      aborted_ = "nccl_comm rank " + std::to_string(rank_) + ": the communicator failed (" +
-                 ncclGetErrorString(async) + "), a peer aborted or died";
+      aborted_ = "nccl_comm rank " + std::to_string(rank_) + ": the communicator failed (" + ncclGetErrorString(async) +
+                 "), a peer aborted or died";
       throw comm_aborted(*aborted_);
     }
   }

@@ -54,7 +54,7 @@
 namespace pipeswap::exec {
 
 template <backend B, comm C, class S>
-  requires stage<S, B>
+requires stage<S, B>
 class pipeline_executor {
 public:
   using index_type = schedule::index_type;
@@ -85,7 +85,8 @@ public:
                                std::to_string(layout_.rank_of(s)) + ", not on rank " + std::to_string(c_.rank()));
       }
     }
-    if (stages_.size() != static_cast<std::size_t>(layout_.stages_per_rank()) || (!stages_.empty() && stages_.rbegin()->first >= layout_.stages())) {
+    if (stages_.size() != static_cast<std::size_t>(layout_.stages_per_rank()) ||
+        (!stages_.empty() && stages_.rbegin()->first >= layout_.stages())) {
       throw invalid_argument("pipeline_executor: rank " + std::to_string(c_.rank()) + " was given " +
                              std::to_string(stages_.size()) + " stages, the layout has " +
                              std::to_string(layout_.stages_per_rank()) + " stages per rank");
@@ -97,8 +98,7 @@ public:
   ~pipeline_executor() {
     try {
       release_all();
-    } catch (...) {
-    }
+    } catch (...) {}
   }
 
   [[nodiscard]] activation_swap<B>& activations() noexcept { return acts_; }
@@ -123,7 +123,9 @@ public:
   /// same `finish`, which must outlive the step. run_step() is exactly this with blocking waits.
   template <class Finish>
   void begin_step(schedule::order const& o, Finish& finish) {
-    if (in_step_) throw state_error("pipeline_executor: rank " + std::to_string(c_.rank()) + ": begin_step while a step is running");
+    if (in_step_)
+      throw state_error("pipeline_executor: rank " + std::to_string(c_.rank()) +
+                        ": begin_step while a step is running");
     if (o_.fail_at && *o_.fail_at > o.size()) {
       throw invalid_argument("pipeline_executor: fail_at " + std::to_string(*o_.fail_at) + " is past the order's " +
                              std::to_string(o.size()) + " entries and its optimizer step");
@@ -169,7 +171,8 @@ public:
   /// watchdog: the caller decides how long to go on). Returns the number of entries run (bubbles
   /// included).
   std::size_t advance() {
-    if (!in_step_) throw state_error("pipeline_executor: rank " + std::to_string(c_.rank()) + ": advance without begin_step");
+    if (!in_step_)
+      throw state_error("pipeline_executor: rank " + std::to_string(c_.rank()) + ": advance without begin_step");
     std::size_t n = 0;
     guarded([&] { n = run_entries(false); });
     return n;
@@ -197,7 +200,8 @@ public:
       io_.check_drained(inputs_.size() + grads_in_.size() + saved_.size());
       phase_ = phase::optimizer;
       fault_site();
-      if (o_.sync_before_finish) b_.synchronize(b_.record_event(b_.current_stream())); // the gradient-norm reduction point
+      if (o_.sync_before_finish)
+        b_.synchronize(b_.record_event(b_.current_stream())); // the gradient-norm reduction point
       detail::finish_step(finish);
       if (o_.settle_device) {
         settle();
@@ -219,13 +223,13 @@ private:
   using ready_buffer = detail::ready_buffer<B>;
   struct saved_chunk {
     bool swapped = false;
-    bool input_in_group = false;            // swapped: the input is a protected buffer of the group
+    bool input_in_group = false; // swapped: the input is a protected buffer of the group
     buffer input;
     std::vector<activation_handle> handles; // swapped
     std::vector<std::size_t> bytes;         // swapped
     std::vector<buffer> raw;                // not swapped
   };
-  using key = std::pair<index_type, index_type>;        // stage, micro
+  using key = std::pair<index_type, index_type>; // stage, micro
 
   // ----- the schedule check (executor_options::check_schedule; exec/detail/schedule_check.hpp) -----
 
@@ -242,7 +246,8 @@ private:
 
   bool progress_schedule_check(bool blocking) {
     phase_ = phase::checking;
-    bool const done = check_.progress(c_, layout_, blocking, [&](request_t<C>& r, std::string const& what) { io_.await(r, what, at()); });
+    bool const done = check_.progress(c_, layout_, blocking,
+                                      [&](request_t<C>& r, std::string const& what) { io_.await(r, what, at()); });
     if (done) phase_ = phase::entries;
     return done;
   }
@@ -257,16 +262,16 @@ private:
       auto const pos = pc_;
       auto const entry = current();
       cleanup();
-      std::throw_with_nested(rank_failure("rank " + std::to_string(c_.rank()) + " stopped at " + place(pos, entry) + ": " + e.what(),
-                                          c_.rank(), pos, entry, true));
+      std::throw_with_nested(
+          rank_failure("rank " + std::to_string(c_.rank()) + " stopped at " + place(pos, entry) + ": " + e.what(),
+                       c_.rank(), pos, entry, true));
     } catch (std::exception const& e) {
       auto const pos = pc_;
       auto const entry = current();
       std::string const msg = "rank " + std::to_string(c_.rank()) + " failed at " + place(pos, entry) + ": " + e.what();
       try {
         c_.abort(msg);
-      } catch (...) {
-      }
+      } catch (...) {}
       cleanup();
       std::throw_with_nested(rank_failure(msg, c_.rank(), pos, entry, false));
     }
@@ -285,7 +290,8 @@ private:
   }
 
   static std::string place(std::size_t pos, std::string const& entry) {
-    if (entry == "posting receives" || entry == "schedule check" || entry == "end of step" || entry == "optimizer step") {
+    if (entry == "posting receives" || entry == "schedule check" || entry == "end of step" ||
+        entry == "optimizer step") {
       return entry;
     }
     return "position " + std::to_string(pos) + " (" + entry + ")";
@@ -348,9 +354,12 @@ private:
         backward(e);
       } else {
         for (auto const& l : e.sub) {
-          if (l.kind == step_kind::fwd) forward(l);
-          else if (l.kind == step_kind::bwd) backward(l);
-          else throw invalid_argument("pipeline_executor: " + where() + ": a composite may hold only FWD and BWD");
+          if (l.kind == step_kind::fwd)
+            forward(l);
+          else if (l.kind == step_kind::bwd)
+            backward(l);
+          else
+            throw invalid_argument("pipeline_executor: " + where() + ": a composite may hold only FWD and BWD");
         }
       }
       last_compute_ = b_.record_event(b_.current_stream());
@@ -370,7 +379,9 @@ private:
     }
   }
 
-  void wait_ready(stream_t<B> s, ready_buffer const& r, pipeswap::detail::wait_site site) { detail::wait_ready(b_, s, r, site); }
+  void wait_ready(stream_t<B> s, ready_buffer const& r, pipeswap::detail::wait_site site) {
+    detail::wait_ready(b_, s, r, site);
+  }
 
   void forward(schedule::step const& e) {
     auto& st = stage_of(e.stage);
@@ -405,7 +416,12 @@ private:
         sc.raw.push_back({p, n});
       }
     };
-    forward_args<B> f{b_, cs, e.stage, e.micro, in, out,
+    forward_args<B> f{b_,
+                      cs,
+                      e.stage,
+                      e.micro,
+                      in,
+                      out,
                       [&](device_pointer_t<B> p, std::size_t n) { save(p, n, false); },
                       [&](device_pointer_t<B> p, std::size_t n) { save(p, n, true); }};
     try {
@@ -435,8 +451,10 @@ private:
   void hand_over(int dir, index_type st, index_type m, buffer out) {
     auto const next = dir == 0 ? st + 1 : st - 1;
     ready_buffer r{out, b_.record_event(b_.current_stream())};
-    if (local(next)) (dir == 0 ? inputs_ : grads_in_)[{next, m}] = r;
-    else io_.hold({dir, st, m}, r);
+    if (local(next))
+      (dir == 0 ? inputs_ : grads_in_)[{next, m}] = r;
+    else
+      io_.hold({dir, st, m}, r);
   }
 
   void backward(schedule::step const& e) {
@@ -466,8 +484,9 @@ private:
     buffer gout{};
     if (e.stage > 0) gout = {alloc(st.input_bytes(), cs), st.input_bytes()};
     std::vector<buffer> scratch;
-    backward_args<B> g{b_, cs, e.stage, e.micro, sc.input, gin ? gin->buf : buffer{}, gout, bufs,
-                       [&](device_pointer_t<B> p, std::size_t n) { scratch.push_back({p, n}); }};
+    backward_args<B> g{b_,      cs,       e.stage,
+                       e.micro, sc.input, gin ? gin->buf : buffer{},
+                       gout,    bufs,     [&](device_pointer_t<B> p, std::size_t n) { scratch.push_back({p, n}); }};
     try {
       st.backward(g);
     } catch (...) {
@@ -478,8 +497,10 @@ private:
     }
     // Released behind the backward: the input first, then the saved activations (as a group the
     // input is the group's first buffer), the incoming gradient, the backward's own workspace.
-    if (sc.input_in_group) sc.input = {};
-    else free_dev(sc.input, cs);
+    if (sc.input_in_group)
+      sc.input = {};
+    else
+      free_dev(sc.input, cs);
     if (sc.swapped) {
       acts_.release({e.stage, e.micro});
     } else {
@@ -518,8 +539,7 @@ private:
   void cleanup() noexcept {
     try {
       release_all();
-    } catch (...) {
-    }
+    } catch (...) {}
   }
 
   void release_all() {
@@ -530,12 +550,10 @@ private:
     last_compute_.reset();
     try {
       acts_.end_run();
-    } catch (...) {
-    }
+    } catch (...) {}
     try {
       settle();
-    } catch (...) {
-    }
+    } catch (...) {}
     auto const cs = b_.current_stream();
     for (auto& [_, sc] : saved_) {
       for (auto& r : sc.raw) free_dev(r, cs);
@@ -549,8 +567,7 @@ private:
     io_.release(cs);
     try {
       settle();
-    } catch (...) {
-    }
+    } catch (...) {}
     io_.free_staging();
   }
 

@@ -90,9 +90,9 @@ struct backward_args {
   stream_t<B> stream;
   schedule::index_type stage = 0;
   schedule::index_type micro = 0;
-  device_buffer<B> input;       ///< the forward's input (lent); null for stage 0
-  device_buffer<B> grad_output; ///< lent; null for the last stage
-  device_buffer<B> grad_input;  ///< lent, to be written; null for stage 0
+  device_buffer<B> input;                  ///< the forward's input (lent); null for stage 0
+  device_buffer<B> grad_output;            ///< lent; null for the last stage
+  device_buffer<B> grad_input;             ///< lent, to be written; null for stage 0
   std::span<device_buffer<B> const> saved; ///< the forward's saved activations, in save order
   /// Hands device memory the backward allocated on `stream` (a recomputation workspace) to the
   /// executor, which frees it stream-ordered behind the backward, after the saved activations and
@@ -102,16 +102,17 @@ struct backward_args {
 
 /// A pipeline stage over backend B. See the header comment and docs/executor.md.
 template <class S, class B>
-concept stage = enable_stage<S> && backend<B> &&
-    requires(S& s, S const& cs, forward_args<B>& f, backward_args<B>& g) {
-      { cs.input_bytes() } -> std::same_as<std::size_t>;
-      { cs.output_bytes() } -> std::same_as<std::size_t>;
-      { s.forward(f) } -> std::same_as<void>;
-      { s.backward(g) } -> std::same_as<void>;
-    };
+concept stage = enable_stage<S> && backend<B> && requires(S& s, S const& cs, forward_args<B>& f, backward_args<B>& g) {
+  { cs.input_bytes() } -> std::same_as<std::size_t>;
+  { cs.output_bytes() } -> std::same_as<std::size_t>;
+  { s.forward(f) } -> std::same_as<void>;
+  { s.backward(g) } -> std::same_as<void>;
+};
 
 /// Whether S has the optional begin_step(b, stream).
 template <class S, class B>
-concept stage_with_begin = requires(S& s, B& b, stream_t<B> st) { s.begin_step(b, st); };
+concept stage_with_begin = requires(S& s, B& b, stream_t<B> st) {
+  s.begin_step(b, st);
+};
 
 } // namespace pipeswap::exec

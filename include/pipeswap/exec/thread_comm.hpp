@@ -152,13 +152,12 @@ private:
 
   void check(int peer, int tag, char const* what) const {
     if (peer < 0 || peer >= w_->size_ || peer == rank_) {
-      throw comm_error("thread_comm rank " + std::to_string(rank_) + ": " + what + " to peer " +
-                       std::to_string(peer) + " (ranks are 0.." + std::to_string(w_->size_ - 1) +
-                       ", and a rank does not message itself)");
+      throw comm_error("thread_comm rank " + std::to_string(rank_) + ": " + what + " to peer " + std::to_string(peer) +
+                       " (ranks are 0.." + std::to_string(w_->size_ - 1) + ", and a rank does not message itself)");
     }
     if (tag < 0 || tag > max_tag()) {
-      throw comm_error("thread_comm rank " + std::to_string(rank_) + ": " + what + " with tag " +
-                       std::to_string(tag) + " outside 0.." + std::to_string(max_tag()));
+      throw comm_error("thread_comm rank " + std::to_string(rank_) + ": " + what + " with tag " + std::to_string(tag) +
+                       " outside 0.." + std::to_string(max_tag()));
     }
   }
 
@@ -169,9 +168,8 @@ private:
   // Called with the lock held. `to` names the receiving rank for the size-mismatch message.
   static void match(thread_world::op& s, thread_world::op& r, int to, int tag) {
     if (s.bytes != r.bytes) {
-      auto const what = "thread_comm: a send of " + std::to_string(s.bytes) + " bytes to rank " +
-                        std::to_string(to) + " with tag " + std::to_string(tag) +
-                        " met a receive of " + std::to_string(r.bytes) + " bytes";
+      auto const what = "thread_comm: a send of " + std::to_string(s.bytes) + " bytes to rank " + std::to_string(to) +
+                        " with tag " + std::to_string(tag) + " met a receive of " + std::to_string(r.bytes) + " bytes";
       s.failure = r.failure = what;
     } else if (s.bytes) {
       std::memcpy(r.dst, s.src, s.bytes);

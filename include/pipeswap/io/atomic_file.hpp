@@ -78,8 +78,8 @@ public:
 
   atomic_file(atomic_file&& o) noexcept
       : target_(std::move(o.target_)), dir_(std::move(o.dir_)), temp_(std::move(o.temp_)),
-        options_(std::move(o.options_)), fd_(std::move(o.fd_)),
-        written_(std::exchange(o.written_, 0)), state_(std::exchange(o.state_, state::abandoned)) {}
+        options_(std::move(o.options_)), fd_(std::move(o.fd_)), written_(std::exchange(o.written_, 0)),
+        state_(std::exchange(o.state_, state::abandoned)) {}
   atomic_file& operator=(atomic_file&&) = delete;
   atomic_file(atomic_file const&) = delete;
   atomic_file& operator=(atomic_file const&) = delete;
@@ -119,8 +119,8 @@ public:
     checked("rename", temp_, [&] { return ::rename(temp_.c_str(), target_.c_str()); });
     state_ = state::committed;
     if (!options_.sync) return;
-    std::string const after = "; \"" + target_.native() +
-                              "\" holds the new file but the rename may not survive a crash";
+    std::string const after =
+        "; \"" + target_.native() + "\" holds the new file but the rename may not survive a crash";
     detail::unique_fd dir;
     for (;;) {
       int const e = ask("open_dir").error;
@@ -157,9 +157,7 @@ private:
 
   [[nodiscard]] std::string prefix() const { return "atomic write of \"" + target_.native() + "\": "; }
 
-  syscall_fault ask(std::string_view call) const {
-    return options_.hook ? options_.hook(call) : syscall_fault{};
-  }
+  syscall_fault ask(std::string_view call) const { return options_.hook ? options_.hook(call) : syscall_fault{}; }
 
   void require_open(char const* what) const {
     if (state_ != state::open) {
@@ -203,8 +201,7 @@ private:
     static std::atomic<std::uint64_t> counter{0};
     std::string base = target_.filename().native();
     if (base.size() > 200) base.resize(200); // keep the temporary name under NAME_MAX
-    auto const seed = static_cast<std::uint64_t>(
-        std::chrono::steady_clock::now().time_since_epoch().count());
+    auto const seed = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     for (int attempt = 0;; ++attempt) {
       std::uint64_t const n = counter.fetch_add(1, std::memory_order_relaxed);
       char tag[64];

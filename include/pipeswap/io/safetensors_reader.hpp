@@ -60,8 +60,7 @@ class safetensors_file;
 class safetensors_view {
 public:
   /// Validates `file` (a whole safetensors file) and returns its view.
-  [[nodiscard]] static safetensors_view parse(std::span<std::byte const> file,
-                                              read_options const& options = {}) {
+  [[nodiscard]] static safetensors_view parse(std::span<std::byte const> file, read_options const& options = {}) {
     return safetensors_view(file, options, {});
   }
 
@@ -89,9 +88,7 @@ public:
   /// N: the header length stored in the first 8 bytes (padding included).
   [[nodiscard]] std::uint64_t header_size() const noexcept { return header_size_; }
   /// Bytes of the data section.
-  [[nodiscard]] std::uint64_t data_size() const noexcept {
-    return bytes_.size() - header_length_bytes - header_size_;
-  }
+  [[nodiscard]] std::uint64_t data_size() const noexcept { return bytes_.size() - header_length_bytes - header_size_; }
   /// Size of the whole file: 8 + header_size() + data_size().
   [[nodiscard]] std::uint64_t total_size() const noexcept { return bytes_.size(); }
   /// The whole file.
@@ -188,8 +185,7 @@ inline nlohmann::json parse_header_json(std::string_view text, format_reporter c
       if (depth == 1) last_top_key = k;
       break;
     }
-    default:
-      break;
+    default: break;
     }
     return true;
   };
@@ -206,8 +202,8 @@ inline nlohmann::json parse_header_json(std::string_view text, format_reporter c
 }
 
 /// A non-negative integer member of a header array, or a format error.
-inline std::uint64_t header_uint(nlohmann::json const& v, std::string_view tensor,
-                                 std::string const& what, format_reporter const& report) {
+inline std::uint64_t header_uint(nlohmann::json const& v, std::string_view tensor, std::string const& what,
+                                 format_reporter const& report) {
   if (!v.is_number_unsigned()) {
     report.tensor(tensor, what + " is " + json_kind(v) + ", not a non-negative integer");
   }
@@ -224,8 +220,8 @@ inline std::string supported_dtypes() {
 }
 
 /// Validates one tensor entry of the header (everything that does not depend on other entries).
-inline tensor_view parse_tensor_entry(std::string const& name, nlohmann::json const& v,
-                                      std::uint64_t data_size, format_reporter const& report) {
+inline tensor_view parse_tensor_entry(std::string const& name, nlohmann::json const& v, std::uint64_t data_size,
+                                      format_reporter const& report) {
   if (!v.is_object()) report.tensor(name, "entry is " + json_kind(v) + ", not an object");
   for (auto const& [k, _] : v.items()) {
     if (k != "dtype" && k != "shape" && k != "data_offsets") {
@@ -243,8 +239,7 @@ inline tensor_view parse_tensor_entry(std::string const& name, nlohmann::json co
   auto const& dts = dt.get_ref<std::string const&>();
   if (!parse_dtype(dts, t.type)) {
     if (is_safetensors_dtype_name(dts)) {
-      report.tensor(name, "dtype " + quote(dts) + " is not supported (supported: " +
-                              supported_dtypes() + ")");
+      report.tensor(name, "dtype " + quote(dts) + " is not supported (supported: " + supported_dtypes() + ")");
     }
     report.tensor(name, "unknown dtype " + quote(dts));
   }
@@ -259,8 +254,7 @@ inline tensor_view parse_tensor_entry(std::string const& name, nlohmann::json co
   auto const& off = v.at("data_offsets");
   if (!off.is_array() || off.size() != 2) {
     report.tensor(name, "\"data_offsets\" is " +
-                            (off.is_array() ? "an array of " + std::to_string(off.size())
-                                            : json_kind(off)) +
+                            (off.is_array() ? "an array of " + std::to_string(off.size()) : json_kind(off)) +
                             ", not [begin, end]");
   }
   t.begin = header_uint(off[0], name, "data_offsets[0]", report);
@@ -280,8 +274,8 @@ inline tensor_view parse_tensor_entry(std::string const& name, nlohmann::json co
                             describe(t.type, t.shape) + " needs " + std::to_string(nbytes));
   }
   if (t.end > data_size) {
-    report.tensor(name, offsets_text(t) + " end past the data section, which holds " +
-                            std::to_string(data_size) + " bytes");
+    report.tensor(name,
+                  offsets_text(t) + " end past the data section, which holds " + std::to_string(data_size) + " bytes");
   }
   return t;
 }
@@ -305,26 +299,25 @@ inline metadata_map parse_metadata(nlohmann::json const& v, format_reporter cons
 
 } // namespace detail
 
-inline safetensors_view::safetensors_view(std::span<std::byte const> file,
-                                          read_options const& options, std::string source)
+inline safetensors_view::safetensors_view(std::span<std::byte const> file, read_options const& options,
+                                          std::string source)
     : bytes_(file), source_(std::move(source)) {
   detail::format_reporter const report(source_);
   if (file.size() < header_length_bytes) {
-    report.header("file is " + std::to_string(file.size()) +
-                  " bytes, shorter than the 8-byte header length");
+    report.header("file is " + std::to_string(file.size()) + " bytes, shorter than the 8-byte header length");
   }
   std::uint64_t n = 0;
   for (std::size_t i = header_length_bytes; i-- > 0;) {
     n = (n << 8) | static_cast<std::uint64_t>(file[i]);
   }
   if (n > options.max_header_size) {
-    report.header("length " + std::to_string(n) + " exceeds the limit of " +
-                  std::to_string(options.max_header_size) + " bytes");
+    report.header("length " + std::to_string(n) + " exceeds the limit of " + std::to_string(options.max_header_size) +
+                  " bytes");
   }
   std::uint64_t const after_length = file.size() - header_length_bytes;
   if (n > after_length) {
-    report.header("length " + std::to_string(n) + " runs past the end of the file (" +
-                  std::to_string(after_length) + " bytes follow the length field)");
+    report.header("length " + std::to_string(n) + " runs past the end of the file (" + std::to_string(after_length) +
+                  " bytes follow the length field)");
   }
   header_size_ = n;
   std::string_view const text(reinterpret_cast<char const*>(file.data()) + header_length_bytes, n);
@@ -375,8 +368,7 @@ inline safetensors_view::safetensors_view(std::span<std::byte const> file,
   }
   if (pos != data_bytes) {
     report.header("the tensors cover " + std::to_string(pos) + " bytes but the data section holds " +
-                  std::to_string(data_bytes) + " (" + std::to_string(data_bytes - pos) +
-                  " trailing bytes)");
+                  std::to_string(data_bytes) + " (" + std::to_string(data_bytes - pos) + " trailing bytes)");
   }
 
   auto const* data = file.data() + header_length_bytes + n;
@@ -410,8 +402,7 @@ public:
   /// Opens, loads and validates `path`. Throws io_error when a system call fails, format_error
   /// (message prefixed with the path) when the contents break a rule, invalid_argument when `path`
   /// is not a regular file.
-  [[nodiscard]] static safetensors_file open(std::filesystem::path const& path,
-                                             open_options const& options = {}) {
+  [[nodiscard]] static safetensors_file open(std::filesystem::path const& path, open_options const& options = {}) {
     static constexpr std::string_view prefix = "safetensors: ";
     safetensors_file f;
     f.path_ = path;
@@ -436,7 +427,8 @@ public:
       f.buffer_ = std::make_unique_for_overwrite<std::byte[]>(size);
       std::size_t got = 0;
       while (got < size) {
-        ssize_t const r = ::read(file.get(), f.buffer_.get() + got, std::min<std::size_t>(size - got, std::size_t{1} << 30));
+        ssize_t const r =
+            ::read(file.get(), f.buffer_.get() + got, std::min<std::size_t>(size - got, std::size_t{1} << 30));
         if (r < 0) {
           if (errno == EINTR) continue;
           detail::throw_io(prefix, "read", path, errno);

@@ -59,17 +59,15 @@ struct save_options {
 /// last write_to/save.
 class safetensors_writer {
 public:
-  explicit safetensors_writer(std::span<tensor_source const> tensors,
-                              metadata_map const& metadata = {}, write_options const& options = {})
+  explicit safetensors_writer(std::span<tensor_source const> tensors, metadata_map const& metadata = {},
+                              write_options const& options = {})
       : tensors_(tensors) {
     for (auto const& [k, v] : metadata) {
       if (auto at = detail::find_invalid_utf8(k); at != detail::no_error) {
-        reject("metadata key " + detail::quote(k) + " is not valid UTF-8 (byte " +
-               std::to_string(at) + ")");
+        reject("metadata key " + detail::quote(k) + " is not valid UTF-8 (byte " + std::to_string(at) + ")");
       }
       if (auto at = detail::find_invalid_utf8(v); at != detail::no_error) {
-        reject("metadata " + detail::quote(k) + ": value is not valid UTF-8 (byte " +
-               std::to_string(at) + ")");
+        reject("metadata " + detail::quote(k) + ": value is not valid UTF-8 (byte " + std::to_string(at) + ")");
       }
     }
     std::vector<std::string_view> names;
@@ -141,9 +139,7 @@ public:
   }
 
   /// N: the header's length in bytes, padding included.
-  [[nodiscard]] std::uint64_t header_size() const noexcept {
-    return prefix_.size() - header_length_bytes;
-  }
+  [[nodiscard]] std::uint64_t header_size() const noexcept { return prefix_.size() - header_length_bytes; }
   /// Bytes of tensor data after the header.
   [[nodiscard]] std::uint64_t data_size() const noexcept { return data_size_; }
   /// Size of the whole file: 8 + header_size() + data_size().
@@ -158,9 +154,8 @@ public:
   /// Writes the file into `out`, which must hold exactly total_size() bytes.
   void write_to(std::span<std::byte> out) const {
     if (out.size() != total_size()) {
-      throw invalid_argument("safetensors: write_to: the buffer holds " +
-                             std::to_string(out.size()) + " bytes but the file is " +
-                             std::to_string(total_size()));
+      throw invalid_argument("safetensors: write_to: the buffer holds " + std::to_string(out.size()) +
+                             " bytes but the file is " + std::to_string(total_size()));
     }
     std::memcpy(out.data(), prefix_.data(), prefix_.size());
     std::size_t at = prefix_.size();
@@ -198,8 +193,7 @@ private:
       reject("tensor name \"__metadata__\" is reserved for the metadata");
     }
     if (auto at = detail::find_invalid_utf8(t.name); at != detail::no_error) {
-      reject("tensor " + detail::quote(t.name) + ": name is not valid UTF-8 (byte " +
-             std::to_string(at) + ")");
+      reject("tensor " + detail::quote(t.name) + ": name is not valid UTF-8 (byte " + std::to_string(at) + ")");
     }
     std::uint64_t numel = 0;
     std::uint64_t bytes = 0;
@@ -208,9 +202,8 @@ private:
              " needs more than 2^64 - 1 bytes");
     }
     if (bytes != t.bytes.size()) {
-      reject("tensor " + detail::quote(t.name) + ": " + detail::describe(t.type, t.shape) +
-             " needs " + std::to_string(bytes) + " bytes but " + std::to_string(t.bytes.size()) +
-             " were given");
+      reject("tensor " + detail::quote(t.name) + ": " + detail::describe(t.type, t.shape) + " needs " +
+             std::to_string(bytes) + " bytes but " + std::to_string(t.bytes.size()) + " were given");
     }
   }
 
@@ -273,8 +266,7 @@ inline void serialize_to(std::span<std::byte> out, std::span<tensor_source const
 /// system is touched; system-call failures throw io_error.
 inline void save_file(std::filesystem::path const& path, std::span<tensor_source const> tensors,
                       metadata_map const& metadata = {}, save_options const& options = {}) {
-  safetensors_writer(tensors, metadata, write_options{options.max_header_size})
-      .save(path, options.file);
+  safetensors_writer(tensors, metadata, write_options{options.max_header_size}).save(path, options.file);
 }
 
 } // namespace pipeswap::io

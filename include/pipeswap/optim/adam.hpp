@@ -43,7 +43,7 @@
 namespace pipeswap {
 
 template <backend B, class Kernels = adam_kernels<B>>
-  requires adam_kernel_policy<Kernels, B>
+requires adam_kernel_policy<Kernels, B>
 class adam {
 public:
   using optimizer_concept = optimizer_tag;
@@ -164,8 +164,8 @@ public:
       auto const& r = batch[k];
       if (r.unit >= units_.size()) {
         throw invalid_argument("adam::update: batch range " + std::to_string(k) + " names unit " +
-                               std::to_string(r.unit) + ", not below the step's " +
-                               std::to_string(units_.size()) + " units");
+                               std::to_string(r.unit) + ", not below the step's " + std::to_string(units_.size()) +
+                               " units");
       }
       auto const& u = units_[r.unit];
       if (r.begin > r.end || r.end > u.numel) {
@@ -224,8 +224,8 @@ public:
       return it->second;
     };
     auto const mine = metadata();
-    for (auto const& k : {"optimizer", "lr", "beta1", "beta2", "eps", "weight_decay", "amsgrad",
-                          "maximize", "params"}) {
+    for (auto const& k :
+         {"optimizer", "lr", "beta1", "beta2", "eps", "weight_decay", "amsgrad", "maximize", "params"}) {
       if (get(k) != mine.at(k)) {
         throw invalid_argument(std::string("adam: checkpoint metadata '") + k + "' is '" + get(k) +
                                "' but this optimizer has '" + mine.at(k) + "'");
@@ -247,8 +247,8 @@ public:
       pos = comma + 1;
     }
     if (steps.size() != params_.size()) {
-      throw invalid_argument("adam: checkpoint metadata 'steps' has " + std::to_string(steps.size()) +
-                             " entries for " + std::to_string(params_.size()) + " parameters");
+      throw invalid_argument("adam: checkpoint metadata 'steps' has " + std::to_string(steps.size()) + " entries for " +
+                             std::to_string(params_.size()) + " parameters");
     }
     for (std::size_t i = 0; i < params_.size(); ++i) params_[i].step = steps[i];
   }
@@ -265,8 +265,7 @@ private:
   param_state const& checked(std::size_t i, char const* call) const {
     if (i >= params_.size()) {
       throw invalid_argument(std::string("adam::") + call + ": parameter index " + std::to_string(i) +
-                             " is not below the " + std::to_string(params_.size()) +
-                             " parameters of this optimizer");
+                             " is not below the " + std::to_string(params_.size()) + " parameters of this optimizer");
     }
     return params_[i];
   }
@@ -290,17 +289,15 @@ private:
 // Defined out of the class, so not inline: a translation unit that declares adam<B> extern
 // (PIPESWAP_EXTERN_ADAM) neither instantiates nor compiles them.
 template <backend B, class Kernels>
-  requires adam_kernel_policy<Kernels, B>
-adam<B, Kernels>::~adam() = default;
+requires adam_kernel_policy<Kernels, B> adam<B, Kernels>::~adam() = default;
 
 template <backend B, class Kernels>
-  requires adam_kernel_policy<Kernels, B>
-std::size_t adam<B, Kernels>::add_param(param_desc d) {
+requires adam_kernel_policy<Kernels, B> std::size_t adam<B, Kernels>::add_param(param_desc d) {
   state_.require_detached("adam::add_param");
   if (!detail::is_adam_storage(d.type) || !detail::is_adam_storage(d.grad_type)) {
-    throw invalid_argument("adam::add_param: parameter " + std::to_string(params_.size()) +
-                           " has type " + std::string(name_of(d.type)) + "/" +
-                           std::string(name_of(d.grad_type)) + "; F32, BF16 and F16 are supported");
+    throw invalid_argument("adam::add_param: parameter " + std::to_string(params_.size()) + " has type " +
+                           std::string(name_of(d.type)) + "/" + std::string(name_of(d.grad_type)) +
+                           "; F32, BF16 and F16 are supported");
   }
   if (d.master && d.type == dtype::f32) {
     throw invalid_argument("adam::add_param: parameter " + std::to_string(params_.size()) +
@@ -308,8 +305,8 @@ std::size_t adam<B, Kernels>::add_param(param_desc d) {
   }
   auto const i = params_.size();
   auto refuse = [&](std::string const& what, std::size_t j, char const* theirs) {
-    throw invalid_argument("adam::add_param: " + what + " of parameter " + std::to_string(i) +
-                           " overlaps the " + theirs + " of parameter " + std::to_string(j) +
+    throw invalid_argument("adam::add_param: " + what + " of parameter " + std::to_string(i) + " overlaps the " +
+                           theirs + " of parameter " + std::to_string(j) +
                            (std::string_view(theirs) == "storage" && what == "the storage"
                                 ? "; register a shared (tied) tensor once"
                                 : "; a gradient must not share bytes with any parameter"));
@@ -342,7 +339,7 @@ std::size_t adam<B, Kernels>::add_param(param_desc d) {
 
 /// AdamW: Adam with decoupled weight decay (PyTorch's default weight_decay for AdamW is 0.01).
 template <backend B, class Kernels = adam_kernels<B>>
-  requires adam_kernel_policy<Kernels, B>
+requires adam_kernel_policy<Kernels, B>
 class adamw : public adam<B, Kernels> {
 public:
   explicit adamw(B& b, adam_config cfg = with_decay(), Kernels kernels = {})

@@ -72,15 +72,15 @@ struct adam_step_scalars {
   double step_size;             ///< lr / bias_correction1
   double bias_correction2_sqrt; ///< bias_correction2**0.5: C pow(x, 0.5) as torch, not sqrt()
 
-  float weight_decay;    ///< alpha of grad.add(param, alpha=weight_decay) (Adam)
-  float decay_factor;    ///< operand of param.mul_(1 - lr*weight_decay) (AdamW)
-  float lerp_weight;     ///< weight of exp_avg.lerp_(grad, 1 - beta1)
-  float lerp_weight_rev; ///< 1.0f - lerp_weight, in float, as ATen's lerp computes it
-  float beta2;           ///< operand of exp_avg_sq.mul_(beta2)
-  float one_minus_beta2; ///< value of addcmul_(grad, grad, value=1 - beta2)
+  float weight_decay;            ///< alpha of grad.add(param, alpha=weight_decay) (Adam)
+  float decay_factor;            ///< operand of param.mul_(1 - lr*weight_decay) (AdamW)
+  float lerp_weight;             ///< weight of exp_avg.lerp_(grad, 1 - beta1)
+  float lerp_weight_rev;         ///< 1.0f - lerp_weight, in float, as ATen's lerp computes it
+  float beta2;                   ///< operand of exp_avg_sq.mul_(beta2)
+  float one_minus_beta2;         ///< value of addcmul_(grad, grad, value=1 - beta2)
   float bias_correction2_sqrt_f; ///< divisor of exp_avg_sq.sqrt() / bias_correction2_sqrt
-  float eps;             ///< operand of .add_(eps)
-  float neg_step_size;   ///< value of param.addcdiv_(exp_avg, denom, value=-step_size)
+  float eps;                     ///< operand of .add_(eps)
+  float neg_step_size;           ///< value of param.addcdiv_(exp_avg, denom, value=-step_size)
 
   bool maximize;               ///< negate the gradient first
   bool amsgrad;                ///< keep and use max_exp_avg_sq
@@ -113,9 +113,8 @@ inline adam_step_scalars make_step_scalars(adam_config const& cfg, std::int64_t 
 ///                                                                        mul, div, add
 ///
 /// `max_exp_avg_sq` is read and written only when s.amsgrad. No allocation, no exception.
-PIPESWAP_HOST_DEVICE inline void adam_element(adam_step_scalars const& s, float grad, float& param,
-                                              float& exp_avg, float& exp_avg_sq,
-                                              float& max_exp_avg_sq) noexcept {
+PIPESWAP_HOST_DEVICE inline void adam_element(adam_step_scalars const& s, float grad, float& param, float& exp_avg,
+                                              float& exp_avg_sq, float& max_exp_avg_sq) noexcept {
   using ieee::add_rn, ieee::sub_rn, ieee::mul_rn, ieee::div_rn, ieee::sqrt_rn;
   float g = s.maximize ? ieee::neg(grad) : grad;
   float p = param;
@@ -123,8 +122,8 @@ PIPESWAP_HOST_DEVICE inline void adam_element(adam_step_scalars const& s, float 
   if (s.decoupled_weight_decay) p = mul_rn(p, s.decay_factor);
 
   float const diff = sub_rn(g, exp_avg);
-  float const m = s.lerp_from_start ? add_rn(exp_avg, mul_rn(s.lerp_weight, diff))
-                                    : sub_rn(g, mul_rn(diff, s.lerp_weight_rev));
+  float const m =
+      s.lerp_from_start ? add_rn(exp_avg, mul_rn(s.lerp_weight, diff)) : sub_rn(g, mul_rn(diff, s.lerp_weight_rev));
   float const v = add_rn(mul_rn(exp_avg_sq, s.beta2), mul_rn(mul_rn(s.one_minus_beta2, g), g));
 
   float second = v;
@@ -142,23 +141,20 @@ PIPESWAP_HOST_DEVICE inline void adam_element(adam_step_scalars const& s, float 
 /// (P = float), or a bf16/f16 parameter without master (widened, updated, rounded to nearest even).
 /// `max_exp_avg_sq` may be null unless s.amsgrad. Pointers must not overlap.
 template <storage_float P, storage_float G>
-PIPESWAP_HOST_DEVICE inline void adam_update_unchecked(adam_step_scalars const& s, P* param,
-                                                       G const* grad, float* exp_avg,
-                                                       float* exp_avg_sq, float* max_exp_avg_sq,
+PIPESWAP_HOST_DEVICE inline void adam_update_unchecked(adam_step_scalars const& s, P* param, G const* grad,
+                                                       float* exp_avg, float* exp_avg_sq, float* max_exp_avg_sq,
                                                        std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
     float p = to_float(param[i]);
     float unused = 0;
-    adam_element(s, to_float(grad[i]), p, exp_avg[i], exp_avg_sq[i],
-                 s.amsgrad ? max_exp_avg_sq[i] : unused);
+    adam_element(s, to_float(grad[i]), p, exp_avg[i], exp_avg_sq[i], s.amsgrad ? max_exp_avg_sq[i] : unused);
     param[i] = from_float<P>(p);
   }
 }
 
 /// model param[i] = round-to-nearest-even(master[i]) for n elements (a copy when P is float).
 template <storage_float P>
-PIPESWAP_HOST_DEVICE inline void cast_master_to_param_unchecked(float const* master, P* param,
-                                                                std::size_t n) noexcept {
+PIPESWAP_HOST_DEVICE inline void cast_master_to_param_unchecked(float const* master, P* param, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; ++i) param[i] = from_float<P>(master[i]);
 }
 
@@ -232,10 +228,9 @@ inline adam_step_scalars make_step_scalars(adam_config const& cfg, std::int64_t 
 /// Throws invalid_argument, before touching any element, when a span's size differs from param's
 /// (naming the span), when max_exp_avg_sq is non-empty without amsgrad, or when two spans overlap.
 template <storage_float P, class G>
-  requires storage_float<std::remove_const_t<G>>
-void adam_update(adam_step_scalars const& s, std::span<P> param, std::span<G> grad,
-                 std::span<float> exp_avg, std::span<float> exp_avg_sq,
-                 std::span<float> max_exp_avg_sq = {}) {
+requires storage_float<std::remove_const_t<G>>
+void adam_update(adam_step_scalars const& s, std::span<P> param, std::span<G> grad, std::span<float> exp_avg,
+                 std::span<float> exp_avg_sq, std::span<float> max_exp_avg_sq = {}) {
   std::size_t const n = param.size();
   auto check_size = [n](std::string_view name, std::size_t got) {
     if (got != n)
@@ -253,8 +248,7 @@ void adam_update(adam_step_scalars const& s, std::span<P> param, std::span<G> gr
   }
   auto check_disjoint = [](std::string_view an, auto a, std::string_view bn, auto b) {
     if (detail::spans_overlap(a, b))
-      throw invalid_argument("adam_update: " + std::string(an) + " and " + std::string(bn) +
-                             " overlap in memory");
+      throw invalid_argument("adam_update: " + std::string(an) + " and " + std::string(bn) + " overlap in memory");
   };
   check_disjoint("param", param, "grad", grad);
   check_disjoint("param", param, "exp_avg", exp_avg);
@@ -266,9 +260,8 @@ void adam_update(adam_step_scalars const& s, std::span<P> param, std::span<G> gr
   check_disjoint("exp_avg", exp_avg, "exp_avg_sq", exp_avg_sq);
   check_disjoint("exp_avg", exp_avg, "max_exp_avg_sq", max_exp_avg_sq);
   check_disjoint("exp_avg_sq", exp_avg_sq, "max_exp_avg_sq", max_exp_avg_sq);
-  adam_update_unchecked(s, param.data(), static_cast<std::remove_const_t<G> const*>(grad.data()),
-                        exp_avg.data(), exp_avg_sq.data(),
-                        s.amsgrad ? max_exp_avg_sq.data() : nullptr, n);
+  adam_update_unchecked(s, param.data(), static_cast<std::remove_const_t<G> const*>(grad.data()), exp_avg.data(),
+                        exp_avg_sq.data(), s.amsgrad ? max_exp_avg_sq.data() : nullptr, n);
 }
 
 /// Checked: model param = round-to-nearest-even(master), element-wise. Throws invalid_argument when

@@ -54,18 +54,17 @@ struct adam_kernels;
 /// comment, callable on a K lvalue. A missing or incomplete policy is reported at adam<B> by this
 /// concept's name.
 template <class K, class B>
-concept adam_kernel_policy = backend<B> && requires { sizeof(K); } &&
-    requires(K& k, B& b, stream_t<B> s, std::span<adam_tensor<B> const> ts,
-             std::span<adam_step_scalars const> scalars, device_pointer_t<B> p, std::size_t n, dtype t) {
-      { k.update(b, s, ts, scalars) } -> std::same_as<void>;
-      { k.init_master(b, s, p, p, n, t) } -> std::same_as<void>;
-    };
+concept adam_kernel_policy = backend<B> && requires {
+  sizeof(K);
+} && requires(K& k, B& b, stream_t<B> s, std::span<adam_tensor<B> const> ts, std::span<adam_step_scalars const> scalars,
+              device_pointer_t<B> p, std::size_t n, dtype t) {
+  { k.update(b, s, ts, scalars) } -> std::same_as<void>;
+  { k.init_master(b, s, p, p, n, t) } -> std::same_as<void>;
+};
 
 namespace detail {
 
-inline bool is_adam_storage(dtype t) noexcept {
-  return t == dtype::f32 || t == dtype::bf16 || t == dtype::f16;
-}
+inline bool is_adam_storage(dtype t) noexcept { return t == dtype::f32 || t == dtype::bf16 || t == dtype::f16; }
 
 } // namespace detail
 
@@ -84,8 +83,7 @@ void validate_adam_batch(std::span<adam_tensor<B> const> ts, std::span<adam_step
       throw invalid_argument("adam kernels: batch range " + std::to_string(i) + " " + why);
     };
     if (t.scalars >= scalars.size()) {
-      fail("uses step scalars " + std::to_string(t.scalars) + " but the step has " +
-           std::to_string(scalars.size()));
+      fail("uses step scalars " + std::to_string(t.scalars) + " but the step has " + std::to_string(scalars.size()));
     }
     if (!detail::is_adam_storage(t.param_type) || !detail::is_adam_storage(t.grad_type)) {
       fail("has types " + std::string(name_of(t.param_type)) + "/" + std::string(name_of(t.grad_type)) +

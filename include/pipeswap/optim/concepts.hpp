@@ -90,34 +90,37 @@ inline constexpr bool enable_optimizer = requires {
 };
 
 namespace detail {
-template <bool> struct bool_constant_probe {};
+template <bool>
+struct bool_constant_probe {};
 } // namespace detail
 
 /// What the optimizer describes: its backend, whether updates split, its slots, its state's home.
 template <class O>
-concept optimizer_description =
-    requires { typename O::backend_type; } && backend<typename O::backend_type> &&
-    requires { requires std::same_as<decltype(O::splittable), bool const>; } &&
-    requires { typename detail::bool_constant_probe<O::splittable>; } && // a constant expression
+concept optimizer_description = requires {
+  typename O::backend_type;
+}
+&&backend<typename O::backend_type>&& requires { requires std::same_as<decltype(O::splittable), bool const>; }
+&&requires { typename detail::bool_constant_probe<O::splittable>; }
+&& // a constant expression
     requires(O& o, O const& co) {
-      { co.slots() } -> std::same_as<std::span<slot_desc const>>;
-      { o.swap_state() } -> std::same_as<optimizer_state<typename O::backend_type>&>;
-      { o.validate() } -> std::same_as<void>;
-    };
+  { co.slots() } -> std::same_as<std::span<slot_desc const>>;
+  { o.swap_state() } -> std::same_as<optimizer_state<typename O::backend_type>&>;
+  { o.validate() } -> std::same_as<void>;
+};
 
 /// One step's life cycle: initialize slots, prepare, list units, update batches, finish.
 template <class O>
-concept steppable_optimizer =
-    optimizer_description<O> && requires { typename O::step_context; } &&
-    requires(O& o, typename O::step_context& ctx, std::span<unit_range const> batch,
-             state_view<typename O::backend_type> const& v, std::size_t i,
-             device_pointer_t<typename O::backend_type> d) {
-      { o.initialize(i, d) } -> std::same_as<void>;
-      { o.prepare_step() } -> std::same_as<typename O::step_context>;
-      { o.update_units(ctx) } -> std::same_as<std::span<update_unit const>>;
-      { o.update(batch, ctx, v) } -> std::same_as<void>;
-      { o.finish_step(ctx) } -> std::same_as<void>;
-    };
+concept steppable_optimizer = optimizer_description<O> && requires {
+  typename O::step_context;
+} && requires(O& o, typename O::step_context& ctx, std::span<unit_range const> batch,
+              state_view<typename O::backend_type> const& v, std::size_t i,
+              device_pointer_t<typename O::backend_type> d) {
+  { o.initialize(i, d) } -> std::same_as<void>;
+  { o.prepare_step() } -> std::same_as<typename O::step_context>;
+  { o.update_units(ctx) } -> std::same_as<std::span<update_unit const>>;
+  { o.update(batch, ctx, v) } -> std::same_as<void>;
+  { o.finish_step(ctx) } -> std::same_as<void>;
+};
 
 /// The non-tensor state of a checkpoint.
 template <class O>

@@ -33,8 +33,8 @@ namespace pipeswap {
 /// parameter).
 enum class state_key : std::uint8_t { exp_avg, exp_avg_sq, max_exp_avg_sq, master_param };
 
-inline constexpr std::array<state_key, 4> supported_state_keys{
-    state_key::exp_avg, state_key::exp_avg_sq, state_key::max_exp_avg_sq, state_key::master_param};
+inline constexpr std::array<state_key, 4> supported_state_keys{state_key::exp_avg, state_key::exp_avg_sq,
+                                                               state_key::max_exp_avg_sq, state_key::master_param};
 
 constexpr std::string_view name_of(state_key k) noexcept {
   switch (k) {
@@ -61,8 +61,7 @@ inline std::vector<state_key> validate_state_keys(std::span<std::string const> n
   for (auto const& n : names) {
     if (auto k = parse_state_key(n)) {
       if (std::find(keys.begin(), keys.end(), *k) != keys.end()) {
-        throw invalid_argument("swap_config::state_keys names '" + n +
-                               "' twice; give each state key once");
+        throw invalid_argument("swap_config::state_keys names '" + n + "' twice; give each state key once");
       }
       keys.push_back(*k);
     } else if (std::find(invalid.begin(), invalid.end(), n) == invalid.end()) {
@@ -73,9 +72,9 @@ inline std::vector<state_key> validate_state_keys(std::span<std::string const> n
     std::sort(invalid.begin(), invalid.end());
     std::string got = "[";
     for (std::size_t i = 0; i < invalid.size(); ++i) got += (i ? ", '" : "'") + invalid[i] + "'";
-    throw invalid_argument(
-        "swap_config::state_keys only supports Adam/AdamW logical slots ('exp_avg', "
-        "'exp_avg_sq', 'max_exp_avg_sq', 'master_param'), but got " + got + "].");
+    throw invalid_argument("swap_config::state_keys only supports Adam/AdamW logical slots ('exp_avg', "
+                           "'exp_avg_sq', 'max_exp_avg_sq', 'master_param'), but got " +
+                           got + "].");
   }
   return keys;
 }

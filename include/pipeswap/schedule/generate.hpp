@@ -236,8 +236,7 @@ inline rank_orders interleaved_1f1b(interleaved_options const& opt) {
   stage_layout const layout(opt.ranks, opt.chunks, placement::loop);
   std::int64_t const R = opt.ranks, V = opt.chunks, M = opt.micro;
   if (M * V > INT32_MAX)
-    throw invalid_argument("interleaved 1f1b: micro * chunks (" + std::to_string(M * V) +
-                           ") exceeds the index range");
+    throw invalid_argument("interleaved 1f1b: micro * chunks (" + std::to_string(M * V) + ") exceeds the index range");
 
   std::int64_t const rounds = std::max<std::int64_t>(1, M / R);
   std::int64_t base = 0, rem = 0;

@@ -118,8 +118,7 @@ inline std::size_t post_anchor(order const& o, std::size_t i, step const& probe)
   std::size_t found = 0;
   for (std::size_t j = i + 1; j < o.size() && o[j] && is_p2p(o[j]->kind); ++j) {
     end = j;
-    if (found == 0 && is_send(send) && o[j]->kind == send && o[j]->stage == probe.stage &&
-        o[j]->micro == probe.micro)
+    if (found == 0 && is_send(send) && o[j]->kind == send && o[j]->stage == probe.stage && o[j]->micro == probe.micro)
       found = j;
   }
   return found ? found : end;
@@ -139,8 +138,8 @@ inline std::vector<swap_candidate> swap_candidates(order const& o) {
 /// as the header comment says for `opts`. Throws invalid_argument (naming the entry) if an entry breaks
 /// the shape rules, or naming the option if `opts` is out of range; `o` is not modified.
 template <class Eligible>
-  requires std::predicate<Eligible&, chunk>
-order inject_swap_steps(order const& o, Eligible eligible, inject_options const& opts) {
+requires std::predicate<Eligible&, chunk> order inject_swap_steps(order const& o, Eligible eligible,
+                                                                  inject_options const& opts) {
   opts.validate();
   detail::require_shapes(o, "inject_swap_steps");
   detail::slot_index const idx = detail::index_slots(o);
@@ -211,19 +210,20 @@ order inject_swap_steps(order const& o, Eligible eligible, inject_options const&
 
 /// inject_swap_steps() with the default placement.
 template <class Eligible>
-  requires std::predicate<Eligible&, chunk>
-order inject_swap_steps(order const& o, Eligible eligible) {
+requires std::predicate<Eligible&, chunk> order inject_swap_steps(order const& o, Eligible eligible) {
   return inject_swap_steps(o, std::move(eligible), inject_options{});
 }
 
 /// inject_swap_steps() with every candidate chunk eligible, placed as `opts` says.
 inline order inject_swap_steps(order const& o, inject_options const& opts) {
-  return inject_swap_steps(o, [](chunk) { return true; }, opts);
+  return inject_swap_steps(
+      o, [](chunk) { return true; }, opts);
 }
 
 /// inject_swap_steps() with every candidate chunk eligible: hyper-parallel's inject_pipeline_swap_steps.
 inline order inject_swap_steps(order const& o) {
-  return inject_swap_steps(o, [](chunk) { return true; }, inject_options{});
+  return inject_swap_steps(
+      o, [](chunk) { return true; }, inject_options{});
 }
 
 /// A copy of `orders` in which only `rank`'s order has its swap steps: each rank swaps its own

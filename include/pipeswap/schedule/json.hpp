@@ -77,7 +77,8 @@ index_type index_from_json(Json const& j, char const* key, std::string const& wh
 template <class Json>
 step step_from_json(Json const& j, std::string const& where, bool is_leaf) {
   if (!j.is_object())
-    json_fail(where, std::string(is_leaf ? "expected an object" : "expected an object or null") + ", got " + j.type_name());
+    json_fail(where,
+              std::string(is_leaf ? "expected an object" : "expected an object or null") + ", got " + j.type_name());
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it.key() != "type" && it.key() != "stage" && it.key() != "micro" && it.key() != "sub")
       json_fail(where, "unknown key '" + it.key() + "'");
@@ -110,8 +111,10 @@ order order_from_json_at(Json const& j, std::string const& rank) {
   order out;
   out.reserve(j.size());
   for (std::size_t i = 0; i < j.size(); ++i) {
-    if (j[i].is_null()) out.emplace_back();
-    else out.emplace_back(step_from_json(j[i], prefix + "entry " + std::to_string(i), false));
+    if (j[i].is_null())
+      out.emplace_back();
+    else
+      out.emplace_back(step_from_json(j[i], prefix + "entry " + std::to_string(i), false));
   }
   return out;
 }
@@ -159,7 +162,8 @@ order order_from_json(Json const& j) {
 /// The orders of several ranks from an array of orders; errors start with "rank r: entry i".
 template <class Json>
 rank_orders rank_orders_from_json(Json const& j) {
-  if (!j.is_array()) detail::json_fail("top level", std::string("rank orders must be an array of orders, got ") + j.type_name());
+  if (!j.is_array())
+    detail::json_fail("top level", std::string("rank orders must be an array of orders, got ") + j.type_name());
   rank_orders out;
   out.reserve(j.size());
   for (std::size_t r = 0; r < j.size(); ++r)

@@ -121,7 +121,8 @@ inline std::optional<label_cycle> find_label_cycle(label_map const& ranks) {
           std::size_t const u = path[i];
           std::size_t const v = i + 1 < path.size() ? path[i + 1] : n;
           c.path.push_back(*name[u]);
-          c.edges.push_back(ranks[edge_rank.at((std::uint64_t(u) << 32) | v)].first + " " + *name[u] + " -> " + *name[v]);
+          c.edges.push_back(ranks[edge_rank.at((std::uint64_t(u) << 32) | v)].first + " " + *name[u] + " -> " +
+                            *name[v]);
         }
         c.path.push_back(*name[n]);
         return c;

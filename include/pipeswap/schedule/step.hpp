@@ -65,15 +65,24 @@ enum class step_kind : std::uint8_t {
 
 /// Every step kind, in declaration order.
 inline constexpr step_kind all_step_kinds[] = {
-    step_kind::fwd,           step_kind::bwd,
-    step_kind::fwd_recv,      step_kind::fwd_send,
-    step_kind::bwd_recv,      step_kind::bwd_send,
-    step_kind::overlap_f_b,   step_kind::overlap_b_f,
-    step_kind::swap_set_group, step_kind::swap_launch_offload,
-    step_kind::swap_wait_offload, step_kind::swap_launch_load,
-    step_kind::swap_wait_load, step_kind::bwd_input,
-    step_kind::bwd_weight,    step_kind::fsdp_unshard,
-    step_kind::fsdp_reshard,  step_kind::fsdp_reduce_grad,
+    step_kind::fwd,
+    step_kind::bwd,
+    step_kind::fwd_recv,
+    step_kind::fwd_send,
+    step_kind::bwd_recv,
+    step_kind::bwd_send,
+    step_kind::overlap_f_b,
+    step_kind::overlap_b_f,
+    step_kind::swap_set_group,
+    step_kind::swap_launch_offload,
+    step_kind::swap_wait_offload,
+    step_kind::swap_launch_load,
+    step_kind::swap_wait_load,
+    step_kind::bwd_input,
+    step_kind::bwd_weight,
+    step_kind::fsdp_unshard,
+    step_kind::fsdp_reshard,
+    step_kind::fsdp_reduce_grad,
     step_kind::fsdp_wait_reduce_grad,
 };
 
@@ -115,14 +124,11 @@ constexpr std::optional<step_kind> step_kind_from_name(std::string_view name) no
 constexpr bool is_compute(step_kind k) noexcept { return k == step_kind::fwd || k == step_kind::bwd; }
 /// The four point-to-point kinds.
 constexpr bool is_p2p(step_kind k) noexcept {
-  return k == step_kind::fwd_recv || k == step_kind::fwd_send || k == step_kind::bwd_recv ||
-         k == step_kind::bwd_send;
+  return k == step_kind::fwd_recv || k == step_kind::fwd_send || k == step_kind::bwd_recv || k == step_kind::bwd_send;
 }
 constexpr bool is_send(step_kind k) noexcept { return k == step_kind::fwd_send || k == step_kind::bwd_send; }
 constexpr bool is_recv(step_kind k) noexcept { return k == step_kind::fwd_recv || k == step_kind::bwd_recv; }
-constexpr bool is_composite(step_kind k) noexcept {
-  return k == step_kind::overlap_f_b || k == step_kind::overlap_b_f;
-}
+constexpr bool is_composite(step_kind k) noexcept { return k == step_kind::overlap_f_b || k == step_kind::overlap_b_f; }
 /// The five SWAP_* kinds that injection adds.
 constexpr bool is_swap(step_kind k) noexcept {
   return k >= step_kind::swap_set_group && k <= step_kind::swap_wait_load;
@@ -147,9 +153,7 @@ struct step {
 };
 
 /// A leaf step.
-inline step leaf(step_kind kind, index_type stage, index_type micro = no_index) {
-  return step{kind, stage, micro, {}};
-}
+inline step leaf(step_kind kind, index_type stage, index_type micro = no_index) { return step{kind, stage, micro, {}}; }
 inline step fwd(index_type stage, index_type micro) { return leaf(step_kind::fwd, stage, micro); }
 inline step bwd(index_type stage, index_type micro) { return leaf(step_kind::bwd, stage, micro); }
 /// A composite of `kind` holding `leaves` (no stage, no micro-batch).

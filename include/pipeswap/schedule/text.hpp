@@ -71,8 +71,10 @@ constexpr std::optional<step_kind> inferred_composite(step_kind first_leaf) noex
 }
 
 inline void append_index(std::string& out, index_type v) {
-  if (v == no_index) out += '?';
-  else out += std::to_string(v);
+  if (v == no_index)
+    out += '?';
+  else
+    out += std::to_string(v);
 }
 
 inline void append_text(std::string& out, step const& s) {
@@ -130,8 +132,8 @@ private:
   char peek() const { return pos_ < text_.size() ? text_[pos_] : '\0'; }
 
   [[noreturn]] void fail(std::size_t entry_index, std::string const& what) const {
-    throw invalid_argument("order text: entry " + std::to_string(entry_index) + " (column " +
-                           std::to_string(pos_ + 1) + "): " + what);
+    throw invalid_argument("order text: entry " + std::to_string(entry_index) + " (column " + std::to_string(pos_ + 1) +
+                           "): " + what);
   }
 
   std::string_view word() {
@@ -178,9 +180,12 @@ private:
     std::string_view const code = word();
     if (peek() != '[') return checked(entry_index, parse_leaf(entry_index, code));
     std::optional<step_kind> kind;
-    if (code == "FB") kind = step_kind::overlap_f_b;
-    else if (code == "BF") kind = step_kind::overlap_b_f;
-    else if (!code.empty()) fail(entry_index, "unknown composite prefix '" + std::string(code) + "' (FB or BF)");
+    if (code == "FB")
+      kind = step_kind::overlap_f_b;
+    else if (code == "BF")
+      kind = step_kind::overlap_b_f;
+    else if (!code.empty())
+      fail(entry_index, "unknown composite prefix '" + std::string(code) + "' (FB or BF)");
     ++pos_; // '['
     std::vector<step> leaves;
     skip_space();
@@ -231,8 +236,10 @@ inline std::string to_text(order const& o) {
   out.reserve(o.size() * 6);
   for (std::size_t i = 0; i < o.size(); ++i) {
     if (i) out += ' ';
-    if (o[i]) detail::append_text(out, *o[i]);
-    else out += '_';
+    if (o[i])
+      detail::append_text(out, *o[i]);
+    else
+      out += '_';
   }
   return out;
 }

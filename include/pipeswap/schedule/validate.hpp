@@ -104,9 +104,7 @@ inline std::string to_string(problem const& p) {
 
 namespace detail {
 
-inline std::string chunk_text(chunk c) {
-  return "(" + std::to_string(c.stage) + "," + std::to_string(c.micro) + ")";
-}
+inline std::string chunk_text(chunk c) { return "(" + std::to_string(c.stage) + "," + std::to_string(c.micro) + ")"; }
 
 inline std::string problems_text(std::vector<problem> const& ps, std::size_t most = 20) {
   std::string out;
@@ -116,9 +114,12 @@ inline std::string problems_text(std::vector<problem> const& ps, std::size_t mos
 }
 
 // The swap life cycle, one event per step; index = position in the cycle.
-inline constexpr step_kind lifecycle[] = {step_kind::swap_set_group,    step_kind::fwd,
-                                          step_kind::swap_launch_offload, step_kind::swap_wait_offload,
-                                          step_kind::swap_launch_load,  step_kind::swap_wait_load,
+inline constexpr step_kind lifecycle[] = {step_kind::swap_set_group,
+                                          step_kind::fwd,
+                                          step_kind::swap_launch_offload,
+                                          step_kind::swap_wait_offload,
+                                          step_kind::swap_launch_load,
+                                          step_kind::swap_wait_load,
                                           step_kind::bwd};
 
 constexpr int lifecycle_index(step_kind k) noexcept {
@@ -132,14 +133,12 @@ constexpr bool is_backward_leaf(step_kind k) noexcept { return k == step_kind::b
 
 inline std::optional<std::string> composite_error(step const& s) {
   bool ok = s.sub.size() == 2;
-  if (ok && s.kind == step_kind::overlap_f_b)
-    ok = s.sub[0].kind == step_kind::fwd && is_backward_leaf(s.sub[1].kind);
-  if (ok && s.kind == step_kind::overlap_b_f)
-    ok = is_backward_leaf(s.sub[0].kind) && s.sub[1].kind == step_kind::fwd;
+  if (ok && s.kind == step_kind::overlap_f_b) ok = s.sub[0].kind == step_kind::fwd && is_backward_leaf(s.sub[1].kind);
+  if (ok && s.kind == step_kind::overlap_b_f) ok = is_backward_leaf(s.sub[0].kind) && s.sub[1].kind == step_kind::fwd;
   if (ok) return std::nullopt;
-  return std::string(step_kind_name(s.kind)) +
-         (s.kind == step_kind::overlap_f_b ? " must hold a FWD leaf then a backward leaf (BWD or BWD_INPUT)"
-                                           : " must hold a backward leaf (BWD or BWD_INPUT) then a FWD leaf");
+  return std::string(step_kind_name(s.kind)) + (s.kind == step_kind::overlap_f_b
+                                                    ? " must hold a FWD leaf then a backward leaf (BWD or BWD_INPUT)"
+                                                    : " must hold a backward leaf (BWD or BWD_INPUT) then a FWD leaf");
 }
 
 // One pass over the order after a pass that sizes the tables and finds the swapped chunks.
@@ -180,14 +179,16 @@ public:
     for (auto const& [key, pos, bwd_leaf] : early_bwd_) {
       std::size_t const f = fwd_.get(key);
       add(rule::backward_before_forward, pos, *bwd_leaf,
-          f == no_position ? "BWD of chunk " + chunk_text(key) + " has no FWD"
-                           : "BWD of chunk " + chunk_text(key) + " runs before its FWD (position " + std::to_string(f) + ")");
+          f == no_position
+              ? "BWD of chunk " + chunk_text(key) + " has no FWD"
+              : "BWD of chunk " + chunk_text(key) + " runs before its FWD (position " + std::to_string(f) + ")");
     }
     for (chunk key : swapped_list_) {
       cycle_state const st = cycle_.get(key);
       if (st.state == 6) continue;
       add(rule::swap_lifecycle, st.position, *st.leaf,
-          "swap life cycle of chunk " + chunk_text(key) + " is incomplete: missing " + lifecycle_names(st.state + 1, 7));
+          "swap life cycle of chunk " + chunk_text(key) + " is incomplete: missing " +
+              lifecycle_names(st.state + 1, 7));
     }
     // std::stable_sort, not ranges::stable_sort(problems_, {}, &problem::position): range-v3's own merge
     // sort, instantiated in this inline function, cost 0.8 s in every TU including this header.
@@ -240,8 +241,8 @@ private:
       return;
     }
     add(rule::duplicate, i, l,
-        "second " + std::string(step_kind_name(l.kind)) + " of chunk " + chunk_text(key) + "; the first is at position " +
-            std::to_string(first));
+        "second " + std::string(step_kind_name(l.kind)) + " of chunk " + chunk_text(key) +
+            "; the first is at position " + std::to_string(first));
   }
 
   void advance(chunk key, int event, std::size_t i, step const& l) {
@@ -280,8 +281,8 @@ inline std::vector<problem> check_order(order const& o) { return detail::order_c
 inline void require_well_formed(order const& o) {
   auto const ps = check_order(o);
   if (!ps.empty())
-    throw invalid_argument("order is not well-formed (" + std::to_string(ps.size()) + " problems):" +
-                           detail::problems_text(ps));
+    throw invalid_argument("order is not well-formed (" + std::to_string(ps.size()) +
+                           " problems):" + detail::problems_text(ps));
 }
 
 /// A rank blocked at a receive in a deadlock, and the send it waits for.
@@ -329,7 +330,8 @@ constexpr std::uint8_t done_bit(step_kind k) noexcept {
   switch (k) {
   case step_kind::fwd: return did_fwd;
   case step_kind::fwd_recv: return did_fwd_recv;
-  case step_kind::bwd: case step_kind::bwd_input: return did_bwd;
+  case step_kind::bwd:
+  case step_kind::bwd_input: return did_bwd;
   case step_kind::bwd_recv: return did_bwd_recv;
   default: return 0;
   }
@@ -442,11 +444,15 @@ private:
             std::string(what) + ": no " + to_text(leaf(k, stage, m)) + " before it on rank " + std::to_string(r));
     };
     if (l.kind == step_kind::fwd && s > 0) {
-      if (layout_.rank_of(s - 1) == r) need(did_fwd, step_kind::fwd, s - 1, "FWD runs before its input is computed");
-      else need(did_fwd_recv, step_kind::fwd_recv, s, "FWD runs before its input arrives");
+      if (layout_.rank_of(s - 1) == r)
+        need(did_fwd, step_kind::fwd, s - 1, "FWD runs before its input is computed");
+      else
+        need(did_fwd_recv, step_kind::fwd_recv, s, "FWD runs before its input arrives");
     } else if (done_bit(l.kind) == did_bwd && s + 1 < layout_.stages()) {
-      if (layout_.rank_of(s + 1) == r) need(did_bwd, step_kind::bwd, s + 1, "backward runs before its gradient is computed");
-      else need(did_bwd_recv, step_kind::bwd_recv, s, "backward runs before its gradient arrives");
+      if (layout_.rank_of(s + 1) == r)
+        need(did_bwd, step_kind::bwd, s + 1, "backward runs before its gradient is computed");
+      else
+        need(did_bwd_recv, step_kind::bwd_recv, s, "backward runs before its gradient arrives");
     } else if (l.kind == step_kind::fwd_send) {
       need(did_fwd, step_kind::fwd, s, "FWD_SEND sends an output not yet computed");
     } else if (l.kind == step_kind::bwd_send) {
@@ -488,7 +494,8 @@ private:
       for (; s != no_id; s = refs_[s].next) {
         step const want = leaf(msg.forward ? step_kind::fwd_recv : step_kind::bwd_recv, msg.to.stage, msg.to.micro);
         add(rule::unpaired, refs_[s].rank, refs_[s].position, *refs_[s].leaf,
-            std::string(step_kind_name(refs_[s].leaf->kind)) + " has no matching " + to_text(want) + on_rank_of(msg.to.stage));
+            std::string(step_kind_name(refs_[s].leaf->kind)) + " has no matching " + to_text(want) +
+                on_rank_of(msg.to.stage));
       }
       for (; v != no_id; v = refs_[v].next) {
         step const want = leaf(msg.forward ? step_kind::fwd_send : step_kind::bwd_send, from, msg.to.micro);
@@ -548,8 +555,8 @@ private:
     for (std::size_t b : cycle) {
       wait const& w = waits[b][next_wait[b]];
       p2p_ref const& send = sender(w);
-      report_.deadlock.push_back({index_type(b), w.position, to_text(*refs_[w.recv].leaf), send.rank, send.position,
-                                  to_text(*send.leaf)});
+      report_.deadlock.push_back(
+          {index_type(b), w.position, to_text(*refs_[w.recv].leaf), send.rank, send.position, to_text(*send.leaf)});
     }
   }
 

@@ -37,8 +37,8 @@ struct alternative_rank {
 /// One alternative: what it is, and its figures for the step (the slowest rank's time, the highest
 /// peak, host-link bytes of all ranks together) and per rank.
 struct alternative {
-  std::string key;   ///< "none", "optimizer_swap", "activation_swap", "both", "plan", "cpu_offload_25", ...
-  std::string title; ///< what a user reads: "no swap", "CPU-step offload of 25 % of the optimizer", ...
+  std::string key;         ///< "none", "optimizer_swap", "activation_swap", "both", "plan", "cpu_offload_25", ...
+  std::string title;       ///< what a user reads: "no swap", "CPU-step offload of 25 % of the optimizer", ...
   std::string description; ///< the candidate it ran (describe()), or the formula's inputs
   bool simulated = true;   ///< false: derived by a formula from a simulated step (CPU-step offload)
   mock::sim_time step_ns = 0;
@@ -64,7 +64,8 @@ struct alternative {
 /// (Megatron-Bridge's measurement on Qwen3-30B-A3B: 3.8 GB per quarter, the moments of its shard).
 inline alternative cpu_offload_alternative(scenario const& s, std::vector<mock::sim_time> const& steps,
                                            std::vector<std::uint64_t> const& peaks,
-                                           std::vector<std::uint64_t> const& state_bytes, double f, std::uint64_t budget) {
+                                           std::vector<std::uint64_t> const& state_bytes, double f,
+                                           std::uint64_t budget) {
   auto const& m = s.model;
   double const g = static_cast<double>(size_of(grad_dtype_of(m))), e = static_cast<double>(size_of(m.param_dtype));
   double const per_elem = m.fp32_master ? 12.0 : 8.0;
@@ -84,8 +85,8 @@ inline alternative cpu_offload_alternative(scenario const& s, std::vector<mock::
                       S * e / links[r].h2d_alone_gbps + (S > 0 ? 2 * s.device.copy_latency_us * 1e3 : 0.0);
     auto const saved = static_cast<std::uint64_t>(S * 8.0);
     auto const peak = peaks[r];
-    alternative_rank x{steps.at(r) + static_cast<mock::sim_time>(std::llround(ns)),
-                       peak > saved ? peak - saved : 0, static_cast<std::uint64_t>(S * (g + e))};
+    alternative_rank x{steps.at(r) + static_cast<mock::sim_time>(std::llround(ns)), peak > saved ? peak - saved : 0,
+                       static_cast<std::uint64_t>(S * (g + e))};
     a.ranks.push_back(x);
     a.host_bytes += x.host_bytes;
     a.step_ns = std::max(a.step_ns, x.step_ns);

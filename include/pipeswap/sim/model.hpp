@@ -36,8 +36,7 @@ namespace pipeswap::sim {
 ///   MLP dropout: mask T'·h
 /// Selective recomputation drops the core-attention tensors that the recomputation rebuilds (scores,
 /// mask, dropout output, log-sum-exp); full recomputation keeps the layer input e·T'·h only.
-inline std::vector<saved_tensor> layer_activations(model_spec const& m, parallel_spec const& p,
-                                                   recompute_kind rc) {
+inline std::vector<saved_tensor> layer_activations(model_spec const& m, parallel_spec const& p, recompute_kind rc) {
   std::uint64_t const e = size_of(m.param_dtype), t = p.tp, T = m.seq_len * m.micro_batch_size;
   std::uint64_t const Tr = p.sequence_parallel ? T / t : T;
   std::uint64_t const h = m.hidden, hs = attention_width(m) / t, fs = m.ffn_hidden / t, as = m.heads / t;
@@ -45,10 +44,8 @@ inline std::vector<saved_tensor> layer_activations(model_spec const& m, parallel
   std::uint64_t const b = m.micro_batch_size, s = m.seq_len;
   if (rc == recompute_kind::full) return {{"layer", "input (all that full recomputation keeps)", e * Tr * h}};
   std::vector<saved_tensor> out{
-      {"attn_norm", "input", e * Tr * h},
-      {"attn.qkv", "input (the norm's output)", e * Tr * h},
-      {"core attention", "Q", e * T * hs},
-      {"core attention", "K", e * T * kvs},
+      {"attn_norm", "input", e * Tr * h},   {"attn.qkv", "input (the norm's output)", e * Tr * h},
+      {"core attention", "Q", e * T * hs},  {"core attention", "K", e * T * kvs},
       {"core attention", "V", e * T * kvs},
   };
   bool const keep_core = rc == recompute_kind::none;
@@ -121,8 +118,8 @@ inline std::vector<tensor_spec> layer_tensors(model_spec const& m, std::uint32_t
   auto const tp = par.tp;
   auto const h = m.hidden, f = m.ffn_hidden / tp, kv = head_dim_of(m) * (m.kv_heads / tp), hs = attention_width(m) / tp;
   std::string const p = "layers." + std::to_string(layer) + ".";
-  std::vector<tensor_spec> out{{p + "attn_norm", h, false}, {p + "attn.q", h * hs},   {p + "attn.k", h * kv},
-                               {p + "attn.v", h * kv},      {p + "attn.o", hs * h},   {p + "mlp_norm", h, false}};
+  std::vector<tensor_spec> out{{p + "attn_norm", h, false}, {p + "attn.q", h * hs}, {p + "attn.k", h * kv},
+                               {p + "attn.v", h * kv},      {p + "attn.o", hs * h}, {p + "mlp_norm", h, false}};
   if (m.moe.enabled()) {
     for (auto& t : moe_layer_tensors(m, par, p)) out.push_back(std::move(t));
   } else if (m.mlp == mlp_kind::gelu) {
@@ -153,10 +150,10 @@ inline void validate(scenario const& s) {
   need(m.hidden >= 1 && m.ffn_hidden >= 1 && m.vocab >= 1, "model sizes must be positive");
   need(m.heads >= 1 && m.kv_heads >= 1, "model.heads and model.kv_heads must be positive");
   need(m.heads % m.kv_heads == 0, "model.heads (" + std::to_string(m.heads) +
-                                      ") must be a multiple of model.kv_heads (" +
-                                      std::to_string(m.kv_heads) + ")");
+                                      ") must be a multiple of model.kv_heads (" + std::to_string(m.kv_heads) + ")");
   need(m.head_dim ? *m.head_dim >= 1 : m.hidden % m.heads == 0,
-       m.head_dim ? "model.head_dim must be positive" : "model.hidden must be a multiple of model.heads (or set model.head_dim)");
+       m.head_dim ? "model.head_dim must be positive"
+                  : "model.hidden must be a multiple of model.heads (or set model.head_dim)");
   need(m.seq_len >= 1 && m.micro_batch_size >= 1, "model.seq_len and model.micro_batch_size must be positive");
   need(m.param_dtype == dtype::bf16 || m.param_dtype == dtype::f16 || m.param_dtype == dtype::f32,
        "model.param_dtype must be BF16, F16 or F32");
@@ -167,7 +164,8 @@ inline void validate(scenario const& s) {
   auto const& p = s.parallel;
   auto const tp = std::to_string(p.tp);
   need(p.tp >= 1 && p.dp >= 1, "parallel.tp and parallel.dp must be at least 1");
-  need(m.heads % p.tp == 0, "model.heads (" + std::to_string(m.heads) + ") must be a multiple of parallel.tp (" + tp + ")");
+  need(m.heads % p.tp == 0,
+       "model.heads (" + std::to_string(m.heads) + ") must be a multiple of parallel.tp (" + tp + ")");
   need(m.kv_heads % p.tp == 0,
        "model.kv_heads (" + std::to_string(m.kv_heads) + ") must be a multiple of parallel.tp (" + tp + ")");
   need(m.ffn_hidden % p.tp == 0,
@@ -185,20 +183,22 @@ inline void validate(scenario const& s) {
          "model.moe.expert_ffn_hidden and model.moe.shared_expert_ffn_hidden need model.moe.experts > 0");
   } else {
     auto const etp = expert_tp_of(p);
-    need(moe.top_k >= 1 && moe.top_k <= moe.experts, "model.moe.top_k must be in 1..model.moe.experts (" +
-                                                         std::to_string(moe.experts) + ")");
+    need(moe.top_k >= 1 && moe.top_k <= moe.experts,
+         "model.moe.top_k must be in 1..model.moe.experts (" + std::to_string(moe.experts) + ")");
     need(moe.expert_ffn_hidden >= 1, "model.moe.expert_ffn_hidden must be positive with model.moe.experts > 0");
     need(moe.experts % p.ep == 0, "model.moe.experts (" + std::to_string(moe.experts) +
                                       ") must be a multiple of parallel.ep (" + std::to_string(p.ep) + ")");
     need(moe.expert_ffn_hidden % etp == 0, "model.moe.expert_ffn_hidden must be a multiple of the expert "
                                            "tensor-parallel degree (parallel.expert_tp, else parallel.tp)");
-    need(moe.shared_expert_ffn_hidden % p.tp == 0, "model.moe.shared_expert_ffn_hidden must be a multiple of parallel.tp");
+    need(moe.shared_expert_ffn_hidden % p.tp == 0,
+         "model.moe.shared_expert_ffn_hidden must be a multiple of parallel.tp");
     need((std::uint64_t{p.tp} * p.dp) % (std::uint64_t{etp} * p.ep) == 0,
          "parallel.expert_tp × parallel.ep (" + std::to_string(std::uint64_t{etp} * p.ep) +
              ") must divide parallel.tp × parallel.dp (" + std::to_string(std::uint64_t{p.tp} * p.dp) +
              "): the experts regroup a pipeline rank's devices");
-    need(p.tp == 1 || p.sequence_parallel, "model.moe.experts > 0 with parallel.tp > 1 needs parallel.sequence_parallel "
-                                           "(as Megatron-Core requires)");
+    need(p.tp == 1 || p.sequence_parallel,
+         "model.moe.experts > 0 with parallel.tp > 1 needs parallel.sequence_parallel "
+         "(as Megatron-Core requires)");
   }
   need(s.node.gpus >= 1, "node.gpus must be at least 1");
   need(p.tp <= s.node.gpus, "parallel.tp (" + tp + ") must not exceed node.gpus (" + std::to_string(s.node.gpus) +
@@ -207,13 +207,18 @@ inline void validate(scenario const& s) {
   need(s.node.cpu_adam_gbps > 0 && std::isfinite(s.node.cpu_adam_gbps), "node.cpu_adam_gbps must be positive");
   auto const& d = s.device;
   need(d.memory_bytes > d.reserved_bytes, "device.memory_bytes must exceed device.reserved_bytes");
-  for (auto [v, n] : {std::pair{d.h2d_gbps, "h2d_gbps"}, {d.d2h_gbps, "d2h_gbps"}, {d.bf16_tflops, "bf16_tflops"},
-                      {d.hbm_tbps, "hbm_tbps"}, {d.p2p_gbps, "p2p_gbps"}, {d.tp_gbps, "tp_gbps"},
+  for (auto [v, n] : {std::pair{d.h2d_gbps, "h2d_gbps"},
+                      {d.d2h_gbps, "d2h_gbps"},
+                      {d.bf16_tflops, "bf16_tflops"},
+                      {d.hbm_tbps, "hbm_tbps"},
+                      {d.p2p_gbps, "p2p_gbps"},
+                      {d.tp_gbps, "tp_gbps"},
                       {d.dp_gbps, "dp_gbps"}}) {
     need(v > 0 && std::isfinite(v), std::string("device.") + n + " must be positive");
   }
   need(d.kernel_efficiency > 0 && d.kernel_efficiency <= 1, "device.kernel_efficiency must be in (0, 1]");
-  need(!d.end_to_end_mfu || (*d.end_to_end_mfu > 0 && *d.end_to_end_mfu <= 1), "device.end_to_end_mfu must be in (0, 1]");
+  need(!d.end_to_end_mfu || (*d.end_to_end_mfu > 0 && *d.end_to_end_mfu <= 1),
+       "device.end_to_end_mfu must be in (0, 1]");
   need(d.duplex_factor >= 0.5 && d.duplex_factor <= 1,
        "device.duplex_factor must be in [0.5, 1] (0.5: the two directions share one rate; 1: full duplex)");
   need(d.copy_latency_us >= 0 && d.p2p_latency_us >= 0 && d.collective_latency_us >= 0,
@@ -227,8 +232,10 @@ inline void validate(scenario const& s) {
   need(!pl.overlap_b_f || pl.schedule == schedule_kind::interleaved,
        "pipeline.overlap_b_f needs the interleaved schedule");
   auto const stages = static_cast<std::uint64_t>(pl.ranks) * pl.chunks;
-  need(m.layers >= stages, "model.layers (" + std::to_string(m.layers) + ") must be at least the number of "
-                                "stages (pipeline.ranks × pipeline.chunks = " + std::to_string(stages) + ")");
+  need(m.layers >= stages, "model.layers (" + std::to_string(m.layers) +
+                               ") must be at least the number of "
+                               "stages (pipeline.ranks × pipeline.chunks = " +
+                               std::to_string(stages) + ")");
   need(s.swap.swap_times >= 1, "swap.swap_times must be positive");
   need(s.plan.tolerance >= 0 && s.plan.tolerance < 1, "plan.tolerance must be in [0, 1)");
 }
@@ -249,8 +256,8 @@ inline mock::sim_time collective_ns(collective c, double bytes, std::uint32_t n,
 inline mock::sim_time tp_layer_comm_ns(scenario const& s) {
   auto const& p = s.parallel;
   if (p.tp <= 1) return 0;
-  double const bytes = static_cast<double>(size_of(s.model.param_dtype) * s.model.seq_len * s.model.micro_batch_size *
-                                           s.model.hidden);
+  double const bytes =
+      static_cast<double>(size_of(s.model.param_dtype) * s.model.seq_len * s.model.micro_batch_size * s.model.hidden);
   auto const& d = s.device;
   if (p.sequence_parallel)
     return 2 * (collective_ns(collective::all_gather, bytes, p.tp, d.tp_gbps, d.collective_latency_us) +
@@ -268,7 +275,8 @@ inline mock::sim_time moe_layer_a2a_ns(scenario const& s) {
   bool const in_node = std::uint64_t{expert_tp_of(p)} * p.ep <= s.node.gpus;
   double const gbps = in_node ? s.device.tp_gbps : s.device.dp_gbps;
   double const bytes = moe_a2a_bytes(s.model, p) * (p.ep - 1) / p.ep;
-  return 2 * static_cast<mock::sim_time>(std::llround(s.device.collective_latency_us * 1e3 + bytes / (gbps * 1e9) * 1e9));
+  return 2 *
+         static_cast<mock::sim_time>(std::llround(s.device.collective_latency_us * 1e3 + bytes / (gbps * 1e9) * 1e9));
 }
 
 /// The bus bandwidth of the data-parallel collectives: NVLink (device.tp_gbps) when a data-parallel
@@ -433,7 +441,7 @@ inline double end_to_end_mfu(scenario const& s, mock::sim_time step_ns) {
 struct link_rates {
   double h2d_gbps = 0, d2h_gbps = 0;             ///< each way, both directions busy
   double h2d_alone_gbps = 0, d2h_alone_gbps = 0; ///< one direction alone
-  std::uint32_t sharing = 1; ///< k: devices sharing the node's host bandwidth
+  std::uint32_t sharing = 1;                     ///< k: devices sharing the node's host bandwidth
 };
 inline std::vector<link_rates> host_link_rates(scenario const& s, std::vector<bool> const& swaps) {
   auto const R = s.pipeline.ranks;

@@ -36,13 +36,16 @@ inline std::uint64_t expert_matrices(model_spec const& m) { return m.mlp == mlp_
 /// The MLP tensors of one MoE layer on one device (attention and norms are the dense layer's):
 /// the router h×E (whole on every device), the device's E/ep routed experts, each matrices·h·f_e/etp
 /// (one tensor, `expert`), and the shared expert matrices·h·f_s/tp.
-inline std::vector<tensor_spec> moe_layer_tensors(model_spec const& m, parallel_spec const& p, std::string const& prefix) {
+inline std::vector<tensor_spec> moe_layer_tensors(model_spec const& m, parallel_spec const& p,
+                                                  std::string const& prefix) {
   auto const& e = m.moe;
   auto const h = m.hidden, n = expert_matrices(m);
   std::vector<tensor_spec> out;
   out.push_back({prefix + "mlp.router", h * e.experts, false});
-  out.push_back({prefix + "mlp.experts", e.experts / p.ep * n * h * (e.expert_ffn_hidden / expert_tp_of(p)), false, true});
-  if (e.shared_expert_ffn_hidden > 0) out.push_back({prefix + "mlp.shared_expert", n * h * (e.shared_expert_ffn_hidden / p.tp)});
+  out.push_back(
+      {prefix + "mlp.experts", e.experts / p.ep * n * h * (e.expert_ffn_hidden / expert_tp_of(p)), false, true});
+  if (e.shared_expert_ffn_hidden > 0)
+    out.push_back({prefix + "mlp.shared_expert", n * h * (e.shared_expert_ffn_hidden / p.tp)});
   return out;
 }
 

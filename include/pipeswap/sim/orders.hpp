@@ -94,8 +94,8 @@ inline std::size_t load_lookahead_for(scenario const& s, std::vector<stage_spec>
 /// `rank` the time it needs before the host waits for it: as load_lookahead_for(), over the rank's
 /// device-to-host rate. It matters in the pipeline fill, where forwards follow forwards: a delay of
 /// 1 (the reference) there waits each offload one forward after its own.
-inline std::size_t offload_wait_delay_for(scenario const& s, std::vector<stage_spec> const& stages,
-                                          std::uint32_t rank, link_rates const& link) {
+inline std::size_t offload_wait_delay_for(scenario const& s, std::vector<stage_spec> const& stages, std::uint32_t rank,
+                                          link_rates const& link) {
   return detail::slots_covering_copy(s, stages, rank, link.d2h_gbps);
 }
 
@@ -105,7 +105,8 @@ inline std::size_t detail::slots_covering_copy(scenario const& s, std::vector<st
   std::uint64_t bytes = 0;
   mock::sim_time slot = 0;
   for (auto const& st : stages) {
-    if (layout.rank_of(static_cast<schedule::index_type>(st.stage)) != static_cast<schedule::index_type>(rank)) continue;
+    if (layout.rank_of(static_cast<schedule::index_type>(st.stage)) != static_cast<schedule::index_type>(rank))
+      continue;
     bytes = std::max(bytes, st.activation_bytes - st.boundary_bytes);
     slot = slot == 0 ? st.fwd_ns : std::min(slot, st.fwd_ns);
   }
@@ -121,13 +122,15 @@ inline std::size_t detail::slots_covering_copy(scenario const& s, std::vector<st
 /// Sets every rank's load lookahead and offload wait delay that `o` leaves unset to
 /// load_lookahead_for() and offload_wait_delay_for() (the link rates taken as when every rank swaps).
 inline void set_load_lookaheads(sim_options& o, scenario const& s) {
-  auto const stages = plan_stages(s, o.recompute.empty() ? std::vector<recompute_kind>{} : [&] {
-    auto const layout = layout_of(s);
-    std::vector<recompute_kind> per_stage;
-    for (std::uint32_t st = 0; st < s.pipeline.ranks * s.pipeline.chunks; ++st)
-      per_stage.push_back(o.recompute.at(static_cast<std::size_t>(layout.rank_of(static_cast<schedule::index_type>(st)))));
-    return per_stage;
-  }());
+  auto const stages = plan_stages(
+      s, o.recompute.empty() ? std::vector<recompute_kind>{} : [&] {
+        auto const layout = layout_of(s);
+        std::vector<recompute_kind> per_stage;
+        for (std::uint32_t st = 0; st < s.pipeline.ranks * s.pipeline.chunks; ++st)
+          per_stage.push_back(
+              o.recompute.at(static_cast<std::size_t>(layout.rank_of(static_cast<schedule::index_type>(st)))));
+        return per_stage;
+      }());
   auto const links = host_link_rates(s, std::vector<bool>(s.pipeline.ranks, true));
   if (o.ranks.empty()) o.ranks.resize(s.pipeline.ranks);
   for (std::uint32_t r = 0; r < s.pipeline.ranks && r < o.ranks.size(); ++r) {

@@ -128,7 +128,8 @@ inline sim_result simulate_orders(scenario const& s, schedule::rank_orders const
       }
       if (all_done) break;
       if (progressed == 0) {
-        std::string what = "simulate: deadlock" + (steps > 1 ? " in step " + std::to_string(k + 1) : std::string()) + ": ";
+        std::string what =
+            "simulate: deadlock" + (steps > 1 ? " in step " + std::to_string(k + 1) : std::string()) + ": ";
         for (std::uint32_t r = 0; r < ranks.size(); ++r) {
           if (ranks[r]->done()) continue;
           what += "rank " + std::to_string(r) + " waits at " + ranks[r]->waiting_for() + "; ";

@@ -108,7 +108,8 @@ inline sim_options options_for(swap_choice const& c, std::shared_ptr<activation_
       return gaps->gap(rank, ch) >= g;
     };
   }
-  if (c.ranks.empty() && c.recompute != recompute_kind::none) o.recompute.assign(gaps ? gaps->per_rank.size() : 0, c.recompute);
+  if (c.ranks.empty() && c.recompute != recompute_kind::none)
+    o.recompute.assign(gaps ? gaps->per_rank.size() : 0, c.recompute);
   o.swap_optimizer = c.any_optimizer();
   o.swap_times = c.any_optimizer() ? c.swap_times : unswapped.swap_times;
   o.packed = c.any_optimizer() ? c.packed : unswapped.packed;
@@ -139,8 +140,9 @@ inline plan_outcome outcome_of(sim_result const& r, scenario const* s = nullptr,
     o.rank_host_bytes.push_back(x.h2d_bytes + x.d2h_bytes);
     o.rank_state_bytes.push_back(x.optimizer_state_bytes);
     if (s && opts)
-      o.activation_floor = std::max(o.activation_floor, s->device.reserved_bytes + x.resident_param_bytes +
-                                                            (opts->swaps_optimizer(x.rank) ? 0 : x.optimizer_state_bytes));
+      o.activation_floor =
+          std::max(o.activation_floor, s->device.reserved_bytes + x.resident_param_bytes +
+                                           (opts->swaps_optimizer(x.rank) ? 0 : x.optimizer_state_bytes));
     o.rank_steps.push_back(x.step_ns);
     o.resident_shares.push_back(x.resident_share_bytes);
     o.prefetched.push_back(x.prefetched_batches);
@@ -216,8 +218,8 @@ void add_alternatives(plan_result& res, scenario const& s, plan_space const& spa
       alts.push_back(alternative_of("plan", "the plan", *res.chosen, res.chosen_outcome, B));
       for (auto const& x : plan_changes(*res.chosen, s))
         alts.back().description += ", " + x.field + " " + x.from + " -> " + x.to;
-    }
-    else same->title += " (the plan)";
+    } else
+      same->title += " (the plan)";
   }
   for (double f : cpu_offload_fractions)
     alts.push_back(cpu_offload_alternative(s, none_o.rank_steps, none_o.rank_peaks, none_o.rank_state_bytes, f, B));
@@ -227,7 +229,8 @@ void add_alternatives(plan_result& res, scenario const& s, plan_space const& spa
     r.recompute = rc;
     if (res.chosen && describe(r) == describe(*res.chosen)) continue; // the plan, listed above
     alts.push_back(alternative_of(std::string("recompute_") + std::string(recompute_name(rc)),
-                                  rc == recompute_kind::none ? "no recomputation" : std::string(recompute_name(rc)) + " recomputation",
+                                  rc == recompute_kind::none ? "no recomputation"
+                                                             : std::string(recompute_name(rc)) + " recomputation",
                                   r, outcome(r), B));
   }
   res.verdict_line = decide(alts, res.alternative_none, B, res.tolerance);
@@ -262,7 +265,8 @@ inline plan_result plan(scenario const& given, std::uint64_t budget, std::functi
     auto o = options_for(c, gaps, s.swap);
     auto sc = scenario_for(c, s);
     // The overlap sizes each rank's resident share and prefetch against the budget, not the device.
-    if (o.overlap && budget > sc.device.reserved_bytes) sc.device.memory_bytes = std::min(sc.device.memory_bytes, budget);
+    if (o.overlap && budget > sc.device.reserved_bytes)
+      sc.device.memory_bytes = std::min(sc.device.memory_bytes, budget);
     if (o.overlap && o.swap_activations) set_load_lookaheads(o, sc);
     return std::pair{std::move(sc), std::move(o)};
   };
@@ -284,7 +288,8 @@ inline plan_result plan(scenario const& given, std::uint64_t budget, std::functi
   if (res.chosen) {
     // The chosen plan once more, every operation through the hazard checker (raising): its figures
     // must be the ones the search weighed.
-    auto const it = std::find_if(resolved.begin(), resolved.end(), [&](auto const& x) { return x.first == *res.chosen; });
+    auto const it =
+        std::find_if(resolved.begin(), resolved.end(), [&](auto const& x) { return x.first == *res.chosen; });
     if (it == resolved.end()) throw error("plan: the chosen plan was not simulated");
     auto o = it->second;
     o.check_hazards = true;

@@ -28,9 +28,12 @@ inline std::string overlap_lines(plan_outcome const& c) {
     if (c.rank_batches[r] > 0)
       x = "resident " + plan_gb(c.resident_shares[r]) + ", " + std::to_string(c.prefetched[r]) + " of " +
           std::to_string(c.rank_batches[r]) + " optimizer batches on the device when the step began";
-    if (c.lookaheads[r] > 1) x += (x.empty() ? "" : ", ") + std::string("activation loads ") + std::to_string(c.lookaheads[r]) + " slots ahead";
+    if (c.lookaheads[r] > 1)
+      x +=
+          (x.empty() ? "" : ", ") + std::string("activation loads ") + std::to_string(c.lookaheads[r]) + " slots ahead";
     if (r < c.wait_delays.size() && c.wait_delays[r] > 1)
-      x += (x.empty() ? "" : ", ") + std::string("offloads waited ") + std::to_string(c.wait_delays[r]) + " slots after";
+      x +=
+          (x.empty() ? "" : ", ") + std::string("offloads waited ") + std::to_string(c.wait_delays[r]) + " slots after";
     return x.empty() ? std::string("nothing to overlap") : x;
   };
   auto const R = c.resident_shares.size();
@@ -66,7 +69,8 @@ inline std::vector<setting_change> plan_changes(swap_choice const& c, scenario c
     for (std::size_t r = 0; r < c.ranks.size();) {
       std::size_t e = r;
       while (e + 1 < c.ranks.size() && c.ranks[e + 1].recompute == c.ranks[r].recompute) ++e;
-      to += (r ? "; " : "") + std::to_string(r) + (e > r ? "-" + std::to_string(e) : "") + ": " + name(c.ranks[r].recompute);
+      to += (r ? "; " : "") + std::to_string(r) + (e > r ? "-" + std::to_string(e) : "") + ": " +
+            name(c.ranks[r].recompute);
       r = e + 1;
     }
     out.push_back({"model.recompute", name(mine), to});
@@ -93,8 +97,8 @@ inline std::string format_alternatives(plan_result const& r) {
     bool const chosen = r.verdict_line.choice == i;
     o += (chosen ? "* " : "  ") + pad(a.title, 30) + pad(secs(a.step_ns), 11, true) +
          pad(i == r.alternative_none ? "-" : detail::percent(overhead(a.step_ns, base.step_ns)), 11, true) +
-         pad(plan_gb(a.peak_bytes), 11, true) + "  " + pad(a.fits ? "yes" : "no", 6) + pad(plan_gb(a.host_bytes), 11, true) +
-         "\n";
+         pad(plan_gb(a.peak_bytes), 11, true) + "  " + pad(a.fits ? "yes" : "no", 6) +
+         pad(plan_gb(a.host_bytes), 11, true) + "\n";
   }
   o += "per rank (peak / step time / host-link bytes of one device):\n";
   for (std::size_t k = 0; k < base.ranks.size(); ++k) {
@@ -134,8 +138,8 @@ inline std::string format_plan(plan_result const& r, scenario const& s) {
     if (r.best_without_swap && !(*r.best_without_swap == *r.chosen)) {
       auto const& b = r.best_without_swap_outcome;
       o += "best without swap: " + describe(*r.best_without_swap) + "\n";
-      o += "  step time " + secs(b.step_ns) + "; swap buys " +
-           detail::percent(-overhead(c.step_ns, b.step_ns)) + " step time over it\n";
+      o += "  step time " + secs(b.step_ns) + "; swap buys " + detail::percent(-overhead(c.step_ns, b.step_ns)) +
+           " step time over it\n";
     } else if (!r.best_without_swap) {
       o += "best without swap: none fits; recomputation and the distributed optimizer alone cannot fit the budget\n";
     } else {
@@ -156,8 +160,8 @@ inline std::string format_plan(plan_result const& r, scenario const& s) {
        pad("candidate", 96) + "verdict\n";
   for (auto const& e : r.simulated)
     o += "  " + pad(secs(e.outcome.step_ns), 10, true) + pad(plan_gb(e.outcome.peak_bytes), 11, true) +
-         pad(plan_gb(detail::link_bytes(e.outcome)), 12, true) + "  " + pad(describe(e.choice), 96) + " " +
-         e.verdict + "\n";
+         pad(plan_gb(detail::link_bytes(e.outcome)), 12, true) + "  " + pad(describe(e.choice), 96) + " " + e.verdict +
+         "\n";
   if (!r.skipped.empty()) {
     o += "not simulated:\n";
     for (auto const& k : r.skipped) o += "  " + k + "\n";
@@ -171,10 +175,10 @@ Json to_json(plan_result const& r) {
   auto choice = [](swap_choice const& c) {
     Json j = Json::object();
     j["description"] = describe(c);
-    j["activations"] = !c.ranks.empty()                                   ? Json(nullptr)
-                       : c.activation_min_gap == 0                         ? Json("none")
+    j["activations"] = !c.ranks.empty()                                 ? Json(nullptr)
+                       : c.activation_min_gap == 0                      ? Json("none")
                        : c.activation_min_gap <= schedule::min_swap_gap ? Json("all")
-                                                                         : Json(c.activation_min_gap);
+                                                                        : Json(c.activation_min_gap);
     j["optimizer"] = c.any_optimizer();
     j["swap_times"] = c.any_optimizer() ? Json(c.swap_times) : Json(nullptr);
     j["packed"] = c.any_optimizer() ? Json(c.packed) : Json(nullptr);
@@ -184,9 +188,9 @@ Json to_json(plan_result const& r) {
       Json rs = Json::array();
       for (auto const& x : c.ranks) {
         Json jr = Json::object();
-        jr["activations"] = x.activation_min_gap == 0                         ? Json("none")
+        jr["activations"] = x.activation_min_gap == 0                        ? Json("none")
                             : x.activation_min_gap <= schedule::min_swap_gap ? Json("all")
-                                                                              : Json(x.activation_min_gap);
+                                                                             : Json(x.activation_min_gap);
         jr["optimizer"] = x.optimizer;
         jr["recompute"] = recompute_name(x.recompute);
         jr["swap_times"] = x.optimizer ? Json(x.swap_times ? x.swap_times : c.swap_times) : Json(nullptr);
@@ -265,7 +269,8 @@ Json to_json(plan_result const& r) {
     x["host_bytes"] = a.host_bytes;
     x["fits"] = a.fits;
     Json rs = Json::array();
-    for (auto const& q : a.ranks) rs.push_back(Json{{"step_ns", q.step_ns}, {"peak_bytes", q.peak_bytes}, {"host_bytes", q.host_bytes}});
+    for (auto const& q : a.ranks)
+      rs.push_back(Json{{"step_ns", q.step_ns}, {"peak_bytes", q.peak_bytes}, {"host_bytes", q.host_bytes}});
     x["ranks"] = std::move(rs);
     alts.push_back(std::move(x));
   }
@@ -287,7 +292,8 @@ Json to_json(plan_result const& r, scenario const& s) {
   Json j = to_json<Json>(r);
   if (r.chosen) {
     Json ch = Json::array();
-    for (auto const& x : plan_changes(*r.chosen, s)) ch.push_back(Json{{"field", x.field}, {"from", x.from}, {"to", x.to}});
+    for (auto const& x : plan_changes(*r.chosen, s))
+      ch.push_back(Json{{"field", x.field}, {"from", x.from}, {"to", x.to}});
     j["chosen"]["changes"] = std::move(ch);
   }
   return j;
@@ -297,7 +303,8 @@ Json to_json(plan_result const& r, scenario const& s) {
 /// (`pipeswap plan --svg`).
 inline svg::chart alternatives_chart(plan_result const& r, scenario const& s) {
   svg::chart c;
-  c.title = "Alternatives: step time against peak memory, " + s.model.name + ", " + std::to_string(s.pipeline.ranks) + " ranks";
+  c.title = "Alternatives: step time against peak memory, " + s.model.name + ", " + std::to_string(s.pipeline.ranks) +
+            " ranks";
   c.x_label = "step time (s)";
   c.y_label = "peak device memory (GB)";
   for (std::size_t i = 0; i < r.alternatives.size(); ++i) {

@@ -84,9 +84,9 @@ namespace pipeswap::sim {
 /// `progress(done, bound)` is called before each simulation with the number done and an upper bound
 /// of the number the search can need.
 template <class Evaluate>
-  requires std::is_invocable_r_v<plan_outcome, Evaluate&, swap_choice const&>
-plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&& evaluate,
-                        std::function<void(std::size_t, std::size_t)> const& progress = {}) {
+requires std::is_invocable_r_v<plan_outcome, Evaluate&, swap_choice const&>
+    plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&& evaluate,
+                            std::function<void(std::size_t, std::size_t)> const& progress = {}) {
   detail::check_space(space);
   plan_result res;
   res.budget_bytes = budget;
@@ -157,9 +157,11 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
       twin.distributed_optimizer = true;
       plan_outcome const t = run(twin);
       if (t.step_ns <= family_base.step_ns && t.peak_bytes <= family_base.peak_bytes) {
-        res.skipped.push_back(describe(family) + " with swap: not searched, the distributed optimizer with the same "
-                              "recomputation is no slower without swap (" + detail::secs(t.step_ns) + " against " +
-                              detail::secs(family_base.step_ns) + ") and peaks lower, and its swaps move only the shard");
+        res.skipped.push_back(describe(family) +
+                              " with swap: not searched, the distributed optimizer with the same "
+                              "recomputation is no slower without swap (" +
+                              detail::secs(t.step_ns) + " against " + detail::secs(family_base.step_ns) +
+                              ") and peaks lower, and its swaps move only the shard");
         continue;
       }
     }
@@ -174,7 +176,8 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
       // It moves nothing over the host link; by (b) every swap of the family is no faster and moves
       // more, so none of them can be chosen over it.
       res.skipped.push_back(describe(family) + " with swap: not searched, the family fits without swap (" +
-                            detail::secs(family_base.step_ns) + ", 0 bytes over the host link) and swapping "
+                            detail::secs(family_base.step_ns) +
+                            ", 0 bytes over the host link) and swapping "
                             "only adds time and bytes");
       continue;
     }
@@ -213,24 +216,29 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
     if (!in_reach(o0.step_ns)) {
       for (std::size_t k = si; k < list.size(); ++k)
         if (!fits(list[k].outcome))
-          res.skipped.push_back(describe(list[k].choice) + " with activation swap: not searched, its step without "
-                                "activation swap (" + detail::secs(list[k].outcome.step_ns) + ") is already beyond " +
-                                reach_text() + " and swapping activations only adds time");
+          res.skipped.push_back(describe(list[k].choice) +
+                                " with activation swap: not searched, its step without "
+                                "activation swap (" +
+                                detail::secs(list[k].outcome.step_ns) + ") is already beyond " + reach_text() +
+                                " and swapping activations only adds time");
       break;
     }
     if (fits(o0) || levels == 0) continue; // fits already, or nothing to swap
     if (o0.activation_floor > budget) {
-      res.skipped.push_back(describe(choice) + " with activation swap: not simulated, what no activation swap "
+      res.skipped.push_back(describe(choice) +
+                            " with activation swap: not simulated, what no activation swap "
                             "moves (weights, gradients, the optimizer state it keeps, reserved bytes) already "
-                            "needs " + detail::plan_gb(o0.activation_floor) + " on a rank");
+                            "needs " +
+                            detail::plan_gb(o0.activation_floor) + " on a rank");
       continue;
     }
     for (std::size_t level = 1; level <= levels; ++level) {
       plan_outcome const o = run(at_level(choice, level));
       if (!in_reach(o.step_ns) && level < levels) {
-        res.skipped.push_back(describe(choice) + " with activation gaps below " + std::to_string(space.gaps[level - 1]) +
-                              ": not simulated, gap " + std::to_string(space.gaps[level - 1]) + " is already beyond " +
-                              reach_text() + " and swapping more groups only adds time");
+        res.skipped.push_back(describe(choice) + " with activation gaps below " +
+                              std::to_string(space.gaps[level - 1]) + ": not simulated, gap " +
+                              std::to_string(space.gaps[level - 1]) + " is already beyond " + reach_text() +
+                              " and swapping more groups only adds time");
         break;
       }
     }
@@ -241,11 +249,11 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
   // distributed-optimizer setting and one optimizer batch setting (the two best of those).
   if (space.per_rank) {
     for (bool dist : space.distributed_optimizer) {
-      auto pool = res.simulated | ranges::views::filter([&](considered const& e) {
-                    return e.choice.ranks.empty() && e.choice.distributed_optimizer == dist &&
-                           !e.outcome.rank_peaks.empty();
-                  }) |
-                  ranges::to<std::vector>();
+      auto pool =
+          res.simulated | ranges::views::filter([&](considered const& e) {
+            return e.choice.ranks.empty() && e.choice.distributed_optimizer == dist && !e.outcome.rank_peaks.empty();
+          }) |
+          ranges::to<std::vector>();
       if (pool.empty()) continue;
       auto const R = pool.front().outcome.rank_peaks.size();
       // Optimizer batch settings, fastest first.
@@ -262,18 +270,19 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
       for (auto const& tp : tried) {
         auto const times = tp.first;
         auto const packed = tp.second;
-        auto usable = pool | ranges::views::filter([&](considered const& e) {
-                        return !e.choice.optimizer ||
-                               ((times == 0 || e.choice.swap_times == times) && e.choice.packed == packed);
-                      }) |
-                      ranges::to<std::vector>();
+        auto usable =
+            pool | ranges::views::filter([&](considered const& e) {
+              return !e.choice.optimizer || ((times == 0 || e.choice.swap_times == times) && e.choice.packed == packed);
+            }) |
+            ranges::to<std::vector>();
         swap_choice mix;
         mix.distributed_optimizer = dist;
         mix.swap_times = times ? times : tried.front().first;
         mix.packed = packed;
         bool complete = true;
         for (std::size_t r : ranges::views::iota(std::size_t{0}, R)) {
-          auto fitting = usable | ranges::views::filter([&](considered const& e) { return e.outcome.rank_peaks[r] <= budget; });
+          auto fitting =
+              usable | ranges::views::filter([&](considered const& e) { return e.outcome.rank_peaks[r] <= budget; });
           auto const best = ranges::min_element(fitting, {}, [](considered const& e) { return e.outcome.step_ns; });
           if (best == ranges::end(fitting)) {
             complete = false;
@@ -309,8 +318,8 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
     act_levels.insert(act_levels.end(), space.gaps.begin(), space.gaps.end());
     std::size_t spent = 0;
     while (spent < space.refine) {
-      auto const slowest = static_cast<std::size_t>(
-          std::max_element(cur_o.rank_steps.begin(), cur_o.rank_steps.end()) - cur_o.rank_steps.begin());
+      auto const slowest = static_cast<std::size_t>(std::max_element(cur_o.rank_steps.begin(), cur_o.rank_steps.end()) -
+                                                    cur_o.rank_steps.begin());
       auto const here = cur.ranks.at(slowest);
       std::vector<swap_choice> steps;
       auto with = [&](swap_choice::rank_choice x) {
@@ -318,8 +327,8 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
         n.ranks[slowest] = x;
         steps.push_back(std::move(n));
       };
-      auto const li = static_cast<std::size_t>(std::find(act_levels.begin(), act_levels.end(), here.activation_min_gap) -
-                                               act_levels.begin());
+      auto const li = static_cast<std::size_t>(
+          std::find(act_levels.begin(), act_levels.end(), here.activation_min_gap) - act_levels.begin());
       if (li < act_levels.size()) {
         for (std::size_t j : {li + 1, li - 1}) // one level more groups, one fewer
           if (j < act_levels.size()) {
@@ -353,8 +362,9 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
       cur_o = std::move(best_step->second);
     }
     if (spent == space.refine)
-      res.skipped.push_back("per-rank refinement: stopped after " + std::to_string(spent) +
-                            " simulations (plan_space::refine); further steps of the slowest rank's settings were not tried");
+      res.skipped.push_back(
+          "per-rank refinement: stopped after " + std::to_string(spent) +
+          " simulations (plan_space::refine); further steps of the slowest rank's settings were not tried");
   }
   update_choice();
 
@@ -367,7 +377,8 @@ plan_result search_plan(plan_space const& space, std::uint64_t budget, Evaluate&
   }
 
   for (auto& e : res.simulated) {
-    if (res.chosen && e.choice == *res.chosen) e.verdict = "chosen";
+    if (res.chosen && e.choice == *res.chosen)
+      e.verdict = "chosen";
     else if (!e.fits)
       e.verdict = "over budget by " + detail::plan_gb(e.outcome.peak_bytes - budget) + " on rank " +
                   std::to_string(e.outcome.peak_rank);

@@ -30,8 +30,8 @@ struct swap_choice {
   /// whose backward runs at least this many compute slots after their forward.
   std::size_t activation_min_gap = 0;
   bool optimizer = false;
-  std::uint32_t swap_times = 16; ///< optimizer batches (when `optimizer`)
-  bool packed = true;            ///< packed optimizer pipeline (when `optimizer`)
+  std::uint32_t swap_times = 16;                   ///< optimizer batches (when `optimizer`)
+  bool packed = true;                              ///< packed optimizer pipeline (when `optimizer`)
   recompute_kind recompute = recompute_kind::none; ///< every rank's, unless `ranks` is set
   bool distributed_optimizer = false;
 
@@ -60,8 +60,8 @@ struct swap_choice {
   [[nodiscard]] bool swap_free() const { return !any_optimizer() && !any_activation(); }
 
   friend bool operator==(swap_choice const& a, swap_choice const& b) noexcept {
-    return a.activation_min_gap == b.activation_min_gap && a.optimizer == b.optimizer &&
-           a.recompute == b.recompute && a.distributed_optimizer == b.distributed_optimizer && a.ranks == b.ranks &&
+    return a.activation_min_gap == b.activation_min_gap && a.optimizer == b.optimizer && a.recompute == b.recompute &&
+           a.distributed_optimizer == b.distributed_optimizer && a.ranks == b.ranks &&
            (!a.any_optimizer() || (a.swap_times == b.swap_times && a.packed == b.packed));
   }
 };
@@ -108,11 +108,11 @@ inline std::string describe(swap_choice const& c) {
 /// What the planner keeps of one simulation.
 struct plan_outcome {
   mock::sim_time step_ns = 0;
-  std::uint64_t peak_bytes = 0;   ///< max over ranks
-  std::uint32_t peak_rank = 0;    ///< the rank that reaches it
-  std::uint64_t h2d_bytes = 0;    ///< per step, all ranks together
+  std::uint64_t peak_bytes = 0; ///< max over ranks
+  std::uint32_t peak_rank = 0;  ///< the rank that reaches it
+  std::uint64_t h2d_bytes = 0;  ///< per step, all ranks together
   std::uint64_t d2h_bytes = 0;
-  std::uint32_t swapped_chunks = 0; ///< activation groups swapped, all ranks together
+  std::uint32_t swapped_chunks = 0;      ///< activation groups swapped, all ranks together
   std::vector<std::uint64_t> rank_peaks; ///< per rank (empty: not known; no per-rank mix is tried)
   /// Per rank: host-link bytes (both directions) and the optimizer state's bytes (empty: not known).
   std::vector<std::uint64_t> rank_host_bytes, rank_state_bytes;
@@ -157,7 +157,9 @@ struct plan_space {
   /// The families: every (recomputation, distributed optimizer) pair.
   [[nodiscard]] std::vector<std::pair<recompute_kind, bool>> families() const {
     return ranges::views::cartesian_product(recompute, distributed_optimizer) |
-           ranges::views::transform([](auto const& t) { return std::pair{std::get<0>(t), std::get<1>(t)}; }) |
+           ranges::views::transform([](auto const& t) {
+             return std::pair{std::get<0>(t), std::get<1>(t)};
+           }) |
            ranges::to<std::vector>();
   }
 

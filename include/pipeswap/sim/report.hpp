@@ -29,8 +29,8 @@ namespace pipeswap::sim {
 /// What is swapped in each of the four configurations a report compares, in report order.
 enum class swapping : std::uint8_t { none, activations, optimizer, both };
 
-inline constexpr std::array<swapping, 4> all_swappings = {swapping::none, swapping::activations,
-                                                          swapping::optimizer, swapping::both};
+inline constexpr std::array<swapping, 4> all_swappings = {swapping::none, swapping::activations, swapping::optimizer,
+                                                          swapping::both};
 
 /// The JSON key of a configuration: "none", "activations", "optimizer", "both".
 constexpr std::string_view config_key(swapping c) noexcept {
@@ -176,7 +176,6 @@ inline scenario calibrated(scenario s) {
   return s;
 }
 
-
 /// One line describing the scenario: model, pipeline, device.
 inline std::string describe(scenario const& s) {
   using detail::gb;
@@ -185,43 +184,40 @@ inline std::string describe(scenario const& s) {
   whole.parallel = {};
   for (auto const& st : plan_stages(whole)) params += st.params;
   auto const& p = s.pipeline;
-  std::string out = s.model.name + " (" + std::to_string(s.model.layers) + " layers, " +
-                    detail::fmt("%.1f", static_cast<double>(params) / 1e9) + " B parameters, " +
-                    (s.model.moe.enabled() ? std::to_string(s.model.moe.experts) + " experts, top " +
-                                                 std::to_string(s.model.moe.top_k) + ", "
-                                           : std::string()) +
-                    std::string(name_of(s.model.param_dtype)) + (s.model.fp32_master ? " + fp32 master" : "") +
-                    ", " + std::string(name_of(grad_dtype_of(s.model))) + " gradients" +
-                    (s.model.recompute == recompute_kind::none
-                         ? std::string()
-                         : std::string(", ") + (s.model.recompute == recompute_kind::full ? "full" : "selective") +
-                               " recomputation") +
-                    "), " + std::to_string(p.ranks) + " pipeline ranks" +
-                    (s.parallel.tp > 1 ? " x tp " + std::to_string(s.parallel.tp) +
-                                             (s.parallel.sequence_parallel ? " (sequence parallel)" : "")
-                                       : std::string()) +
-                    (s.parallel.dp > 1 ? " x dp " + std::to_string(s.parallel.dp) +
-                                             (s.parallel.distributed_optimizer ? " (distributed optimizer)" : "")
-                                       : std::string()) +
-                    (s.parallel.ep > 1 ? ", experts over ep " + std::to_string(s.parallel.ep) : std::string()) +
-                    " = " + std::to_string(devices_of(s)) + " devices, " +
-                    (p.schedule == schedule_kind::gpipe         ? std::string("GPipe")
-                     : p.schedule == schedule_kind::one_f_one_b ? std::string("1F1B")
-                                                                : "interleaved 1F1B (" + std::to_string(p.chunks) +
-                                                                      " chunks)") +
-                    ", " + std::to_string(p.micro_batches) + " micro-batches of " +
-                    std::to_string(s.model.micro_batch_size) + " x " + std::to_string(s.model.seq_len) +
-                    " tokens\ndevice: " + s.device.name + ", " + gb(s.device.memory_bytes) + " (" +
-                    gb(s.device.reserved_bytes) + " reserved), kernels at " +
-                    detail::fmt("%.0f", s.device.kernel_efficiency * 100) + " % of " +
-                    detail::fmt("%g", s.device.bf16_tflops) + " TFLOP/s, host link " +
-                    detail::fmt("%g", s.device.h2d_gbps) + " GB/s to the device, " +
-                    detail::fmt("%g", s.device.d2h_gbps) + " GB/s back (x" +
-                    detail::fmt("%g", s.device.duplex_factor) + " both ways at once; " +
-                    std::to_string(s.node.gpus) + " devices share " + detail::fmt("%g", s.node.host_gbps) +
-                    " GB/s per node); optimizer swap in " + std::to_string(s.swap.swap_times) + " batches, " +
-                    (s.swap.packed ? "packed" : "per tensor") +
-                    (s.swap.overlap ? "; overlapped (the second of two steps is reported)" : "; not overlapped");
+  std::string out =
+      s.model.name + " (" + std::to_string(s.model.layers) + " layers, " +
+      detail::fmt("%.1f", static_cast<double>(params) / 1e9) + " B parameters, " +
+      (s.model.moe.enabled()
+           ? std::to_string(s.model.moe.experts) + " experts, top " + std::to_string(s.model.moe.top_k) + ", "
+           : std::string()) +
+      std::string(name_of(s.model.param_dtype)) + (s.model.fp32_master ? " + fp32 master" : "") + ", " +
+      std::string(name_of(grad_dtype_of(s.model))) + " gradients" +
+      (s.model.recompute == recompute_kind::none
+           ? std::string()
+           : std::string(", ") + (s.model.recompute == recompute_kind::full ? "full" : "selective") +
+                 " recomputation") +
+      "), " + std::to_string(p.ranks) + " pipeline ranks" +
+      (s.parallel.tp > 1
+           ? " x tp " + std::to_string(s.parallel.tp) + (s.parallel.sequence_parallel ? " (sequence parallel)" : "")
+           : std::string()) +
+      (s.parallel.dp > 1 ? " x dp " + std::to_string(s.parallel.dp) +
+                               (s.parallel.distributed_optimizer ? " (distributed optimizer)" : "")
+                         : std::string()) +
+      (s.parallel.ep > 1 ? ", experts over ep " + std::to_string(s.parallel.ep) : std::string()) + " = " +
+      std::to_string(devices_of(s)) + " devices, " +
+      (p.schedule == schedule_kind::gpipe         ? std::string("GPipe")
+       : p.schedule == schedule_kind::one_f_one_b ? std::string("1F1B")
+                                                  : "interleaved 1F1B (" + std::to_string(p.chunks) + " chunks)") +
+      ", " + std::to_string(p.micro_batches) + " micro-batches of " + std::to_string(s.model.micro_batch_size) + " x " +
+      std::to_string(s.model.seq_len) + " tokens\ndevice: " + s.device.name + ", " + gb(s.device.memory_bytes) + " (" +
+      gb(s.device.reserved_bytes) + " reserved), kernels at " + detail::fmt("%.0f", s.device.kernel_efficiency * 100) +
+      " % of " + detail::fmt("%g", s.device.bf16_tflops) + " TFLOP/s, host link " +
+      detail::fmt("%g", s.device.h2d_gbps) + " GB/s to the device, " + detail::fmt("%g", s.device.d2h_gbps) +
+      " GB/s back (x" + detail::fmt("%g", s.device.duplex_factor) + " both ways at once; " +
+      std::to_string(s.node.gpus) + " devices share " + detail::fmt("%g", s.node.host_gbps) +
+      " GB/s per node); optimizer swap in " + std::to_string(s.swap.swap_times) + " batches, " +
+      (s.swap.packed ? "packed" : "per tensor") +
+      (s.swap.overlap ? "; overlapped (the second of two steps is reported)" : "; not overlapped");
   return out;
 }
 
@@ -239,7 +235,8 @@ inline std::string format_table(report const& r) {
     auto const& x = r[c];
     std::size_t over = 0;
     for (auto const& rr : x.ranks) over += rr.fits ? 0 : 1;
-    std::string const fits = x.fits ? "yes" : "no (" + std::to_string(over) + " of " + std::to_string(x.ranks.size()) + " over)";
+    std::string const fits =
+        x.fits ? "yes" : "no (" + std::to_string(over) + " of " + std::to_string(x.ranks.size()) + " over)";
     o += pad(std::string(config_title(c)), 17) + pad(secs(x.step_ns), 12, true) +
          pad(c == swapping::none ? "-" : detail::percent(overhead(x.step_ns, base.step_ns)), 11, true) +
          pad(detail::fmt("%.1f %%", end_to_end_mfu(r.setup, x.step_ns) * 100), 8, true) +
@@ -247,11 +244,14 @@ inline std::string format_table(report const& r) {
          pad(gb(detail::sum_h2d(x)), 11, true) + pad(gb(detail::sum_d2h(x)), 11, true) + "\n";
   }
   o += "\nH2D, sum / D2H, sum: bytes per step over the host link, summed over the " +
-       std::to_string(r.setup.pipeline.ranks) + " pipeline ranks (one device of each; the per-rank table gives each rank's)";
+       std::to_string(r.setup.pipeline.ranks) +
+       " pipeline ranks (one device of each; the per-rank table gives each rank's)";
   o += "\nMFU: end-to-end model FLOPs utilization (Narayanan et al.'s FLOPs, recomputation not counted, over step "
-       "time x peak x " + std::to_string(devices_of(r.setup)) + " devices)\n";
+       "time x peak x " +
+       std::to_string(devices_of(r.setup)) + " devices)\n";
   o += "\nper rank (device capacity " + gb(r.setup.device.memory_bytes) +
-       "; H2D/D2H: bytes one device of the rank moves per step; link: its host-link rate each way while both directions copy, one alone gets its full rate):\n";
+       "; H2D/D2H: bytes one device of the rank moves per step; link: its host-link rate each way while both "
+       "directions copy, one alone gets its full rate):\n";
   o += pad("rank", 6) + pad("configuration", 17) + pad("peak", 11, true) + "  " + pad("fits", 6) +
        pad("step time", 11, true) + pad("overhead", 11, true) + pad("H2D", 11, true) + pad("D2H", 11, true) +
        pad("swapped groups", 16, true) + pad("link", 11, true) + "\n";

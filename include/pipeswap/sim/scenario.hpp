@@ -91,8 +91,8 @@ struct device_spec {
   std::uint64_t memory_bytes = 141'000'000'000;
   /// Memory the job cannot use: CUDA context, library workspaces, allocator fragmentation.
   std::uint64_t reserved_bytes = 6'000'000'000;
-  double h2d_gbps = 55;   ///< GB/s host → device (pinned), one GPU copying alone
-  double d2h_gbps = 55;   ///< GB/s device → host (pinned), one GPU copying alone
+  double h2d_gbps = 55; ///< GB/s host → device (pinned), one GPU copying alone
+  double d2h_gbps = 55; ///< GB/s device → host (pinned), one GPU copying alone
   /// Share of each direction's rate left when both directions copy at once.
   double duplex_factor = 0.7;
   double copy_latency_us = 2;
@@ -103,8 +103,8 @@ struct device_spec {
   /// A published end-to-end MFU (model FLOPs over step time and peak, bubble included). When set,
   /// kernel_efficiency is derived so that the simulated no-swap step reaches it (calibrated()).
   std::optional<double> end_to_end_mfu;
-  double hbm_tbps = 4.8;    ///< memory bandwidth (optimizer kernels are bandwidth-bound)
-  double p2p_gbps = 100;    ///< pipeline send/recv bandwidth between neighbouring ranks
+  double hbm_tbps = 4.8; ///< memory bandwidth (optimizer kernels are bandwidth-bound)
+  double p2p_gbps = 100; ///< pipeline send/recv bandwidth between neighbouring ranks
   double p2p_latency_us = 10;
   /// Bus bandwidth (NCCL's convention) of collectives inside a node: NVLink.
   double tp_gbps = 360;
@@ -197,8 +197,8 @@ struct stage_spec {
   std::uint64_t p2p_bytes = 0;
   /// Full recomputation: one layer's activations, rebuilt in the backward while it runs.
   std::uint64_t backward_workspace_bytes = 0;
-  mock::sim_time fwd_ns = 0, bwd_ns = 0; ///< per micro-batch, tensor-parallel collectives included
-  double fwd_flops = 0, bwd_flops = 0;   ///< per micro-batch on one device (bwd: recomputation included)
+  mock::sim_time fwd_ns = 0, bwd_ns = 0;           ///< per micro-batch, tensor-parallel collectives included
+  double fwd_flops = 0, bwd_flops = 0;             ///< per micro-batch on one device (bwd: recomputation included)
   mock::sim_time fwd_comm_ns = 0, bwd_comm_ns = 0; ///< of fwd_ns, bwd_ns: tensor-parallel collectives
 };
 

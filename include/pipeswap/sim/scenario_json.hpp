@@ -209,17 +209,17 @@ inline void check_limits(scenario const& s, scenario_limits const& lim = {}) {
     if (!ok) throw invalid_argument("scenario: " + what);
   };
   auto const& p = s.pipeline;
-  need(p.ranks <= lim.max_ranks, "pipeline.ranks (" + std::to_string(p.ranks) + ") is above the limit of " +
-                                     std::to_string(lim.max_ranks));
+  need(p.ranks <= lim.max_ranks,
+       "pipeline.ranks (" + std::to_string(p.ranks) + ") is above the limit of " + std::to_string(lim.max_ranks));
   need(p.micro_batches <= lim.max_micro_batches, "pipeline.micro_batches (" + std::to_string(p.micro_batches) +
                                                      ") is above the limit of " +
                                                      std::to_string(lim.max_micro_batches));
-  need(p.chunks <= lim.max_chunks, "pipeline.chunks (" + std::to_string(p.chunks) + ") is above the limit of " +
-                                       std::to_string(lim.max_chunks));
-  need(s.parallel.tp <= lim.max_tp, "parallel.tp (" + std::to_string(s.parallel.tp) + ") is above the limit of " +
-                                        std::to_string(lim.max_tp));
-  need(s.parallel.dp <= lim.max_dp, "parallel.dp (" + std::to_string(s.parallel.dp) + ") is above the limit of " +
-                                        std::to_string(lim.max_dp));
+  need(p.chunks <= lim.max_chunks,
+       "pipeline.chunks (" + std::to_string(p.chunks) + ") is above the limit of " + std::to_string(lim.max_chunks));
+  need(s.parallel.tp <= lim.max_tp,
+       "parallel.tp (" + std::to_string(s.parallel.tp) + ") is above the limit of " + std::to_string(lim.max_tp));
+  need(s.parallel.dp <= lim.max_dp,
+       "parallel.dp (" + std::to_string(s.parallel.dp) + ") is above the limit of " + std::to_string(lim.max_dp));
   // Sizes in floating point first: plan_stages() multiplies them in 64-bit integers.
   auto const& m = s.model;
   double const h = double(m.hidden), f = double(m.ffn_hidden), layers = double(m.layers);
@@ -288,10 +288,10 @@ inline void check_fits(scenario const& s) {
   for (std::uint32_t r = 0; r < s.pipeline.ranks; ++r) {
     auto const need = unswappable_bytes(s, r);
     if (need > s.device.memory_bytes)
-      throw invalid_argument(
-          "scenario: device.memory_bytes (" + std::to_string(s.device.memory_bytes) + ") cannot fit rank " +
-          std::to_string(r) + " whatever is swapped: its weights and gradients plus device.reserved_bytes need " +
-          std::to_string(need) + " bytes (use more pipeline.ranks or a larger device)");
+      throw invalid_argument("scenario: device.memory_bytes (" + std::to_string(s.device.memory_bytes) +
+                             ") cannot fit rank " + std::to_string(r) +
+                             " whatever is swapped: its weights and gradients plus device.reserved_bytes need " +
+                             std::to_string(need) + " bytes (use more pipeline.ranks or a larger device)");
   }
 }
 
@@ -306,8 +306,8 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
   if (auto const* v = top.find("model")) {
     reader const r(*v, "model",
                    {"name", "layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "seq_len",
-                    "micro_batch_size", "param_dtype", "grad_dtype", "fp32_master", "flash_attention", "mlp",
-                    "dropout", "recompute", "activation_bytes_per_layer", "head_dim", "moe"});
+                    "micro_batch_size", "param_dtype", "grad_dtype", "fp32_master", "flash_attention", "mlp", "dropout",
+                    "recompute", "activation_bytes_per_layer", "head_dim", "moe"});
     auto& m = s.model;
     r.string("name", m.name);
     r.u64("layers", m.layers);
@@ -316,8 +316,10 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     r.u64("heads", m.heads);
     r.u64("kv_heads", m.kv_heads);
     if (auto const* d = r.find("head_dim")) {
-      if (d->is_null()) m.head_dim.reset();
-      else m.head_dim = reader::integer(*d, "model.head_dim", std::numeric_limits<std::uint32_t>::max());
+      if (d->is_null())
+        m.head_dim.reset();
+      else
+        m.head_dim = reader::integer(*d, "model.head_dim", std::numeric_limits<std::uint32_t>::max());
     }
     if (auto const* v2 = r.find("moe")) {
       reader const q(*v2, "model.moe", {"experts", "top_k", "expert_ffn_hidden", "shared_expert_ffn_hidden"});
@@ -333,7 +335,8 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
       dtype t{};
       if (!d->is_string() || !parse_dtype(d->template get<std::string>(), t) ||
           !(t == dtype::bf16 || t == dtype::f16 || t == dtype::f32))
-        detail::scenario_fail("model.param_dtype", "expected \"BF16\", \"F16\" or \"F32\", got " + reader::describe(*d));
+        detail::scenario_fail("model.param_dtype",
+                              "expected \"BF16\", \"F16\" or \"F32\", got " + reader::describe(*d));
       m.param_dtype = t;
     }
     if (auto const* d = r.find("grad_dtype")) {
@@ -342,10 +345,11 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
       } else {
         dtype t{};
         std::string const n = d->is_string() ? d->template get<std::string>() : "";
-        if (n == "FP32") t = dtype::f32;
+        if (n == "FP32")
+          t = dtype::f32;
         else if (!d->is_string() || !parse_dtype(n, t) || !(t == dtype::bf16 || t == dtype::f16 || t == dtype::f32))
-          detail::scenario_fail("model.grad_dtype", "expected \"FP32\", \"BF16\", \"F16\" or null, got " +
-                                                        reader::describe(*d));
+          detail::scenario_fail("model.grad_dtype",
+                                "expected \"FP32\", \"BF16\", \"F16\" or null, got " + reader::describe(*d));
         m.grad_dtype = t;
       }
     }
@@ -356,9 +360,11 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     if (auto const* v2 = r.find("recompute"))
       m.recompute = detail::enum_field(*v2, "model.recompute", detail::recompute_names);
     if (auto const* a = r.find("activation_bytes_per_layer")) {
-      if (a->is_null()) m.activation_bytes_per_layer.reset();
-      else m.activation_bytes_per_layer = reader::integer(*a, "model.activation_bytes_per_layer",
-                                                          std::numeric_limits<std::uint64_t>::max());
+      if (a->is_null())
+        m.activation_bytes_per_layer.reset();
+      else
+        m.activation_bytes_per_layer =
+            reader::integer(*a, "model.activation_bytes_per_layer", std::numeric_limits<std::uint64_t>::max());
     }
   }
   if (auto const* v = top.find("device")) {
@@ -381,7 +387,8 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     r.number("duplex_factor", d.duplex_factor);
     r.number("kernel_efficiency", d.kernel_efficiency);
     if (auto const* x = r.find("end_to_end_mfu")) {
-      if (x->is_null()) d.end_to_end_mfu.reset();
+      if (x->is_null())
+        d.end_to_end_mfu.reset();
       else {
         double v2 = 0;
         r.number("end_to_end_mfu", v2);
@@ -405,8 +412,10 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     reader const r(*v, "parallel", {"tp", "sequence_parallel", "dp", "distributed_optimizer", "ep", "expert_tp"});
     r.u32("ep", s.parallel.ep);
     if (auto const* x = r.find("expert_tp")) {
-      if (x->is_null()) s.parallel.expert_tp.reset();
-      else s.parallel.expert_tp = static_cast<std::uint32_t>(reader::integer(*x, "parallel.expert_tp", 64));
+      if (x->is_null())
+        s.parallel.expert_tp.reset();
+      else
+        s.parallel.expert_tp = static_cast<std::uint32_t>(reader::integer(*x, "parallel.expert_tp", 64));
     }
     r.u32("tp", s.parallel.tp);
     r.boolean("sequence_parallel", s.parallel.sequence_parallel);
@@ -472,8 +481,8 @@ Json to_json(scenario const& s) {
   jm["seq_len"] = m.seq_len;
   jm["micro_batch_size"] = m.micro_batch_size;
   jm["param_dtype"] = name_of(m.param_dtype);
-  jm["grad_dtype"] = m.grad_dtype ? Json(*m.grad_dtype == dtype::f32 ? "FP32" : std::string(name_of(*m.grad_dtype)))
-                                  : Json(nullptr);
+  jm["grad_dtype"] =
+      m.grad_dtype ? Json(*m.grad_dtype == dtype::f32 ? "FP32" : std::string(name_of(*m.grad_dtype))) : Json(nullptr);
   jm["fp32_master"] = m.fp32_master;
   jm["flash_attention"] = m.flash_attention;
   jm["mlp"] = mlp_name(m.mlp);

@@ -84,8 +84,7 @@ struct sim_options {
     return rank < ranks.size() && ranks[rank].load_lookahead ? *ranks[rank].load_lookahead : load_lookahead;
   }
   [[nodiscard]] std::size_t offload_wait_delay_of(std::uint32_t rank) const {
-    return rank < ranks.size() && ranks[rank].offload_wait_delay ? *ranks[rank].offload_wait_delay
-                                                                 : offload_wait_delay;
+    return rank < ranks.size() && ranks[rank].offload_wait_delay ? *ranks[rank].offload_wait_delay : offload_wait_delay;
   }
   [[nodiscard]] schedule::inject_options inject_options_of(std::uint32_t rank) const {
     return {load_lookahead_of(rank), offload_wait_delay_of(rank)};
@@ -98,10 +97,10 @@ struct sim_options {
 
 struct rank_result {
   std::uint32_t rank = 0;
-  mock::sim_time step_ns = 0;     ///< T0 → the end of the rank's optimizer step
-  mock::sim_time pipeline_ns = 0; ///< T0 → the end of the rank's last schedule entry
-  std::uint64_t peak_bytes = 0;   ///< peak device bytes during the step, reserved bytes included
-  bool fits = false;              ///< peak_bytes <= device.memory_bytes
+  mock::sim_time step_ns = 0;                 ///< T0 → the end of the rank's optimizer step
+  mock::sim_time pipeline_ns = 0;             ///< T0 → the end of the rank's last schedule entry
+  std::uint64_t peak_bytes = 0;               ///< peak device bytes during the step, reserved bytes included
+  bool fits = false;                          ///< peak_bytes <= device.memory_bytes
   std::uint64_t h2d_bytes = 0, d2h_bytes = 0; ///< moved during the step
   std::uint32_t swapped_chunks = 0;           ///< activation groups swapped
   std::uint64_t resident_param_bytes = 0;     ///< weights + gradients

@@ -164,8 +164,7 @@ inline std::string render(chart const& c) {
   std::string o;
   o += "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   o += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(w, 0) + "\" height=\"" + num(h, 0) +
-       "\" viewBox=\"0 0 " + num(w, 0) + " " + num(h, 0) +
-       "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+       "\" viewBox=\"0 0 " + num(w, 0) + " " + num(h, 0) + "\" font-family=\"sans-serif\" font-size=\"12\">\n";
   o += "<title>" + xml_escape(c.title) + "</title>\n";
   o += "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n";
   o += "<text x=\"" + num(w / 2, 0) + "\" y=\"28\" text-anchor=\"middle\" font-size=\"16\">" + xml_escape(c.title) +
@@ -173,8 +172,10 @@ inline std::string render(chart const& c) {
 
   // Grid, ticks and axes.
   o += "<g class=\"axes\" stroke=\"#dddddd\" stroke-width=\"1\">\n";
-  for (double v : xt) o += "<line x1=\"" + num(X(v)) + "\" y1=\"" + num(py0) + "\" x2=\"" + num(X(v)) + "\" y2=\"" + num(py1) + "\"/>\n";
-  for (double v : yt) o += "<line x1=\"" + num(px0) + "\" y1=\"" + num(Y(v)) + "\" x2=\"" + num(px1) + "\" y2=\"" + num(Y(v)) + "\"/>\n";
+  for (double v : xt)
+    o += "<line x1=\"" + num(X(v)) + "\" y1=\"" + num(py0) + "\" x2=\"" + num(X(v)) + "\" y2=\"" + num(py1) + "\"/>\n";
+  for (double v : yt)
+    o += "<line x1=\"" + num(px0) + "\" y1=\"" + num(Y(v)) + "\" x2=\"" + num(px1) + "\" y2=\"" + num(Y(v)) + "\"/>\n";
   o += "<rect x=\"" + num(px0) + "\" y=\"" + num(py1) + "\" width=\"" + num(px1 - px0) + "\" height=\"" +
        num(py0 - py1) + "\" fill=\"none\" stroke=\"#333333\"/>\n";
   o += "</g>\n<g class=\"ticks\" fill=\"#333333\">\n";

@@ -70,14 +70,16 @@ inline verdict decide(std::vector<alternative> const& alts, std::size_t none, st
     for (std::size_t i = 0; i < alts.size(); ++i)
       if (i != *v.choice && (!v.next_best || alts[i].peak_bytes < alts[*v.next_best].peak_bytes)) v.next_best = i;
   }
-  std::string what = c.key == "plan" ? "use the plan, " + c.description
+  std::string what = c.key == "plan"   ? "use the plan, " + c.description
                      : c.key == "none" ? std::string("swap nothing")
                                        : c.title + " (" + c.description + ")";
-  std::string saves = c.peak_bytes < base.peak_bytes   ? gb(base.peak_bytes - c.peak_bytes) + " below no swap's " + gb(base.peak_bytes)
-                      : c.peak_bytes == base.peak_bytes ? std::string("no swap's peak")
-                                                        : gb(c.peak_bytes - base.peak_bytes) + " above no swap's " + gb(base.peak_bytes);
-  v.text = "verdict: " + what + ": peak " + gb(c.peak_bytes) + " on rank " + std::to_string(c.peak_rank) + " (" + saves +
-           "), step " + detail::secs(c.step_ns) + " (" + detail::percent(overhead(c.step_ns, base.step_ns)) +
+  std::string saves = c.peak_bytes < base.peak_bytes
+                          ? gb(base.peak_bytes - c.peak_bytes) + " below no swap's " + gb(base.peak_bytes)
+                      : c.peak_bytes == base.peak_bytes
+                          ? std::string("no swap's peak")
+                          : gb(c.peak_bytes - base.peak_bytes) + " above no swap's " + gb(base.peak_bytes);
+  v.text = "verdict: " + what + ": peak " + gb(c.peak_bytes) + " on rank " + std::to_string(c.peak_rank) + " (" +
+           saves + "), step " + detail::secs(c.step_ns) + " (" + detail::percent(overhead(c.step_ns, base.step_ns)) +
            " against no swap), " + gb(c.host_bytes) + " over the host link per step";
   mock::sim_time fastest = c.step_ns;
   for (auto const& a : alts)

@@ -89,8 +89,7 @@ struct checkpoint_save_key {
 class checkpoint_save {
 public:
   checkpoint_save() = default;
-  checkpoint_save(detail::checkpoint_save_key, std::future<void> done, std::filesystem::path path,
-                  std::size_t bytes)
+  checkpoint_save(detail::checkpoint_save_key, std::future<void> done, std::filesystem::path path, std::size_t bytes)
       : done_(std::move(done)), path_(std::move(path)), bytes_(bytes) {}
   checkpoint_save(checkpoint_save&&) noexcept = default;
   checkpoint_save& operator=(checkpoint_save&&) noexcept = default;
@@ -139,15 +138,13 @@ namespace detail {
 template <swap_optimizer O, partition_policy P>
 void require_checkpointable(optimizer_swap<O, P>& rt, char const* op) {
   if (!holds_bytes(rt.engine().backend())) {
-    throw state_error(std::string(op) +
-                      ": the backend keeps no bytes (a timing-only simulation), so there is no "
-                      "optimizer state to save or load");
+    throw state_error(std::string(op) + ": the backend keeps no bytes (a timing-only simulation), so there is no "
+                                        "optimizer state to save or load");
   }
   if (rt.has_interrupted_step()) {
-    throw state_error(std::string(op) +
-                      ": the runtime has an unfinished step (step() threw, or this call comes from "
-                      "inside step()); finish it with step() or give it up with "
-                      "discard_interrupted_step() first");
+    throw state_error(std::string(op) + ": the runtime has an unfinished step (step() threw, or this call comes from "
+                                        "inside step()); finish it with step() or give it up with "
+                                        "discard_interrupted_step() first");
   }
 }
 
@@ -284,7 +281,7 @@ private:
 /// The non-swappable slots' new device storage, staged from the file before anything is replaced.
 template <backend B>
 struct staged_upload {
-  std::size_t index = 0;  ///< of the slot (and its checkpoint entry)
+  std::size_t index = 0; ///< of the slot (and its checkpoint entry)
   std::size_t bytes = 0;
   std::size_t offset = 0; ///< in the pinned staging block
   device_pointer_t<B> fresh{};
@@ -346,15 +343,14 @@ void load_checkpoint_view(optimizer_swap<O, P>& rt, io::safetensors_view const& 
     if (meta_touched) {
       try { // the concept says a failing load_metadata changes nothing; do not rely on it
         opt.load_metadata(old_meta);
-      } catch (...) {
-      }
+      } catch (...) {}
     }
     bool const in_flight = std::any_of(uploads.begin(), uploads.end(), [](auto const& u) { return bool(u.fresh); });
     if (in_flight && !staging.last_use) staging.blk = {}; // cannot order a reuse: keep it out of the pool
     for (auto& u : uploads) {
       try {
         x.deallocate_device(u.fresh, u.bytes); // behind the copies that fill it
-      } catch (...) { // left with the backend
+      } catch (...) {                          // left with the backend
       }
     }
     throw;

@@ -39,35 +39,35 @@
 #include <pipeswap/swap/partition.hpp>
 
 /// The runtime over O (and Partition, when given), without the backend's pieces.
-#define PIPESWAP_EXTERN_OPTIMIZER_SWAP_ONLY(O, ...)                                                  \
+#define PIPESWAP_EXTERN_OPTIMIZER_SWAP_ONLY(O, ...)                                                                    \
   extern template class pipeswap::optimizer_swap<O __VA_OPT__(, ) __VA_ARGS__>
-#define PIPESWAP_INSTANTIATE_OPTIMIZER_SWAP_ONLY(O, ...)                                             \
+#define PIPESWAP_INSTANTIATE_OPTIMIZER_SWAP_ONLY(O, ...)                                                               \
   template class pipeswap::optimizer_swap<O __VA_OPT__(, ) __VA_ARGS__>
 
 /// The pieces over a backend B that every runtime over B uses.
-#define PIPESWAP_EXTERN_SWAP_BACKEND(B)                                                              \
-  extern template class pipeswap::transfer_engine<B>;                                                \
-  extern template class pipeswap::pinned_pool<B>;                                                    \
-  extern template class pipeswap::optimizer_state<B>;                                                \
+#define PIPESWAP_EXTERN_SWAP_BACKEND(B)                                                                                \
+  extern template class pipeswap::transfer_engine<B>;                                                                  \
+  extern template class pipeswap::pinned_pool<B>;                                                                      \
+  extern template class pipeswap::optimizer_state<B>;                                                                  \
   extern template class pipeswap::state_view<B>
-#define PIPESWAP_INSTANTIATE_SWAP_BACKEND(B)                                                         \
-  template class pipeswap::transfer_engine<B>;                                                       \
-  template class pipeswap::pinned_pool<B>;                                                           \
-  template class pipeswap::optimizer_state<B>;                                                       \
+#define PIPESWAP_INSTANTIATE_SWAP_BACKEND(B)                                                                           \
+  template class pipeswap::transfer_engine<B>;                                                                         \
+  template class pipeswap::pinned_pool<B>;                                                                             \
+  template class pipeswap::optimizer_state<B>;                                                                         \
   template class pipeswap::state_view<B>
 
 /// The runtime over O and the pieces over O's backend.
-#define PIPESWAP_EXTERN_OPTIMIZER_SWAP(O, ...)                                                       \
-  PIPESWAP_EXTERN_SWAP_BACKEND(typename O::backend_type);                                            \
+#define PIPESWAP_EXTERN_OPTIMIZER_SWAP(O, ...)                                                                         \
+  PIPESWAP_EXTERN_SWAP_BACKEND(typename O::backend_type);                                                              \
   PIPESWAP_EXTERN_OPTIMIZER_SWAP_ONLY(O __VA_OPT__(, ) __VA_ARGS__)
-#define PIPESWAP_INSTANTIATE_OPTIMIZER_SWAP(O, ...)                                                  \
-  PIPESWAP_INSTANTIATE_SWAP_BACKEND(typename O::backend_type);                                       \
+#define PIPESWAP_INSTANTIATE_OPTIMIZER_SWAP(O, ...)                                                                    \
+  PIPESWAP_INSTANTIATE_SWAP_BACKEND(typename O::backend_type);                                                         \
   PIPESWAP_INSTANTIATE_OPTIMIZER_SWAP_ONLY(O __VA_OPT__(, ) __VA_ARGS__)
 
 /// Adam and AdamW over B with B's adam_kernels policy (<pipeswap/optim/adam.hpp> included first).
-#define PIPESWAP_EXTERN_ADAM(B)                                                                      \
-  extern template class pipeswap::adam<B>;                                                           \
+#define PIPESWAP_EXTERN_ADAM(B)                                                                                        \
+  extern template class pipeswap::adam<B>;                                                                             \
   extern template class pipeswap::adamw<B>
-#define PIPESWAP_INSTANTIATE_ADAM(B)                                                                 \
-  template class pipeswap::adam<B>;                                                                  \
+#define PIPESWAP_INSTANTIATE_ADAM(B)                                                                                   \
+  template class pipeswap::adam<B>;                                                                                    \
   template class pipeswap::adamw<B>

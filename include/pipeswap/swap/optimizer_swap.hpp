@@ -231,8 +231,8 @@ private:
     }
     if (carry_.plan()) carry_.evict(); // the batch order changed: what was kept goes home first
     auto batches = policy_(key.items, cfg_.swap_times);
-    st.d = planner_.build(std::move(key), std::move(batches), units, opt_.slots(), attached_.slots(), engine_, cfg_.packed,
-                          cfg_.resident_share);
+    st.d = planner_.build(std::move(key), std::move(batches), units, opt_.slots(), attached_.slots(), engine_,
+                          cfg_.packed, cfg_.resident_share);
   }
 
   /// The device address of element e of slot i, for the optimizer's update() (state_view).
@@ -263,8 +263,8 @@ private:
   detail::attachment<B> attached_{engine_}; ///< the slots and their storage
   std::optional<step_state> pending_;
   detail::step_planner<B> planner_; ///< the last plan, reused while the step's units do not change
-  detail::step_trace trace_; ///< the operation in progress, and the listener
-  char const* busy_ = nullptr; ///< the public call in progress (reentrancy)
+  detail::step_trace trace_;        ///< the operation in progress, and the listener
+  char const* busy_ = nullptr;      ///< the public call in progress (reentrancy)
   /// Kept batches, a deferred offload and their budget holds, from one step to the next.
   detail::carry_over<B> carry_{engine_, trace_, attached_.slots(), cfg_.packed};
   detail::per_tensor_pipeline<B> per_tensor_{{engine_, trace_, carry_, cfg_.defer_offload}};

@@ -50,8 +50,7 @@ inline void check_swap_times(std::size_t swap_times) {
 ///
 /// Costs are 64-bit; the comparisons use 128-bit products, so totals up to 2^64 are exact.
 /// Linear in n. Throws invalid_argument when swap_times is 0.
-inline std::vector<std::size_t> partition_sizes(std::span<std::uint64_t const> costs,
-                                                std::size_t swap_times) {
+inline std::vector<std::size_t> partition_sizes(std::span<std::uint64_t const> costs, std::size_t swap_times) {
   detail::check_swap_times(swap_times);
   auto const n = costs.size();
   if (n == 0) return {};
@@ -99,8 +98,7 @@ using batch_plan = std::vector<std::vector<unit_range>>;
 struct balanced_partition {
   static constexpr bool splits_units = false;
 
-  [[nodiscard]] batch_plan operator()(std::span<partition_item const> items,
-                                      std::size_t swap_times) const {
+  [[nodiscard]] batch_plan operator()(std::span<partition_item const> items, std::size_t swap_times) const {
     std::vector<std::uint64_t> costs(items.size());
     for (std::size_t i = 0; i < items.size(); ++i) costs[i] = items[i].bytes();
     auto const sizes = partition_sizes(costs, swap_times);
@@ -123,8 +121,7 @@ struct split_partition {
   static constexpr bool splits_units = true;
   std::uint64_t granularity = 1;
 
-  [[nodiscard]] batch_plan operator()(std::span<partition_item const> items,
-                                      std::size_t swap_times) const {
+  [[nodiscard]] batch_plan operator()(std::span<partition_item const> items, std::size_t swap_times) const {
     detail::check_swap_times(swap_times);
     if (granularity == 0) throw invalid_argument("split_partition: granularity must be positive");
     batch_plan plan;
@@ -135,8 +132,7 @@ struct split_partition {
       total += it.bytes();
       if (it.bytes_per_element) granules += detail::ceil_div(it.numel, granularity);
     }
-    auto const k = static_cast<std::size_t>(
-        std::max<std::uint64_t>(1, std::min<std::uint64_t>(swap_times, granules)));
+    auto const k = static_cast<std::size_t>(std::max<std::uint64_t>(1, std::min<std::uint64_t>(swap_times, granules)));
     plan.resize(k);
     std::size_t b = 0;
     detail::uint128 start = 0; // bytes before the current unit
@@ -158,8 +154,8 @@ struct split_partition {
             ++b;
             continue;
           }
-          auto const need = static_cast<std::uint64_t>(
-              detail::ceil_div(end_bytes - start, detail::uint128{it.bytes_per_element}));
+          auto const need =
+              static_cast<std::uint64_t>(detail::ceil_div(end_bytes - start, detail::uint128{it.bytes_per_element}));
           if (e + need < n) { // the batch ends inside this unit, on the next granule boundary
             cut = static_cast<std::size_t>(detail::round_up(std::uint64_t{e + need}, granularity));
             cut = std::clamp<std::size_t>(cut, e + 1, n);

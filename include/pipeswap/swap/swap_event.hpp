@@ -25,8 +25,8 @@ struct swap_event {
   std::optional<std::size_t> batch{}; ///< the batch (for "begin": the number of batches to run)
   std::optional<std::size_t> next{};  ///< "chain": the batch that loads into the arena behind the offload
   storage where = storage::unspecified;
-  std::size_t arena = 0;             ///< where == staging: which arena
-  bool chained = false;              ///< "chain" events: `next` is meaningful (none when no load follows)
+  std::size_t arena = 0; ///< where == staging: which arena
+  bool chained = false;  ///< "chain" events: `next` is meaningful (none when no load follows)
 
   friend bool operator==(swap_event const&, swap_event const&) = default;
 };

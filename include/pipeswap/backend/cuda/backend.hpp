@@ -94,11 +94,9 @@ public:
   using device_pointer = pipeswap::device_ptr;
 
   explicit backend(int device = 0, backend_options const& options = {})
-      : device_(device),
-        setup_(device, "pipeswap::cuda::backend(device " + std::to_string(device) + ")"),
-        device_pool_(options.device_pool != nullptr
-                         ? memory_pool::borrow(options.device_pool)
-                         : memory_pool::create_device(device_, options.release_threshold)),
+      : device_(device), setup_(device, "pipeswap::cuda::backend(device " + std::to_string(device) + ")"),
+        device_pool_(options.device_pool != nullptr ? memory_pool::borrow(options.device_pool)
+                                                    : memory_pool::create_device(device_, options.release_threshold)),
         host_(device_, options.host_memory), events_(device_), priority_(options.stream_priority) {
     setup_.restore();
   }
@@ -138,8 +136,7 @@ public:
     if (n == 0) return {};
     device_guard_if const g(s.is_implicit(), device_);
     void* p = nullptr;
-    PIPESWAP_CUDA_TRY_WHAT(cudaMallocFromPoolAsync(&p, n, device_pool_.get(), s.get()),
-                           describe("allocate_device", n));
+    PIPESWAP_CUDA_TRY_WHAT(cudaMallocFromPoolAsync(&p, n, device_pool_.get(), s.get()), describe("allocate_device", n));
     return device_ptr(p);
   }
 
@@ -161,16 +158,14 @@ public:
   void copy_h2d(device_ptr d, std::byte const* h, std::size_t n, stream_ref s) {
     if (n == 0) return;
     device_guard_if const g(s.is_implicit(), device_);
-    PIPESWAP_CUDA_TRY_WHAT(cudaMemcpyAsync(d.get(), h, n, cudaMemcpyHostToDevice, s.get()),
-                           describe("copy_h2d", n));
+    PIPESWAP_CUDA_TRY_WHAT(cudaMemcpyAsync(d.get(), h, n, cudaMemcpyHostToDevice, s.get()), describe("copy_h2d", n));
   }
 
   /// Enqueues a copy of `n` bytes from device memory to pinned host memory on `s`.
   void copy_d2h(std::byte* h, device_ptr d, std::size_t n, stream_ref s) {
     if (n == 0) return;
     device_guard_if const g(s.is_implicit(), device_);
-    PIPESWAP_CUDA_TRY_WHAT(cudaMemcpyAsync(h, d.get(), n, cudaMemcpyDeviceToHost, s.get()),
-                           describe("copy_d2h", n));
+    PIPESWAP_CUDA_TRY_WHAT(cudaMemcpyAsync(h, d.get(), n, cudaMemcpyDeviceToHost, s.get()), describe("copy_d2h", n));
   }
 
   // ----- Optional capabilities -------------------------------------------------------------------

@@ -81,14 +81,13 @@ inline std::atomic<std::size_t> logged_errors{0};
   throw cuda_error(status, call, what, where);
 }
 
-inline cudaError_t log_failure(cudaError_t status, char const* call,
-                               std::source_location where) noexcept {
+inline cudaError_t log_failure(cudaError_t status, char const* call, std::source_location where) noexcept {
   if (status == cudaSuccess) return status;
   (void)cudaGetLastError();
   if (status == cudaErrorCudartUnloading) return status; // the driver tears everything down anyway
   logged_errors.fetch_add(1, std::memory_order_relaxed);
-  std::fprintf(stderr, "pipeswap::cuda: %s failed in a cleanup path (ignored): %s: %s (at %s:%u)\n",
-               call, cudaGetErrorName(status), cudaGetErrorString(status), where.file_name(),
+  std::fprintf(stderr, "pipeswap::cuda: %s failed in a cleanup path (ignored): %s: %s (at %s:%u)\n", call,
+               cudaGetErrorName(status), cudaGetErrorString(status), where.file_name(),
                static_cast<unsigned>(where.line()));
   return status;
 }
@@ -108,16 +107,13 @@ inline cudaError_t log_failure(cudaError_t status, char const* call,
 
 /// PIPESWAP_CUDA_TRY with a description of the object and operation; `...` is an expression
 /// convertible to std::string_view, evaluated only when the call failed.
-#define PIPESWAP_CUDA_TRY_WHAT(expr, ...)                                                          \
-  do {                                                                                             \
-    if (::cudaError_t pipeswap_cuda_status_ = (expr); pipeswap_cuda_status_ != ::cudaSuccess)      \
-        [[unlikely]] {                                                                             \
-      ::pipeswap::cuda::detail::raise(pipeswap_cuda_status_, #expr, (__VA_ARGS__),                 \
-                                      ::std::source_location::current());                          \
-    }                                                                                              \
+#define PIPESWAP_CUDA_TRY_WHAT(expr, ...)                                                                              \
+  do {                                                                                                                 \
+    if (::cudaError_t pipeswap_cuda_status_ = (expr); pipeswap_cuda_status_ != ::cudaSuccess) [[unlikely]] {           \
+      ::pipeswap::cuda::detail::raise(pipeswap_cuda_status_, #expr, (__VA_ARGS__), ::std::source_location::current()); \
+    }                                                                                                                  \
   } while (false)
 
 /// Checks a cudaError_t expression without throwing: on failure clears the last error, prints one
 /// line to stderr and counts it. Yields the status. For destructors and other noexcept paths.
-#define PIPESWAP_CUDA_LOG(expr)                                                                    \
-  ::pipeswap::cuda::detail::log_failure((expr), #expr, ::std::source_location::current())
+#define PIPESWAP_CUDA_LOG(expr) ::pipeswap::cuda::detail::log_failure((expr), #expr, ::std::source_location::current())

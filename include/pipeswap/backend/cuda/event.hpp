@@ -79,8 +79,7 @@ struct event_cache {
 
 /// One recorded point: a native event on loan from a cache until the last copy of the point dies.
 struct event_point {
-  event_point(cudaEvent_t e, std::shared_ptr<event_cache> c) noexcept
-      : native(e), cache(std::move(c)) {}
+  event_point(cudaEvent_t e, std::shared_ptr<event_cache> c) noexcept : native(e), cache(std::move(c)) {}
   event_point(event_point const&) = delete;
   event_point& operator=(event_point const&) = delete;
   ~event_point() { cache->give_back(native); }
@@ -103,15 +102,13 @@ public:
 
   /// Blocks the calling thread until the point is complete. Throws cuda_error if not recorded.
   void sync() const {
-    PIPESWAP_CUDA_TRY_WHAT(
-        cudaEventSynchronize(native("cudaEventSynchronize", "pipeswap::cuda::event::sync")),
-        "pipeswap::cuda::event::sync");
+    PIPESWAP_CUDA_TRY_WHAT(cudaEventSynchronize(native("cudaEventSynchronize", "pipeswap::cuda::event::sync")),
+                           "pipeswap::cuda::event::sync");
   }
 
   /// True when the point is complete. Never blocks. Throws cuda_error if not recorded.
   [[nodiscard]] bool is_done() const {
-    cudaError_t const s =
-        cudaEventQuery(native("cudaEventQuery", "pipeswap::cuda::event::is_done"));
+    cudaError_t const s = cudaEventQuery(native("cudaEventQuery", "pipeswap::cuda::event::is_done"));
     if (s == cudaErrorNotReady) return false; // not a failure: the runtime does not record it
     PIPESWAP_CUDA_TRY_WHAT(s, "pipeswap::cuda::event::is_done");
     return true;
@@ -122,8 +119,7 @@ public:
   /// on it.
   [[nodiscard]] cudaEvent_t native(std::string_view call, std::string_view what) const {
     if (point_ == nullptr) [[unlikely]] {
-      throw cuda_error(cudaErrorInvalidResourceHandle,
-                       std::string(call) + "(an event that was never recorded)", what);
+      throw cuda_error(cudaErrorInvalidResourceHandle, std::string(call) + "(an event that was never recorded)", what);
     }
     return point_->native;
   }

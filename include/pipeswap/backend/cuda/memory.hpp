@@ -63,23 +63,19 @@ public:
     access.location.type = cudaMemLocationTypeDevice;
     access.location.id = device;
     access.flags = cudaMemAccessFlagsProtReadWrite;
-    PIPESWAP_CUDA_TRY_WHAT(cudaMemPoolSetAccess(pool.get(), &access, 1),
-                           describe("create_host_numa", numa_node));
+    PIPESWAP_CUDA_TRY_WHAT(cudaMemPoolSetAccess(pool.get(), &access, 1), describe("create_host_numa", numa_node));
     return pool;
   }
 
   /// The current default pool of `device` (cudaDeviceGetDefaultMemPool), borrowed.
   [[nodiscard]] static memory_pool device_default(int device) {
     cudaMemPool_t p = nullptr;
-    PIPESWAP_CUDA_TRY_WHAT(cudaDeviceGetDefaultMemPool(&p, device),
-                           describe("device_default", device));
+    PIPESWAP_CUDA_TRY_WHAT(cudaDeviceGetDefaultMemPool(&p, device), describe("device_default", device));
     return memory_pool(p, false);
   }
 
   /// A pool this handle does not own; the caller keeps it alive while the handle is used.
-  [[nodiscard]] static memory_pool borrow(cudaMemPool_t pool) noexcept {
-    return memory_pool(pool, false);
-  }
+  [[nodiscard]] static memory_pool borrow(cudaMemPool_t pool) noexcept { return memory_pool(pool, false); }
 
   memory_pool(memory_pool&& o) noexcept
       : pool_(std::exchange(o.pool_, nullptr)), owning_(std::exchange(o.owning_, false)) {}
@@ -103,8 +99,7 @@ public:
     if (n == 0) return nullptr;
     void* p = nullptr;
     PIPESWAP_CUDA_TRY_WHAT(cudaMallocFromPoolAsync(&p, n, pool_, s.get()),
-                           "pipeswap::cuda::memory_pool::allocate(" + std::to_string(n) +
-                               " bytes)");
+                           "pipeswap::cuda::memory_pool::allocate(" + std::to_string(n) + " bytes)");
     return p;
   }
 
@@ -121,16 +116,10 @@ public:
   }
 
   /// Bytes the pool holds from the driver, in use or not (cudaMemPoolAttrReservedMemCurrent).
-  [[nodiscard]] std::uint64_t reserved_bytes() const {
-    return attribute(cudaMemPoolAttrReservedMemCurrent);
-  }
+  [[nodiscard]] std::uint64_t reserved_bytes() const { return attribute(cudaMemPoolAttrReservedMemCurrent); }
   /// Bytes handed out and not yet freed (cudaMemPoolAttrUsedMemCurrent).
-  [[nodiscard]] std::uint64_t used_bytes() const {
-    return attribute(cudaMemPoolAttrUsedMemCurrent);
-  }
-  [[nodiscard]] std::uint64_t release_threshold() const {
-    return attribute(cudaMemPoolAttrReleaseThreshold);
-  }
+  [[nodiscard]] std::uint64_t used_bytes() const { return attribute(cudaMemPoolAttrUsedMemCurrent); }
+  [[nodiscard]] std::uint64_t release_threshold() const { return attribute(cudaMemPoolAttrReleaseThreshold); }
   void set_release_threshold(std::uint64_t bytes) {
     PIPESWAP_CUDA_TRY_WHAT(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &bytes),
                            "pipeswap::cuda::memory_pool::set_release_threshold");
@@ -205,8 +194,7 @@ public:
     device_guard const g(device_);
     void* p = nullptr;
     PIPESWAP_CUDA_TRY_WHAT(cudaHostAlloc(&p, n, cudaHostAllocPortable),
-                           "pipeswap::cuda::pinned_allocator::allocate(" + std::to_string(n) +
-                               " bytes)");
+                           "pipeswap::cuda::pinned_allocator::allocate(" + std::to_string(n) + " bytes)");
     return static_cast<std::byte*>(p);
   }
 
@@ -243,8 +231,7 @@ private:
       (void)cudaGetLastError();
       node = -1;
     }
-    if (cudaDeviceGetAttribute(&supported, cudaDevAttrHostNumaMemoryPoolsSupported, device_) !=
-        cudaSuccess) {
+    if (cudaDeviceGetAttribute(&supported, cudaDevAttrHostNumaMemoryPoolsSupported, device_) != cudaSuccess) {
       (void)cudaGetLastError();
       supported = 0;
     }

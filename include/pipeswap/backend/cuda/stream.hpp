@@ -62,9 +62,7 @@ private:
 [[nodiscard]] inline stream_ref legacy_stream() noexcept { return stream_ref(cudaStreamLegacy); }
 
 /// The calling thread's per-thread default stream (cudaStreamPerThread).
-[[nodiscard]] inline stream_ref per_thread_stream() noexcept {
-  return stream_ref(cudaStreamPerThread);
-}
+[[nodiscard]] inline stream_ref per_thread_stream() noexcept { return stream_ref(cudaStreamPerThread); }
 
 /// An owning, move-only CUDA stream.
 class stream {
@@ -78,9 +76,7 @@ public:
   }
 
   /// Takes ownership of `s`, a stream created on `device`.
-  [[nodiscard]] static stream from_native_handle(cudaStream_t s, int device) noexcept {
-    return stream(s, device);
-  }
+  [[nodiscard]] static stream from_native_handle(cudaStream_t s, int device) noexcept { return stream(s, device); }
 
   stream(stream&& o) noexcept : s_(std::exchange(o.s_, nullptr)), device_(o.device_) {}
   stream& operator=(stream&& o) noexcept {

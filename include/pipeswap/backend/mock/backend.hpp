@@ -49,9 +49,7 @@ public:
   using event_type = event;
   using device_pointer = device_ptr;
 
-  explicit backend(options opts = {}) : opts_(opts) {
-    new_stream("stream 0 (compute)");
-  }
+  explicit backend(options opts = {}) : opts_(opts) { new_stream("stream 0 (compute)"); }
   backend(backend const&) = delete;
   backend& operator=(backend const&) = delete;
   ~backend() {
@@ -59,8 +57,7 @@ public:
       try {
         effects_.drain(std::numeric_limits<sim_time>::max());
         return;
-      } catch (...) {
-      }
+      } catch (...) {}
     }
   }
 
@@ -88,9 +85,8 @@ public:
     if (!e.recorded()) throw mock_error("mock::backend::wait_event: the event was never recorded");
     st.ready = std::max(st.ready, e.time);
     st.clock.join(e.clock);
-    log_op(op_kind::wait, agent_of(s), st.seq, std::max(st.ready, host_now_),
-           std::max(st.ready, host_now_), 0, engine::none,
-           "wait event " + std::to_string(e.id) + " (" + log_.stream_lane(e.stream) + ")");
+    log_op(op_kind::wait, agent_of(s), st.seq, std::max(st.ready, host_now_), std::max(st.ready, host_now_), 0,
+           engine::none, "wait event " + std::to_string(e.id) + " (" + log_.stream_lane(e.stream) + ")");
   }
 
   void synchronize(event const& e) {
@@ -106,10 +102,9 @@ public:
     if (opts_.device_capacity != std::numeric_limits<std::size_t>::max()) {
       auto const live = memory_.live_at(p.start);
       if (live + n > opts_.device_capacity) {
-        throw mock_error("mock::backend::allocate_device: out of device memory allocating " +
-                         std::to_string(n) + " bytes on " + log_.stream_lane(s.id) + " (" +
-                         std::to_string(live) + " of " + std::to_string(opts_.device_capacity) +
-                         " bytes live)");
+        throw mock_error("mock::backend::allocate_device: out of device memory allocating " + std::to_string(n) +
+                         " bytes on " + log_.stream_lane(s.id) + " (" + std::to_string(live) + " of " +
+                         std::to_string(opts_.device_capacity) + " bytes live)");
       }
     }
     auto a = std::make_shared<allocation>();
@@ -118,8 +113,7 @@ public:
     a->size = n;
     a->base = next_device_address_;
     // A gap of one alignment unit catches off-by-one neighbours.
-    next_device_address_ += pipeswap::detail::round_up(n, detail::allocation_alignment) +
-                            detail::allocation_alignment;
+    next_device_address_ += pipeswap::detail::round_up(n, detail::allocation_alignment) + detail::allocation_alignment;
     if (opts_.materialize) a->fill_poison();
     auto const op = commit(s, p, op_kind::allocate, n, engine::none, label("allocate"));
     a->shadow.emplace(n, detail::access_ref{p.agent, p.seq, op});
@@ -135,9 +129,9 @@ public:
     if (!d) return;
     auto a = allocs_.find_device(d, "deallocate_device");
     if (a->base != d.address() || a->size != n) {
-      throw mock_error("mock::backend::deallocate_device: " + detail::describe_ptr(d) + " with " +
-                       std::to_string(n) + " bytes does not name a whole allocation (allocation #" +
-                       std::to_string(a->id) + " has " + std::to_string(a->size) + " bytes)");
+      throw mock_error("mock::backend::deallocate_device: " + detail::describe_ptr(d) + " with " + std::to_string(n) +
+                       " bytes does not name a whole allocation (allocation #" + std::to_string(a->id) + " has " +
+                       std::to_string(a->size) + " bytes)");
     }
     auto const p = plan(s, 0, engine::none);
     touches t;
@@ -152,8 +146,10 @@ public:
     device_live_ -= n;
     --live_device_allocations_;
     // Without bytes nothing reads storage_gone (only the data effects of a materialized run do).
-    if (opts_.materialize) effects_.push(p.end, op, [a] { a->free_storage(); });
-    else a->free_storage();
+    if (opts_.materialize)
+      effects_.push(p.end, op, [a] { a->free_storage(); });
+    else
+      a->free_storage();
   }
 
   std::byte* allocate_host(std::size_t n) {
@@ -169,8 +165,7 @@ public:
     } else {
       // Timing-only: a unique address range with no bytes behind it (never dereferenced).
       a->base = next_host_address_;
-      next_host_address_ += pipeswap::detail::round_up(n, detail::allocation_alignment) +
-                          detail::allocation_alignment;
+      next_host_address_ += pipeswap::detail::round_up(n, detail::allocation_alignment) + detail::allocation_alignment;
     }
     auto const op = host_op(op_kind::host_allocate, n, label("allocate pinned"));
     a->shadow.emplace(n, detail::access_ref{0, host_clock_.get(0), op});
@@ -185,8 +180,8 @@ public:
     auto a = allocs_.find_host(h, "deallocate_host");
     if (a->base != reinterpret_cast<std::uintptr_t>(h) || a->size != n) {
       throw mock_error("mock::backend::deallocate_host: the pointer with " + std::to_string(n) +
-                       " bytes does not name a whole pinned allocation (allocation #" +
-                       std::to_string(a->id) + " has " + std::to_string(a->size) + " bytes)");
+                       " bytes does not name a whole pinned allocation (allocation #" + std::to_string(a->id) +
+                       " has " + std::to_string(a->size) + " bytes)");
     }
     effects_.drain(host_now_);
     auto c = host_clock_;
@@ -197,8 +192,7 @@ public:
     auto name = label("release pinned");
     detail::check_touches(t, p, op_kind::host_release, name, log_, opts_, hazards_);
     host_clock_ = c;
-    auto const op = log_op(op_kind::host_release, 0, c.get(0), host_now_, host_now_, n, engine::none,
-                           std::move(name));
+    auto const op = log_op(op_kind::host_release, 0, c.get(0), host_now_, host_now_, n, engine::none, std::move(name));
     a->released = true;
     a->release_op = op;
     a->storage_gone = true; // the host frees at once; a racing copy finds nothing to write
@@ -207,13 +201,9 @@ public:
     effects_.keep_until_drained(std::move(a)); // bytes outlive pending effects
   }
 
-  void copy_h2d(device_ptr d, std::byte const* h, std::size_t n, stream s) {
-    copy(op_kind::h2d, d, h, n, s);
-  }
+  void copy_h2d(device_ptr d, std::byte const* h, std::size_t n, stream s) { copy(op_kind::h2d, d, h, n, s); }
 
-  void copy_d2h(std::byte* h, device_ptr d, std::size_t n, stream s) {
-    copy(op_kind::d2h, d, h, n, s);
-  }
+  void copy_d2h(std::byte* h, device_ptr d, std::size_t n, stream s) { copy(op_kind::d2h, d, h, n, s); }
 
   // ----- Optional capabilities ---------------------------------------------------------------------
 
@@ -249,8 +239,8 @@ public:
   void wait_until(stream s, sim_time t, std::string_view what = "wait for input") {
     auto& st = state_of(s, "wait_until");
     st.ready = std::max(st.ready, t);
-    log_op(op_kind::wait, agent_of(s), st.seq, std::max(st.ready, host_now_), std::max(st.ready, host_now_),
-           0, engine::none, std::string(what));
+    log_op(op_kind::wait, agent_of(s), st.seq, std::max(st.ready, host_now_), std::max(st.ready, host_now_), 0,
+           engine::none, std::string(what));
   }
 
   /// A new stream with a name for traces and reports.
@@ -269,7 +259,8 @@ public:
   /// after their writes; writes after every unordered use.
   void launch(stream s, kernel_desc desc, std::function<void(kernel_context const&)> body = {}) {
     state_of(s, "launch");
-    faults_.attempt(fault_site::kernel, [&] { return "launch '" + desc.name + "'"; }, 0);
+    faults_.attempt(
+        fault_site::kernel, [&] { return "launch '" + desc.name + "'"; }, 0);
     touches t;
     std::size_t touched = 0;
     kernel_context ctx;
@@ -279,8 +270,7 @@ public:
       detail::call_site const where{"launch '", desc.name, "' region"};
       auto a = allocs_.find_device(r.ptr, where);
       auto const off = detail::range_in(*a, r.ptr.address(), r.bytes, where);
-      t.add(a, off, off + r.bytes,
-            writable ? detail::access_mode::read_write : detail::access_mode::read);
+      t.add(a, off, off + r.bytes, writable ? detail::access_mode::read_write : detail::access_mode::read);
       ctx.regions_.push_back({r.ptr, r.bytes, writable, nullptr});
       touched += r.bytes;
     };
@@ -291,13 +281,11 @@ public:
     auto name = label(desc.name);
     detail::check_touches(t, p, op_kind::kernel, name, log_, opts_, hazards_);
     auto const op = commit(s, p, op_kind::kernel, touched,
-                           opts_.timing.concurrent_kernels ? engine::none : engine::compute,
-                           std::move(name));
+                           opts_.timing.concurrent_kernels ? engine::none : engine::compute, std::move(name));
     record_touches(t, p, op);
     if (opts_.materialize && body) {
       auto allocs = t.allocations();
-      effects_.push(p.end, op, [allocs = std::move(allocs), ctx = std::move(ctx),
-                              body = std::move(body)]() mutable {
+      effects_.push(p.end, op, [allocs = std::move(allocs), ctx = std::move(ctx), body = std::move(body)]() mutable {
         for (std::size_t i = 0; i < allocs.size(); ++i) {
           if (allocs[i]->storage_gone) return; // a hazard already reported this; nothing to run on
           ctx.regions_[i].data = allocs[i]->data + (ctx.regions_[i].ptr.address() - allocs[i]->base);
@@ -312,8 +300,7 @@ public:
     auto const start = host_now_;
     host_now_ += ns;
     host_clock_.set(0, host_clock_.get(0) + 1);
-    log_op(op_kind::host_sync, 0, host_clock_.get(0), start, host_now_, 0, engine::none,
-           std::string(what));
+    log_op(op_kind::host_sync, 0, host_clock_.get(0), start, host_now_, 0, engine::none, std::string(what));
   }
 
   /// Test peek: synchronizes the device, then returns a copy of device bytes.
@@ -336,10 +323,12 @@ public:
     auto const off = detail::range_in(*a, d.address(), bytes.size(), "write_device");
     if (a->released) throw mock_error("mock::backend::write_device: allocation was released");
     host_clock_.set(0, host_clock_.get(0) + 1);
-    auto const op = log_op(op_kind::host_write, 0, host_clock_.get(0), host_now_, host_now_,
-                           bytes.size(), engine::none, label("write_device"));
-    if (opts_.hazards == hazard_policy::ignore) shadows_behind_ = true;
-    else a->shadow->record(off, off + bytes.size(), detail::access_mode::write, {0, host_clock_.get(0), op}, host_clock_);
+    auto const op = log_op(op_kind::host_write, 0, host_clock_.get(0), host_now_, host_now_, bytes.size(), engine::none,
+                           label("write_device"));
+    if (opts_.hazards == hazard_policy::ignore)
+      shadows_behind_ = true;
+    else
+      a->shadow->record(off, off + bytes.size(), detail::access_mode::write, {0, host_clock_.get(0), op}, host_clock_);
     if (opts_.materialize) std::memcpy(a->data + off, bytes.data(), bytes.size());
   }
 
@@ -348,9 +337,7 @@ public:
   void fail_after(fault_site site, std::size_t n) noexcept { faults_.fail_after(site, n); }
   void clear_faults() noexcept { faults_.clear(); }
   /// Number of operations of class `site` attempted so far (including failed ones).
-  [[nodiscard]] std::size_t attempts(fault_site site) const noexcept {
-    return faults_.attempts(site);
-  }
+  [[nodiscard]] std::size_t attempts(fault_site site) const noexcept { return faults_.attempts(site); }
 
   [[nodiscard]] std::vector<hazard> const& hazards() const noexcept { return hazards_; }
   void clear_hazards() noexcept { hazards_.clear(); }
@@ -397,9 +384,7 @@ public:
   /// Writes the timeline as Chrome trace JSON (Perfetto and chrome://tracing open it): one lane per
   /// stream, one per copy engine and the compute engine, a host lane, and a device-memory counter.
   /// Output depends only on the sequence of calls, never on host addresses or wall time.
-  void write_chrome_trace(std::ostream& os) const {
-    detail::write_chrome_trace(os, log_, memory_.sorted());
-  }
+  void write_chrome_trace(std::ostream& os) const { detail::write_chrome_trace(os, log_, memory_.sorted()); }
 
   /// Writes this device's trace events (no enclosing object) as process `pid` named `name`, so that
   /// several simulated devices can share one trace. `first` is true until an event was written.
@@ -434,8 +419,7 @@ private:
 
   stream_state& state_of(stream s, char const* call) {
     if (s.id >= streams_.size()) {
-      throw mock_error(std::string("mock::backend::") + call + ": unknown stream " +
-                       std::to_string(s.id));
+      throw mock_error(std::string("mock::backend::") + call + ": unknown stream " + std::to_string(s.id));
     }
     return streams_[s.id];
   }
@@ -495,8 +479,7 @@ private:
     return p;
   }
 
-  std::uint64_t commit(stream s, planned const& p, op_kind k, std::size_t bytes, engine e,
-                       std::string name) {
+  std::uint64_t commit(stream s, planned const& p, op_kind k, std::size_t bytes, engine e, std::string name) {
     auto& st = streams_[s.id];
     st.seq = p.seq;
     st.ready = p.end;
@@ -505,15 +488,14 @@ private:
     return log_op(k, p.agent, p.seq, p.start, p.end, bytes, e, std::move(name));
   }
 
-  std::uint64_t log_op(op_kind k, std::uint32_t agent, std::uint64_t seq, sim_time start,
-                       sim_time end, std::size_t bytes, engine e, std::string name) {
+  std::uint64_t log_op(op_kind k, std::uint32_t agent, std::uint64_t seq, sim_time start, sim_time end,
+                       std::size_t bytes, engine e, std::string name) {
     return log_.push(op_record{k, agent, seq, start, end, bytes, e, std::move(name)});
   }
 
   std::uint64_t host_op(op_kind k, std::size_t bytes, std::string name) {
     host_clock_.set(0, host_clock_.get(0) + 1);
-    return log_op(k, 0, host_clock_.get(0), host_now_, host_now_, bytes, engine::none,
-                  std::move(name));
+    return log_op(k, 0, host_clock_.get(0), host_now_, host_now_, bytes, engine::none, std::move(name));
   }
 
   void host_wait(sim_time t, detail::vector_clock const& c, std::string what) {
@@ -521,16 +503,15 @@ private:
     host_now_ = std::max(host_now_, t);
     host_clock_.join(c);
     host_clock_.set(0, host_clock_.get(0) + 1);
-    log_op(op_kind::host_sync, 0, host_clock_.get(0), start, host_now_, 0, engine::none,
-           std::move(what));
+    log_op(op_kind::host_sync, 0, host_clock_.get(0), start, host_now_, 0, engine::none, std::move(what));
     effects_.drain(host_now_);
   }
 
   void host_access(std::byte const* h, std::size_t n, bool write) {
     if (n == 0) return;
     auto a = allocs_.find_host(h, write ? "note_host_write" : "note_host_read");
-    auto const off = detail::range_in(*a, reinterpret_cast<std::uintptr_t>(h), n,
-                              write ? "note_host_write" : "note_host_read");
+    auto const off =
+        detail::range_in(*a, reinterpret_cast<std::uintptr_t>(h), n, write ? "note_host_write" : "note_host_read");
     effects_.drain(host_now_);
     auto c = host_clock_;
     c.set(0, host_clock_.get(0) + 1);

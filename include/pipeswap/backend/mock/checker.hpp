@@ -24,19 +24,24 @@
 namespace pipeswap::mock::detail {
 
 inline std::string storage_text(allocation const& a, std::size_t lo, std::size_t hi) {
-  return std::string(a.device ? "device" : "pinned host") + " allocation #" + std::to_string(a.id) +
-         " bytes [" + std::to_string(lo) + ", " + std::to_string(hi) + ")";
+  return std::string(a.device ? "device" : "pinned host") + " allocation #" + std::to_string(a.id) + " bytes [" +
+         std::to_string(lo) + ", " + std::to_string(hi) + ")";
 }
 
 /// The hazard, if any, of one touch of operation `op` (not yet logged) of kind `k` named `name`.
 /// The report's text is formatted only once a hazard is found: a clean touch costs the check alone.
-inline std::optional<hazard> find_hazard(touches::one const& x, planned const& p, std::uint64_t op,
-                                         op_kind k, std::string const& name, op_log const& log) {
+inline std::optional<hazard> find_hazard(touches::one const& x, planned const& p, std::uint64_t op, op_kind k,
+                                         std::string const& name, op_log const& log) {
   auto const self = [&] { return log.op_text(op, k, name, p.agent, p.start, p.end); };
   if (x.a->released) {
-    return hazard{hazard_kind::use_after_release, op, x.a->release_op, x.a->id, x.lo, x.hi - x.lo,
-                  self() + " uses " + storage_text(*x.a, x.lo, x.hi) + " after " +
-                      log.op_text(x.a->release_op) + " released it"};
+    return hazard{hazard_kind::use_after_release,
+                  op,
+                  x.a->release_op,
+                  x.a->id,
+                  x.lo,
+                  x.hi - x.lo,
+                  self() + " uses " + storage_text(*x.a, x.lo, x.hi) + " after " + log.op_text(x.a->release_op) +
+                      " released it"};
   }
   auto const c = x.a->shadow->check(x.lo, x.hi, x.mode, p.clock);
   if (!c) return std::nullopt;
@@ -46,9 +51,8 @@ inline std::optional<hazard> find_hazard(touches::one const& x, planned const& p
   std::string rule;
   if (x.mode == access_mode::release) {
     kind = hazard_kind::release_while_in_use;
-    rule = " releases " + storage_text(*x.a, 0, x.a->size) + " while " + other +
-           " still uses bytes [" + std::to_string(c->lo) + ", " + std::to_string(c->hi) +
-           ") and is not ordered before the release";
+    rule = " releases " + storage_text(*x.a, 0, x.a->size) + " while " + other + " still uses bytes [" +
+           std::to_string(c->lo) + ", " + std::to_string(c->hi) + ") and is not ordered before the release";
   } else if (r.kind == op_kind::allocate) {
     kind = hazard_kind::read_before_write;
     rule = " uses " + storage_text(*x.a, c->lo, c->hi) + " allocated by " + other +
@@ -72,20 +76,19 @@ inline std::optional<hazard> find_hazard(touches::one const& x, planned const& p
 /// Checks every touch of operation `op` (the next to be logged). Under hazard_policy::raise throws
 /// hazard_error at the first hazard, before any state changes; under `record` appends one report per
 /// conflicting touch to `out`; under `ignore` checks nothing.
-inline void check_touches(touches const& t, planned const& p, op_kind k, std::string const& name,
-                          op_log const& log, options const& opts, std::vector<hazard>& out) {
+inline void check_touches(touches const& t, planned const& p, op_kind k, std::string const& name, op_log const& log,
+                          options const& opts, std::vector<hazard>& out) {
   if (opts.hazards == hazard_policy::ignore) return;
   auto const op = log.size();
   for (auto const& x : t.list) {
     auto h = find_hazard(x, p, op, k, name, log);
     if (!h) continue;
     std::ostringstream last;
-    last << "  #" << op << " " << to_string(k) << " '" << name << "' on " << log.lane(p.agent)
-         << " t=[" << p.start << "," << p.end << ")   <-- offending operation\n";
+    last << "  #" << op << " " << to_string(k) << " '" << name << "' on " << log.lane(p.agent) << " t=[" << p.start
+         << "," << p.end << ")   <-- offending operation\n";
     h->message = "pipeswap mock: " + std::string(to_string(h->kind)) + ": " + h->message +
                  "\nop trace (oldest first):\n" +
-                 (op == 0 ? std::string{} : log.format_trace(op - 1, opts.trace_context)) +
-                 last.str();
+                 (op == 0 ? std::string{} : log.format_trace(op - 1, opts.trace_context)) + last.str();
     if (opts.hazards == hazard_policy::raise) throw hazard_error(std::move(*h));
     out.push_back(std::move(*h));
   }

@@ -14,15 +14,11 @@ namespace pipeswap::mock::detail {
 
 class fault_injector {
 public:
-  void fail_after(fault_site site, std::size_t n) noexcept {
-    faults_[index(site)] = attempts_[index(site)] + n;
-  }
+  void fail_after(fault_site site, std::size_t n) noexcept { faults_[index(site)] = attempts_[index(site)] + n; }
   void clear() noexcept {
     for (auto& f : faults_) f.reset();
   }
-  [[nodiscard]] std::size_t attempts(fault_site site) const noexcept {
-    return attempts_[index(site)];
-  }
+  [[nodiscard]] std::size_t attempts(fault_site site) const noexcept { return attempts_[index(site)]; }
   /// Counts one attempt of class `site`; throws mock_error if it is the one to fail. `what` names
   /// the call: a string, or a callable that gives it (called only for the failing attempt); `n` its
   /// bytes (0: none).
@@ -34,10 +30,12 @@ public:
       faults_[i].reset();
       constexpr char const* names[] = {"copy", "allocation", "kernel"};
       std::string name;
-      if constexpr (std::is_invocable_v<What const&>) name = what();
-      else name = what;
-      throw mock_error("mock::backend: injected fault in " + name + " (" + names[i] + " #" +
-                       std::to_string(nth) + (n ? ", " + std::to_string(n) + " bytes" : "") + ")");
+      if constexpr (std::is_invocable_v<What const&>)
+        name = what();
+      else
+        name = what;
+      throw mock_error("mock::backend: injected fault in " + name + " (" + names[i] + " #" + std::to_string(nth) +
+                       (n ? ", " + std::to_string(n) + " bytes" : "") + ")");
     }
   }
 

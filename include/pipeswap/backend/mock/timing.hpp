@@ -69,8 +69,7 @@ struct timing_model {
 
   /// An H200 on PCIe Gen5: 55 GB/s each way with 2 µs per copy, 4.8 TB/s HBM, 4 µs per kernel.
   static constexpr timing_model h200_pcie() noexcept {
-    return timing_model{{55'000'000'000, 2'000}, {55'000'000'000, 2'000}, 4'800'000'000'000, 4'000,
-                        false, 1.0};
+    return timing_model{{55'000'000'000, 2'000}, {55'000'000'000, 2'000}, 4'800'000'000'000, 4'000, false, 1.0};
   }
 };
 

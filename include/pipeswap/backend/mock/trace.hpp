@@ -20,11 +20,13 @@ inline void json_string(std::ostream& os, std::string_view s) {
   os << '"';
   for (char ch : s) {
     auto const c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\') os << '\\' << ch;
+    if (c == '"' || c == '\\')
+      os << '\\' << ch;
     else if (c < 0x20) {
       constexpr char hex[] = "0123456789abcdef";
       os << "\\u00" << hex[c >> 4] << hex[c & 15];
-    } else os << ch;
+    } else
+      os << ch;
   }
   os << '"';
 }
@@ -40,9 +42,8 @@ inline void json_us(std::ostream& os, sim_time ns) {
 
 /// Writes one device's trace events (no enclosing object) as process `pid` named `process`. `first`
 /// is true until an event was written. `memory` is in simulated-time order.
-inline void write_trace_events(std::ostream& os, op_log const& log,
-                               std::vector<mem_event> const& memory, bool& first, int pid,
-                               std::string_view process) {
+inline void write_trace_events(std::ostream& os, op_log const& log, std::vector<mem_event> const& memory, bool& first,
+                               int pid, std::string_view process) {
   constexpr int engine_tid_base = 1'000'000;
   constexpr char const* engine_names[] = {"", "H2D copy engine", "D2H copy engine", "compute engine"};
   auto sep = [&] {
@@ -55,16 +56,15 @@ inline void write_trace_events(std::ostream& os, op_log const& log,
     json_string(os, name);
     os << "}}";
     sep();
-    os << R"({"name":"thread_sort_index","ph":"M","pid":)" << pid << R"(,"tid":)" << tid
-       << R"(,"args":{"sort_index":)" << order << "}}";
+    os << R"({"name":"thread_sort_index","ph":"M","pid":)" << pid << R"(,"tid":)" << tid << R"(,"args":{"sort_index":)"
+       << order << "}}";
   };
   sep();
   os << R"({"name":"process_name","ph":"M","pid":)" << pid << R"(,"tid":0,"args":{"name":)";
   json_string(os, process);
   os << "}}";
   sep();
-  os << R"({"name":"process_sort_index","ph":"M","pid":)" << pid << R"(,"tid":0,"args":{"sort_index":)" << pid
-     << "}}";
+  os << R"({"name":"process_sort_index","ph":"M","pid":)" << pid << R"(,"tid":0,"args":{"sort_index":)" << pid << "}}";
   lane(0, "host", 0);
   for (std::uint32_t i = 0; i < log.streams(); ++i) {
     lane(static_cast<int>(i + 1), log.stream_lane(i), static_cast<int>(i + 1));
@@ -85,8 +85,7 @@ inline void write_trace_events(std::ostream& os, op_log const& log,
       os << R"(,"ph":"i","s":"t","ts":)";
       json_us(os, r.start);
     }
-    os << R"(,"pid":)" << pid << R"(,"tid":)" << tid << R"(,"args":{"op":)" << i << R"(,"bytes":)" << r.bytes
-       << "}}";
+    os << R"(,"pid":)" << pid << R"(,"tid":)" << tid << R"(,"args":{"op":)" << i << R"(,"bytes":)" << r.bytes << "}}";
   };
   for (std::uint64_t i = 0; i < log.size(); ++i) {
     auto const& r = log.at(i);
@@ -104,8 +103,7 @@ inline void write_trace_events(std::ostream& os, op_log const& log,
 }
 
 /// A whole trace file of one device.
-inline void write_chrome_trace(std::ostream& os, op_log const& log,
-                               std::vector<mem_event> const& memory) {
+inline void write_chrome_trace(std::ostream& os, op_log const& log, std::vector<mem_event> const& memory) {
   bool first = true;
   os << R"({"displayTimeUnit":"ns","traceEvents":[)";
   write_trace_events(os, log, memory, first, 1, "pipeswap mock device");

@@ -54,14 +54,24 @@ enum class fault_site : std::uint8_t { copy, allocation, kernel };
 
 /// Kinds of logged operation.
 enum class op_kind : std::uint8_t {
-  allocate, release, h2d, d2h, kernel, record, wait, host_sync, host_read, host_write,
-  host_allocate, host_release
+  allocate,
+  release,
+  h2d,
+  d2h,
+  kernel,
+  record,
+  wait,
+  host_sync,
+  host_read,
+  host_write,
+  host_allocate,
+  host_release
 };
 
 constexpr std::string_view to_string(op_kind k) noexcept {
-  constexpr std::string_view names[] = {"allocate", "release", "h2d", "d2h", "kernel", "record",
-                                        "wait", "host-sync", "host-read", "host-write",
-                                        "host-allocate", "host-release"};
+  constexpr std::string_view names[] = {"allocate",  "release",    "h2d",           "d2h",
+                                        "kernel",    "record",     "wait",          "host-sync",
+                                        "host-read", "host-write", "host-allocate", "host-release"};
   return names[static_cast<int>(k)];
 }
 

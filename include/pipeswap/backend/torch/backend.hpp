@@ -147,9 +147,7 @@ public:
   [[nodiscard]] stream_type new_stream() {
 #if PIPESWAP_TORCH_CUDA
     if (is_cuda()) {
-      return guarded("new_stream", 0, [&] {
-        return c10::cuda::getStreamFromPool(false, device_.index()).unwrap();
-      });
+      return guarded("new_stream", 0, [&] { return c10::cuda::getStreamFromPool(false, device_.index()).unwrap(); });
     }
 #endif
     return c10::Stream(c10::Stream::UNSAFE, device_, static_cast<c10::StreamId>(++streams_));
@@ -211,13 +209,13 @@ public:
     auto it = device_blocks_.find(d.get());
     if (it == device_blocks_.end()) {
       throw torch_error(describe("deallocate_device", n) + ": the address was not allocated by this backend "
-                        "(or was released already)");
+                                                           "(or was released already)");
     }
     guarded("deallocate_device", n, [&] {
 #if PIPESWAP_TORCH_CUDA
       if (is_cuda() && s != it->second.owner) {
-        c10::cuda::CUDACachingAllocator::recordStream(
-            it->second.data.data_ptr(), c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, s));
+        c10::cuda::CUDACachingAllocator::recordStream(it->second.data.data_ptr(),
+                                                      c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, s));
       }
 #endif
     });
@@ -340,8 +338,8 @@ private:
         auto const count = c10::cuda::device_count();
         auto const index = d.has_index() ? d.index() : c10::cuda::current_device();
         if (index < 0 || index >= count) {
-          throw torch_error("pipeswap::torch::backend(" + d.str() + "): this machine has " +
-                            std::to_string(count) + " CUDA device(s)");
+          throw torch_error("pipeswap::torch::backend(" + d.str() + "): this machine has " + std::to_string(count) +
+                            " CUDA device(s)");
         }
         return c10::Device(c10::kCUDA, index);
       } catch (c10::Error const& e) {

@@ -122,8 +122,8 @@ public:
     units.reserve(active.size());
     for (auto i : active) {
       if (i >= params_.size()) {
-        throw invalid_argument("tensor_optimizer::set_active: parameter " + std::to_string(i) +
-                               " is not registered (" + std::to_string(params_.size()) + " are)");
+        throw invalid_argument("tensor_optimizer::set_active: parameter " + std::to_string(i) + " is not registered (" +
+                               std::to_string(params_.size()) + " are)");
       }
       if (seen[i]) throw invalid_argument("tensor_optimizer::set_active: parameter " + std::to_string(i) + " twice");
       seen[i] = true;

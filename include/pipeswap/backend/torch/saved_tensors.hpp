@@ -174,9 +174,7 @@ public:
   /// The end of `c`'s forward: storages that something besides autograd references now (the stage's
   /// output, an input kept for the backward, a tensor the user holds) are the pipeline's and stay on
   /// the device; the rest are the group's swappable bytes.
-  void close(schedule::chunk c) {
-    classify(c, group_of(c, "close"));
-  }
+  void close(schedule::chunk c) { classify(c, group_of(c, "close")); }
 
   /// Offloads group `c` (closing it first if close() was not called): its swappable storages move
   /// and their device memory is released behind the copy.
@@ -289,7 +287,9 @@ private:
     return saved_tensor{h, t.storage_offset(), t.sizes().vec(), t.strides().vec(), t.scalar_type()};
   }
 
-  group& group_of(schedule::chunk c, char const* op) { return const_cast<group&>(std::as_const(*this).group_of(c, op)); }
+  group& group_of(schedule::chunk c, char const* op) {
+    return const_cast<group&>(std::as_const(*this).group_of(c, op));
+  }
   group const& group_of(schedule::chunk c, char const* op) const {
     auto it = groups_.find(c);
     if (it == groups_.end()) {

@@ -26,8 +26,7 @@ struct arena_copy {
   /// changes state once its copy is enqueued; loads set the views, offloads drop them (the arena is
   /// released as a whole).
   static void runs(B& b, stream_t<B> h2d, stream_t<B> d2h, std::span<buffer* const> bufs,
-                   lean_vector<buffer*> const& targets, staging_arena<B>& arena, staging_layout const& lay,
-                   bool load) {
+                   lean_vector<buffer*> const& targets, staging_arena<B>& arena, staging_layout const& lay, bool load) {
     if (lay.offsets().size() != bufs.size() || lay.order().size() != bufs.size()) {
       throw state_error("staging layout of " + std::to_string(lay.offsets().size()) + " buffers used for a batch of " +
                         std::to_string(bufs.size()));

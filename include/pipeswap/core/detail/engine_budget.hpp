@@ -90,8 +90,10 @@ protected:
   bool reserve(budget_client c, std::uint64_t n, bool allocated = false) {
     check_budget("transfer_engine::reserve");
     if (!link_.budget || n == 0) return false;
-    if (allocated) link_.budget->reserve_unchecked(c, n);
-    else link_.budget->reserve(c, n);
+    if (allocated)
+      link_.budget->reserve_unchecked(c, n);
+    else
+      link_.budget->reserve(c, n);
     held_[static_cast<int>(c)] += n;
     return true;
   }

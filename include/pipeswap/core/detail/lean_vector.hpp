@@ -63,7 +63,7 @@ namespace pipeswap::detail {
 }
 
 #if PIPESWAP_ASSERTIONS
-#  define PIPESWAP_DETAIL_LEAN_CHECK(ok, what, i, n) \
+#  define PIPESWAP_DETAIL_LEAN_CHECK(ok, what, i, n)                                                                   \
     ((ok) ? void() : ::pipeswap::detail::lean_vector_violation(what, i, n))
 #else
 #  define PIPESWAP_DETAIL_LEAN_CHECK(ok, what, i, n) void()
@@ -224,9 +224,7 @@ public:
       throw;
     }
   }
-  lean_vector(lean_vector const& o)
-    requires std::is_copy_constructible_v<T>
-      : lean_storage() {
+  lean_vector(lean_vector const& o) requires std::is_copy_constructible_v<T> : lean_storage() {
     try {
       append(o.begin(), o.end());
     } catch (...) {
@@ -235,9 +233,7 @@ public:
     }
   }
   lean_vector(lean_vector&& o) noexcept = default;
-  lean_vector& operator=(lean_vector const& o)
-    requires std::is_copy_constructible_v<T>
-  {
+  lean_vector& operator=(lean_vector const& o) requires std::is_copy_constructible_v<T> {
     if (this != &o) {
       lean_vector copy(o);
       swap_storage(copy);
@@ -409,8 +405,10 @@ private:
   /// aggregate, brace-initialised from them.
   template <class... A>
   static T make(A&&... a) {
-    if constexpr (std::is_constructible_v<T, A&&...>) return T(std::forward<A>(a)...);
-    else return T{std::forward<A>(a)...};
+    if constexpr (std::is_constructible_v<T, A&&...>)
+      return T(std::forward<A>(a)...);
+    else
+      return T{std::forward<A>(a)...};
   }
 
   /// Copies [first, last) onto the end; `first` may not point into this vector.

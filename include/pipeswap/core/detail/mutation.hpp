@@ -7,7 +7,7 @@
 #pragma once
 
 #ifdef PIPESWAP_MUTATION_TESTING
-#include <atomic>
+#  include <atomic>
 #endif
 
 #include <cstdint>
@@ -18,14 +18,14 @@
 namespace pipeswap::detail {
 
 enum class wait_site : std::uint8_t {
-  offload_after_compute, ///< the d2h stream waits the compute work that produced the bytes
-  gate_after_offload,    ///< the next user of freed memory waits the offload that freed it
-  load_after_mirror,     ///< the h2d stream waits the D2H that last filled the mirror
-  use_after_load,        ///< the consumer waits the H2D before using the bytes
-  arena_reuse,           ///< packed: the H2D into a staging arena waits the D2H out of it
-  arena_release,         ///< packed: the release of a staging arena waits the h2d stream that filled it
-  prefetch_after_release, ///< prefetch: the h2d stream waits the releases issued on the d2h stream
-  finish_deferred,        ///< deferred offload: the next user of its memory waits its D2Hs
+  offload_after_compute,   ///< the d2h stream waits the compute work that produced the bytes
+  gate_after_offload,      ///< the next user of freed memory waits the offload that freed it
+  load_after_mirror,       ///< the h2d stream waits the D2H that last filled the mirror
+  use_after_load,          ///< the consumer waits the H2D before using the bytes
+  arena_reuse,             ///< packed: the H2D into a staging arena waits the D2H out of it
+  arena_release,           ///< packed: the release of a staging arena waits the h2d stream that filled it
+  prefetch_after_release,  ///< prefetch: the h2d stream waits the releases issued on the d2h stream
+  finish_deferred,         ///< deferred offload: the next user of its memory waits its D2Hs
   exec_send_after_compute, ///< executor: the send stream waits the compute that wrote a boundary
   exec_use_after_receive,  ///< executor: the compute stream waits the H2D of a received boundary
   count
@@ -57,8 +57,7 @@ inline std::atomic<unsigned long> site_hits[static_cast<unsigned>(wait_site::cou
 #endif
 
 template <class B>
-void wait_at([[maybe_unused]] wait_site site, B& b, typename B::stream_type s,
-             typename B::event_type const& e) {
+void wait_at([[maybe_unused]] wait_site site, B& b, typename B::stream_type s, typename B::event_type const& e) {
 #ifdef PIPESWAP_MUTATION_TESTING
   ++site_hits[static_cast<unsigned>(site)];
   if (mutated_sites & (1u << static_cast<unsigned>(site))) return;

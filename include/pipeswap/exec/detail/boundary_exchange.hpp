@@ -69,7 +69,9 @@ public:
   /// True when the step staged boundaries through host memory (its last copies are still to wait).
   [[nodiscard]] bool staged() const noexcept { return !staging_.empty(); }
 
-  device_pointer_t<B> alloc(std::size_t n, stream_t<B> s) { return n ? b_.allocate_device(n, s) : device_pointer_t<B>{}; }
+  device_pointer_t<B> alloc(std::size_t n, stream_t<B> s) {
+    return n ? b_.allocate_device(n, s) : device_pointer_t<B>{};
+  }
   void free_dev(buffer& d, stream_t<B> s) {
     if (d.bytes && d.ptr) b_.deallocate_device(d.ptr, d.bytes, s);
     d = {};
@@ -89,13 +91,13 @@ public:
       std::size_t const n = bytes(dir, e->stage);
       index_type const from = dir == 0 ? e->stage - 1 : e->stage + 1;
       if (!layout_.has_stage(from)) {
-        throw invalid_argument("pipeline_executor: rank " + std::to_string(c_.rank()) + ": " +
-                               schedule::to_text(*e) + " has no peer stage " + std::to_string(from));
+        throw invalid_argument("pipeline_executor: rank " + std::to_string(c_.rank()) + ": " + schedule::to_text(*e) +
+                               " has no peer stage " + std::to_string(from));
       }
       mkey const k{dir, e->stage, e->micro};
       if (posted_.count(k)) {
-        throw invalid_argument("pipeline_executor: rank " + std::to_string(c_.rank()) + ": " +
-                               schedule::to_text(*e) + " appears twice in the order");
+        throw invalid_argument("pipeline_executor: rank " + std::to_string(c_.rank()) + ": " + schedule::to_text(*e) +
+                               " appears twice in the order");
       }
       posted_recv p;
       p.bytes = n;
@@ -185,8 +187,10 @@ public:
       }
     }
     if (blocking) {
-      await(p.req, std::to_string(p.bytes) + " bytes from rank " + std::to_string(p.peer) + " (tag " +
-                       std::to_string(p.tag) + ")", at);
+      await(p.req,
+            std::to_string(p.bytes) + " bytes from rank " + std::to_string(p.peer) + " (tag " + std::to_string(p.tag) +
+                ")",
+            at);
     } else if (!c_.test(p.req)) {
       return std::nullopt;
     }
@@ -213,8 +217,10 @@ public:
   template <class At>
   void finish_sends(At const& at) {
     for (auto& s : sends_) {
-      await(s.req, "the send " + s.entry + " of " + std::to_string(s.bytes) + " bytes to rank " + std::to_string(s.peer) +
-                       " to complete (tag " + std::to_string(s.tag) + ")", at);
+      await(s.req,
+            "the send " + s.entry + " of " + std::to_string(s.bytes) + " bytes to rank " + std::to_string(s.peer) +
+                " to complete (tag " + std::to_string(s.tag) + ")",
+            at);
       if constexpr (C::reads_device_memory) free_dev(s.dev, b_.current_stream());
     }
     sends_.clear();
@@ -225,9 +231,9 @@ public:
   void check_drained(std::size_t others) const {
     auto const left = others + outbox_.size() + posted_.size();
     if (left) {
-      throw invalid_argument("pipeline_executor: rank " + std::to_string(c_.rank()) + " ended its order with " +
-                             std::to_string(left) +
-                             " boundaries or saved chunks not consumed (an unmatched send, receive, forward or backward)");
+      throw invalid_argument(
+          "pipeline_executor: rank " + std::to_string(c_.rank()) + " ended its order with " + std::to_string(left) +
+          " boundaries or saved chunks not consumed (an unmatched send, receive, forward or backward)");
     }
   }
 
@@ -269,12 +275,16 @@ private:
   };
 
   stream_t<B> new_stream(char const* name) {
-    if constexpr (named_streams<B>) return b_.new_stream(std::string(name));
-    else return b_.new_stream();
+    if constexpr (named_streams<B>)
+      return b_.new_stream(std::string(name));
+    else
+      return b_.new_stream();
   }
 
   template <class At>
-  std::string where(At const& at) const { return "rank " + std::to_string(c_.rank()) + ", " + at(); }
+  std::string where(At const& at) const {
+    return "rank " + std::to_string(c_.rank()) + ", " + at();
+  }
 
   int tag_of(int dir, index_type stage, index_type micro) const {
     auto const t = boundary_tag({dir, stage, micro}, layout_.stages());

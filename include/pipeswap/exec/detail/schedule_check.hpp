@@ -42,8 +42,14 @@ public:
     auto const me = static_cast<std::size_t>(c.rank());
     drop();
     auto& k = x_;
-    k.header = {header_magic, c.rank(), layout.stages(), layout.ranks(), layout.stages_per_rank(), micro_count(order),
-                static_cast<std::int64_t>(label.size()), static_cast<std::int64_t>(text.size()),
+    k.header = {header_magic,
+                c.rank(),
+                layout.stages(),
+                layout.ranks(),
+                layout.stages_per_rank(),
+                micro_count(order),
+                static_cast<std::int64_t>(label.size()),
+                static_cast<std::int64_t>(text.size()),
                 static_cast<std::int64_t>(digest)};
     k.body = label + text + "."; // never empty
     k.headers.assign(n, std::vector<std::int64_t>(h_count));
@@ -84,7 +90,8 @@ public:
       }
       // Every rank holds the same digests and the same record of the last check: all decide alike.
       k.full = checked_.size() != n;
-      for (std::size_t p = 0; p < n && !k.full; ++p) k.full = checked_[p] != static_cast<std::uint64_t>(k.headers[p][h_digest]);
+      for (std::size_t p = 0; p < n && !k.full; ++p)
+        k.full = checked_[p] != static_cast<std::uint64_t>(k.headers[p][h_digest]);
       if (k.full) {
         k.done.assign(n, 0);
         k.done[me] = 1;
@@ -118,7 +125,18 @@ public:
 
 private:
   /// Header fields, in order.
-  enum header_field : std::size_t { h_magic, h_rank, h_stages, h_ranks, h_chunks, h_micro, h_label, h_text, h_digest, h_count };
+  enum header_field : std::size_t {
+    h_magic,
+    h_rank,
+    h_stages,
+    h_ranks,
+    h_chunks,
+    h_micro,
+    h_label,
+    h_text,
+    h_digest,
+    h_count
+  };
   static constexpr std::int64_t header_magic = 0x7073636865636b31; // "pscheck1"
 
   struct exchange {
@@ -199,8 +217,8 @@ private:
         digests += (r ? ", rank " : "rank ") + std::to_string(r) + " " + hex;
       }
       throw invalid_argument("pipeline_executor: schedule check: the orders of the " + std::to_string(n) +
-                             " ranks do not form one schedule (order digests: " + digests + "): " +
-                             schedule::to_string(report));
+                             " ranks do not form one schedule (order digests: " + digests +
+                             "): " + schedule::to_string(report));
     }
   }
 

@@ -32,9 +32,8 @@ inline std::string syscall_text(std::string_view call, std::filesystem::path con
   return s;
 }
 
-[[noreturn]] inline void throw_io(std::string_view prefix, std::string_view call,
-                                  std::filesystem::path const& path, int err,
-                                  std::string_view suffix = {}) {
+[[noreturn]] inline void throw_io(std::string_view prefix, std::string_view call, std::filesystem::path const& path,
+                                  int err, std::string_view suffix = {}) {
   std::string what(prefix);
   what += syscall_text(call, path, err);
   what += suffix;
@@ -88,8 +87,7 @@ class mapped_region {
 public:
   mapped_region() noexcept = default;
   mapped_region(void* p, std::size_t n) noexcept : p_(p), n_(n) {}
-  mapped_region(mapped_region&& o) noexcept
-      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  mapped_region(mapped_region&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
   mapped_region& operator=(mapped_region&& o) noexcept {
     if (this != &o) {
       reset();

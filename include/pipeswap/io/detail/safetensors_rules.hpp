@@ -68,9 +68,8 @@ constexpr int dtype_rank(dtype t) noexcept {
 /// Every dtype name the safetensors format defines (so the reader can tell "not supported" from
 /// "not a dtype at all").
 inline constexpr std::array<std::string_view, 22> safetensors_dtype_names = {
-    "BOOL", "F4",  "F6_E2M3", "F6_E3M2", "U8",  "I8",  "F8_E5M2", "F8_E4M3",
-    "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32",
-    "U32", "F32", "C64", "F64", "I64", "U64"};
+    "BOOL", "F4",  "F6_E2M3", "F6_E3M2", "U8",  "I8",  "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ",
+    "I16",  "U16", "F16",     "BF16",    "I32", "U32", "F32",     "C64",     "F64",     "I64",         "U64"};
 
 constexpr bool is_safetensors_dtype_name(std::string_view s) noexcept {
   for (auto n : safetensors_dtype_names) {

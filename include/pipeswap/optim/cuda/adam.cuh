@@ -94,23 +94,22 @@ static_assert(fill_bytes % 16 == 0 && sizeof(fill_chunk) + 16 <= 32764);
 // most of the compile time, and the unused 4 KiB parameter of the in-memory case costs nothing
 // measurable.
 template <int = 0>
-__global__ void __launch_bounds__(block_threads) adam_kernel(__grid_constant__ param_table const p,
-                                                             unsigned char const* in_memory) {
+__global__ void __launch_bounds__(block_threads)
+    adam_kernel(__grid_constant__ param_table const p, unsigned char const* in_memory) {
   unsigned char const* const t = in_memory != nullptr ? in_memory : p.bytes;
   auto const range = locate(t, blockIdx.x, [](auto const& pred) { return __syncthreads_count(pred(threadIdx.x)); });
   update_share(t, range, blockIdx.x, threadIdx.x);
 }
 
 template <int = 0>
-__global__ void __launch_bounds__(block_threads) fill_kernel(uint4* dst, __grid_constant__ fill_chunk const c,
-                                                              unsigned words) {
+__global__ void __launch_bounds__(block_threads)
+    fill_kernel(uint4* dst, __grid_constant__ fill_chunk const c, unsigned words) {
   auto const* src = reinterpret_cast<uint4 const*>(c.bytes);
   for (unsigned i = threadIdx.x; i < words; i += block_threads) dst[i] = src[i];
 }
 
 template <class P>
-__global__ void __launch_bounds__(block_threads) init_master_kernel(P const* param, float* master,
-                                                                     std::uint64_t n) {
+__global__ void __launch_bounds__(block_threads) init_master_kernel(P const* param, float* master, std::uint64_t n) {
   std::uint64_t const stride = std::uint64_t{gridDim.x} * block_threads;
   for (std::uint64_t i = blockIdx.x * std::uint64_t{block_threads} + threadIdx.x; i < n; i += stride) {
     master[i] = to_float(param[i]);
@@ -141,8 +140,8 @@ inline void enqueue_adam(backend& b, stream_ref s, std::span<adam_tensor<backend
   table const t = build_table(tensors, scalars);
   if (t.ranges == 0) return;
   auto const grid = static_cast<unsigned>(t.blocks);
-  std::string const what = "pipeswap::cuda::enqueue_adam(" + std::to_string(t.ranges) + " ranges, " +
-                           std::to_string(t.blocks) + " blocks)";
+  std::string const what =
+      "pipeswap::cuda::enqueue_adam(" + std::to_string(t.ranges) + " ranges, " + std::to_string(t.blocks) + " blocks)";
   device_guard const g(b.device(), what);
 
   if (t.bytes.size() <= param_table_bytes) {
@@ -171,18 +170,17 @@ inline void enqueue_adam(backend& b, stream_ref s, std::span<adam_tensor<backend
 /// Enqueues on `s` one launch writing master[i] = float(param[i]) for i < numel (param of `type`:
 /// f32, bf16 or f16). Throws invalid_argument for another type or a null pointer with numel > 0,
 /// cuda_error when the launch fails; nothing is enqueued then.
-inline void enqueue_init_master(backend& b, stream_ref s, device_ptr param, device_ptr master,
-                                std::size_t numel, dtype type) {
+inline void enqueue_init_master(backend& b, stream_ref s, device_ptr param, device_ptr master, std::size_t numel,
+                                dtype type) {
   using namespace adam_detail;
   if (!pipeswap::detail::is_adam_storage(type)) {
-    throw invalid_argument("pipeswap::cuda::enqueue_init_master: parameter type " +
-                           std::string(name_of(type)) + "; F32, BF16 and F16 are supported");
+    throw invalid_argument("pipeswap::cuda::enqueue_init_master: parameter type " + std::string(name_of(type)) +
+                           "; F32, BF16 and F16 are supported");
   }
   if (numel == 0) return;
   if (!param || !master) throw invalid_argument("pipeswap::cuda::enqueue_init_master: null pointer");
-  auto const blocks = static_cast<unsigned>(
-      std::min<std::uint64_t>(pipeswap::detail::ceil_div(std::uint64_t{numel}, std::uint64_t{block_threads}),
-                              std::uint64_t{1} << 16));
+  auto const blocks = static_cast<unsigned>(std::min<std::uint64_t>(
+      pipeswap::detail::ceil_div(std::uint64_t{numel}, std::uint64_t{block_threads}), std::uint64_t{1} << 16));
   std::string const what = "pipeswap::cuda::enqueue_init_master(" + std::to_string(numel) + " elements)";
   device_guard const g(b.device(), what);
   std::uint64_t const n = numel;

@@ -19,8 +19,8 @@ void adam_kernels<cuda::backend>::update(cuda::backend& b, cuda::stream_ref s,
   cuda::enqueue_adam(b, s, tensors, scalars);
 }
 
-void adam_kernels<cuda::backend>::init_master(cuda::backend& b, cuda::stream_ref s, device_ptr param,
-                                              device_ptr master, std::size_t numel, dtype type) const {
+void adam_kernels<cuda::backend>::init_master(cuda::backend& b, cuda::stream_ref s, device_ptr param, device_ptr master,
+                                              std::size_t numel, dtype type) const {
   cuda::enqueue_init_master(b, s, param, master, numel, type);
 }
 

@@ -43,8 +43,8 @@ struct adam_kernels<cuda::backend> {
               std::span<adam_step_scalars const> scalars) const;
 
   /// Enqueues master[i] = float(param[i]) for i < numel on `s` (param of `type`: f32, bf16, f16).
-  void init_master(cuda::backend& b, cuda::stream_ref s, device_ptr param, device_ptr master,
-                   std::size_t numel, dtype type) const;
+  void init_master(cuda::backend& b, cuda::stream_ref s, device_ptr param, device_ptr master, std::size_t numel,
+                   dtype type) const;
 };
 
 } // namespace pipeswap

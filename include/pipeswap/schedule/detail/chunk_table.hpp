@@ -57,10 +57,10 @@ public:
   }
 
 private:
-  bool in_box(chunk c) const noexcept {
-    return c.stage >= 0 && c.micro >= 0 && c.stage < stages_ && c.micro < micros_;
+  bool in_box(chunk c) const noexcept { return c.stage >= 0 && c.micro >= 0 && c.stage < stages_ && c.micro < micros_; }
+  std::size_t index(chunk c) const noexcept {
+    return std::size_t(c.stage) * std::size_t(micros_) + std::size_t(c.micro);
   }
-  std::size_t index(chunk c) const noexcept { return std::size_t(c.stage) * std::size_t(micros_) + std::size_t(c.micro); }
 
   T empty_;
   index_type stages_ = 0;

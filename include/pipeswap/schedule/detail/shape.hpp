@@ -19,11 +19,9 @@ inline bool leaf_shape_ok(step const& s) noexcept {
 
 inline std::optional<std::string> leaf_shape_error(step const& s) {
   if (leaf_shape_ok(s)) return std::nullopt;
-  if (s.kind > step_kind::fsdp_wait_reduce_grad)
-    return "unknown step kind " + std::to_string(int(s.kind));
+  if (s.kind > step_kind::fsdp_wait_reduce_grad) return "unknown step kind " + std::to_string(int(s.kind));
   std::string const name(step_kind_name(s.kind));
-  if (!s.sub.empty())
-    return name + " is not a composite but has " + std::to_string(s.sub.size()) + " leaves";
+  if (!s.sub.empty()) return name + " is not a composite but has " + std::to_string(s.sub.size()) + " leaves";
   if (s.stage < 0) return name + " has " + describe_index("stage", s.stage);
   if (has_micro(s.kind)) return name + " has " + describe_index("micro-batch", s.micro);
   return name + " carries a micro-batch (" + std::to_string(s.micro) + "); FSDP steps act on a whole stage";
@@ -51,8 +49,7 @@ inline std::optional<std::string> shape_error(step const& s) {
   if (s.sub.empty()) return name + " has no leaves";
   if (s.sub.size() > 2) return name + " has " + std::to_string(s.sub.size()) + " leaves; a composite holds one or two";
   for (std::size_t i = 0; i < s.sub.size(); ++i) {
-    if (is_composite(s.sub[i].kind))
-      return name + " leaf " + std::to_string(i) + " is itself a composite";
+    if (is_composite(s.sub[i].kind)) return name + " leaf " + std::to_string(i) + " is itself a composite";
     if (auto e = leaf_shape_error(s.sub[i])) return name + " leaf " + std::to_string(i) + ": " + *e;
   }
   return std::nullopt;

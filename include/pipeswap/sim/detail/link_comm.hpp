@@ -54,15 +54,20 @@ public:
   int size() const { return size_; }
   int max_tag() const { return std::numeric_limits<int>::max(); }
 
-  request_type isend(void const*, std::size_t, int, int) { throw exec::comm_error("link_comm: operations are stream-ordered"); }
-  request_type irecv(void*, std::size_t, int, int) { throw exec::comm_error("link_comm: operations are stream-ordered"); }
+  request_type isend(void const*, std::size_t, int, int) {
+    throw exec::comm_error("link_comm: operations are stream-ordered");
+  }
+  request_type irecv(void*, std::size_t, int, int) {
+    throw exec::comm_error("link_comm: operations are stream-ordered");
+  }
 
   request_type isend(void const*, std::size_t n, int peer, int tag, mock::stream s) {
     auto const start = std::max(b_.ready_time(s), b_.now());
     auto const arrival = start + link_time(n);
     auto const m = exec::boundary_of_tag(tag, stages_);
-    b_.wait_until(s, arrival, schedule::to_text(schedule::leaf(m.dir ? step_kind::bwd_send : step_kind::fwd_send,
-                                                               m.dir ? m.stage + 1 : m.stage - 1, m.micro)));
+    b_.wait_until(s, arrival,
+                  schedule::to_text(schedule::leaf(m.dir ? step_kind::bwd_send : step_kind::fwd_send,
+                                                   m.dir ? m.stage + 1 : m.stage - 1, m.micro)));
     mb_.arrivals[{rank_, peer, tag}] = arrival;
     return {true, peer, tag, s};
   }
@@ -75,8 +80,9 @@ public:
     auto const arrival = it->second;
     mb_.arrivals.erase(it);
     auto const m = exec::boundary_of_tag(r.tag, stages_);
-    b_.wait_until(r.stream, arrival,
-                  schedule::to_text(schedule::leaf(m.dir ? step_kind::bwd_recv : step_kind::fwd_recv, m.stage, m.micro)));
+    b_.wait_until(
+        r.stream, arrival,
+        schedule::to_text(schedule::leaf(m.dir ? step_kind::bwd_recv : step_kind::fwd_recv, m.stage, m.micro)));
     r.done = true;
     return true;
   }
@@ -96,6 +102,5 @@ private:
 };
 
 static_assert(exec::stream_ordered_comm<link_comm, mock::stream>);
-
 
 } // namespace pipeswap::sim::detail

@@ -31,7 +31,8 @@ inline void check_space(plan_space const& s) {
   if (!(s.tolerance >= 0 && s.tolerance < 1))
     throw invalid_argument("plan: the tolerance must be in [0, 1), got " + fmt("%g", s.tolerance));
   if (s.swap_times.empty() || s.packed.empty() || s.recompute.empty() || s.distributed_optimizer.empty())
-    throw invalid_argument("plan: swap_times, packed, recompute and distributed_optimizer need at least one value each");
+    throw invalid_argument(
+        "plan: swap_times, packed, recompute and distributed_optimizer need at least one value each");
   for (std::size_t i = 0; i < s.swap_times.size(); ++i) {
     if (s.swap_times[i] == 0) throw invalid_argument("plan: swap_times must be positive");
     if (i > 0 && s.swap_times[i] <= s.swap_times[i - 1])

@@ -62,8 +62,8 @@ public:
 
   rank_sim(scenario const& s, std::vector<stage_spec> const& stages, schedule::stage_layout const& layout,
            std::uint32_t rank, schedule::order ord, sim_options const& o, link_rates const& link, mailbox& mb)
-      : s_(s), stages_(stages), layout_(layout), rank_(rank), order_(std::move(ord)),
-        link_(link), b_(mock_options(s, o, link)), budget_(room_of(s)), engine_(b_, pool_options(o)), opt_(b_),
+      : s_(s), stages_(stages), layout_(layout), rank_(rank), order_(std::move(ord)), link_(link),
+        b_(mock_options(s, o, link)), budget_(room_of(s)), engine_(b_, pool_options(o)), opt_(b_),
         comm_(b_, mb, static_cast<int>(rank), static_cast<int>(s.pipeline.ranks), layout.stages(), s.device) {
     overlap_ = o.overlap;
     declare_weights_ = o.check_hazards || o.materialize;
@@ -121,7 +121,8 @@ public:
       if (layout_.rank_of(static_cast<index_type>(st.stage)) != static_cast<index_type>(rank_)) continue;
       // What one compute entry may still allocate outside the budget: a backward's outgoing gradient,
       // its workspace, a received gradient and a forward's output, twice over (two entries in flight).
-      transient_ = std::max<std::uint64_t>(transient_, 2 * (st.boundary_bytes + st.backward_workspace_bytes + 2 * st.p2p_bytes));
+      transient_ =
+          std::max<std::uint64_t>(transient_, 2 * (st.boundary_bytes + st.backward_workspace_bytes + 2 * st.p2p_bytes));
     }
     // The runtime materializes every slot (zeroed moments, master copies) at construction; with
     // nothing swappable it keeps them all on the device.
@@ -138,8 +139,7 @@ public:
     try {
       ex_.reset();
       osw_.reset();
-    } catch (...) {
-    }
+    } catch (...) {}
   }
 
   mock::backend& backend() noexcept { return b_; }
@@ -204,8 +204,8 @@ public:
     auto const reserved = s_.device.reserved_bytes;
     auto const timeline = b_.device_memory_timeline();
     auto const from = std::min(start_, t0);
-    auto it = std::lower_bound(timeline.begin(), timeline.end(), from,
-                               [](auto const& p, sim_time t) { return p.first < t; });
+    auto it =
+        std::lower_bound(timeline.begin(), timeline.end(), from, [](auto const& p, sim_time t) { return p.first < t; });
     std::uint64_t const at_from = it == timeline.begin() ? 0 : std::prev(it)->second;
     std::uint64_t peak = at_from;
     r.memory.emplace_back(0, at_from + reserved);
@@ -299,7 +299,8 @@ private:
       for (auto const& x : g.saved) bufs.push_back({x.ptr, x.bytes});
       // Full recomputation rebuilds one layer's activations at a time while the backward runs.
       owned work{};
-      if (st->backward_workspace_bytes) work = {b.allocate_device(st->backward_workspace_bytes, cs), st->backward_workspace_bytes};
+      if (st->backward_workspace_bytes)
+        work = {b.allocate_device(st->backward_workspace_bytes, cs), st->backward_workspace_bytes};
       mock::kernel_desc d{name_of("BWD", g.stage, g.micro), {}, {}, st->bwd_ns};
       if (work.bytes) d.writes.push_back({work.ptr, work.bytes});
       auto const& w = r->weights_.at(st->stage);
@@ -343,15 +344,18 @@ private:
 
   void optimizer_step() {
     auto const cs = b_.current_stream();
-    pipeline_end_ = overlap_ ? std::max({b_.ready_time(cs), b_.ready_time(ex_->send_stream()), b_.ready_time(ex_->recv_stream())})
-                             : b_.makespan();
+    pipeline_end_ =
+        overlap_ ? std::max({b_.ready_time(cs), b_.ready_time(ex_->send_stream()), b_.ready_time(ex_->recv_stream())})
+                 : b_.makespan();
     // Data parallelism: the gradients are reduced (scattered) before the step, on their own link.
-    if (auto const ns = dp_grad_sync_ns(s_, stage_params_, expert_params_); ns > 0) collective_kernel("DP grad sync", ns, false);
+    if (auto const ns = dp_grad_sync_ns(s_, stage_params_, expert_params_); ns > 0)
+      collective_kernel("DP grad sync", ns, false);
     b_.synchronize(b_.record_event(cs)); // the gradient-norm reduction before the step
     if (phased_) prefetch_now();         // the room the last backward gave back
     prefetched_ = phased_ ? osw_->prefetched_batches() : 0;
     osw_->step();
-    if (auto const ns = dp_param_gather_ns(s_, stage_params_, expert_params_); ns > 0) collective_kernel("DP param all-gather", ns, true);
+    if (auto const ns = dp_param_gather_ns(s_, stage_params_, expert_params_); ns > 0)
+      collective_kernel("DP param all-gather", ns, true);
     // The executor then synchronizes the compute stream (overlap) or the device.
   }
 
@@ -429,7 +433,8 @@ private:
   std::size_t prefetched_ = 0, batches_ = 0;
   sim_time start_ = 0, pipeline_end_ = 0, end_time_ = 0, tail_from_ = 0;
   std::size_t h2d0_ = 0, d2h0_ = 0;
-  std::uint64_t resident_param_bytes_ = 0, optimizer_state_bytes_ = 0, corrupt_ = 0, stage_params_ = 0, expert_params_ = 0;
+  std::uint64_t resident_param_bytes_ = 0, optimizer_state_bytes_ = 0, corrupt_ = 0, stage_params_ = 0,
+                expert_params_ = 0;
 };
 
 } // namespace pipeswap::sim::detail

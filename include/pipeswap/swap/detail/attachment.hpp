@@ -84,7 +84,8 @@ public:
     return s.pieces.at(0).device();
   }
   /// The device address of element e of slot i, which must be on the device (the update's views).
-  [[nodiscard]] device_pointer_t<B> device_address(std::size_t i, std::size_t e, std::span<slot_desc const> descs) const {
+  [[nodiscard]] device_pointer_t<B> device_address(std::size_t i, std::size_t e,
+                                                   std::span<slot_desc const> descs) const {
     auto const& s = slot(i);
     if (s.pieces.empty()) throw state_error("optimizer_swap: slot " + name(i, descs) + " has no storage");
     auto const k = s.piece_of(e);
@@ -240,7 +241,6 @@ public:
     recs.assign(descs.size(), rec_t{});
   }
 
-
   /// Parks every slot in `home` again (the success path of a hand-back): transfers settle, swapped
   /// slots' mirrors are synchronized and recorded in their host store, the others keep their device
   /// storage. The slots are gone afterwards.
@@ -313,7 +313,6 @@ private:
     }
     unswappable_bytes_ = swappable_bytes_ = 0;
   }
-
 
   void fill_zero(std::byte* p, std::size_t n) {
     if (n == 0 || !holds_bytes(b_)) return;

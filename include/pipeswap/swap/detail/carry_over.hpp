@@ -42,7 +42,7 @@ public:
 
   /// What is carried (see the header comment); none, one or several at once.
   struct state_type {
-    std::size_t kept = 0;          ///< batches of plan() in their own storage
+    std::size_t kept = 0;           ///< batches of plan() in their own storage
     bool offload_in_flight = false; ///< a deferred offload is pending
     bool eviction_failed = false;   ///< the last eviction threw part-way
   };

@@ -57,8 +57,8 @@ inline void check_unique_names(std::span<checkpoint_entry const> entries, std::s
   for (auto const& e : entries) names.push_back(e.name);
   std::sort(names.begin(), names.end());
   if (auto d = std::adjacent_find(names.begin(), names.end()); d != names.end()) {
-    throw invalid_argument(std::string(op) + ": two slots of the optimizer are both named " +
-                           io::detail::quote(*d) + "; a checkpoint needs one tensor per slot");
+    throw invalid_argument(std::string(op) + ": two slots of the optimizer are both named " + io::detail::quote(*d) +
+                           "; a checkpoint needs one tensor per slot");
   }
 }
 
@@ -80,15 +80,14 @@ inline std::map<std::string, std::string> check_checkpoint(io::safetensors_view 
   if (format == meta.end()) {
     reject("metadata " + q(checkpoint_format_key) + " is missing: not a pipeswap optimizer checkpoint");
   } else if (format->second != checkpoint_format_name) {
-    reject("metadata " + q(checkpoint_format_key) + " is " + q(format->second) + ", not " +
-           q(checkpoint_format_name));
+    reject("metadata " + q(checkpoint_format_key) + " is " + q(format->second) + ", not " + q(checkpoint_format_name));
   }
   auto const version = meta.find(checkpoint_version_key);
   if (version == meta.end()) {
     reject("metadata " + q(checkpoint_version_key) + " is missing");
   } else if (version->second != checkpoint_version) {
-    reject("metadata " + q(checkpoint_version_key) + " is " + q(version->second) +
-           ", but this build reads version " + version_text + " only");
+    reject("metadata " + q(checkpoint_version_key) + " is " + q(version->second) + ", but this build reads version " +
+           version_text + " only");
   }
   std::map<std::string, std::string> optimizer_meta;
   for (auto const& [k, v] : meta) {
@@ -106,11 +105,9 @@ inline std::map<std::string, std::string> check_checkpoint(io::safetensors_view 
     if (t == nullptr) {
       reject("tensor " + q(e.name) + " is missing (" + slot + ")");
     } else if (t->type != e.type) {
-      reject("tensor " + q(e.name) + ": dtype " + std::string(name_of(t->type)) + " does not match (" +
-             slot + ")");
+      reject("tensor " + q(e.name) + ": dtype " + std::string(name_of(t->type)) + " does not match (" + slot + ")");
     } else if (t->shape.size() != 1 || t->shape[0] != e.numel) {
-      reject("tensor " + q(e.name) + ": shape " + io::detail::format_list(t->shape) + " does not match (" +
-             slot + ")");
+      reject("tensor " + q(e.name) + ": shape " + io::detail::format_list(t->shape) + " does not match (" + slot + ")");
     }
   }
   if (file.size() != entries.size()) { // every expected name is present, so some are extra

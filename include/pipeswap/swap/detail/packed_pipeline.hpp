@@ -61,7 +61,7 @@ public:
     env_.gate_step();
     auto bufs = [&](std::size_t n) { return d.batch(n); };
     carry_.begin_step(plan);
-        for (std::size_t n = carry_.kept(); n < own; ++n) { // resident batches not on the device yet
+    for (std::size_t n = carry_.kept(); n < own; ++n) { // resident batches not on the device yet
       carry_.keep(n);
       carry_.load_own(d, n);
     }
@@ -151,7 +151,7 @@ public:
     trace_.emit_quietly("end");
     try {
       carry_.evict(); // own arenas first: evacuate() copies only out of the staging arenas
-    } catch (...) { // kept: carry_.evict() runs again first thing in the next call
+    } catch (...) {   // kept: carry_.evict() runs again first thing in the next call
     }
     try {
       evacuate();
@@ -212,7 +212,6 @@ private:
     if (next) load(d, *next, false);
   }
 
-
   /// Whether the prefetched batches of a whole step [resident, own) give back the storage of every
   /// batch after the first two streamed ones [s0 + 2, N), so that these can relay (run()).
   bool relay_covers(step_plan<B> const& d, std::size_t resident, std::size_t own, std::size_t s0) const {
@@ -223,7 +222,6 @@ private:
     for (std::size_t n = s0 + 2; n < N; ++n) needed += d.staging[n].bytes;
     return freed >= needed;
   }
-
 
   /// The compute stream waits the D2H of batch n out of its staging arena, which is then free.
   void drain(step_plan<B> const& d, std::size_t n) {

@@ -103,7 +103,6 @@ public:
     carry_.release_holds();
   }
 
-
   /// After a failure inside run(): transfers in flight settle, what is on the device is offloaded
   /// (best effort: what cannot be stays there, intact), and the kept batches go home.
   void abort(step_plan<B> const& d) noexcept {
@@ -113,16 +112,14 @@ public:
       engine_.settle(all);
       try { // best effort: offload what is on the device; if that fails it stays there, intact
         engine_.launch_offload(all, "recover");
-      } catch (...) {
-      }
+      } catch (...) {}
       engine_.settle(all);
     } catch (...) { // every piece is still in a consistent state (see transfer_engine)
     }
     carry_.release_holds(); // the compute stream waited every offload
-    try { // resident and prefetched batches are among them; what stayed on the device goes home next
+    try {                   // resident and prefetched batches are among them; what stayed on the device goes home next
       carry_.evict();
-    } catch (...) {
-    }
+    } catch (...) {}
     trace_.restore(failed);
   }
 

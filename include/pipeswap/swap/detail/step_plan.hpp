@@ -233,7 +233,7 @@ private:
 /// (`outcome`); the original is nested.
 template <backend B>
 [[noreturn]] void rethrow_as_step_error(step_trace::position w, char const* phase, step_plan<B> const* d,
-                                      char const* outcome) {
+                                        char const* outcome) {
   std::string what = std::string("optimizer_swap::") + phase + ": " + w.op;
   if (w.batch) {
     what += " of batch " + std::to_string(*w.batch);
@@ -249,8 +249,7 @@ template <backend B>
   } catch (std::exception const& e) {
     what += ": ";
     what += e.what();
-  } catch (...) {
-  }
+  } catch (...) {}
   what += "; ";
   what += outcome;
   std::throw_with_nested(step_error(what, w.op, w.batch));

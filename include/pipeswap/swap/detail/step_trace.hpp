@@ -51,17 +51,19 @@ public:
   }
   /// "chain:batch:next:arena": the offload of batch n out of its arena, and the load that follows.
   void emit(char const* op, std::size_t n, std::optional<std::size_t> next, std::size_t arena) {
-    announce({.op = op, .batch = n, .next = next, .where = swap_event::storage::staging, .arena = arena, .chained = true});
+    announce(
+        {.op = op, .batch = n, .next = next, .where = swap_event::storage::staging, .arena = arena, .chained = true});
   }
   /// "op:batch:own" or "op:batch:early" for a batch in its own storage.
-  void emit(char const* op, std::size_t n, swap_event::storage where) { announce({.op = op, .batch = n, .where = where}); }
+  void emit(char const* op, std::size_t n, swap_event::storage where) {
+    announce({.op = op, .batch = n, .where = where});
+  }
 
   /// Announces without noting, and swallows what the listener throws (clean-up after a failure).
   void emit_quietly(char const* op) noexcept {
     try {
       send({.op = op});
-    } catch (...) {
-    }
+    } catch (...) {}
   }
 
 private:

@@ -8,7 +8,8 @@
 #include <pipeswap/config.hpp>
 
 #if !PIPESWAP_HAS_CTK
-#  error "pipeswap: <pipeswap/backend/cuda.hpp> needs the CUDA Toolkit: <cuda_runtime_api.h> is not on the include path. Add the toolkit's include directory and link libcudart (Meson: dependency('cuda', modules: ['cudart'])), or do not include the CUDA backend."
+#  error                                                                                                               \
+      "pipeswap: <pipeswap/backend/cuda.hpp> needs the CUDA Toolkit: <cuda_runtime_api.h> is not on the include path. Add the toolkit's include directory and link libcudart (Meson: dependency('cuda', modules: ['cudart'])), or do not include the CUDA backend."
 #endif
 
 #include <cuda_runtime_api.h>

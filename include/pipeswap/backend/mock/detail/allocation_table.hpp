@@ -47,8 +47,8 @@ inline std::size_t range_in(allocation const& a, std::uintptr_t addr, std::size_
   auto const off = static_cast<std::size_t>(addr - a.base);
   if (off + n > a.size) {
     throw mock_error("mock::backend::" + what.text() + ": bytes [" + std::to_string(off) + ", " +
-                     std::to_string(off + n) + ") exceed " + (a.device ? "device" : "pinned") +
-                     " allocation #" + std::to_string(a.id) + " of " + std::to_string(a.size) + " bytes");
+                     std::to_string(off + n) + ") exceed " + (a.device ? "device" : "pinned") + " allocation #" +
+                     std::to_string(a.id) + " of " + std::to_string(a.size) + " bytes");
   }
   return off;
 }
@@ -104,7 +104,8 @@ private:
   using alloc_list = std::vector<std::pair<std::uintptr_t, alloc_ptr>>;
   /// The entry of `list` (sorted by base address) with the highest base at or below `addr`, or end.
   static alloc_list::const_iterator find_in(alloc_list const& list, std::uintptr_t addr) {
-    auto it = std::upper_bound(list.begin(), list.end(), addr, [](std::uintptr_t x, auto const& e) { return x < e.first; });
+    auto it =
+        std::upper_bound(list.begin(), list.end(), addr, [](std::uintptr_t x, auto const& e) { return x < e.first; });
     return it == list.begin() ? list.end() : std::prev(it);
   }
 

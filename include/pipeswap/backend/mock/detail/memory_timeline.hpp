@@ -19,7 +19,8 @@ public:
   /// Device bytes live at simulated time `t` (every change at or before it).
   [[nodiscard]] std::size_t live_at(sim_time t) const {
     std::int64_t live = 0;
-    for (auto const& e : events_) if (e.time <= t) live += e.delta;
+    for (auto const& e : events_)
+      if (e.time <= t) live += e.delta;
     return static_cast<std::size_t>(std::max<std::int64_t>(live, 0));
   }
 
@@ -45,8 +46,10 @@ public:
     std::int64_t live = 0;
     for (auto const& e : sorted()) {
       live += e.delta;
-      if (!out.empty() && out.back().first == e.time) out.back().second = static_cast<std::size_t>(live);
-      else out.emplace_back(e.time, static_cast<std::size_t>(live));
+      if (!out.empty() && out.back().first == e.time)
+        out.back().second = static_cast<std::size_t>(live);
+      else
+        out.emplace_back(e.time, static_cast<std::size_t>(live));
     }
     return out;
   }

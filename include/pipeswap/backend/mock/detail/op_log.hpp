@@ -27,9 +27,7 @@ public:
   }
   [[nodiscard]] std::size_t streams() const noexcept { return lanes_.size() - 1; }
   [[nodiscard]] std::string const& lane(std::uint32_t agent) const { return lanes_.at(agent); }
-  [[nodiscard]] std::string const& stream_lane(std::uint32_t stream) const {
-    return lanes_.at(stream + 1);
-  }
+  [[nodiscard]] std::string const& stream_lane(std::uint32_t stream) const { return lanes_.at(stream + 1); }
 
   std::uint64_t push(op_record r) {
     ops_.push_back(std::move(r));
@@ -40,11 +38,11 @@ public:
   [[nodiscard]] std::uint64_t size() const noexcept { return ops_.size(); }
 
   /// `kind 'name' (op #i on lane, t=[start,end))`: one operation as a hazard report quotes it.
-  [[nodiscard]] std::string op_text(std::uint64_t op, op_kind k, std::string const& name,
-                                    std::uint32_t agent, sim_time start, sim_time end) const {
+  [[nodiscard]] std::string op_text(std::uint64_t op, op_kind k, std::string const& name, std::uint32_t agent,
+                                    sim_time start, sim_time end) const {
     std::ostringstream os;
-    os << to_string(k) << " '" << name << "' (op #" << op << " on " << lane(agent) << ", t=["
-       << start << "," << end << "))";
+    os << to_string(k) << " '" << name << "' (op #" << op << " on " << lane(agent) << ", t=[" << start << "," << end
+       << "))";
     return os.str();
   }
   [[nodiscard]] std::string op_text(std::uint64_t op) const {
@@ -56,8 +54,8 @@ public:
   [[nodiscard]] std::string describe(std::uint64_t i) const {
     auto const& r = at(i);
     std::ostringstream os;
-    os << "#" << i << " " << to_string(r.kind) << " '" << r.name << "' on " << lane(r.agent)
-       << " t=[" << r.start << "," << r.end << ")";
+    os << "#" << i << " " << to_string(r.kind) << " '" << r.name << "' on " << lane(r.agent) << " t=[" << r.start << ","
+       << r.end << ")";
     return os.str();
   }
 

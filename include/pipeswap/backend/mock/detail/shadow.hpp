@@ -22,9 +22,7 @@ struct access_ref {
   std::uint32_t agent = 0;
   std::uint64_t seq = 0;
   std::uint64_t op = 0;
-  [[nodiscard]] bool ordered_before(vector_clock const& c) const noexcept {
-    return c.covers(agent, seq);
-  }
+  [[nodiscard]] bool ordered_before(vector_clock const& c) const noexcept { return c.covers(agent, seq); }
 };
 
 enum class access_mode : std::uint8_t { read, write, read_write, release };

@@ -38,12 +38,12 @@ struct allocation {
   std::optional<shadow_map> shadow;
 
   void fill_poison() {
-    data = static_cast<std::byte*>(::operator new(size, std::align_val_t{allocation_alignment}));
+    data = static_cast<std::byte*>(::operator new (size, std::align_val_t{allocation_alignment}));
     std::memset(data, 0xCD, size);
   }
   void free_storage() noexcept {
     storage_gone = true;
-    if (data != nullptr) ::operator delete(data, std::align_val_t{allocation_alignment});
+    if (data != nullptr) ::operator delete (data, std::align_val_t{allocation_alignment});
     data = nullptr;
   }
   allocation() = default;
@@ -69,9 +69,7 @@ struct touches {
     access_mode mode;
   };
   std::vector<one> list;
-  void add(alloc_ptr a, std::size_t lo, std::size_t hi, access_mode m) {
-    list.push_back({std::move(a), lo, hi, m});
-  }
+  void add(alloc_ptr a, std::size_t lo, std::size_t hi, access_mode m) { list.push_back({std::move(a), lo, hi, m}); }
   [[nodiscard]] std::vector<alloc_ptr> allocations() const {
     std::vector<alloc_ptr> out;
     for (auto const& t : list) out.push_back(t.a);
@@ -90,9 +88,7 @@ struct mem_event {
 /// pending effect still refers to are kept alive until it ran.
 class effect_queue {
 public:
-  void push(sim_time end, std::uint64_t op, std::function<void()> fn) {
-    effects_.push(effect{end, op, std::move(fn)});
-  }
+  void push(sim_time end, std::uint64_t op, std::function<void()> fn) { effects_.push(effect{end, op, std::move(fn)}); }
   void keep_until_drained(alloc_ptr a) {
     if (a.use_count() > 1) graveyard_.push_back(std::move(a));
   }

@@ -16,9 +16,7 @@ namespace pipeswap::mock::detail {
 /// allocation per copy), beyond that on the heap.
 class vector_clock {
 public:
-  [[nodiscard]] std::uint64_t get(std::uint32_t agent) const noexcept {
-    return agent < n_ ? data()[agent] : 0;
-  }
+  [[nodiscard]] std::uint64_t get(std::uint32_t agent) const noexcept { return agent < n_ ? data()[agent] : 0; }
   void set(std::uint32_t agent, std::uint64_t value) {
     if (agent >= n_) grow(agent + std::size_t{1});
     data()[agent] = value;
@@ -29,9 +27,7 @@ public:
     auto const* w = o.data();
     for (std::size_t i = 0; i < o.n_; ++i) v[i] = std::max(v[i], w[i]);
   }
-  [[nodiscard]] bool covers(std::uint32_t agent, std::uint64_t seq) const noexcept {
-    return get(agent) >= seq;
-  }
+  [[nodiscard]] bool covers(std::uint32_t agent, std::uint64_t seq) const noexcept { return get(agent) >= seq; }
 
 private:
   static constexpr std::size_t inline_agents = 16;
@@ -41,7 +37,8 @@ private:
 
   /// n > n_ agents; the new counters are 0 (inline ones past n_ never left 0).
   void grow(std::size_t n) {
-    if (heap_.empty() && n > inline_agents) heap_.assign(inline_.begin(), inline_.begin() + static_cast<std::ptrdiff_t>(n_));
+    if (heap_.empty() && n > inline_agents)
+      heap_.assign(inline_.begin(), inline_.begin() + static_cast<std::ptrdiff_t>(n_));
     if (!heap_.empty() || n > inline_agents) heap_.resize(n, 0);
     n_ = n;
   }

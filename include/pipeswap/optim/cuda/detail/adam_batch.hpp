@@ -96,8 +96,8 @@ inline int group_offset(void const* p, std::size_t esize) noexcept {
 /// blocks; at most 65536 distinct scalars) and lays out its table. Ranges with numel == 0 are left
 /// out; `ranges == 0` means there is nothing to launch. Throws invalid_argument.
 template <pipeswap::backend B>
-  requires std::same_as<device_pointer_t<B>, device_ptr>
-table build_table(std::span<adam_tensor<B> const> tensors, std::span<adam_step_scalars const> scalars) {
+requires std::same_as<device_pointer_t<B>, device_ptr> table build_table(std::span<adam_tensor<B> const> tensors,
+                                                                         std::span<adam_step_scalars const> scalars) {
   validate_adam_batch(tensors, scalars);
   constexpr auto none = std::numeric_limits<std::uint32_t>::max();
   std::vector<std::uint32_t> remap(scalars.size(), none);
@@ -134,19 +134,15 @@ table build_table(std::span<adam_tensor<B> const> tensors, std::span<adam_step_s
       void const* p;
       std::size_t esize;
     };
-    array const arrays[] = {{"param", d.param, size_of(t.param_type)},
-                            {"grad", d.grad, size_of(t.grad_type)},
-                            {"exp_avg", d.exp_avg, 4},
-                            {"exp_avg_sq", d.exp_avg_sq, 4},
-                            {"max_exp_avg_sq", d.max_exp_avg_sq, 4},
-                            {"master", d.master, 4}};
+    array const arrays[] = {
+        {"param", d.param, size_of(t.param_type)}, {"grad", d.grad, size_of(t.grad_type)},  {"exp_avg", d.exp_avg, 4},
+        {"exp_avg_sq", d.exp_avg_sq, 4},           {"max_exp_avg_sq", d.max_exp_avg_sq, 4}, {"master", d.master, 4}};
     int common = -2; // -2: no array seen yet; -1: the arrays disagree
     for (auto const& a : arrays) {
       if (a.p == nullptr) continue;
       int const off = group_offset(a.p, a.esize);
       if (off < 0) {
-        fail(std::string("has ") + a.name + " not aligned to its " + std::to_string(a.esize) +
-             "-byte elements");
+        fail(std::string("has ") + a.name + " not aligned to its " + std::to_string(a.esize) + "-byte elements");
       }
       common = common == -2 || common == off ? off : -1;
     }
@@ -311,8 +307,8 @@ PIPESWAP_HOST_DEVICE std::uint32_t locate(unsigned char const* t, std::uint32_t 
 }
 
 /// Thread `thread` of block `block`, which works on range `range`: its share of the update.
-PIPESWAP_HOST_DEVICE inline void update_share(unsigned char const* t, std::uint32_t range,
-                                              std::uint32_t block, unsigned thread) {
+PIPESWAP_HOST_DEVICE inline void update_share(unsigned char const* t, std::uint32_t range, std::uint32_t block,
+                                              unsigned thread) {
   desc const d = descs_of(t)[range];
   adam_step_scalars const s = reinterpret_cast<adam_step_scalars const*>(t + sizeof(header))[d.scalars];
   std::uint64_t const share = block - d.first_block;
