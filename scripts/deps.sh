@@ -3,7 +3,7 @@
 # Sourced or run by scripts/test.sh, scripts/run.sh and .ci/run.
 set -euo pipefail
 PIPESWAP_APT_PACKAGES=(meson ninja-build g++ cmake pkg-config python3 librange-v3-dev libboost-test-dev
-  libbenchmark-dev nlohmann-json3-dev libcli11-dev clang libclang-rt-14-dev openmpi-bin libopenmpi-dev)
+  libbenchmark-dev nlohmann-json3-dev libcli11-dev clang clang-format libclang-rt-14-dev openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${PIPESWAP_APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
