@@ -28,6 +28,14 @@
 #include <pipeswap/sim/scenario_json.hpp>
 #include <pipeswap/sim/sized.hpp>
 
+// The two heaviest cases simulate hundreds of whole steps: seconds in the plain build, minutes under
+// ASan at -O0. Sanitizer builds (tests/cli/meson.build defines PIPESWAP_SANITIZED_BUILD) leave them to
+// the plain pass; the lighter cases run the same simulator code under the sanitizers.
+#ifndef PIPESWAP_SANITIZED_BUILD
+#  define PIPESWAP_SANITIZED_BUILD 0
+#endif
+static constexpr bool heavy_cases = !PIPESWAP_SANITIZED_BUILD;
+
 #include "support/qwen3.hpp"
 
 #include "support/sanitized.hpp"
@@ -547,7 +555,8 @@ BOOST_AUTO_TEST_CASE(plan_picks_the_fastest_fitting_option_of_a_small_scenario) 
 // chosen plan is as fast (within the tolerance of the fastest) and moves as few host-link bytes, or
 // (13b_interleaved) at most 5 % more. The larger gallery files take minutes of exhaustive
 // simulation each, too long for CI; they are not checked this way.
-BOOST_AUTO_TEST_CASE(plan_matches_the_exhaustive_search_on_the_small_gallery_scenarios) {
+BOOST_AUTO_TEST_CASE(plan_matches_the_exhaustive_search_on_the_small_gallery_scenarios,
+                     *boost::unit_test::enable_if<heavy_cases>()) {
   for (char const* name : {"7b_2ranks.json", "7b_2ranks_slow_link.json", "13b_interleaved.json"}) {
     BOOST_TEST_CONTEXT(name) {
       std::ifstream in(std::string(PIPESWAP_SCENARIOS_DIR) + "/" + name);
@@ -727,7 +736,7 @@ BOOST_AUTO_TEST_CASE(cpu_step_offload_reproduces_megatron_bridge_s_trend) {
 // The verdict never recommends an alternative that another beats on both step time (beyond the
 // tolerance) and peak; it is the planner's choice when the plan is among the alternatives' best;
 // over a sweep of budgets on the small scenario and the 8B one.
-BOOST_AUTO_TEST_CASE(the_verdict_is_never_beaten_on_both_step_and_peak) {
+BOOST_AUTO_TEST_CASE(the_verdict_is_never_beaten_on_both_step_and_peak, *boost::unit_test::enable_if<heavy_cases>()) {
   auto small = small_scenario();
   small.swap.overlap = true;
   auto const none = sim::outcome_of(sim::simulate(small, sim::sim_options{}));
