@@ -355,3 +355,12 @@ def test_the_single_process_example_runs_and_its_gradients_match(tmp_path):
     fig = json.loads(out.read_text())
     assert fig["bit_identical"] and fig["offload"]["groups_in_flight"] < fig["no_offload"]["groups_in_flight"] == 6
     assert fig["offload"]["peak_saved_bytes"] < fig["no_offload"]["peak_saved_bytes"]
+
+
+def test_opaque_and_point_to_point_steps_shape_the_placement_and_are_skipped():
+    order = [("FSDP_UNSHARD", 0, None)] + list(ORDERS["gpipe"]) + [("FSDP_RESHARD", 0, None)]
+    g0, _ = run(ORDERS["gpipe"], False)
+    g1, swap = run(order, True, swap=pt.ActivationSwap(DEVICE, order, min_bytes=0))
+    for a, b in zip(g0, g1):
+        assert_same_bits(a, b, "gradient")
+    assert swap.stats()["offloaded_bytes"] > 0

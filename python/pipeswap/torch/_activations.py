@@ -22,7 +22,6 @@ _SWAP = {
     "SWAP_LAUNCH_LOAD",
     "SWAP_WAIT_LOAD",
 }
-_P2P = {"FWD_RECV", "FWD_SEND", "BWD_RECV", "BWD_SEND"}
 _SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 DEFAULT_MIN_BYTES = 1 << 20
 
@@ -79,8 +78,8 @@ class ActivationSwap:
     """The activation swap of one rank.
 
     ``order`` is the rank's pipeline order (entries ``None`` or ``(kind, stage, micro)``, as
-    :func:`schedule_orders` gives them; point-to-point steps are kept for the placement and skipped
-    when running, since torch does the communication). With ``offload=True`` pipeswap's swap steps
+    :func:`schedule_orders` gives them; point-to-point and other steps are kept for the placement
+    and skipped when running, since torch does the communication). With ``offload=True`` pipeswap's swap steps
     are injected into it (``load_lookahead`` and ``offload_wait_delay`` as in
     ``pipeswap schedule --inject``); with ``offload=False`` nothing moves, and the saved tensors are
     only counted, which gives the figure to compare against.
@@ -130,7 +129,9 @@ class ActivationSwap:
         problems = _C.check_order(self.order)
         if problems:  # the order itself is broken (a backward before its forward, for example)
             raise ValueError(f"ActivationSwap: the order of rank {rank} is not valid:\n{problems}")
-        self._steps = [e for e in self.order if e is not None and e[0] not in _P2P]
+        # What runs: compute and swap steps. Point-to-point and opaque steps (FSDP, split backwards)
+        # are the training loop's; they only shaped the placement.
+        self._steps = [e for e in self.order if e is not None and (e[0] in ("FWD", "BWD") or e[0] in _SWAP)]
         self._st = _C.SavedTensors(self.device, min_bytes)
         self._pos = 0
         self._running = False
