@@ -206,20 +206,16 @@ public:
   void deallocate_device(device_pointer d, std::size_t n, stream_type s) {
     if (!d) return;
     check_stream(s, "deallocate_device");
-    auto it = device_blocks_.find(d.get());
-    if (it == device_blocks_.end()) {
-      throw torch_error(describe("deallocate_device", n) + ": the address was not allocated by this backend "
-                                                           "(or was released already)");
-    }
+    auto const& blk = block_at(d, "deallocate_device", n);
     guarded("deallocate_device", n, [&] {
 #if PIPESWAP_TORCH_CUDA
-      if (is_cuda() && s != it->second.owner) {
-        c10::cuda::CUDACachingAllocator::recordStream(it->second.data.data_ptr(),
+      if (is_cuda() && s != blk.owner) {
+        c10::cuda::CUDACachingAllocator::recordStream(blk.data.data_ptr(),
                                                       c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, s));
       }
 #endif
     });
-    device_blocks_.erase(it); // the last reference returns the block to torch's allocator
+    device_blocks_.erase(d.get()); // the last reference returns the block to torch's allocator
   }
 
   /// Takes a reference to `storage` (a tensor's, on the backend's device) and holds it as a device
@@ -245,23 +241,11 @@ public:
 
   /// The storage of a device block the backend holds (allocated or adopted), for a tensor to be
   /// built on; the block stays held. Throws torch_error for any other address.
-  [[nodiscard]] c10::Storage storage(device_pointer d) const {
-    auto it = device_blocks_.find(d.get());
-    if (it == device_blocks_.end()) {
-      throw torch_error(describe("storage", 0) + ": the address is not a block this backend holds");
-    }
-    return it->second.data;
-  }
+  [[nodiscard]] c10::Storage storage(device_pointer d) const { return block_at(d, "storage", 0).data; }
 
   /// Whether anything besides the backend (a tensor, autograd, a Python object) references the
   /// storage of block `d`: releasing it would then free no memory. Throws as storage().
-  [[nodiscard]] bool shared(device_pointer d) const {
-    auto it = device_blocks_.find(d.get());
-    if (it == device_blocks_.end()) {
-      throw torch_error(describe("shared", 0) + ": the address is not a block this backend holds");
-    }
-    return it->second.data.use_count() > 1;
-  }
+  [[nodiscard]] bool shared(device_pointer d) const { return block_at(d, "shared", 0).data.use_count() > 1; }
 
   /// Device blocks this backend holds from torch's allocator (allocated, not yet released).
   [[nodiscard]] std::size_t device_blocks() const noexcept { return device_blocks_.size(); }
@@ -358,6 +342,16 @@ private:
     std::string s = "pipeswap::torch::backend(" + device_.str() + ")::" + op;
     if (n) s += "(" + std::to_string(n) + " bytes)";
     return s;
+  }
+
+  /// The block the backend holds at `d`; throws torch_error naming `op` for any other address.
+  block const& block_at(device_pointer d, char const* op, std::size_t n) const {
+    auto it = device_blocks_.find(d.get());
+    if (it == device_blocks_.end()) {
+      throw torch_error(describe(op, n) + ": the address is not a block this backend holds (never allocated or "
+                                          "adopted here, or released already)");
+    }
+    return it->second;
   }
 
   void check_stream(stream_type const& s, char const* op) const {
