@@ -272,8 +272,9 @@ public:
     d["min_bytes"] = st_.options().min_bytes;
     d["run"] = st_.groups().run();
     d["groups"] = st_.groups().active_groups();
-    d["saved_bytes"] = st_.saved_bytes();
-    d["peak_saved_bytes"] = st_.peak_saved_bytes();
+    auto const saved = st_.saved_bytes();
+    d["saved_bytes"] = saved.now;
+    d["peak_saved_bytes"] = saved.peak;
     d["offloaded_bytes"] = st_.offloaded_bytes();
     d["moved_alive"] = st_.moved_alive();
     d["max_group_bytes"] = st_.max_group_bytes();

@@ -21,8 +21,8 @@ from ._activations import (
     orders_json,
     schedule_orders,
 )
-from ._ext import _C
-from ._optim import SwapAdam, SwapAdamW, extension
+from ._ext import _C, extension
+from ._optim import SwapAdam, SwapAdamW
 
 DeviceBudget = _C.DeviceBudget
 

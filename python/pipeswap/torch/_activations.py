@@ -250,9 +250,8 @@ class ActivationSwap:
                                "to start the next one")
 
     def _enter(self, kind, stage, micro):
-        if not self._running:
+        if not self._running:  # the first compute step of a step (also the one after a failed step)
             self.begin()
-        self._check_usable()
         self._run_swaps()
         if self._pos == len(self._steps):
             raise RuntimeError(f"pipeswap: rank {self.rank}: {kind} of stage {stage}, micro-batch {micro} runs "

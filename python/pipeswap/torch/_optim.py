@@ -11,12 +11,11 @@ import math
 import threading
 import weakref
 from collections import defaultdict
-from itertools import chain
 
 import torch
 from torch.optim import Optimizer
 
-from ._ext import _C, extension
+from ._ext import _C
 
 
 try:  # torch's own choice of the dtype of state['step']

@@ -33,9 +33,9 @@
 // releases everything a group holds behind its copies (a failed step is over, as in torch: its
 // graphs then fail at their saved tensors); parameters, gradients and the manager stay usable.
 //
-// Accounting. saved_bytes() is what the manager holds on the device now, counting each moved
+// Accounting. saved_bytes().now is what the manager holds on the device now, counting each moved
 // storage from its save until its offload is waited and again from its load until release();
-// peak_saved_bytes() the most of that in the run, counted only over storages that moved (a storage
+// saved_bytes().peak the most of that in the run, counted only over storages that moved (a storage
 // kept on the device is the pipeline's, not the swap's). moved_alive() counts the storages of
 // offloaded groups that are still referenced somewhere: zero when every offload really released
 // its memory.
@@ -134,8 +134,8 @@ public:
     auto& g = groups_.at(*c);
     auto* impl = t.storage().unsafeGetStorageImpl();
     if (auto it = by_storage_.find(impl); it != by_storage_.end()) {
-      if (!(it->second.handle.chunk == *c)) return t; // another group's: this reference pins it there
-      return view_of(t, it->second.handle);
+      if (!(it->second.chunk == *c)) return t; // another group's: this reference pins it there
+      return view_of(t, it->second);
     }
     auto const s = engine_.compute();
     auto const d = engine_.backend().adopt(t.storage(), s);
@@ -148,7 +148,7 @@ public:
     }
     auto const uid = next_uid_++;
     g.entries.push_back({d, t.storage().nbytes(), uid, impl, t.storage().getWeakStorageImpl(), false});
-    by_storage_.emplace(impl, owner{h});
+    by_storage_.emplace(impl, h);
     note(uid, static_cast<std::int64_t>(t.storage().nbytes()));
     return view_of(t, h);
   }
@@ -249,8 +249,20 @@ public:
   }
 
   /// Bytes of moved storages the manager holds on the device now, and the most in this run.
-  [[nodiscard]] std::int64_t saved_bytes() const { return replay().first; }
-  [[nodiscard]] std::int64_t peak_saved_bytes() const { return replay().second; }
+  struct saved_bytes_figures {
+    std::int64_t now = 0;
+    std::int64_t peak = 0;
+  };
+  /// Replays the run's log without the storages found kept (which moved nothing).
+  [[nodiscard]] saved_bytes_figures saved_bytes() const {
+    saved_bytes_figures f;
+    for (auto const& [uid, delta] : log_) {
+      if (kept_.count(uid)) continue;
+      f.now += delta;
+      f.peak = std::max(f.peak, f.now);
+    }
+    return f;
+  }
   [[nodiscard]] std::size_t offloaded_bytes() const noexcept { return mgr_.offloaded_bytes(); }
   /// The largest group's swappable bytes in this run (as close() or launch_offload() found them).
   [[nodiscard]] std::size_t max_group_bytes() const noexcept { return max_group_bytes_; }
@@ -266,9 +278,6 @@ private:
   };
   struct group {
     std::vector<entry> entries;
-  };
-  struct owner {
-    activation_handle handle;
   };
 
   [[nodiscard]] bool stays_eligible(at::Tensor const& t) const {
@@ -316,7 +325,7 @@ private:
     if (it == groups_.end()) return;
     for (auto const& e : it->second.entries) {
       auto o = by_storage_.find(e.impl);
-      if (o != by_storage_.end() && o->second.handle.chunk == c) by_storage_.erase(o);
+      if (o != by_storage_.end() && o->second.chunk == c) by_storage_.erase(o);
       if (resident_.count(e.uid)) note(e.uid, -static_cast<std::int64_t>(e.bytes)); // its device copy goes
     }
     groups_.erase(it);
@@ -331,22 +340,11 @@ private:
     }
   }
 
-  /// (now, peak) of the moved storages' device bytes, replaying the run's log without the kept ones.
-  [[nodiscard]] std::pair<std::int64_t, std::int64_t> replay() const {
-    std::int64_t now = 0, peak = 0;
-    for (auto const& [uid, delta] : log_) {
-      if (kept_.count(uid)) continue;
-      now += delta;
-      peak = std::max(peak, now);
-    }
-    return {now, peak};
-  }
-
   transfer_engine<backend>& engine_;
   manager mgr_;
   saved_tensors_options opts_;
   std::map<schedule::chunk, group> groups_;
-  std::map<c10::StorageImpl*, owner> by_storage_;
+  std::map<c10::StorageImpl*, activation_handle> by_storage_; ///< registered storages, by identity
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> marked_;
   std::vector<std::pair<std::size_t, std::int64_t>> log_;
   std::set<std::size_t> kept_;
