@@ -33,6 +33,7 @@
 #include <string_view>
 
 #include <pipeswap/core/detail/lean_vector.hpp>
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/error.hpp>
 
 namespace pipeswap {
@@ -150,9 +151,8 @@ public:
   /// Returns bytes reserved by `c`. Throws state_error, changing nothing, when `c` holds fewer.
   void release(budget_client c, std::uint64_t bytes) {
     if (bytes > used_[idx(c)]) {
-      throw state_error("device_budget::release: the " + std::string(to_string(c)) + " client returns " +
-                        std::to_string(bytes) + " bytes but holds " + std::to_string(used_[idx(c)]) +
-                        "; release only what was reserved");
+      throw state_error(detail::message({"device_budget::release: the ", to_string(c), " client returns ", bytes,
+                                         " bytes but holds ", used_[idx(c)], "; release only what was reserved"}));
     }
     used_[idx(c)] -= bytes;
   }
@@ -195,11 +195,11 @@ public:
 
 private:
   [[noreturn]] void throw_exceeded(budget_client c, std::uint64_t bytes) const {
-    throw budget_exceeded("device_budget::reserve: the " + std::string(to_string(c)) + " client needs " +
-                              std::to_string(bytes) + " bytes but the strict budget has " +
-                              std::to_string(available()) + " of " + std::to_string(capacity_) +
-                              " bytes left; nothing was allocated (raise the capacity or free memory, then retry)",
-                          c, bytes, available());
+    throw budget_exceeded(
+        detail::message({"device_budget::reserve: the ", to_string(c), " client needs ", bytes,
+                         " bytes but the strict budget has ", available(), " of ", capacity_,
+                         " bytes left; nothing was allocated (raise the capacity or free memory, then retry)"}),
+        c, bytes, available());
   }
   static constexpr std::size_t idx(budget_client c) noexcept { return static_cast<std::size_t>(c); }
   void note_high() noexcept {

@@ -26,6 +26,7 @@
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/detail/lean_vector.hpp>
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/detail/round.hpp>
 #include <pipeswap/core/event_handle.hpp>
 #include <pipeswap/error.hpp>
@@ -66,12 +67,12 @@ class pinned_pool {
 public:
   explicit pinned_pool(B& b, pinned_pool_options opts = {}) : b_(b), opts_(opts) {
     if (opts_.alignment == 0 || (opts_.alignment & (opts_.alignment - 1)) != 0) {
-      throw invalid_argument("pinned_pool: alignment " + std::to_string(opts_.alignment) + " is not a power of two");
+      throw invalid_argument(detail::message({"pinned_pool: alignment ", opts_.alignment, " is not a power of two"}));
     }
     if (opts_.slab_bytes < opts_.dedicated_threshold) {
-      throw invalid_argument("pinned_pool: slab_bytes (" + std::to_string(opts_.slab_bytes) +
-                             ") must be at least dedicated_threshold (" + std::to_string(opts_.dedicated_threshold) +
-                             ")");
+      throw invalid_argument(
+          detail::message({"pinned_pool: slab_bytes (", opts_.slab_bytes, ") must be at least dedicated_threshold (",
+                           opts_.dedicated_threshold, ")"}));
     }
     if (opts_.first_slab_bytes == 0) {
       throw invalid_argument("pinned_pool: first_slab_bytes must be positive");
@@ -284,8 +285,8 @@ private:
     if (auto i = dedicated_at(blk.ptr); i < dedicated_.size() && dedicated_[i].base == blk.ptr) {
       auto& d = dedicated_[i];
       if (!d.in_use || d.bytes != blk.bytes) {
-        throw invalid_argument("pinned_pool::deallocate: the dedicated block is not in use with " +
-                               std::to_string(blk.bytes) + " bytes");
+        throw invalid_argument(
+            detail::message({"pinned_pool::deallocate: the dedicated block is not in use with ", blk.bytes, " bytes"}));
       }
       stats_.used_bytes -= blk.bytes;
       d.in_use = false;

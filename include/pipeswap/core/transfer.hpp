@@ -55,6 +55,7 @@
 #include <pipeswap/core/pinned_pool.hpp>
 #include <pipeswap/core/staging.hpp>
 #include <pipeswap/core/swap_buffer.hpp>
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/error.hpp>
 
 namespace pipeswap {
@@ -118,8 +119,8 @@ public:
   /// empty, without storage. Its mirror is not current any more.
   device_pointer_t<B> take_device(buffer& x) {
     if (x.state_ != residency::device) {
-      throw state_error("take_device: swap buffer of " + std::to_string(x.bytes_) + " bytes is " +
-                        std::string(to_string(x.state_)) + ", not device");
+      throw state_error(detail::message(
+          {"take_device: swap buffer of ", x.bytes_, " bytes is ", to_string(x.state_), ", not device"}));
     }
     auto const d = x.device_;
     x.device_ = {};
@@ -134,7 +135,8 @@ public:
   /// mirror's last D2H, if any, still guards them.
   void set_mirror(buffer& x, std::byte* view) {
     if (!off_device(x.state_) || x.device_) {
-      throw state_error("set_mirror: swap buffer of " + std::to_string(x.bytes_) + " bytes is not at rest on the host");
+      throw state_error(
+          detail::message({"set_mirror: swap buffer of ", x.bytes_, " bytes is not at rest on the host"}));
     }
     release_mirror(x, x.event_);
     x.mirror_ = view;
@@ -154,8 +156,8 @@ public:
   /// the view. Copies in flight must be settled first.
   void discard_device(buffer& x, stream_type s) {
     if (!x.at_rest()) {
-      throw state_error("discard_device: swap buffer of " + std::to_string(x.bytes_) + " bytes is " +
-                        std::string(to_string(x.state_)) + "; settle it first");
+      throw state_error(detail::message(
+          {"discard_device: swap buffer of ", x.bytes_, " bytes is ", to_string(x.state_), "; settle it first"}));
     }
     if (x.state_ == residency::device) release_storage(x, s);
     if (x.state_ != residency::empty) x.state_ = x.mirror_ ? residency::host : residency::empty;
@@ -249,8 +251,8 @@ public:
     try {
       for (auto* x : targets) {
         if (x->mirror_ == nullptr) {
-          throw state_error("swap buffer of " + std::to_string(x->bytes_) + " bytes is " +
-                            std::string(to_string(x->state_)) + " and has no host mirror to load from");
+          throw state_error(detail::message({"swap buffer of ", x->bytes_, " bytes is ", to_string(x->state_),
+                                             " and has no host mirror to load from"}));
         }
       }
       if constexpr (!is_arena<Storage>) {
@@ -437,7 +439,7 @@ public:
   /// released on the compute stream, behind the work that used it.
   void replace_device(buffer& x, device_pointer_t<B> fresh) {
     if (x.state_ != residency::device) {
-      throw state_error("replace_device: swap buffer is " + std::string(to_string(x.state_)) + ", not device");
+      throw state_error(detail::message({"replace_device: swap buffer is ", to_string(x.state_), ", not device"}));
     }
     auto const old = x.device_;
     x.device_ = fresh;
@@ -450,8 +452,7 @@ private:
 
   static void require_empty(buffer const& x, char const* op) {
     if (!off_device(x.state_) || x.device_) {
-      throw state_error(std::string(op) + ": swap buffer of " + std::to_string(x.bytes_) +
-                        " bytes already has device storage");
+      throw state_error(detail::message({op, ": swap buffer of ", x.bytes_, " bytes already has device storage"}));
     }
   }
 

@@ -33,6 +33,7 @@
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/dtype.hpp>
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/optim/adam_math.hpp>
 #include <pipeswap/optim/adam_tensor.hpp>
@@ -96,9 +97,9 @@ public:
       auto const bytes = p.desc.numel * size_of(p.desc.grad_type);
       for (std::size_t j = 0; j < params_.size(); ++j) {
         if (overlaps(grad, bytes, params_[j].desc.param, param_bytes(params_[j].desc))) {
-          throw invalid_argument("adam::set_grad: the gradient of parameter " + std::to_string(i) +
-                                 " overlaps the storage of parameter " + std::to_string(j) +
-                                 "; a gradient must not share bytes with any parameter");
+          throw invalid_argument(
+              detail::message({"adam::set_grad: the gradient of parameter ", i, " overlaps the storage of parameter ",
+                               j, "; a gradient must not share bytes with any parameter"}));
         }
       }
     }
@@ -121,8 +122,8 @@ public:
 
   void initialize(std::size_t slot, device_pointer_t<B> dst) {
     if (slot >= slots_.size()) {
-      throw invalid_argument("adam::initialize: slot " + std::to_string(slot) + " is not below the " +
-                             std::to_string(slots_.size()) + " slots of this optimizer");
+      throw invalid_argument(detail::message(
+          {"adam::initialize: slot ", slot, " is not below the ", slots_.size(), " slots of this optimizer"}));
     }
     auto const& d = params_[slots_[slot].param].desc;
     kernels_.init_master(b_, b_.current_stream(), d.param, dst, d.numel, d.type);
@@ -163,15 +164,13 @@ public:
     for (std::size_t k = 0; k < batch.size(); ++k) {
       auto const& r = batch[k];
       if (r.unit >= units_.size()) {
-        throw invalid_argument("adam::update: batch range " + std::to_string(k) + " names unit " +
-                               std::to_string(r.unit) + ", not below the step's " + std::to_string(units_.size()) +
-                               " units");
+        throw invalid_argument(detail::message({"adam::update: batch range ", k, " names unit ", r.unit,
+                                                ", not below the step's ", units_.size(), " units"}));
       }
       auto const& u = units_[r.unit];
       if (r.begin > r.end || r.end > u.numel) {
-        throw invalid_argument("adam::update: batch range " + std::to_string(k) + " covers elements [" +
-                               std::to_string(r.begin) + ", " + std::to_string(r.end) + ") of a unit of " +
-                               std::to_string(u.numel) + " elements");
+        throw invalid_argument(detail::message({"adam::update: batch range ", k, " covers elements [", r.begin, ", ",
+                                                r.end, ") of a unit of ", u.numel, " elements"}));
       }
       auto const& d = params_[u.param].desc;
       adam_tensor<B> t;
@@ -247,8 +246,8 @@ public:
       pos = comma + 1;
     }
     if (steps.size() != params_.size()) {
-      throw invalid_argument("adam: checkpoint metadata 'steps' has " + std::to_string(steps.size()) + " entries for " +
-                             std::to_string(params_.size()) + " parameters");
+      throw invalid_argument(detail::message(
+          {"adam: checkpoint metadata 'steps' has ", steps.size(), " entries for ", params_.size(), " parameters"}));
     }
     for (std::size_t i = 0; i < params_.size(); ++i) params_[i].step = steps[i];
   }
@@ -264,8 +263,8 @@ private:
   }
   param_state const& checked(std::size_t i, char const* call) const {
     if (i >= params_.size()) {
-      throw invalid_argument(std::string("adam::") + call + ": parameter index " + std::to_string(i) +
-                             " is not below the " + std::to_string(params_.size()) + " parameters of this optimizer");
+      throw invalid_argument(detail::message({"adam::", call, ": parameter index ", i, " is not below the ",
+                                              params_.size(), " parameters of this optimizer"}));
     }
     return params_[i];
   }
@@ -295,26 +294,26 @@ template <backend B, class Kernels>
 requires adam_kernel_policy<Kernels, B> std::size_t adam<B, Kernels>::add_param(param_desc d) {
   state_.require_detached("adam::add_param");
   if (!detail::is_adam_storage(d.type) || !detail::is_adam_storage(d.grad_type)) {
-    throw invalid_argument("adam::add_param: parameter " + std::to_string(params_.size()) + " has type " +
-                           std::string(name_of(d.type)) + "/" + std::string(name_of(d.grad_type)) +
-                           "; F32, BF16 and F16 are supported");
+    throw invalid_argument(
+        detail::message({"adam::add_param: parameter ", params_.size(), " has type ", name_of(d.type), "/",
+                         name_of(d.grad_type), "; F32, BF16 and F16 are supported"}));
   }
   if (d.master && d.type == dtype::f32) {
-    throw invalid_argument("adam::add_param: parameter " + std::to_string(params_.size()) +
-                           " is F32 and needs no master_param");
+    throw invalid_argument(
+        detail::message({"adam::add_param: parameter ", params_.size(), " is F32 and needs no master_param"}));
   }
   auto const i = params_.size();
-  auto refuse = [&](std::string const& what, std::size_t j, char const* theirs) {
-    throw invalid_argument("adam::add_param: " + what + " of parameter " + std::to_string(i) + " overlaps the " +
-                           theirs + " of parameter " + std::to_string(j) +
-                           (std::string_view(theirs) == "storage" && what == "the storage"
-                                ? "; register a shared (tied) tensor once"
-                                : "; a gradient must not share bytes with any parameter"));
+  auto refuse = [&](std::string_view what, std::size_t j, std::string_view theirs) {
+    throw invalid_argument(detail::message(
+        {"adam::add_param: ", what, " of parameter ", i, " overlaps the ", theirs, " of parameter ", j,
+         theirs == "storage" && what == "the storage" ? "; register a shared (tied) tensor once"
+                                                      : "; a gradient must not share bytes with any parameter"}));
   };
   auto const pb = param_bytes(d), gb = grad_bytes(d);
   if (overlaps(d.grad, gb, d.param, pb)) {
-    throw invalid_argument("adam::add_param: the gradient of parameter " + std::to_string(i) +
-                           " overlaps its own storage; a gradient must not share bytes with any parameter");
+    throw invalid_argument(
+        detail::message({"adam::add_param: the gradient of parameter ", i,
+                         " overlaps its own storage; a gradient must not share bytes with any parameter"}));
   }
   for (std::size_t j = 0; j < i; ++j) {
     auto const& o = params_[j].desc;

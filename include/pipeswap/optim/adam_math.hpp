@@ -37,6 +37,7 @@
 #include <pipeswap/config.hpp>
 #include <pipeswap/core/half.hpp>
 #include <pipeswap/core/ieee_ops.hpp>
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/error.hpp>
 
 namespace pipeswap {
@@ -192,8 +193,8 @@ inline adam_step_scalars make_step_scalars(adam_config const& cfg, std::int64_t 
   using ieee::sub_rn, ieee::mul_rn, ieee::div_rn;
   cfg.validate();
   if (step < 1)
-    throw invalid_argument("make_step_scalars: step must be >= 1 (the first update is step 1), got " +
-                           std::to_string(step));
+    throw invalid_argument(
+        detail::message({"make_step_scalars: step must be >= 1 (the first update is step 1), got ", step}));
   adam_step_scalars s{};
   s.step = step;
   // Python: step = step_t.item() (a float), beta1 ** step -> C pow(), both exact in the step range.
@@ -234,8 +235,7 @@ void adam_update(adam_step_scalars const& s, std::span<P> param, std::span<G> gr
   std::size_t const n = param.size();
   auto check_size = [n](std::string_view name, std::size_t got) {
     if (got != n)
-      throw invalid_argument("adam_update: " + std::string(name) + " has " + std::to_string(got) +
-                             " elements but param has " + std::to_string(n));
+      throw invalid_argument(detail::message({"adam_update: ", name, " has ", got, " elements but param has ", n}));
   };
   check_size("grad", grad.size());
   check_size("exp_avg", exp_avg.size());
@@ -243,12 +243,12 @@ void adam_update(adam_step_scalars const& s, std::span<P> param, std::span<G> gr
   if (s.amsgrad) {
     check_size("max_exp_avg_sq", max_exp_avg_sq.size());
   } else if (!max_exp_avg_sq.empty()) {
-    throw invalid_argument("adam_update: max_exp_avg_sq must be empty when amsgrad is off, got " +
-                           std::to_string(max_exp_avg_sq.size()) + " elements");
+    throw invalid_argument(detail::message(
+        {"adam_update: max_exp_avg_sq must be empty when amsgrad is off, got ", max_exp_avg_sq.size(), " elements"}));
   }
   auto check_disjoint = [](std::string_view an, auto a, std::string_view bn, auto b) {
     if (detail::spans_overlap(a, b))
-      throw invalid_argument("adam_update: " + std::string(an) + " and " + std::string(bn) + " overlap in memory");
+      throw invalid_argument(detail::message({"adam_update: ", an, " and ", bn, " overlap in memory"}));
   };
   check_disjoint("param", param, "grad", grad);
   check_disjoint("param", param, "exp_avg", exp_avg);
@@ -269,8 +269,8 @@ void adam_update(adam_step_scalars const& s, std::span<P> param, std::span<G> gr
 template <storage_float P>
 void cast_master_to_param(std::span<float const> master, std::span<P> param) {
   if (master.size() != param.size())
-    throw invalid_argument("cast_master_to_param: master has " + std::to_string(master.size()) +
-                           " elements but param has " + std::to_string(param.size()));
+    throw invalid_argument(detail::message(
+        {"cast_master_to_param: master has ", master.size(), " elements but param has ", param.size()}));
   if (detail::spans_overlap(master, param))
     throw invalid_argument("cast_master_to_param: master and param overlap in memory");
   cast_master_to_param_unchecked(master.data(), param.data(), param.size());

@@ -27,6 +27,7 @@
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/dtype.hpp>
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/optim/adam_math.hpp>
 
@@ -79,17 +80,18 @@ void validate_adam_batch(std::span<adam_tensor<B> const> ts, std::span<adam_step
   for (std::size_t i = 0; i < ts.size(); ++i) {
     auto const& t = ts[i];
     if (t.numel == 0) continue;
-    auto fail = [i](std::string const& why) {
-      throw invalid_argument("adam kernels: batch range " + std::to_string(i) + " " + why);
+    auto fail = [i](std::initializer_list<detail::message_part> why) {
+      auto what = detail::message({"adam kernels: batch range ", i, " "});
+      detail::append(what, why);
+      throw invalid_argument(what);
     };
     if (t.scalars >= scalars.size()) {
-      fail("uses step scalars " + std::to_string(t.scalars) + " but the step has " + std::to_string(scalars.size()));
+      fail({"uses step scalars ", t.scalars, " but the step has ", scalars.size()});
     }
     if (!detail::is_adam_storage(t.param_type) || !detail::is_adam_storage(t.grad_type)) {
-      fail("has types " + std::string(name_of(t.param_type)) + "/" + std::string(name_of(t.grad_type)) +
-           "; F32, BF16 and F16 are supported");
+      fail({"has types ", name_of(t.param_type), "/", name_of(t.grad_type), "; F32, BF16 and F16 are supported"});
     }
-    if (t.master && t.param_type == dtype::f32) fail("has an F32 parameter and a master");
+    if (t.master && t.param_type == dtype::f32) fail({"has an F32 parameter and a master"});
     bool const amsgrad = scalars[t.scalars].amsgrad;
     struct array {
       char const* name;
@@ -106,13 +108,13 @@ void validate_adam_batch(std::span<adam_tensor<B> const> ts, std::span<adam_step
     };
     for (std::size_t a = 0; a < 5; ++a) {
       if (a == 4 && !amsgrad) continue;
-      if (!arrays[a].p) fail(std::string("has no ") + arrays[a].name);
+      if (!arrays[a].p) fail({"has no ", arrays[a].name});
     }
     for (std::size_t a = 0; a < 6; ++a) {
       for (std::size_t c = a + 1; c < 6; ++c) {
         auto const &x = arrays[a], &y = arrays[c];
         if (x.p && y.p && x.p < y.p + y.bytes && y.p < x.p + x.bytes) {
-          fail(std::string("has ") + x.name + " and " + y.name + " overlapping");
+          fail({"has ", x.name, " and ", y.name, " overlapping"});
         }
       }
     }

@@ -25,6 +25,7 @@
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/dtype.hpp>
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/error.hpp>
 
 namespace pipeswap {
@@ -61,7 +62,8 @@ inline std::vector<state_key> validate_state_keys(std::span<std::string const> n
   for (auto const& n : names) {
     if (auto k = parse_state_key(n)) {
       if (std::find(keys.begin(), keys.end(), *k) != keys.end()) {
-        throw invalid_argument("swap_config::state_keys names '" + n + "' twice; give each state key once");
+        throw invalid_argument(
+            detail::message({"swap_config::state_keys names '", n, "' twice; give each state key once"}));
       }
       keys.push_back(*k);
     } else if (std::find(invalid.begin(), invalid.end(), n) == invalid.end()) {
@@ -70,11 +72,11 @@ inline std::vector<state_key> validate_state_keys(std::span<std::string const> n
   }
   if (!invalid.empty()) {
     std::sort(invalid.begin(), invalid.end());
-    std::string got = "[";
-    for (std::size_t i = 0; i < invalid.size(); ++i) got += (i ? ", '" : "'") + invalid[i] + "'";
-    throw invalid_argument("swap_config::state_keys only supports Adam/AdamW logical slots ('exp_avg', "
-                           "'exp_avg_sq', 'max_exp_avg_sq', 'master_param'), but got " +
-                           got + "].");
+    std::string what = "swap_config::state_keys only supports Adam/AdamW logical slots ('exp_avg', 'exp_avg_sq', "
+                       "'max_exp_avg_sq', 'master_param'), but got [";
+    for (std::size_t i = 0; i < invalid.size(); ++i) detail::append(what, {i ? ", '" : "'", invalid[i], "'"});
+    what += "].";
+    throw invalid_argument(what);
   }
   return keys;
 }
@@ -95,7 +97,7 @@ struct slot_desc {
 
   [[nodiscard]] std::size_t bytes() const noexcept { return numel * size_of(type); }
   [[nodiscard]] std::size_t element_bytes() const noexcept { return size_of(type); }
-  [[nodiscard]] std::string name() const { return std::to_string(param) + "." + std::string(name_of(key)); }
+  [[nodiscard]] std::string name() const { return detail::message({param, ".", name_of(key)}); }
   friend bool operator==(slot_desc const&, slot_desc const&) = default;
 };
 
@@ -189,9 +191,9 @@ public:
   /// change under it.
   void require_detached(std::string_view who) const {
     if (attached_) {
-      throw state_error(std::string(who) +
-                        ": an optimizer_swap runtime manages this optimizer's state; destroy the runtime "
-                        "first, make the change, and build a new runtime (the state carries over)");
+      throw state_error(detail::message({who, ": an optimizer_swap runtime manages this optimizer's state; destroy "
+                                              "the runtime first, make the change, and build a new runtime (the state "
+                                              "carries over)"}));
     }
   }
   /// Bytes of the pinned host stores held (swapped state at rest).

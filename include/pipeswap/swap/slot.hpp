@@ -15,6 +15,7 @@
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/transfer.hpp>
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/optim/state.hpp>
 
 namespace pipeswap::detail {
@@ -57,6 +58,6 @@ lean_vector<swap_buffer<B>*> pieces_of(lean_vector<slot_storage<B>>& slots, bool
 }
 
 /// The label of a batch's operation in backend traces: "op bN".
-inline std::string batch_label(char const* op, std::size_t n) { return std::string(op) + " b" + std::to_string(n); }
+inline std::string batch_label(char const* op, std::size_t n) { return message({op, " b", n}); }
 
 } // namespace pipeswap::detail

@@ -13,6 +13,7 @@
 #include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/staging.hpp>
 #include <pipeswap/core/swap_buffer.hpp>
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/error.hpp>
 
 namespace pipeswap::detail {
@@ -28,12 +29,12 @@ struct arena_copy {
   static void runs(B& b, stream_t<B> h2d, stream_t<B> d2h, std::span<buffer* const> bufs,
                    lean_vector<buffer*> const& targets, staging_arena<B>& arena, staging_layout const& lay, bool load) {
     if (lay.offsets().size() != bufs.size() || lay.order().size() != bufs.size()) {
-      throw state_error("staging layout of " + std::to_string(lay.offsets().size()) + " buffers used for a batch of " +
-                        std::to_string(bufs.size()));
+      throw state_error(
+          message({"staging layout of ", lay.offsets().size(), " buffers used for a batch of ", bufs.size()}));
     }
     if (lay.bytes > arena.bytes) {
-      throw state_error("staging arena of " + std::to_string(arena.bytes) + " bytes is smaller than the " +
-                        std::to_string(lay.bytes) + " bytes its batch needs");
+      throw state_error(message(
+          {"staging arena of ", arena.bytes, " bytes is smaller than the ", lay.bytes, " bytes its batch needs"}));
     }
     auto const base = arena.base;
     auto const in_from = [load](residency r) { return load ? off_device(r) : r == residency::device; };

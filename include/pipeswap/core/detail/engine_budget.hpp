@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include <pipeswap/core/budget.hpp>
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/error.hpp>
 
 namespace pipeswap::detail {
@@ -29,10 +30,10 @@ public:
   void set_budget(device_budget* b) {
     if (b == link_.budget && !link_.orphaned) return;
     if (held_[0] + held_[1] + demand_ > 0 && !link_.orphaned) {
-      throw state_error("transfer_engine::set_budget: the engine holds " + std::to_string(held_[0] + held_[1]) +
-                        " reserved bytes and " + std::to_string(demand_) +
-                        " bytes of reload demand in its current budget; change budgets only while the swap jobs "
-                        "hold no device storage");
+      throw state_error(message({"transfer_engine::set_budget: the engine holds ", held_[0] + held_[1],
+                                 " reserved bytes and ", demand_,
+                                 " bytes of reload demand in its current budget; change budgets only while the swap "
+                                 "jobs hold no device storage"}));
     }
     if (link_.budget) link_.budget->detach(link_);
     link_.budget = nullptr;
@@ -48,9 +49,9 @@ public:
   /// Throws state_error when the engine's budget was destroyed under it (`op` names the caller).
   void check_budget(std::string_view op) const {
     if (link_.orphaned) {
-      throw state_error(std::string(op) +
-                        ": the engine's device_budget was destroyed while the engine still used it; a budget "
-                        "must outlive its engines (call set_budget(nullptr) or set_budget(other) first)");
+      throw state_error(message({op, ": the engine's device_budget was destroyed while the engine still used it; a "
+                                     "budget must outlive its engines (call set_budget(nullptr) or set_budget(other) "
+                                     "first)"}));
     }
   }
   /// Bytes this engine holds reserved in its budget for `c`.

@@ -39,6 +39,7 @@
 #include <utility>
 
 #include <pipeswap/config.hpp>
+#include <pipeswap/detail/message.hpp>
 
 #if defined(__SANITIZE_ADDRESS__)
 #  define PIPESWAP_DETAIL_ASAN 1
@@ -174,8 +175,7 @@ protected:
   }
 
   [[noreturn]] static void throw_index(std::size_t i, std::size_t n) {
-    throw std::out_of_range("lean_vector::at: index " + std::to_string(i) + " is not below the size " +
-                            std::to_string(n));
+    throw std::out_of_range(message({"lean_vector::at: index ", i, " is not below the size ", n}));
   }
 
   std::byte* data_ = nullptr;

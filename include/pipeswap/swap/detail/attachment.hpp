@@ -22,6 +22,7 @@
 #include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/event_handle.hpp>
 #include <pipeswap/core/transfer.hpp>
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/optim/state.hpp>
 #include <pipeswap/swap/slot.hpp>
@@ -62,8 +63,8 @@ public:
   /// Slot i (an index into the optimizer's slots()).
   [[nodiscard]] slot_type const& slot(std::size_t i) const {
     if (i >= slots_.size()) {
-      throw invalid_argument("optimizer_swap: slot index " + std::to_string(i) + " is out of range (" +
-                             std::to_string(slots_.size()) + " slots)");
+      throw invalid_argument(
+          message({"optimizer_swap: slot index ", i, " is out of range (", slots_.size(), " slots)"}));
     }
     return slots_[i];
   }
@@ -71,7 +72,8 @@ public:
   [[nodiscard]] std::span<std::byte> host_mirror(std::size_t i, std::span<slot_desc const> descs) const {
     auto const& s = slot(i);
     if (!s.swappable) {
-      throw state_error("optimizer_swap: slot " + name(i, descs) + " is not swapped and has no host mirror");
+      throw state_error(
+          message({"optimizer_swap: slot '", descs[i].name(), "' is not swapped and has no host mirror"}));
     }
     return {s.mirror, s.bytes()};
   }
@@ -79,7 +81,8 @@ public:
   [[nodiscard]] device_pointer_t<B> unswappable_device(std::size_t i, std::span<slot_desc const> descs) const {
     auto const& s = slot(i);
     if (s.swappable) {
-      throw state_error("optimizer_swap: slot " + name(i, descs) + " is swapped and has no fixed device storage");
+      throw state_error(
+          message({"optimizer_swap: slot '", descs[i].name(), "' is swapped and has no fixed device storage"}));
     }
     return s.pieces.at(0).device();
   }
@@ -87,12 +90,12 @@ public:
   [[nodiscard]] device_pointer_t<B> device_address(std::size_t i, std::size_t e,
                                                    std::span<slot_desc const> descs) const {
     auto const& s = slot(i);
-    if (s.pieces.empty()) throw state_error("optimizer_swap: slot " + name(i, descs) + " has no storage");
+    if (s.pieces.empty()) throw state_error(message({"optimizer_swap: slot '", descs[i].name(), "' has no storage"}));
     auto const k = s.piece_of(e);
     auto const& p = s.pieces[k];
     if (p.state() != residency::device || (!p.device() && p.bytes() != 0)) {
-      throw state_error("optimizer_swap: slot " + name(i, descs) + " is " + std::string(to_string(p.state())) +
-                        " at element " + std::to_string(e) + ", not on the device");
+      throw state_error(message({"optimizer_swap: slot '", descs[i].name(), "' is ", to_string(p.state()),
+                                 " at element ", e, ", not on the device"}));
     }
     return p.device() + (e - s.piece_begin[k]) * s.element_bytes;
   }
@@ -115,15 +118,15 @@ public:
     using stores_t = typename optimizer_state<B>::host_stores_type;
     auto& old_stores = home.host_stores(runtime_access{});
     if (recs.size() > descs.size()) {
-      throw state_error("optimizer_swap: the optimizer describes " + std::to_string(descs.size()) +
-                        " slots but its parked state holds " + std::to_string(recs.size()));
+      throw state_error(message({"optimizer_swap: the optimizer describes ", descs.size(),
+                                 " slots but its parked state holds ", recs.size()}));
     }
     lean_vector<rec_t> parked(recs.begin(), recs.end());
     parked.resize(descs.size());
     for (std::size_t i = 0; i < descs.size(); ++i) {
       if (parked[i].at != where::none && parked[i].bytes != descs[i].bytes()) {
-        throw state_error("optimizer_swap: slot " + descs[i].name() + " has " + std::to_string(descs[i].bytes()) +
-                          " bytes but its parked state " + std::to_string(parked[i].bytes));
+        throw state_error(message({"optimizer_swap: slot ", descs[i].name(), " has ", descs[i].bytes(),
+                                   " bytes but its parked state ", parked[i].bytes}));
       }
     }
     // The host layout: one host store per dtype (indexed by its value), eligible slots in order.
@@ -286,8 +289,6 @@ public:
   }
 
 private:
-  static std::string name(std::size_t i, std::span<slot_desc const> descs) { return "'" + descs[i].name() + "'"; }
-
   /// Undoes a failed adopt(): new storage is released, parked device storage is left where it was.
   void rollback(lean_vector<std::size_t> const& adopted,
                 typename optimizer_state<B>::host_stores_type const& fresh_stores) noexcept {

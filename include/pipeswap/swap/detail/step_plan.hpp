@@ -18,6 +18,7 @@
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/transfer.hpp>
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/optim/state.hpp>
 #include <pipeswap/swap/partition.hpp>
@@ -79,8 +80,8 @@ public:
       std::uint64_t bpe = 0;
       for (auto si : units[u].slots) {
         if (si >= slots.size()) {
-          throw invalid_argument("optimizer_swap: slot index " + std::to_string(si) + " is out of range (" +
-                                 std::to_string(slots.size()) + " slots)");
+          throw invalid_argument(
+              message({"optimizer_swap: slot index ", si, " is out of range (", slots.size(), " slots)"}));
         }
         auto const& s = slots[si];
         if (s.swappable) bpe += s.element_bytes;
@@ -234,13 +235,12 @@ private:
 template <backend B>
 [[noreturn]] void rethrow_as_step_error(step_trace::position w, char const* phase, step_plan<B> const* d,
                                         char const* outcome) {
-  std::string what = std::string("optimizer_swap::") + phase + ": " + w.op;
+  std::string what = message({"optimizer_swap::", phase, ": ", w.op});
   if (w.batch) {
-    what += " of batch " + std::to_string(*w.batch);
+    what += message({" of batch ", *w.batch});
     if (d && *w.batch < d->first_param.size()) {
       auto const lo = d->first_param[*w.batch], hi = d->last_param[*w.batch];
-      what += lo == hi ? " (parameter " + std::to_string(lo) + ")"
-                       : " (parameters " + std::to_string(lo) + " to " + std::to_string(hi) + ")";
+      what += lo == hi ? message({" (parameter ", lo, ")"}) : message({" (parameters ", lo, " to ", hi, ")"});
     }
   }
   what += " failed";

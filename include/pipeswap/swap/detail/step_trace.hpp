@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/swap/swap_event.hpp>
 
@@ -87,8 +88,8 @@ class call_guard {
 public:
   call_guard(char const*& busy, char const* op) : busy_(busy) {
     if (busy_) {
-      throw state_error(std::string("optimizer_swap::") + op + ": called from inside " + busy_ +
-                        " (a listener); the runtime is not reentrant");
+      throw state_error(message(
+          {"optimizer_swap::", op, ": called from inside ", busy_, " (a listener); the runtime is not reentrant"}));
     }
     busy_ = op;
   }
