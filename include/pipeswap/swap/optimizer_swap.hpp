@@ -177,8 +177,8 @@ private:
   using plan_data = detail::step_plan<B>;
   struct step_state {
     typename O::step_context ctx;
-    std::shared_ptr<plan_data const> d; // null until planned
-    std::size_t next = 0;               // first batch not yet updated
+    detail::plan_ref<B> d; // null until planned
+    std::size_t next = 0;  // first batch not yet updated
   };
   static detail::runtime_access access() noexcept { return detail::runtime_access{}; }
 
@@ -318,7 +318,7 @@ void optimizer_swap<O, P>::step() {
     carry_.finish_deferred(engine_.h2d());
     if (carry_.eviction_failed()) carry_.evict();
     packed_.evacuate();
-    if (!pending_) pending_.emplace(step_state{opt_.prepare_step(), nullptr, 0});
+    if (!pending_) pending_.emplace(step_state{opt_.prepare_step(), {}, 0});
     auto& st = *pending_;
     if (!st.d) plan_step(st);
     detail::update_call const update{this, &update_batch};
@@ -355,7 +355,7 @@ std::size_t optimizer_swap<O, P>::prefetch(std::size_t max_batches) {
   }
   engine_.check_budget("optimizer_swap::prefetch");
   trace_.note("prefetch");
-  std::shared_ptr<plan_data const> plan;
+  detail::plan_ref<B> plan;
   try {
     if (carry_.eviction_failed()) carry_.evict();
     packed_.evacuate();

@@ -19,7 +19,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <memory>
 #include <span>
 
 #include <pipeswap/backend/concepts.hpp>
@@ -37,7 +36,7 @@ template <backend B>
 class carry_over {
 public:
   using buffer = swap_buffer<B>;
-  using plan_ptr = std::shared_ptr<step_plan<B> const>;
+  using plan_ptr = plan_ref<B>;
   using stream_type = stream_t<B>;
 
   /// What is carried (see the header comment); none, one or several at once.

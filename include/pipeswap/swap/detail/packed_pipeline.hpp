@@ -19,7 +19,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <span>
 #include <utility>
@@ -34,7 +33,7 @@ template <backend B>
 class packed_pipeline {
 public:
   using buffer = swap_buffer<B>;
-  using plan_ptr = std::shared_ptr<step_plan<B> const>;
+  using plan_ptr = plan_ref<B>;
 
   explicit packed_pipeline(pipeline_env<B> env)
       : env_(env), engine_(env.engine), trace_(env.trace), carry_(env.carry), defer_offload_(env.defer_offload) {}

@@ -25,7 +25,7 @@ template <backend B>
 class per_tensor_pipeline {
 public:
   using buffer = swap_buffer<B>;
-  using plan_ptr = std::shared_ptr<step_plan<B> const>;
+  using plan_ptr = plan_ref<B>;
 
   explicit per_tensor_pipeline(pipeline_env<B> env)
       : env_(env), engine_(env.engine), trace_(env.trace), carry_(env.carry), defer_offload_(env.defer_offload) {}

@@ -11,9 +11,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
-#include <memory>
 #include <span>
 #include <string>
+#include <utility>
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/detail/lean_vector.hpp>
@@ -43,6 +43,7 @@ struct step_plan {
   lean_vector<std::size_t> batch_bytes; // per batch: its pieces' bytes
   std::size_t resident = 0;             // batches of the resident share (from the front)
   std::size_t resident_share_bytes = 0; // their device bytes (own arenas, packed)
+  std::size_t refs = 0;                 // the plan_refs that hold it
 
   [[nodiscard]] std::size_t size() const noexcept { return plan.size(); }
   /// The unique swappable pieces of batch n.
@@ -53,6 +54,42 @@ struct step_plan {
   [[nodiscard]] std::size_t own_bytes(std::size_t n, bool packed) const {
     return packed ? staging[n].bytes : batch_bytes[n];
   }
+};
+
+/// Shared ownership of an immutable step plan: the last one is held by the planner, and a step in
+/// progress, the staging arenas and the batches kept between steps hold the plan they belong to,
+/// which may be an older one. A plan is shared only within one runtime, which one host thread uses
+/// at a time (docs/guarantees.md), so the count is a plain integer. Not std::shared_ptr: its
+/// control block and access bases are some 40 functions per plan type at -O0
+/// (docs/compile-times.md).
+template <backend B>
+class plan_ref {
+public:
+  plan_ref() noexcept = default;
+  /// Takes ownership of `p`, a new plan (or null).
+  explicit plan_ref(step_plan<B>* p) noexcept : p_(p) {
+    if (p_) ++p_->refs;
+  }
+  plan_ref(plan_ref const& o) noexcept : plan_ref(o.p_) {}
+  plan_ref& operator=(plan_ref const& o) noexcept {
+    plan_ref copy(o);
+    std::swap(p_, copy.p_);
+    return *this;
+  }
+  ~plan_ref() { reset(); }
+
+  void reset() noexcept {
+    if (p_ && --p_->refs == 0) delete p_;
+    p_ = nullptr;
+  }
+  [[nodiscard]] step_plan<B> const* get() const noexcept { return p_; }
+  step_plan<B> const& operator*() const noexcept { return *p_; }
+  step_plan<B> const* operator->() const noexcept { return p_; }
+  explicit operator bool() const noexcept { return p_ != nullptr; }
+  friend bool operator==(plan_ref const& a, plan_ref const& b) noexcept { return a.p_ == b.p_; }
+
+private:
+  step_plan<B>* p_ = nullptr;
 };
 
 /// What a plan depends on: the partition's items (elements and swapped bytes per element of each
@@ -69,7 +106,7 @@ class step_planner {
 public:
   using buffer = swap_buffer<B>;
   using slot_type = slot_storage<B>;
-  using plan_ptr = std::shared_ptr<step_plan<B> const>;
+  using plan_ptr = plan_ref<B>;
 
   /// The key of a step's units over `slots` (throws invalid_argument for a unit naming no slot).
   static plan_key key(std::span<update_unit const> units, std::span<slot_type const> slots) {
@@ -96,7 +133,7 @@ public:
   /// The last plan, if `k` is its key.
   [[nodiscard]] plan_ptr lookup(plan_key const& k) const {
     if (cached_ && k.layout == key_.layout && k.params == key_.params && k.items == key_.items) return cached_;
-    return nullptr;
+    return {};
   }
 
   /// The last plan built (null before the first step).
@@ -109,8 +146,7 @@ public:
   /// front. Becomes the last plan.
   plan_ptr build(plan_key k, batch_plan batches, std::span<update_unit const> units, std::span<slot_desc const> descs,
                  lean_vector<slot_type>& slots, transfer_engine<B>& engine, bool packed, std::size_t resident_share) {
-    // Owned by a plan_ptr from the start, built through `d`. Not make_shared: its in-place control
-    // block instantiates about 40 more functions per backend at -O0 (docs/compile-times.md).
+    // Owned by a plan_ptr from the start, built through `d`.
     auto* const d = new step_plan<B>();
     plan_ptr const owner(d);
     d->plan = std::move(batches);
