@@ -131,7 +131,7 @@ public:
   /// Batches of the resident share in the last plan.
   [[nodiscard]] std::size_t resident_batches() const noexcept { return planner_.current().resident; }
 
-  void set_listener(listener l) { trace_.set_listener(std::move(l)); }
+  void set_listener(listener l) { trace_.set_listener(detail::string_listener(std::move(l))); }
   void set_event_listener(event_listener l) { trace_.set_event_listener(std::move(l)); }
 
   [[nodiscard]] O& optimizer() noexcept { return opt_; }

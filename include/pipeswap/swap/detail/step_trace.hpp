@@ -29,10 +29,11 @@ public:
     std::optional<std::size_t> batch;
   };
 
-  void set_listener(listener l) { listener_ = std::move(l); }
+  /// The string listener, as an event listener that formats each event (string_listener()).
+  void set_listener(event_listener l) { strings_ = std::move(l); }
   void set_event_listener(event_listener l) { events_ = std::move(l); }
   void clear_listener() noexcept {
-    listener_ = {};
+    strings_ = {};
     events_ = {};
   }
 
@@ -74,13 +75,21 @@ private:
   }
   void send(swap_event const& e) {
     if (events_) events_(e);
-    if (listener_) listener_(to_string(e));
+    if (strings_) strings_(e);
   }
 
-  listener listener_;
+  event_listener strings_; ///< the string listener, formatting each event
   event_listener events_;
   position where_;
 };
+
+/// `l` as an event listener: each event formatted by to_string() (none for an empty `l`). A template,
+/// so that only a program that sets a string listener compiles the formatting.
+template <class Listener = step_trace::listener>
+step_trace::event_listener string_listener(Listener l) {
+  if (!l) return {};
+  return [l = std::move(l)](swap_event const& e) { l(to_string(e)); };
+}
 
 /// Refuses a call of the runtime from inside another (a listener calling back into it): `busy`
 /// names the public call in progress.
