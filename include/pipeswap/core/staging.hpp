@@ -51,11 +51,11 @@ public:
   std::size_t bytes = 0; ///< arena bytes the batch needs
 
   /// Per buffer: its byte offset in the arena.
-  [[nodiscard]] std::span<std::size_t const> offsets() const noexcept { return offset_; }
+  [[nodiscard]] std::span<std::size_t const> offsets() const noexcept { return {offset_.data(), offset_.size()}; }
   /// Buffer indices in arena order (ascending offset).
-  [[nodiscard]] std::span<std::size_t const> order() const noexcept { return order_; }
+  [[nodiscard]] std::span<std::size_t const> order() const noexcept { return {order_.data(), order_.size()}; }
   /// The copies: host bytes from buffers[first].mirror(), contiguous in host memory and in the arena.
-  [[nodiscard]] std::span<run const> runs() const noexcept { return runs_; }
+  [[nodiscard]] std::span<run const> runs() const noexcept { return {runs_.data(), runs_.size()}; }
 
 private:
   template <backend B>
