@@ -41,6 +41,10 @@ staging_layout make_staging_layout(std::span<swap_buffer<B>* const> bufs, std::s
                                    std::size_t align = 512);
 
 /// Where the buffers of one batch sit in a staging arena, and the merged copies that move them.
+/// Read element by element: accessors that return std::span would instantiate its constrained
+/// constructors for each element type in every translation unit that includes this header
+/// (docs/compile-times.md). Indices must be below the corresponding count (checked under
+/// PIPESWAP_ASSERTIONS).
 class staging_layout {
 public:
   struct run {
@@ -50,12 +54,16 @@ public:
   };
   std::size_t bytes = 0; ///< arena bytes the batch needs
 
-  /// Per buffer: its byte offset in the arena.
-  [[nodiscard]] std::span<std::size_t const> offsets() const noexcept { return {offset_.data(), offset_.size()}; }
-  /// Buffer indices in arena order (ascending offset).
-  [[nodiscard]] std::span<std::size_t const> order() const noexcept { return {order_.data(), order_.size()}; }
-  /// The copies: host bytes from buffers[first].mirror(), contiguous in host memory and in the arena.
-  [[nodiscard]] std::span<run const> runs() const noexcept { return {runs_.data(), runs_.size()}; }
+  /// The number of buffers laid out.
+  [[nodiscard]] std::size_t size() const noexcept { return offset_.size(); }
+  /// Buffer i's byte offset in the arena.
+  [[nodiscard]] std::size_t offset(std::size_t i) const noexcept { return offset_[i]; }
+  /// The buffer at position k of the arena order (ascending offset).
+  [[nodiscard]] std::size_t buffer_at(std::size_t k) const noexcept { return order_[k]; }
+  /// The number of copies.
+  [[nodiscard]] std::size_t run_count() const noexcept { return runs_.size(); }
+  /// Copy r: host bytes from buffers[first].mirror(), contiguous in host memory and in the arena.
+  [[nodiscard]] run const& run_at(std::size_t r) const noexcept { return runs_[r]; }
 
 private:
   template <backend B>

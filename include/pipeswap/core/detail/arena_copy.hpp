@@ -28,9 +28,8 @@ struct arena_copy {
   /// released as a whole).
   static void runs(B& b, stream_t<B> h2d, stream_t<B> d2h, std::span<buffer* const> bufs,
                    lean_vector<buffer*> const& targets, staging_arena<B>& arena, staging_layout const& lay, bool load) {
-    if (lay.offsets().size() != bufs.size() || lay.order().size() != bufs.size()) {
-      throw state_error(
-          message({"staging layout of ", lay.offsets().size(), " buffers used for a batch of ", bufs.size()}));
+    if (lay.size() != bufs.size()) {
+      throw state_error(message({"staging layout of ", lay.size(), " buffers used for a batch of ", bufs.size()}));
     }
     if (lay.bytes > arena.bytes) {
       throw state_error(message(
@@ -56,14 +55,15 @@ struct arena_copy {
     bool whole = true;
     for (auto* x : bufs) whole = whole && (in_from(x->state_) || x->bytes_ == 0);
     for (std::size_t i = 0; i < bufs.size(); ++i) {
-      if (load && in_from(bufs[i]->state_)) bufs[i]->device_ = base + lay.offsets()[i];
+      if (load && in_from(bufs[i]->state_)) bufs[i]->device_ = base + lay.offset(i);
     }
     if (whole) {
       std::size_t k = 0;
-      for (auto const& r : lay.runs()) {
+      for (std::size_t n = 0; n < lay.run_count(); ++n) {
+        auto const& r = lay.run_at(n);
         copy(bufs[r.first]->mirror_, base + r.offset, r.bytes);
-        while (k < lay.order().size() && lay.offsets()[lay.order()[k]] < r.offset + r.bytes) {
-          auto* x = bufs[lay.order()[k]];
+        while (k < lay.size() && lay.offset(lay.buffer_at(k)) < r.offset + r.bytes) {
+          auto* x = bufs[lay.buffer_at(k)];
           if (in_from(x->state_) && x->bytes_ > 0) moved(*x);
           ++k;
         }
@@ -74,7 +74,7 @@ struct arena_copy {
       auto* x = bufs[i];
       if (!in_from(x->state_) || x->bytes_ == 0) continue;
       if (std::find(targets.begin(), targets.end(), x) == targets.end()) continue;
-      copy(x->mirror_, base + lay.offsets()[i], x->bytes_);
+      copy(x->mirror_, base + lay.offset(i), x->bytes_);
       moved(*x);
     }
   }
