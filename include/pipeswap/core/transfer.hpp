@@ -204,13 +204,13 @@ public:
         }
       }
     } catch (...) {
-      auto const e = guard(targets, d2h_); // the buffers enqueued (in d2h) only
+      auto const e = guard(targets.view(), d2h_); // the buffers enqueued (in d2h) only
       if constexpr (is_arena<Storage>) {
         if (e) storage.arena.fence = e;
       }
       throw;
     }
-    auto const e = guard(targets, d2h_);
+    auto const e = guard(targets.view(), d2h_);
     if constexpr (is_arena<Storage>) storage.arena.fence = e;
   }
 
@@ -290,10 +290,10 @@ public:
           }
         }
       }
-      guard(targets, h2d_); // the buffers enqueued (in h2d) only
+      guard(targets.view(), h2d_); // the buffers enqueued (in h2d) only
       throw;
     }
-    guard(targets, h2d_);
+    guard(targets.view(), h2d_);
   }
 
   /// h2d → device for the buffers in `h2d` state: `user` waits the load events.

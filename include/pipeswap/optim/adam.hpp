@@ -117,7 +117,7 @@ public:
 
   void validate() { cfg_.validate(); }
 
-  std::span<slot_desc const> slots() const noexcept { return slots_; }
+  std::span<slot_desc const> slots() const noexcept { return slots_.view(); }
   optimizer_state<B>& swap_state() noexcept { return state_; }
 
   void initialize(std::size_t slot, device_pointer_t<B> dst) {
@@ -156,7 +156,7 @@ public:
     return ctx;
   }
 
-  std::span<update_unit const> update_units(step_context&) { return units_; }
+  std::span<update_unit const> update_units(step_context&) { return units_.view(); }
 
   void update(std::span<unit_range const> batch, step_context& ctx, state_view<B> const& view) {
     detail::lean_vector<adam_tensor<B>> ts;
@@ -191,7 +191,7 @@ public:
       }
       if (t.numel) ts.push_back(t);
     }
-    if (!ts.empty()) kernels_.update(b_, b_.current_stream(), ts, ctx.scalars);
+    if (!ts.empty()) kernels_.update(b_, b_.current_stream(), ts.view(), ctx.scalars.view());
   }
 
   void finish_step(step_context&) {}

@@ -171,7 +171,7 @@ public:
     if (!deferred_) return false;
     trace_.emit("finish_deferred");
     auto all = pieces_of(slots_, true); // only the pieces in d2h are touched
-    engine_.wait_offload(all, next_user, wait_site::finish_deferred);
+    engine_.wait_offload(all.view(), next_user, wait_site::finish_deferred);
     for (auto& a : held_arenas_) engine_.release_arena(a, next_user);
     held_arenas_.clear();
     release_holds();

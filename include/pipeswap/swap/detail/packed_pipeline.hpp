@@ -166,7 +166,7 @@ public:
     auto const saved = trace_.where();
     trace_.note("evacuate");
     auto const& d = *arena_plan_;
-    auto const all = std::span<buffer* const>(d.pieces);
+    auto const all = d.pieces.view();
     engine_.settle(all);
     for (std::size_t n = 0; n < d.plan.size(); ++n) {
       if (carry_.plan() == arena_plan_ && carry_.has_own_arena(n)) continue; // own arena: carry_.evict()

@@ -106,7 +106,7 @@ public:
   /// After a failure inside run(): transfers in flight settle, what is on the device is offloaded
   /// (best effort: what cannot be stays there, intact), and the kept batches go home.
   void abort(step_plan<B> const& d) noexcept {
-    auto const all = std::span<buffer* const>(d.pieces);
+    auto const all = d.pieces.view();
     auto const failed = trace_.where();
     try {
       engine_.settle(all);

@@ -48,7 +48,7 @@ struct step_plan {
   [[nodiscard]] std::size_t size() const noexcept { return plan.size(); }
   /// The unique swappable pieces of batch n.
   [[nodiscard]] std::span<buffer* const> batch(std::size_t n) const {
-    return std::span<buffer* const>(pieces).subspan(batch_begin[n], batch_begin[n + 1] - batch_begin[n]);
+    return pieces.view().subspan(batch_begin[n], batch_begin[n + 1] - batch_begin[n]);
   }
   /// Device bytes batch n occupies in its own storage.
   [[nodiscard]] std::size_t own_bytes(std::size_t n, bool packed) const {
@@ -185,7 +185,7 @@ public:
       d->max_batch_bytes = std::max(d->max_batch_bytes, bytes);
       d->batch_bytes.push_back(bytes);
       if (packed) {
-        d->staging.push_back(make_staging_layout<B>(d->batch(n), region));
+        d->staging.push_back(make_staging_layout<B>(d->batch(n), region.view()));
         d->arena_size = std::max(d->arena_size, d->staging.back().bytes);
       }
     }
@@ -242,11 +242,11 @@ private:
     lean_vector<buffer*> ps;
     for (auto& p : s.pieces) ps.push_back(&p);
     if (!s.all(residency::host)) { // bring it home first (rare: after an interrupted offload)
-      engine.settle(ps);
-      engine.launch_offload(ps, "recut");
-      engine.wait_offload(ps, engine.compute());
+      engine.settle(ps.view());
+      engine.launch_offload(ps.view(), "recut");
+      engine.wait_offload(ps.view(), engine.compute());
     }
-    engine.host_sync(ps);
+    engine.host_sync(ps.view());
     auto const eb = s.element_bytes;
     lean_vector<buffer> pieces;
     pieces.reserve(cuts.size());
