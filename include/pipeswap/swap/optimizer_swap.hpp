@@ -85,7 +85,7 @@ public:
   /// Hands the state back to the optimizer (swapped slots in its host stores, resident slots with
   /// their device storage) and detaches. An interrupted step is abandoned. Never throws; if the
   /// backend fails here, the state is marked lost (optimizer_state::lost()) and released.
-  ~optimizer_swap() { hand_back(); }
+  ~optimizer_swap();
 
   /// Runs one optimizer step (or completes an interrupted one). See the header comment.
   void step();
@@ -274,6 +274,11 @@ private:
 // The entry points a program calls are defined out of the class: they are not inline, so a
 // translation unit that declares the runtime extern (<pipeswap/swap/instantiate.hpp>) neither
 // instantiates nor compiles them, nor the private members only they reach.
+
+template <swap_optimizer O, partition_policy P>
+optimizer_swap<O, P>::~optimizer_swap() {
+  hand_back();
+}
 
 template <swap_optimizer O, partition_policy P>
 optimizer_swap<O, P>::optimizer_swap(transfer_engine<B>& engine, O& opt, swap_config cfg, P policy)
