@@ -44,6 +44,7 @@
 #include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/event_handle.hpp>
 #include <pipeswap/core/transfer.hpp>
+#include <pipeswap/detail/view.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/optim/concepts.hpp>
 #include <pipeswap/optim/state.hpp>
@@ -247,7 +248,7 @@ private:
     auto& st = *rt.pending_;
     rt.trace_.emit("update", n);
     detail::scoped_label<B> l(rt.b_, detail::batch_label("update", n).c_str());
-    rt.opt_.update(st.d->plan[n], st.ctx, state_view<B>(&rt, &optimizer_swap::resolve));
+    rt.opt_.update(detail::view(st.d->plan[n]), st.ctx, state_view<B>(&rt, &optimizer_swap::resolve));
   }
 
   /// A failed phase: a step_error naming the phase, its batch and what became of it.
@@ -300,7 +301,7 @@ optimizer_swap<O, P>::optimizer_swap(transfer_engine<B>& engine, O& opt, swap_co
   }
   unsigned key_mask = 0; // bit k: state_key k is eligible for swap
   if (cfg_.state_keys) {
-    for (auto k : validate_state_keys(*cfg_.state_keys)) key_mask |= 1u << static_cast<unsigned>(k);
+    for (auto k : validate_state_keys(detail::view(*cfg_.state_keys))) key_mask |= 1u << static_cast<unsigned>(k);
   } else {
     for (auto k : supported_state_keys) key_mask |= 1u << static_cast<unsigned>(k);
   }

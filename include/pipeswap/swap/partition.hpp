@@ -22,6 +22,7 @@
 #include <vector>
 
 #include <pipeswap/detail/round.hpp>
+#include <pipeswap/detail/view.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/swap/slot.hpp>
 
@@ -101,7 +102,7 @@ struct balanced_partition {
   [[nodiscard]] batch_plan operator()(std::span<partition_item const> items, std::size_t swap_times) const {
     std::vector<std::uint64_t> costs(items.size());
     for (std::size_t i = 0; i < items.size(); ++i) costs[i] = items[i].bytes();
-    auto const sizes = partition_sizes(costs, swap_times);
+    auto const sizes = partition_sizes(detail::view(costs), swap_times);
     batch_plan plan;
     std::size_t u = 0;
     for (auto s : sizes) {

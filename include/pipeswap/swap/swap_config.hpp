@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include <pipeswap/detail/view.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/optim/state.hpp>
 
@@ -32,7 +33,7 @@ struct swap_config {
 
   void validate() const {
     if (swap_times == 0) throw invalid_argument("swap_config::swap_times must be positive.");
-    if (state_keys) (void)validate_state_keys(*state_keys);
+    if (state_keys) (void)validate_state_keys(detail::view(*state_keys));
   }
 };
 
