@@ -56,6 +56,7 @@
 #include <pipeswap/core/staging.hpp>
 #include <pipeswap/core/swap_buffer.hpp>
 #include <pipeswap/detail/message.hpp>
+#include <pipeswap/detail/view.hpp>
 #include <pipeswap/error.hpp>
 
 namespace pipeswap {
@@ -204,13 +205,13 @@ public:
         }
       }
     } catch (...) {
-      auto const e = guard(targets.view(), d2h_); // the buffers enqueued (in d2h) only
+      auto const e = guard(detail::view(targets), d2h_); // the buffers enqueued (in d2h) only
       if constexpr (is_arena<Storage>) {
         if (e) storage.arena.fence = e;
       }
       throw;
     }
-    auto const e = guard(targets.view(), d2h_);
+    auto const e = guard(detail::view(targets), d2h_);
     if constexpr (is_arena<Storage>) storage.arena.fence = e;
   }
 
@@ -290,10 +291,10 @@ public:
           }
         }
       }
-      guard(targets.view(), h2d_); // the buffers enqueued (in h2d) only
+      guard(detail::view(targets), h2d_); // the buffers enqueued (in h2d) only
       throw;
     }
-    guard(targets.view(), h2d_);
+    guard(detail::view(targets), h2d_);
   }
 
   /// h2d → device for the buffers in `h2d` state: `user` waits the load events.

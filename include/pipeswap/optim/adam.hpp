@@ -34,6 +34,7 @@
 #include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/detail/message.hpp>
+#include <pipeswap/detail/view.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/optim/adam_math.hpp>
 #include <pipeswap/optim/adam_tensor.hpp>
@@ -117,7 +118,7 @@ public:
 
   void validate() { cfg_.validate(); }
 
-  std::span<slot_desc const> slots() const noexcept { return slots_.view(); }
+  std::span<slot_desc const> slots() const noexcept { return detail::view(slots_); }
   optimizer_state<B>& swap_state() noexcept { return state_; }
 
   void initialize(std::size_t slot, device_pointer_t<B> dst) {
@@ -156,7 +157,7 @@ public:
     return ctx;
   }
 
-  std::span<update_unit const> update_units(step_context&) { return units_.view(); }
+  std::span<update_unit const> update_units(step_context&) { return detail::view(units_); }
 
   void update(std::span<unit_range const> batch, step_context& ctx, state_view<B> const& view) {
     detail::lean_vector<adam_tensor<B>> ts;
@@ -191,7 +192,7 @@ public:
       }
       if (t.numel) ts.push_back(t);
     }
-    if (!ts.empty()) kernels_.update(b_, b_.current_stream(), ts.view(), ctx.scalars.view());
+    if (!ts.empty()) kernels_.update(b_, b_.current_stream(), detail::view(ts), detail::view(ctx.scalars));
   }
 
   void finish_step(step_context&) {}

@@ -33,7 +33,6 @@
 #include <initializer_list>
 #include <iterator>
 #include <new>
-#include <span>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -252,10 +251,6 @@ public:
 
   T* data() noexcept { return reinterpret_cast<T*>(data_); }
   T const* data() const noexcept { return reinterpret_cast<T const*>(data_); }
-  /// The elements as a std::span. Pass this, not the vector, where a span is expected: converting
-  /// the vector itself goes through span's range constructor, whose range concepts cost about as
-  /// much at -O0 as a short function, per element type and translation unit (docs/compile-times.md).
-  [[nodiscard]] std::span<T const> view() const noexcept { return {data(), size()}; }
   size_type size() const noexcept { return size_ / sizeof(T); }
   bool empty() const noexcept { return size_ == 0; }
   size_type capacity() const noexcept { return capacity_ / sizeof(T); }

@@ -23,6 +23,7 @@
 #include <pipeswap/core/event_handle.hpp>
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/detail/message.hpp>
+#include <pipeswap/detail/view.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/optim/state.hpp>
 #include <pipeswap/swap/slot.hpp>
@@ -217,14 +218,14 @@ public:
         }
       }
       event_handle<B> in_flight;
-      engine_.copy_to_host(to_host.view(), in_flight, "adopt parked state");
+      engine_.copy_to_host(detail::view(to_host), in_flight, "adopt parked state");
       if (!to_device.empty()) {
-        engine_.copy_to_device(to_device.view(), in_flight, "adopt parked state");
+        engine_.copy_to_device(detail::view(to_device), in_flight, "adopt parked state");
         b_.synchronize(*in_flight); // the old host stores are freed below
       }
       // Cold states leave the device before the first forward (as hyper-parallel's offload_initial_slots does).
-      engine_.launch_offload(cold.view(), "offload initial");
-      engine_.wait_offload(cold.view(), engine_.compute());
+      engine_.launch_offload(detail::view(cold), "offload initial");
+      engine_.wait_offload(detail::view(cold), engine_.compute());
     } catch (...) {
       rollback(adopted, reuse ? stores_t{} : stores);
       throw;
@@ -251,9 +252,9 @@ public:
     using where = typename optimizer_state<B>::where;
     auto& recs = home.records(runtime_access{});
     auto all = pieces_of(slots_, false);
-    engine_.settle(all.view());
+    engine_.settle(detail::view(all));
     auto swapped = pieces_of(slots_, true);
-    engine_.synchronize_to_host(swapped.view(), "hand back");
+    engine_.synchronize_to_host(detail::view(swapped), "hand back");
     auto& stores = home.host_stores(runtime_access{});
     recs.assign(slots_.size(), {});
     for (std::size_t i = 0; i < slots_.size(); ++i) {
@@ -275,7 +276,7 @@ public:
   /// A hand-back that failed: transfers settle and every piece's device storage is released.
   void discard() {
     auto all = pieces_of(slots_, false);
-    engine_.settle(all.view());
+    engine_.settle(detail::view(all));
     for (auto& s : slots_) {
       for (auto& p : s.pieces) engine_.discard_device(p, engine_.compute());
     }
@@ -294,8 +295,8 @@ private:
                 typename optimizer_state<B>::host_stores_type const& fresh_stores) noexcept {
     try {
       auto all = pieces_of(slots_, false);
-      engine_.settle(all.view());
-      engine_.host_sync(all.view());
+      engine_.settle(detail::view(all));
+      engine_.host_sync(detail::view(all));
       for (std::size_t i = 0; i < slots_.size(); ++i) {
         bool const parked = std::find(adopted.begin(), adopted.end(), i) != adopted.end();
         for (auto& p : slots_[i].pieces) {

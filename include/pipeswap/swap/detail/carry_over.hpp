@@ -26,6 +26,7 @@
 #include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/detail/mutation.hpp>
 #include <pipeswap/core/transfer.hpp>
+#include <pipeswap/detail/view.hpp>
 #include <pipeswap/swap/detail/step_plan.hpp>
 #include <pipeswap/swap/detail/step_trace.hpp>
 #include <pipeswap/swap/slot.hpp>
@@ -171,7 +172,7 @@ public:
     if (!deferred_) return false;
     trace_.emit("finish_deferred");
     auto all = pieces_of(slots_, true); // only the pieces in d2h are touched
-    engine_.wait_offload(all.view(), next_user, wait_site::finish_deferred);
+    engine_.wait_offload(detail::view(all), next_user, wait_site::finish_deferred);
     for (auto& a : held_arenas_) engine_.release_arena(a, next_user);
     held_arenas_.clear();
     release_holds();

@@ -25,6 +25,7 @@
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/transfer.hpp>
+#include <pipeswap/detail/view.hpp>
 #include <pipeswap/swap/detail/step_pipeline.hpp>
 
 namespace pipeswap::detail {
@@ -166,7 +167,7 @@ public:
     auto const saved = trace_.where();
     trace_.note("evacuate");
     auto const& d = *arena_plan_;
-    auto const all = d.pieces.view();
+    auto const all = detail::view(d.pieces);
     engine_.settle(all);
     for (std::size_t n = 0; n < d.plan.size(); ++n) {
       if (carry_.plan() == arena_plan_ && carry_.has_own_arena(n)) continue; // own arena: carry_.evict()

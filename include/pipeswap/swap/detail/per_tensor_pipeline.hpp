@@ -17,6 +17,7 @@
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/transfer.hpp>
+#include <pipeswap/detail/view.hpp>
 #include <pipeswap/swap/detail/step_pipeline.hpp>
 
 namespace pipeswap::detail {
@@ -106,7 +107,7 @@ public:
   /// After a failure inside run(): transfers in flight settle, what is on the device is offloaded
   /// (best effort: what cannot be stays there, intact), and the kept batches go home.
   void abort(step_plan<B> const& d) noexcept {
-    auto const all = d.pieces.view();
+    auto const all = detail::view(d.pieces);
     auto const failed = trace_.where();
     try {
       engine_.settle(all);

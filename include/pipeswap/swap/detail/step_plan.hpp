@@ -19,6 +19,7 @@
 #include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/detail/message.hpp>
+#include <pipeswap/detail/view.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/optim/state.hpp>
 #include <pipeswap/swap/partition.hpp>
@@ -48,7 +49,7 @@ struct step_plan {
   [[nodiscard]] std::size_t size() const noexcept { return plan.size(); }
   /// The unique swappable pieces of batch n.
   [[nodiscard]] std::span<buffer* const> batch(std::size_t n) const {
-    return pieces.view().subspan(batch_begin[n], batch_begin[n + 1] - batch_begin[n]);
+    return detail::view(pieces).subspan(batch_begin[n], batch_begin[n + 1] - batch_begin[n]);
   }
   /// Device bytes batch n occupies in its own storage.
   [[nodiscard]] std::size_t own_bytes(std::size_t n, bool packed) const {
@@ -185,7 +186,7 @@ public:
       d->max_batch_bytes = std::max(d->max_batch_bytes, bytes);
       d->batch_bytes.push_back(bytes);
       if (packed) {
-        d->staging.push_back(make_staging_layout<B>(d->batch(n), region.view()));
+        d->staging.push_back(make_staging_layout<B>(d->batch(n), detail::view(region)));
         d->arena_size = std::max(d->arena_size, d->staging.back().bytes);
       }
     }
@@ -242,11 +243,11 @@ private:
     lean_vector<buffer*> ps;
     for (auto& p : s.pieces) ps.push_back(&p);
     if (!s.all(residency::host)) { // bring it home first (rare: after an interrupted offload)
-      engine.settle(ps.view());
-      engine.launch_offload(ps.view(), "recut");
-      engine.wait_offload(ps.view(), engine.compute());
+      engine.settle(detail::view(ps));
+      engine.launch_offload(detail::view(ps), "recut");
+      engine.wait_offload(detail::view(ps), engine.compute());
     }
-    engine.host_sync(ps.view());
+    engine.host_sync(detail::view(ps));
     auto const eb = s.element_bytes;
     lean_vector<buffer> pieces;
     pieces.reserve(cuts.size());
