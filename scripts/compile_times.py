@@ -25,6 +25,8 @@ import tempfile
 
 root = pathlib.Path(__file__).resolve().parent.parent
 include = root / "include"
+# The simulator, the pipeswap command's own headers (<pipeswap/sim...>), outside the library's tree.
+sim_include = root / "examples" / "pipeswap" / "include"
 
 
 def cpu_seconds(cmd):
@@ -66,10 +68,10 @@ def main():
                     help="count the compiler's instructions (valgrind) instead of timing it")
     args = ap.parse_args()
 
-    headers = sorted(p.relative_to(include).as_posix() for p in include.rglob("*.hpp")
-                     if "detail" not in p.relative_to(include).parts)
+    headers = sorted(p.relative_to(d).as_posix() for d in (include, sim_include) for p in d.rglob("*.hpp")
+                     if "detail" not in p.relative_to(d).parts)
     cuda_inc = cuda_include()
-    base = [args.cxx, "-std=c++20", "-O0", "-c", "-o", os.devnull, "-I", str(include)]
+    base = [args.cxx, "-std=c++20", "-O0", "-c", "-o", os.devnull, "-I", str(include), "-I", str(sim_include)]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tus = []

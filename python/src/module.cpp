@@ -20,8 +20,7 @@
 #include <string>
 #include <vector>
 
-#include <pipeswap/backend/torch.hpp>
-#include <pipeswap/backend/torch/saved_tensors.hpp>
+#include <pipeswap/torch.hpp>
 #include <pipeswap/core/budget.hpp>
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/error.hpp>
