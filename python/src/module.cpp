@@ -264,6 +264,7 @@ public:
     return std::string(pt::saved_tensors::manager::to_string(st_.groups().state(chunk(stage, micro))));
   }
   std::size_t moved_storages(int stage, int micro) const { return st_.moved_storages(chunk(stage, micro)); }
+  std::size_t autograd_held(int stage, int micro) const { return st_.autograd_held(chunk(stage, micro)); }
 
   py::dict stats() const {
     py::dict d;
@@ -293,6 +294,22 @@ private:
   pt::saved_tensors st_;
   pipeswap::schedule::chunk open_;
   std::unique_ptr<pt::saved_tensors::manager::forward_scope> scope_;
+};
+
+/// A weak reference to a tensor's storage, taken without touching the storage from Python (a Python
+/// storage object, once made, holds a reference of its own while the storage lives, so a storage
+/// reached with Tensor.untyped_storage() looks shared to pack()). For tests of storage lifetimes.
+struct storage_ref {
+  explicit storage_ref(at::Tensor const& t)
+      : weak(with_storage(t).storage().getWeakStorageImpl()),
+        id(reinterpret_cast<std::uintptr_t>(t.storage().unsafeGetStorageImpl())), nbytes(t.storage().nbytes()) {}
+  static at::Tensor const& with_storage(at::Tensor const& t) {
+    if (!t.defined() || !t.has_storage()) throw pipeswap::invalid_argument("StorageRef: the tensor has no storage");
+    return t;
+  }
+  c10::weak_intrusive_ptr<c10::StorageImpl> weak;
+  std::uintptr_t id = 0;
+  std::size_t nbytes = 0;
 };
 
 // ----- schedules as Python data: an entry is None (a bubble) or (kind, stage, micro[, leaves]) ------
@@ -523,6 +540,12 @@ nothing changed. One budget per device at a time; set it while the swap jobs hol
                std::to_string(s.handle.chunk.micro) + " #" + std::to_string(s.handle.index) + ">";
       });
 
+  py::class_<storage_ref>(m, "StorageRef")
+      .def(py::init<at::Tensor const&>(), py::arg("tensor"))
+      .def("expired", [](storage_ref const& r) { return r.weak.expired(); })
+      .def_readonly("id", &storage_ref::id)
+      .def_readonly("nbytes", &storage_ref::nbytes);
+
   py::class_<saved_tensors_py>(m, "SavedTensors")
       .def(py::init<c10::Device, std::size_t>(), py::arg("device"), py::arg("min_bytes") = 0)
       .def("begin_run", &saved_tensors_py::begin_run)
@@ -541,6 +564,7 @@ nothing changed. One budget per device at a time; set it while the swap jobs hol
       .def("has_group", &saved_tensors_py::has_group)
       .def("state", &saved_tensors_py::state)
       .def("moved_storages", &saved_tensors_py::moved_storages)
+      .def("autograd_held", &saved_tensors_py::autograd_held)
       .def("stats", &saved_tensors_py::stats);
 
   py::class_<runtime>(m, "Runtime")

@@ -6,6 +6,7 @@ work is absent: the loss is computed right away), so the saved tensors of severa
 alive at once, as on a pipeline's first stage.
 """
 
+import contextlib
 import json
 import os
 import pathlib
@@ -14,6 +15,8 @@ import sys
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 import pipeswap.torch as pt
 from conftest import DEVICE, assert_same_bits
@@ -193,7 +196,8 @@ def drop(swap, kinds):
     ({"SWAP_WAIT_LOAD"}, "micro-batch 0: the backward", "which is loading; its SWAP_WAIT_LOAD must come before the backward"),
     ({"SWAP_LAUNCH_LOAD", "SWAP_WAIT_LOAD"}, "micro-batch 0: the backward",
      "which is offloaded; its SWAP_WAIT_LOAD must come before"),
-    ({"SWAP_WAIT_OFFLOAD"}, "micro-batch 6: the forward", "'pp_swap_run1_s0_m0' is offloading; call wait_offload() first"),
+    ({"SWAP_WAIT_OFFLOAD"}, "micro-batch 0: the swap step SWAP_LAUNCH_LOAD",
+     "'pp_swap_run1_s0_m0' is offloading; call wait_offload() first"),
 ])
 def test_each_wait_of_the_order_is_needed(kinds, where, words):
     swap = pt.ActivationSwap(DEVICE, ORDERS["gpipe"], min_bytes=0)
@@ -205,17 +209,33 @@ def test_each_wait_of_the_order_is_needed(kinds, where, words):
     run(ORDERS["gpipe"], True, swap=pt.ActivationSwap(DEVICE, ORDERS["gpipe"], min_bytes=0))
 
 
-def test_a_saved_tensor_used_after_its_release_fails():
-    order = [("FWD", 0, 0), ("BWD", 0, 0)]
-    swap = pt.ActivationSwap(DEVICE, order, min_bytes=0)
+def test_a_retained_graph_runs_again_unless_its_storages_moved():
     x = torch.randn(8, 16, device=DEVICE, requires_grad=True)
+    # Never offloaded (the backward follows at once): the storages stay autograd's, as in torch.
+    swap = pt.ActivationSwap(DEVICE, [("FWD", 0, 0), ("BWD", 0, 0)], min_bytes=0)
     with swap.forward(0, 0):
         y = torch.tanh(x * 3).sum()
     with swap.backward(0, 0):
         y.backward(retain_graph=True)
     swap.end()
-    with pytest.raises(RuntimeError, match="does not exist"):
-        y.backward()
+    first = x.grad.clone()
+    y.backward()
+    assert_same_bits(x.grad, 2 * first, "the second backward of a retained graph")
+    # Offloaded and loaded: the loaded copy is the group's, released after its backward.
+    order = pt.schedule_orders("gpipe", 1, 5)[0]
+    swap = pt.ActivationSwap(DEVICE, order, min_bytes=0)
+    outs = {}
+    for k, s, m in compute(order):
+        if k == "FWD":
+            with swap.forward(s, m):
+                outs[m] = torch.tanh(x * (m + 1)).sum()
+        else:
+            with swap.backward(s, m):
+                outs[m].backward(retain_graph=True)
+    swap.end()
+    assert swap.stats()["offloaded_bytes"] > 0
+    with pytest.raises(RuntimeError, match="group 'pp_swap_run1_s0_m0' does not exist"):
+        outs[0].backward()
 
 
 def test_offloading_a_group_twice_is_refused():
@@ -364,3 +384,114 @@ def test_opaque_and_point_to_point_steps_shape_the_placement_and_are_skipped():
     for a, b in zip(g0, g1):
         assert_same_bits(a, b, "gradient")
     assert swap.stats()["offloaded_bytes"] > 0
+
+
+# ----- lifetimes: what is not moved is freed where autograd frees it -------------------------------
+
+class Created(TorchDispatchMode):
+    """Appends a weak reference to each storage an op creates (its outputs' storages, once each).
+    pipeswap's StorageRef, not Tensor.untyped_storage(): a Python storage object would hold a
+    reference of its own, and every storage would look shared."""
+
+    def __init__(self, into):
+        super().__init__()
+        self.into = into
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device == torch.device(DEVICE):
+                ref = pt.extension().StorageRef(t)
+                if ref.nbytes and not any(r.id == ref.id and not r.expired() for r in self.into):
+                    self.into.append(ref)
+        return out
+
+
+def lifetimes(order, swap=None, hold=()):
+    """One step of `order` (rank 0's stage 0), plain torch when `swap` is None. Returns the
+    storages each forward created (weak references) and, at each autograd node the backward runs and
+    at the end of each backward, which of them are alive (a tuple of bools, creation order). The
+    forwards of the micro-batches in `hold` keep their hidden activation in a list (so it is shared
+    when the group offloads); the list is cleared before the first backward."""
+    net = Net().to(DEVICE)
+    xs = [torch.randn(8, 16, generator=torch.Generator().manual_seed(m)).to(DEVICE) for m in range(16)]
+    created, held, losses, snaps, first_bwd = [], [], {}, [], {}
+
+    def snap(*_):
+        snaps.append(tuple(not r.expired() for r in created))
+
+    def hook_all(fn):
+        seen, todo = set(), [fn]
+        while todo:
+            f = todo.pop()
+            if f is None or f in seen:
+                continue
+            seen.add(f)
+            f.register_prehook(snap)
+            todo.extend(g for g, _ in f.next_functions)
+
+    for k, s, m in compute(order):
+        if k == "FWD":
+            with swap.forward(s, m) if swap else contextlib.nullcontext(), Created(created):
+                h = torch.tanh(net.a(xs[m]))
+                losses[m] = net.norm(net.b(h)).square().mean()
+                if m in hold:
+                    held.append(h)
+                del h
+        else:
+            held.clear()
+            first_bwd[m] = len(snaps)
+            hook_all(losses[m].grad_fn)
+            with swap.backward(s, m) if swap else contextlib.nullcontext():
+                losses.pop(m).backward()
+            snap()
+    if swap:
+        swap.end()
+    snap()
+    return created, snaps, first_bwd
+
+
+def deaths(created, snaps):
+    """For each storage, the first snapshot where it is gone (len(snaps) if never)."""
+    return [next((j for j, sn in enumerate(snaps) if i < len(sn) and not sn[i]), len(snaps))
+            for i in range(len(created))]
+
+
+def alive_peak(created, snaps):
+    return max(sum(r.nbytes for r, alive in zip(created, sn) if alive) for sn in snaps)
+
+
+@pytest.mark.parametrize("case", ["offload off", "order swaps nothing"])
+def test_with_nothing_to_offload_every_storage_is_freed_where_torch_frees_it(case):
+    if case == "offload off":
+        order, offload = ORDERS["gpipe"], False
+    else:  # the last rank of 1F1B: each backward right after its forward, too close to swap
+        order, offload = pt.schedule_orders("1f1b", 4, 8)[3], True
+    swap = pt.ActivationSwap(DEVICE, order, offload=offload, min_bytes=0)
+    assert not any(e[0] == "SWAP_LAUNCH_OFFLOAD" for e in swap.order if e is not None)
+    c0, s0, _ = lifetimes(order)
+    c1, s1, _ = lifetimes(order, swap)
+    assert [r.nbytes for r in c0] == [r.nbytes for r in c1] and len(c0) > 30
+    assert s1 == s0  # the same storages alive at every node of every backward
+    assert alive_peak(c1, s1) / alive_peak(c0, s0) == 1.0
+    assert swap.stats()["peak_saved_bytes"] > 0  # the hooks did take the storages
+
+
+def test_an_offloaded_group_frees_what_it_did_not_move_where_torch_frees_it():
+    order = ORDERS["gpipe"]
+    seen = []
+    swap = pt.ActivationSwap(DEVICE, order, min_bytes=0, on_swap_step=lambda k, s, m: seen.append(
+        (k, s, m, swap.moved_storages(s, m), swap._st.autograd_held(s, m))) if k == "SWAP_LAUNCH_LOAD" else None)
+    c0, s0, first = lifetimes(order, hold={0, 3})
+    c1, s1, _ = lifetimes(order, swap, hold={0, 3})
+    d0, d1 = deaths(c0, s0), deaths(c1, s1)
+    same = [i for i in range(len(c0)) if d0[i] == d1[i]]
+    moved = [i for i in range(len(c0)) if d0[i] != d1[i]]
+    assert moved and same
+    for i in moved:  # only a moved storage dies elsewhere: before any backward (behind its offload)
+        assert d1[i] <= first[0] < d0[i]
+    # The held activations (micro-batches 0 and 3) stay and are freed by their backward, not later.
+    loads = {m: (n, kept) for k, s, m, n, kept in seen}
+    assert len(loads) == 8 and all(n > 0 for n, _ in loads.values())
+    base = loads[1][1]  # the input, which the test holds (xs), in every group
+    assert loads[0][1] == loads[3][1] == base + 1 and all(loads[m][1] == base for m in (1, 2, 4, 5, 6, 7))

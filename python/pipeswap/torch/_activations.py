@@ -98,10 +98,14 @@ class ActivationSwap:
         swap.end()                         # the order must be complete
 
     A forward or backward out of order raises ``RuntimeError`` naming what the order expected; a
-    failure inside one aborts the step, as a failed step is over in torch: every group is released
-    (a graph of that step then fails at its saved tensors), and the error is raised again as
-    ``RuntimeError`` naming the rank, stage and micro-batch. Parameters, gradients and the object
-    stay usable; the next forward starts the next step.
+    failure inside one, or in a swap step, aborts the step, as a failed step is over in torch: every
+    group is released (a graph of that step then fails at the saved tensors the swap moved), and the
+    error is raised again as ``RuntimeError`` naming the rank, stage and micro-batch and the forward,
+    backward or swap step that failed. Parameters, gradients and the object stay usable; the next
+    forward starts the next step.
+
+    Saved storages the swap does not move stay autograd's and are freed where autograd frees them;
+    the manager holds only the storages it moves.
     """
 
     def __init__(self, device, order, *, offload=True, min_bytes=DEFAULT_MIN_BYTES, load_lookahead=1,
@@ -183,7 +187,7 @@ class ActivationSwap:
             self._st.exit()
             self._fail("forward", stage, micro, e)
         self._st.exit()
-        self._leave("forward", stage, micro)
+        self._leave()
 
     @contextlib.contextmanager
     def backward(self, stage, micro):
@@ -198,7 +202,7 @@ class ActivationSwap:
                 self._st.release(stage, micro)
         except BaseException as e:
             self._fail("backward", stage, micro, e)
-        self._leave("backward", stage, micro)
+        self._leave()
 
     def keep(self, tensor):
         """Marks ``tensor``'s storage as one that never moves (while it lives)."""
@@ -264,27 +268,27 @@ class ActivationSwap:
                                f"{m} (position {self._pos}); pass the order of the schedule that runs")
         self._pos += 1
 
-    def _leave(self, what, stage, micro):
-        try:
-            self._run_swaps()
-        except BaseException as e:
-            self._fail(what, stage, micro, e)
+    def _leave(self):
+        self._run_swaps()  # a failing swap step is named as itself
 
     def _run_swaps(self):
         steps, st = self._steps, self._st
         while self._pos < len(steps) and steps[self._pos][0] in _SWAP:
             k, s, m = steps[self._pos]
-            if self.on_swap_step is not None:
-                self.on_swap_step(k, s, m)
-            if k == "SWAP_LAUNCH_OFFLOAD":
-                st.launch_offload(s, m)
-            elif k == "SWAP_WAIT_OFFLOAD":
-                st.wait_offload(s, m)
-            elif k == "SWAP_LAUNCH_LOAD":
-                st.launch_load(s, m)
-            elif k == "SWAP_WAIT_LOAD":
-                st.wait_load(s, m)
-            # SWAP_SET_GROUP: the forward opens its group itself
+            try:
+                if self.on_swap_step is not None:
+                    self.on_swap_step(k, s, m)
+                if k == "SWAP_LAUNCH_OFFLOAD":
+                    st.launch_offload(s, m)
+                elif k == "SWAP_WAIT_OFFLOAD":
+                    st.wait_offload(s, m)
+                elif k == "SWAP_LAUNCH_LOAD":
+                    st.launch_load(s, m)
+                elif k == "SWAP_WAIT_LOAD":
+                    st.wait_load(s, m)
+                # SWAP_SET_GROUP: the forward opens its group itself
+            except BaseException as e:
+                self._fail(f"swap step {k}", s, m, e)
             self._pos += 1
 
     def _fail(self, what, stage, micro, error):

@@ -127,27 +127,36 @@ def offload_activations(schedule, *, min_bytes=DEFAULT_MIN_BYTES, load_lookahead
                           on_swap_step=on_swap_step)
     swap.orders = [swap.order if r == rank else o for r, o in enumerate(orders)]
     swap.order_source = source
+    _attr(schedule, "_has_backward", "the schedule")
     for st in stages:
-        _instrument_stage(st, swap)
+        _instrument_stage(schedule, st, swap)
     _instrument_step(schedule, swap)
     schedule._pipeswap_activation_swap = swap
     return swap
 
 
-def _instrument_stage(stage, swap):
+def _training(schedule):
+    """Whether the schedule's step trains: ``eval()`` runs ``step`` with ``_has_backward`` off, and a
+    step under ``torch.no_grad()`` saves nothing. Anything else runs torch's own code untouched."""
+    return schedule._has_backward and torch.is_grad_enabled()
+
+
+def _instrument_stage(schedule, stage, swap):
     fwd = _attr(stage, "forward_one_chunk", "the stage")
     bwd = _attr(stage, "backward_one_chunk", "the stage")
     index = _attr(stage, "stage_index", "the stage")
 
     @functools.wraps(fwd)
     def forward_one_chunk(fwd_chunk_id, *args, **kwargs):
-        if not torch.is_grad_enabled():  # eval: nothing is saved
+        if not _training(schedule):  # evaluation: torch's own forward, nothing moves
             return fwd(fwd_chunk_id, *args, **kwargs)
         with swap.forward(index, fwd_chunk_id):
             return fwd(fwd_chunk_id, *args, **kwargs)
 
     @functools.wraps(bwd)
     def backward_one_chunk(bwd_chunk_id, *args, **kwargs):
+        if not _training(schedule):  # evaluation: torch's stage skips its backward; so does the order
+            return bwd(bwd_chunk_id, *args, **kwargs)
         full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
         if not full:
             raise RuntimeError(f"pipeswap: rank {swap.rank}, stage {index}: a split backward (input, then "
@@ -164,7 +173,7 @@ def _instrument_step(schedule, swap):
 
     @functools.wraps(step)
     def instrumented(*args, **kwargs):
-        if not torch.is_grad_enabled():
+        if not _training(schedule):  # evaluation (eval(), or no grad): the order's cursor is not moved
             return step(*args, **kwargs)
         swap.begin()
         try:

@@ -11,6 +11,11 @@ on, before every SWAP_LAUNCH_LOAD no storage an offload moved may still be refer
 step's peak of swappable saved bytes must stay within what the injected order predicts, and the
 groups the order swaps must have moved storages.
 
+PIPESWAP_TEST_EVAL=1 checks evaluation instead: for each schedule, ``schedule.eval()`` under
+``torch.no_grad()`` and with grad enabled, between training steps, on a schedule with
+offload_activations and on the same schedule without: the losses and outputs are bit for bit the
+same, evaluation runs no swap step and moves nothing, and the training steps around it still match.
+
 PIPESWAP_TEST_FAIL=rank:micro makes that rank's stage raise in the forward of that micro-batch (the
 failure test); the rank's error must name it, and torchrun must take the job down.
 
@@ -19,6 +24,7 @@ and exits if the rank waits longer than PIPESWAP_TEST_WATCHDOG seconds (default 
 waited on what.
 """
 
+import contextlib
 import faulthandler
 import os
 import sys
@@ -128,11 +134,74 @@ def run(kind, micro, opt_kind, offload, rank, world, fail=None):
     return grads, [p.detach().clone() for p in params], (len(swapped) if offload else 0)
 
 
+def check_eval(kind, rank, world):
+    """Evaluation between two training steps, with and without offload_activations (see above)."""
+    chunks = 2 if kind == "interleaved_1f1b" else 1
+    n_stages, micro = world * chunks, 2 * world
+    results, counted, swaps = [], 0, False
+    for offload in (False, True):
+        modules = gpt_stages(VOCAB, DIM, layers=n_stages, heads=HEADS, stages=n_stages, seed=1234)
+        mine = [s for s in range(n_stages) if s % world == rank]
+        stages = [PipelineStage(modules[s], s, n_stages, torch.device("cpu")) for s in mine]
+        schedule = SCHEDULES[kind](stages if chunks > 1 else stages[0], n_microbatches=micro, loss_fn=loss_fn)
+        steps = []
+        swap = (offload_activations(schedule, min_bytes=0, on_swap_step=lambda k, s, m: steps.append(k))
+                if offload else None)
+        g = torch.Generator().manual_seed(7)
+        out = []
+
+        def batch():
+            x = torch.randint(0, VOCAB, (BATCH * micro, SEQ), generator=g)
+            y = torch.randint(0, VOCAB, (BATCH * micro, SEQ), generator=g)
+            return ((x,) if 0 in mine else ()), ({"target": y} if n_stages - 1 in mine else {})
+
+        for phase in ("train", "eval no_grad", "eval grad", "train"):
+            args, kwargs = batch()
+            before = (len(steps), swap.stats()["offloaded_bytes"], swap.steps_run) if swap else None
+            if phase == "train":
+                for m in modules:
+                    m.zero_grad()
+                schedule.step(*args, **kwargs)
+                out.append([p.grad.clone() for s in mine for p in modules[s].parameters()])
+                continue
+            losses = []
+            with torch.no_grad() if phase == "eval no_grad" else contextlib.nullcontext():
+                merged = schedule.eval(*args, losses=losses, **kwargs)
+            out.append([t.detach().clone() for t in losses] + ([merged.detach().clone()] if merged is not None
+                                                                 else []))
+            if swap and (len(steps), swap.stats()["offloaded_bytes"], swap.steps_run) != before:
+                raise AssertionError(f"rank {rank} {kind}: {phase} ran {len(steps) - before[0]} swap steps and "
+                                     f"moved {swap.stats()['offloaded_bytes'] - before[1]} bytes")
+        if swap:
+            counted = swap.stats()["offloaded_bytes"]
+            swaps = any(e is not None and e[0] == "SWAP_LAUNCH_OFFLOAD" for e in swap.order)
+        results.append(out)
+    if swaps != (counted > 0):  # 1F1B on two ranks swaps nothing (too close); the others do
+        raise AssertionError(f"rank {rank} {kind}: the order swaps {'some' if swaps else 'no'} groups, the "
+                             f"training steps moved {counted} bytes")
+    n = 0
+    for i, (a, b) in enumerate(zip(*results)):
+        if len(a) != len(b) or (i in (1, 2) and n_stages - 1 in mine and not a):
+            raise AssertionError(f"rank {rank} {kind}: phase {i} gave {len(a)} and {len(b)} tensors")
+        for u, v in zip(a, b):
+            if not torch.equal(u.view(torch.int32) if u.dtype == torch.float32 else u,
+                               v.view(torch.int32) if v.dtype == torch.float32 else v):
+                raise AssertionError(f"rank {rank} {kind}: phase {i} differs with offload_activations")
+            n += 1
+    return n
+
+
 def main():
     faulthandler.dump_traceback_later(float(os.environ.get("PIPESWAP_TEST_WATCHDOG", "240")), exit=True)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
+    if os.environ.get("PIPESWAP_TEST_EVAL"):
+        n = sum(check_eval(kind, rank, world) for kind in SCHEDULES)
+        dist.barrier()
+        print(f"OK rank {rank}: evaluation, {n} tensors bit-identical", flush=True)
+        dist.destroy_process_group()
+        return
     fail = os.environ.get("PIPESWAP_TEST_FAIL")
     if fail:
         r, m = (int(v) for v in fail.split(":"))
