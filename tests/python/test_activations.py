@@ -407,6 +407,44 @@ class Created(TorchDispatchMode):
         return out
 
 
+class StepPeak(TorchDispatchMode):
+    """The most bytes of storages allocated under it (by ops whose outputs alias no input) that are
+    alive at once, checked after every op: the allocator's peak for what the step allocates."""
+
+    def __init__(self):
+        super().__init__()
+        self.alive, self.peak = [], 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not any(r.alias_info is not None for r in func._schema.returns):
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.device == torch.device(DEVICE):
+                    ref = pt.extension().StorageRef(t)
+                    if ref.nbytes and not any(r.id == ref.id for r in self.alive):
+                        self.alive.append(ref)
+        self.alive = [r for r in self.alive if not r.expired()]
+        self.peak = max(self.peak, sum(r.nbytes for r in self.alive))
+        return out
+
+
+def step_peak(order, swap=None):
+    net = Net().to(DEVICE)
+    xs = [torch.randn(8, 16, generator=torch.Generator().manual_seed(m)).to(DEVICE) for m in range(16)]
+    losses = {}
+    with StepPeak() as p:
+        for k, s, m in compute(order):
+            if k == "FWD":
+                with swap.forward(s, m) if swap else contextlib.nullcontext():
+                    losses[m] = net(xs[m]).square().mean()
+            else:
+                with swap.backward(s, m) if swap else contextlib.nullcontext():
+                    losses.pop(m).backward()
+        if swap:
+            swap.end()
+    return p.peak
+
+
 def lifetimes(order, swap=None, hold=()):
     """One step of `order` (rank 0's stage 0), plain torch when `swap` is None. Returns the
     storages each forward created (weak references) and, at each autograd node the backward runs and
@@ -475,6 +513,9 @@ def test_with_nothing_to_offload_every_storage_is_freed_where_torch_frees_it(cas
     assert s1 == s0  # the same storages alive at every node of every backward
     assert alive_peak(c1, s1) / alive_peak(c0, s0) == 1.0
     assert swap.stats()["peak_saved_bytes"] > 0  # the hooks did take the storages
+    # Everything the step allocates, forward and backward: the same peak as torch's, exactly.
+    again = pt.ActivationSwap(DEVICE, order, offload=offload, min_bytes=0)
+    assert step_peak(order, again) / step_peak(order) == 1.0
 
 
 def test_an_offloaded_group_frees_what_it_did_not_move_where_torch_frees_it():
