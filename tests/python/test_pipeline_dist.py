@@ -23,9 +23,13 @@ def torchrun(nproc, env=None):
     e = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     t0 = time.monotonic()
     try:
-        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                            f"--nproc-per-node={nproc}", WORKER], env=e, capture_output=True, text=True,
-                           timeout=DEADLINE)
+        r = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", WORKER],
+            env=e,
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE,
+        )
     except subprocess.TimeoutExpired as x:
         out = (x.stdout or b"").decode() if isinstance(x.stdout, bytes) else (x.stdout or "")
         err = (x.stderr or b"").decode() if isinstance(x.stderr, bytes) else (x.stderr or "")
