@@ -28,7 +28,7 @@ if [ ! -x "$py" ]; then
 fi
 need=()
 "$py" -c "import torch" 2>/dev/null || need+=("torch==$torch_version")
-for m in expecttest pytest mesonpy:meson-python numpy; do
+for m in expecttest pytest mesonpy:meson-python numpy ruff; do
   "$py" -c "import ${m%%:*}" 2>/dev/null || need+=("${m##*:}")
 done
 "$venv/bin/meson" --version >/dev/null 2>&1 || need+=(meson)

@@ -37,8 +37,12 @@ import pipeswap.torch as pt  # noqa: E402
 def parse():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
-                   help="parameters and activations (default: bfloat16 on CUDA, float32 on the CPU)")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16"],
+        help="parameters and activations (default: bfloat16 on CUDA, float32 on the CPU)",
+    )
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
@@ -49,9 +53,13 @@ def parse():
     p.add_argument("--stages", type=int, default=4, help="pipeline depth whose first stage this emulates")
     p.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"])
     p.add_argument("--steps", type=int, default=3, help="timed steps (after one warm-up step)")
-    p.add_argument("--min-bytes", type=int, default=1 << 16,
-                   help="saved storages smaller than this stay (the library's default is 1 MiB; this "
-                        "example's default shape has smaller ones)")
+    p.add_argument(
+        "--min-bytes",
+        type=int,
+        default=1 << 16,
+        help="saved storages smaller than this stay (the library's default is 1 MiB; this "
+        "example's default shape has smaller ones)",
+    )
     p.add_argument("--load-lookahead", type=int, default=1)
     p.add_argument("--offload-wait-delay", type=int, default=1)
     p.add_argument("--simulate", metavar="PIPESWAP", help="the pipeswap command, to compare with its prediction")
@@ -64,8 +72,14 @@ def run(args, offload):
     dtype = getattr(torch, args.dtype)
     model = gpt_stages(args.vocab, args.dim, args.layers, args.heads, 1, device=device, dtype=dtype)[0]
     order = [e for e in pt.schedule_orders(args.schedule, args.stages, args.micro)[0]]
-    swap = pt.ActivationSwap(device, order, offload=offload, min_bytes=args.min_bytes,
-                             load_lookahead=args.load_lookahead, offload_wait_delay=args.offload_wait_delay)
+    swap = pt.ActivationSwap(
+        device,
+        order,
+        offload=offload,
+        min_bytes=args.min_bytes,
+        load_lookahead=args.load_lookahead,
+        offload_wait_delay=args.offload_wait_delay,
+    )
     g = torch.Generator().manual_seed(7)
     xs = [torch.randint(0, args.vocab, (args.batch, args.seq), generator=g).to(device) for _ in range(args.micro)]
     ys = [torch.randint(0, args.vocab, (args.batch, args.seq), generator=g).to(device) for _ in range(args.micro)]
@@ -108,13 +122,26 @@ def run(args, offload):
 def simulate(args, binary):
     """The simulator's rank 0 for the same shape: the model as the first of --stages equal stages."""
     scenario = {
-        "model": {"name": "examples/torch/gpt.py", "layers": args.layers * args.stages, "hidden": args.dim,
-                  "ffn_hidden": 4 * args.dim, "heads": args.heads, "kv_heads": args.heads, "vocab": args.vocab,
-                  "seq_len": args.seq, "micro_batch_size": args.batch, "mlp": "gelu",
-                  "param_dtype": "BF16" if args.dtype == "bfloat16" else "F32",
-                  "fp32_master": args.dtype == "bfloat16", "flash_attention": True},
-        "pipeline": {"schedule": args.schedule if args.schedule == "1f1b" else "gpipe", "ranks": args.stages,
-                     "micro_batches": args.micro},
+        "model": {
+            "name": "examples/torch/gpt.py",
+            "layers": args.layers * args.stages,
+            "hidden": args.dim,
+            "ffn_hidden": 4 * args.dim,
+            "heads": args.heads,
+            "kv_heads": args.heads,
+            "vocab": args.vocab,
+            "seq_len": args.seq,
+            "micro_batch_size": args.batch,
+            "mlp": "gelu",
+            "param_dtype": "BF16" if args.dtype == "bfloat16" else "F32",
+            "fp32_master": args.dtype == "bfloat16",
+            "flash_attention": True,
+        },
+        "pipeline": {
+            "schedule": args.schedule if args.schedule == "1f1b" else "gpipe",
+            "ranks": args.stages,
+            "micro_batches": args.micro,
+        },
     }
     if args.device.startswith("cuda"):  # the simulator's device defaults, with this device's memory
         props = torch.cuda.get_device_properties(torch.device(args.device))
@@ -122,8 +149,11 @@ def simulate(args, binary):
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(scenario, f)
     try:
-        r = subprocess.run([binary, "simulate", "--scenario", f.name, "--json", "--svg", "", "--trace", ""],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [binary, "simulate", "--scenario", f.name, "--json", "--svg", "", "--trace", ""],
+            capture_output=True,
+            text=True,
+        )
     finally:
         os.unlink(f.name)
     if r.returncode != 0:
@@ -133,9 +163,13 @@ def simulate(args, binary):
     none, act = conf.get("none"), conf.get("activations")
     if none is None or act is None:
         return {"error": f"configurations {sorted(conf)}"}
-    return {"peak_bytes_without": none["peak_bytes"], "peak_bytes_with": act["peak_bytes"],
-            "step_ratio": act["step_ns"] / none["step_ns"], "d2h_bytes": act["d2h_bytes"],
-            "swapped_chunks": act["swapped_chunks"]}
+    return {
+        "peak_bytes_without": none["peak_bytes"],
+        "peak_bytes_with": act["peak_bytes"],
+        "step_ratio": act["step_ns"] / none["step_ns"],
+        "d2h_bytes": act["d2h_bytes"],
+        "swapped_chunks": act["swapped_chunks"],
+    }
 
 
 def gib(n):
@@ -147,31 +181,47 @@ def main():
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     params = parameter_count(args.vocab, args.dim, args.layers)
     base, swap = run(args, False), run(args, True)
-    same = all(torch.equal(a.view(torch.int16 if a.element_size() == 2 else torch.int32),
-                           b.view(torch.int16 if b.element_size() == 2 else torch.int32))
-               for a, b in zip(base.pop("grads"), swap.pop("grads")))
-    print(f"model: {params / 1e6:.1f} M parameters ({args.dtype}), {args.micro} micro-batches of "
-          f"{args.batch}x{args.seq} tokens, rank 0's order of {args.schedule} over {args.stages} stages, "
-          f"on {args.device}")
+    same = all(
+        torch.equal(
+            a.view(torch.int16 if a.element_size() == 2 else torch.int32),
+            b.view(torch.int16 if b.element_size() == 2 else torch.int32),
+        )
+        for a, b in zip(base.pop("grads"), swap.pop("grads"))
+    )
+    print(
+        f"model: {params / 1e6:.1f} M parameters ({args.dtype}), {args.micro} micro-batches of "
+        f"{args.batch}x{args.seq} tokens, rank 0's order of {args.schedule} over {args.stages} stages, "
+        f"on {args.device}"
+    )
     print(f"{'':24}{'no offload':>16}{'offload':>16}")
     print(f"{'peak allocated':24}{gib(base['peak_allocated_bytes']):>16}{gib(swap['peak_allocated_bytes']):>16}")
     print(f"{'peak saved activations':24}{gib(base['peak_saved_bytes']):>16}{gib(swap['peak_saved_bytes']):>16}")
     print(f"{'groups in flight':24}{base['groups_in_flight']:>16}{swap['groups_in_flight']:>16}")
     print(f"{'moved per step':24}{gib(0):>16}{gib(swap['moved_bytes_per_step']):>16}")
     print(f"{'step':24}{base['step_s'] * 1e3:>13.1f} ms{swap['step_s'] * 1e3:>13.1f} ms")
-    print(f"group: {gib(swap['group_bytes'])}; step-time ratio {swap['step_s'] / base['step_s']:.3f}; "
-          f"gradients bit-identical: {'yes' if same else 'NO'}")
-    out = {"args": vars(args), "parameters": params, "no_offload": base, "offload": swap,
-           "step_ratio": swap["step_s"] / base["step_s"], "bit_identical": same}
+    print(
+        f"group: {gib(swap['group_bytes'])}; step-time ratio {swap['step_s'] / base['step_s']:.3f}; "
+        f"gradients bit-identical: {'yes' if same else 'NO'}"
+    )
+    out = {
+        "args": vars(args),
+        "parameters": params,
+        "no_offload": base,
+        "offload": swap,
+        "step_ratio": swap["step_s"] / base["step_s"],
+        "bit_identical": same,
+    }
     if args.simulate:
         sim = simulate(args, args.simulate)
         out["simulated"] = sim
         if "error" in sim:
             print(f"pipeswap simulate: {sim['error']}")
         else:
-            print(f"pipeswap simulate, rank 0 of {args.stages}: peak {gib(sim['peak_bytes_without'])} -> "
-                  f"{gib(sim['peak_bytes_with'])}, step-time ratio {sim['step_ratio']:.3f}, "
-                  f"{sim['swapped_chunks']} groups swapped")
+            print(
+                f"pipeswap simulate, rank 0 of {args.stages}: peak {gib(sim['peak_bytes_without'])} -> "
+                f"{gib(sim['peak_bytes_with'])}, step-time ratio {sim['step_ratio']:.3f}, "
+                f"{sim['swapped_chunks']} groups swapped"
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -5,5 +5,6 @@ pipeswap's C++ library (``pipeswap._C``, built against the torch it imports); do
 the guide.
 """
 
-__version__ = "0.1.0"
+from ._version import version as __version__
+
 __all__ = ["__version__"]

@@ -7,11 +7,20 @@
 // operators would suit stateless kernels; this object owns a runtime with state, a callback into
 // Python and phases called between steps, which a custom operator cannot express.
 //
+// Threads: no binding releases the GIL (no py::gil_scoped_release anywhere), copies and waits
+// included, so this module's C++ code runs in one thread at a time, and the GIL is what guards each
+// device_context, shared by every runtime and activation swap of the device. Another Python thread
+// runs only while a call is back in Python (the update callback inside step()). Releasing the GIL
+// around a copy or wait would need a lock on the device_context first (docs/pytorch.md, "Threads";
+// tests/python/test_threads.py).
+//
 // One Runtime per optimizer: the device's shared torch backend and transfer engine, a
 // tensor_optimizer and, once configured, an optimizer_swap. Changing the parameters or the settings rebuilds the
 // optimizer_swap; the state carries over (optimizer_state).
 #include <torch/extension.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -224,8 +233,8 @@ private:
 /// optimizers' copy streams and pinned pool), with the chunk passed as (stage, micro).
 class saved_tensors_py {
 public:
-  saved_tensors_py(c10::Device device, std::size_t min_bytes)
-      : ctx_(device_context::of(device)), st_(ctx_->engine, {.min_bytes = min_bytes}) {}
+  saved_tensors_py(c10::Device device, std::int64_t min_bytes)
+      : ctx_(device_context::of(device)), st_(ctx_->engine, {.min_bytes = checked_min_bytes(min_bytes)}) {}
 
   void begin_run() { st_.begin_run(); }
   void end_run() { st_.end_run(); }
@@ -264,6 +273,7 @@ public:
     return std::string(pt::saved_tensors::manager::to_string(st_.groups().state(chunk(stage, micro))));
   }
   std::size_t moved_storages(int stage, int micro) const { return st_.moved_storages(chunk(stage, micro)); }
+  std::size_t autograd_held(int stage, int micro) const { return st_.autograd_held(chunk(stage, micro)); }
 
   py::dict stats() const {
     py::dict d;
@@ -281,6 +291,10 @@ public:
   }
 
 private:
+  static std::size_t checked_min_bytes(std::int64_t n) {
+    if (n < 0) throw pipeswap::invalid_argument("ActivationSwap: min_bytes must be >= 0, got " + std::to_string(n));
+    return static_cast<std::size_t>(n);
+  }
   static pipeswap::schedule::chunk chunk(int stage, int micro) {
     if (stage < 0 || micro < 0) {
       throw pipeswap::invalid_argument("SavedTensors: stage and micro-batch must be >= 0, got (" +
@@ -293,6 +307,22 @@ private:
   pt::saved_tensors st_;
   pipeswap::schedule::chunk open_;
   std::unique_ptr<pt::saved_tensors::manager::forward_scope> scope_;
+};
+
+/// A weak reference to a tensor's storage, taken without touching the storage from Python (a Python
+/// storage object, once made, holds a reference of its own while the storage lives, so a storage
+/// reached with Tensor.untyped_storage() looks shared to pack()). For tests of storage lifetimes.
+struct storage_ref {
+  explicit storage_ref(at::Tensor const& t)
+      : weak(with_storage(t).storage().getWeakStorageImpl()),
+        id(reinterpret_cast<std::uintptr_t>(t.storage().unsafeGetStorageImpl())), nbytes(t.storage().nbytes()) {}
+  static at::Tensor const& with_storage(at::Tensor const& t) {
+    if (!t.defined() || !t.has_storage()) throw pipeswap::invalid_argument("StorageRef: the tensor has no storage");
+    return t;
+  }
+  c10::weak_intrusive_ptr<c10::StorageImpl> weak;
+  std::uintptr_t id = 0;
+  std::size_t nbytes = 0;
 };
 
 // ----- schedules as Python data: an entry is None (a bubble) or (kind, stage, micro[, leaves]) ------
@@ -354,6 +384,10 @@ py::list rank_orders_to_py(sch::rank_orders const& r) {
 
 /// Every rank's order of a named schedule, with its point-to-point steps.
 py::list schedule_orders(std::string const& kind, int ranks, int micro, int chunks) {
+  if ((kind == "gpipe" || kind == "1f1b") && chunks != 1) {
+    throw pipeswap::invalid_argument("schedule: " + kind + " runs one stage per rank; chunks must be 1, got " +
+                                     std::to_string(chunks));
+  }
   if (kind == "gpipe") return rank_orders_to_py(sch::gpipe(ranks, micro));
   if (kind == "1f1b") return rank_orders_to_py(sch::one_f_one_b(ranks, micro));
   if (kind == "interleaved_1f1b") return rank_orders_to_py(sch::interleaved_1f1b({ranks, chunks, micro, false}));
@@ -361,10 +395,10 @@ py::list schedule_orders(std::string const& kind, int ranks, int micro, int chun
 }
 
 /// One order with pipeswap's swap steps injected.
-py::list inject_order(py::sequence const& order, std::size_t load_lookahead, std::size_t offload_wait_delay) {
-  sch::inject_options opts;
-  opts.load_lookahead = load_lookahead;
-  opts.offload_wait_delay = offload_wait_delay;
+py::list inject_order(py::sequence const& order, std::int64_t load_lookahead, std::int64_t offload_wait_delay) {
+  sch::inject_options opts; // validate() states the rule; a negative count breaks it as 0 does
+  opts.load_lookahead = static_cast<std::size_t>(std::max<std::int64_t>(load_lookahead, 0));
+  opts.offload_wait_delay = static_cast<std::size_t>(std::max<std::int64_t>(offload_wait_delay, 0));
   opts.validate();
   return order_to_py(sch::inject_swap_steps(order_from_py(order, "inject: "), opts));
 }
@@ -463,28 +497,35 @@ PYBIND11_MODULE(_C, m) {
   m.attr("torch_version") = PIPESWAP_TORCH_BUILT_FOR; // torch.__version__ at build time
   m.attr("has_cuda") = static_cast<bool>(PIPESWAP_TORCH_CUDA);
 
+  // pipeswap's errors as standard Python exceptions: invalid_argument → ValueError, budget_exceeded
+  // (a strict device budget refused a reservation) → torch.OutOfMemoryError, as torch reports a
+  // device allocation that does not fit; any other pipeswap::error → RuntimeError. An error inside
+  // an optimizer step carries the batch it failed in; the update's own Python exception passes as
+  // itself.
+  static py::object const* oom = nullptr; // torch.OutOfMemoryError, kept for the process's life
+  if (!oom) oom = new py::object(py::module_::import("torch").attr("OutOfMemoryError"));
   py::register_exception_translator([](std::exception_ptr p) {
+    auto type_of = [](std::exception const& e) -> PyObject* {
+      if (dynamic_cast<pipeswap::budget_exceeded const*>(&e) || dynamic_cast<c10::OutOfMemoryError const*>(&e))
+        return oom->ptr();
+      if (dynamic_cast<pipeswap::invalid_argument const*>(&e)) return PyExc_ValueError;
+      return PyExc_RuntimeError;
+    };
     try {
       if (p) std::rethrow_exception(p);
     } catch (pipeswap::step_error const& e) {
       try {
         rethrow_innermost(e);
       } catch (py::error_already_set& inner) {
-        // The update's own Python exception, with the batch named in a note-like chained error.
         inner.restore();
         return;
-      } catch (pipeswap::invalid_argument const& inner) {
-        PyErr_SetString(PyExc_ValueError, (std::string(e.what()) + ": " + inner.what()).c_str());
-        return;
       } catch (std::exception const& inner) {
-        PyErr_SetString(PyExc_RuntimeError, (std::string(e.what()) + ": " + inner.what()).c_str());
+        PyErr_SetString(type_of(inner), (std::string(e.what()) + ": " + inner.what()).c_str());
         return;
       }
       PyErr_SetString(PyExc_RuntimeError, e.what());
-    } catch (pipeswap::invalid_argument const& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
     } catch (pipeswap::error const& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what());
+      PyErr_SetString(type_of(e), e.what());
     }
   });
 
@@ -504,8 +545,8 @@ SwapAdamW/SwapAdam (swapped state, staging arenas, prefetched and resident batch
 (the storage a load brings back) hold on `device`, while the object lives (close() detaches it).
 Activation loads take precedence: an optimizer prefetch starts only when it leaves room for every
 offloaded activation group to come back. Overshoot (default): a required reservation always
-proceeds and is counted in stats()["over_budget_count"]; strict: it is refused with RuntimeError,
-nothing changed. One budget per device at a time; set it while the swap jobs hold no device storage.)")
+proceeds and is counted in stats()["over_budget_count"]; strict: it is refused with
+torch.OutOfMemoryError, nothing changed. One budget per device at a time; set it while the swap jobs hold no device storage.)")
       .def(py::init<c10::Device, std::uint64_t, bool>(), py::arg("device"), py::arg("capacity"),
            py::arg("strict") = false)
       .def("close", &device_budget_py::close)
@@ -523,8 +564,14 @@ nothing changed. One budget per device at a time; set it while the swap jobs hol
                std::to_string(s.handle.chunk.micro) + " #" + std::to_string(s.handle.index) + ">";
       });
 
+  py::class_<storage_ref>(m, "StorageRef")
+      .def(py::init<at::Tensor const&>(), py::arg("tensor"))
+      .def("expired", [](storage_ref const& r) { return r.weak.expired(); })
+      .def_readonly("id", &storage_ref::id)
+      .def_readonly("nbytes", &storage_ref::nbytes);
+
   py::class_<saved_tensors_py>(m, "SavedTensors")
-      .def(py::init<c10::Device, std::size_t>(), py::arg("device"), py::arg("min_bytes") = 0)
+      .def(py::init<c10::Device, std::int64_t>(), py::arg("device"), py::arg("min_bytes") = 0)
       .def("begin_run", &saved_tensors_py::begin_run)
       .def("end_run", &saved_tensors_py::end_run)
       .def("enter", &saved_tensors_py::enter)
@@ -541,6 +588,7 @@ nothing changed. One budget per device at a time; set it while the swap jobs hol
       .def("has_group", &saved_tensors_py::has_group)
       .def("state", &saved_tensors_py::state)
       .def("moved_storages", &saved_tensors_py::moved_storages)
+      .def("autograd_held", &saved_tensors_py::autograd_held)
       .def("stats", &saved_tensors_py::stats);
 
   py::class_<runtime>(m, "Runtime")

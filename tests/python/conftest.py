@@ -37,7 +37,8 @@ def assert_same_bits(a, b, what):
 def assert_same_state(swap_sd, torch_sd, what=""):
     """Two state dicts in torch's format hold the same bits (swap's tensors on the CPU)."""
     assert swap_sd["param_groups"] == torch_sd["param_groups"] or _groups_equal(
-        swap_sd["param_groups"], torch_sd["param_groups"]), f"{what}param_groups differ"
+        swap_sd["param_groups"], torch_sd["param_groups"]
+    ), f"{what}param_groups differ"
     assert sorted(swap_sd["state"]) == sorted(torch_sd["state"]), f"{what}state ids differ"
     for i, st in torch_sd["state"].items():
         mine = swap_sd["state"][i]
@@ -57,11 +58,13 @@ def _groups_equal(a, b):
             u, v = x[k], y[k]
             if isinstance(u, torch.Tensor) or isinstance(v, torch.Tensor):
                 if not (isinstance(u, torch.Tensor) and isinstance(v, torch.Tensor)) or not torch.equal(
-                        u.cpu(), v.cpu()):
+                    u.cpu(), v.cpu()
+                ):
                     return False
             elif isinstance(u, tuple) and any(isinstance(e, torch.Tensor) for e in u):
-                if len(u) != len(v) or not all(torch.equal(torch.as_tensor(e).cpu(), torch.as_tensor(f).cpu())
-                                               for e, f in zip(u, v)):
+                if len(u) != len(v) or not all(
+                    torch.equal(torch.as_tensor(e).cpu(), torch.as_tensor(f).cpu()) for e, f in zip(u, v)
+                ):
                     return False
             elif u != v:
                 return False

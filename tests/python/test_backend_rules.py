@@ -19,8 +19,9 @@ def test_backend_rules(exe):
     if exe.endswith("_cuda") and not os.path.exists(path):
         pytest.skip("this torch has no CUDA: the CUDA path was not built")
     assert os.path.exists(path), f"{path} was not built"
-    r = subprocess.run([path], capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, BOOST_TEST_COLOR_OUTPUT="no"))
+    r = subprocess.run(
+        [path], capture_output=True, text=True, timeout=300, env=dict(os.environ, BOOST_TEST_COLOR_OUTPUT="no")
+    )
     if r.returncode == 77:
         pytest.skip(r.stdout.strip().splitlines()[-1])
     assert r.returncode == 0, r.stdout + r.stderr

@@ -15,10 +15,9 @@ import pytest
 import torch
 
 pytest.importorskip("expecttest", reason="torch's OptimizerInfo database needs expecttest (pip install expecttest)")
-from torch.testing._internal.common_optimizers import (  # noqa: E402
-    _get_optim_inputs_including_global_cliquey_kwargs, optim_db)
-
 from conftest import DEVICE, assert_same_bits, assert_same_state  # noqa: E402
+from torch.testing._internal.common_optimizers import _get_optim_inputs_including_global_cliquey_kwargs, optim_db  # noqa: E402
+
 from pipeswap.torch import SwapAdam, SwapAdamW  # noqa: E402
 
 PAIRS = {torch.optim.Adam: SwapAdam, torch.optim.AdamW: SwapAdamW}
@@ -42,8 +41,10 @@ def _inputs():
     for info in INFOS:
         inputs = _get_optim_inputs_including_global_cliquey_kwargs(DEVICE, None, info)
         if DEVICE.type == "cpu":  # torch lists no foreach variant for the CPU; it runs there too
-            inputs += [type(i)(params=None, kwargs={**i.kwargs, "foreach": True}, desc=f"{i.desc} & foreach (cpu)")
-                       for i in info.optim_inputs_func(DEVICE)]
+            inputs += [
+                type(i)(params=None, kwargs={**i.kwargs, "foreach": True}, desc=f"{i.desc} & foreach (cpu)")
+                for i in info.optim_inputs_func(DEVICE)
+            ]
         for i in inputs:
             out.append(pytest.param(info.optim_cls, i.kwargs, id=f"{info.optim_cls.__name__}-{i.desc}"))
     return out
@@ -140,10 +141,12 @@ def test_input_count():
 def test_corrupted_state_is_caught():
     """The oracle can fail: one flipped bit in one state tensor after a step makes the comparison
     fail (the same harness as test_bitwise)."""
+
     def corrupt(opt, step):
         if step == 5:
             views = opt._rt.state_views(opt._index[opt.param_groups[0]["params"][0]])
             views[0].view(torch.int32).view(-1)[7] ^= 1 << 22  # the mantissa's top bit
+
     ref_params, ref = run(torch.optim.AdamW, {}, torch.float32)
     params, opt = run(SwapAdamW, {}, torch.float32, SWAPS["packed-3"], mutate=corrupt)
     with pytest.raises(AssertionError, match="differ"):

@@ -7,8 +7,8 @@ import pickle
 
 import pytest
 import torch
-
 from conftest import DEVICE, assert_same_bits, assert_same_state
+
 from pipeswap.torch import SwapAdam, SwapAdamW
 
 SHAPES = [(30, 20), (100,), (6,)]
@@ -72,15 +72,17 @@ def test_complex_parameter():
 
 def test_complex_gradient_on_a_complex_parameter_group(pair):
     with pytest.raises(ValueError, match=r"param_groups\[1\]\['params'\]\[0\] is complex"):
-        pair.opt.add_param_group({"params": [torch.zeros(4, dtype=torch.complex64, device=DEVICE,
-                                                         requires_grad=True)]})
+        pair.opt.add_param_group({"params": [torch.zeros(4, dtype=torch.complex64, device=DEVICE, requires_grad=True)]})
     assert len(pair.opt.param_groups) == 1
 
 
 def test_parameters_on_different_devices(pair):
     other = torch.zeros(4, device="meta", requires_grad=True)
-    with pytest.raises(ValueError, match=r"param_groups\[1\]\['params'\]\[1\] is on meta but the optimizer's "
-                                         r"parameters are on (cpu|cuda:0); all parameters of one optimizer must share"):
+    with pytest.raises(
+        ValueError,
+        match=r"param_groups\[1\]\['params'\]\[1\] is on meta but the optimizer's "
+        r"parameters are on (cpu|cuda:0); all parameters of one optimizer must share",
+    ):
         pair.opt.add_param_group({"params": [torch.zeros(4, device=DEVICE, requires_grad=True), other]})
     assert len(pair.opt.param_groups) == 1
     with pytest.raises(ValueError, match="must share a device"):
@@ -103,8 +105,11 @@ def test_dtype_changed_between_steps(pair):
     keep = p.data
     p.data = p.data.double()
     grads(pair.ps, 99)
-    with pytest.raises(ValueError, match=r"param_groups\[0\]\['params'\]\[0\] changed dtype from torch.float32 "
-                                         r"to torch.float64"):
+    with pytest.raises(
+        ValueError,
+        match=r"param_groups\[0\]\['params'\]\[0\] changed dtype from torch.float32 "
+        r"to torch.float64",
+    ):
         pair.opt.step()
     p.data = keep
 
@@ -139,19 +144,29 @@ def another_model_state(pair, mutate):
     return sd
 
 
-@pytest.mark.parametrize("mutate,match", [
-    (lambda sd: sd["state"][0].update(exp_avg=torch.zeros(20, 30)),
-     r"state\[0\] \(param_groups\[0\]\['params'\]\[0\]\)\['exp_avg'\] is \(20, 30\) but the parameter has shape "
-     r"\(30, 20\): a state dict of another model"),
-    (lambda sd: sd["param_groups"].append(dict(sd["param_groups"][0], params=[9])),
-     r"the state dict has 2 parameter group\(s\), this optimizer 1"),
-    (lambda sd: sd["param_groups"][0]["params"].pop(),
-     r"param_groups\[0\] has 2 parameter\(s\) in the state dict, 3 here"),
-    (lambda sd: sd["state"][1].pop("max_exp_avg_sq"), r"state\[1\] .* has keys .* expected"),
-    (lambda sd: sd["state"].__setitem__(17, sd["state"][0]), r"state for id 17, which no parameter group"),
-    (lambda sd: sd["param_groups"][0].update(amsgrad=False), r"\['amsgrad'\] is False in the state dict"),
-    (lambda sd: sd["state"][2].update(step="x"), r"state\[2\] .*\['step'\] must be a number"),
-], ids=["shape", "groups", "group-size", "missing-key", "unknown-id", "amsgrad", "step"])
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (
+            lambda sd: sd["state"][0].update(exp_avg=torch.zeros(20, 30)),
+            r"state\[0\] \(param_groups\[0\]\['params'\]\[0\]\)\['exp_avg'\] is \(20, 30\) but the parameter has shape "
+            r"\(30, 20\): a state dict of another model",
+        ),
+        (
+            lambda sd: sd["param_groups"].append(dict(sd["param_groups"][0], params=[9])),
+            r"the state dict has 2 parameter group\(s\), this optimizer 1",
+        ),
+        (
+            lambda sd: sd["param_groups"][0]["params"].pop(),
+            r"param_groups\[0\] has 2 parameter\(s\) in the state dict, 3 here",
+        ),
+        (lambda sd: sd["state"][1].pop("max_exp_avg_sq"), r"state\[1\] .* has keys .* expected"),
+        (lambda sd: sd["state"].__setitem__(17, sd["state"][0]), r"state for id 17, which no parameter group"),
+        (lambda sd: sd["param_groups"][0].update(amsgrad=False), r"\['amsgrad'\] is False in the state dict"),
+        (lambda sd: sd["state"][2].update(step="x"), r"state\[2\] .*\['step'\] must be a number"),
+    ],
+    ids=["shape", "groups", "group-size", "missing-key", "unknown-id", "amsgrad", "step"],
+)
 def test_state_dict_of_another_model(pair, mutate, match):
     before = pair.opt.state_dict()
     lr = pair.opt.param_groups[0]["lr"]

@@ -3,15 +3,16 @@ offload; with them on, the bits stay torch's."""
 
 import pytest
 import torch
-
 from conftest import DEVICE, assert_same_bits, assert_same_state
+
 from pipeswap.torch import SwapAdamW, extension
 
 
 def model(seed=0):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 64), torch.nn.GELU(),
-                               torch.nn.Linear(64, 8)).to(DEVICE)
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)
+    ).to(DEVICE)
 
 
 def test_prefetch_from_a_backward_hook_is_bit_identical():
@@ -23,7 +24,7 @@ def test_prefetch_from_a_backward_hook_is_bit_identical():
     m[0].weight.register_post_accumulate_grad_hook(lambda p: seen.append(opt.prefetch()))
     assert opt.prefetch() == 0  # before the first step no batch order is known
     g = torch.Generator().manual_seed(3)
-    for step in range(10):
+    for _step in range(10):
         x = torch.randn(16, 32, generator=g).to(DEVICE)
         for mm, o in ((m, opt), (ref_m, ref)):
             o.zero_grad()
@@ -80,6 +81,7 @@ def test_a_call_from_inside_the_step_is_refused():
     m(torch.randn(4, 32, device=DEVICE)).sum().backward()
     opt.step()
     from torch.optim.optimizer import register_optimizer_step_pre_hook
+
     def hook(optimizer, args, kwargs):  # fires for SwapAdamW.step (allowed) and the inner step (not)
         opt.prefetch()
 
@@ -96,12 +98,15 @@ def test_two_optimizers_share_a_device():
     # Optimizers on one device share its backend and copy streams; stepped in turn, each still gives
     # torch's bits.
     ms, refs = [model(1), model(2)], [model(1), model(2)]
-    opts = [SwapAdamW(ms[0].parameters(), lr=0.01, swap_times=3, min_swap_numel=8),
-            SwapAdamW(ms[1].parameters(), lr=0.02, swap_times=2, pipeline="per_tensor", defer_offload=True,
-                      min_swap_numel=8)]
+    opts = [
+        SwapAdamW(ms[0].parameters(), lr=0.01, swap_times=3, min_swap_numel=8),
+        SwapAdamW(
+            ms[1].parameters(), lr=0.02, swap_times=2, pipeline="per_tensor", defer_offload=True, min_swap_numel=8
+        ),
+    ]
     ref_opts = [torch.optim.AdamW(refs[0].parameters(), lr=0.01), torch.optim.AdamW(refs[1].parameters(), lr=0.02)]
     g = torch.Generator().manual_seed(5)
-    for step in range(4):
+    for _step in range(4):
         x = torch.randn(8, 32, generator=g).to(DEVICE)
         for mm, o in zip(ms + refs, opts + ref_opts):
             o.zero_grad()

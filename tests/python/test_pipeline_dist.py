@@ -1,6 +1,7 @@
 """Activation swap inside torch.distributed.pipelining, across processes: torchrun starts
 tests/python/dist/pipeline_worker.py with 2, 3 and 4 ranks on the gloo backend (see its docstring for
-what each rank checks), and once more with a rank that fails mid-step.
+what each rank checks), once more with a rank that fails mid-step, and once (2 ranks) for
+evaluation between training steps.
 
 Each torchrun has a deadline (subprocess timeout) and each rank a watchdog that dumps its stacks, so a
 hang is reported with who waited on what.
@@ -22,9 +23,13 @@ def torchrun(nproc, env=None):
     e = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     t0 = time.monotonic()
     try:
-        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                            f"--nproc-per-node={nproc}", WORKER], env=e, capture_output=True, text=True,
-                           timeout=DEADLINE)
+        r = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", WORKER],
+            env=e,
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE,
+        )
     except subprocess.TimeoutExpired as x:
         out = (x.stdout or b"").decode() if isinstance(x.stdout, bytes) else (x.stdout or "")
         err = (x.stderr or b"").decode() if isinstance(x.stderr, bytes) else (x.stderr or "")
@@ -50,3 +55,11 @@ def test_a_failing_rank_takes_the_job_down_naming_its_rank_and_micro_batch():
     assert "pipeswap: rank 1, stage 1, micro-batch 2: the forward failed" in out, out[-6000:]
     assert "injected failure" in out
     assert elapsed < 120, f"the job took {elapsed:.0f} s to go down"
+
+
+def test_evaluation_runs_torch_alone_and_moves_nothing():
+    r, _ = torchrun(2, {"PIPESWAP_TEST_EVAL": "1"})
+    assert r.returncode == 0, f"torchrun failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}"
+    ok = re.findall(r"OK rank (\d+): evaluation, (\d+) tensors bit-identical", r.stdout)
+    assert sorted(int(rank) for rank, _ in ok) == [0, 1], r.stdout
+    assert all(int(n) > 0 for _, n in ok)

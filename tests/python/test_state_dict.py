@@ -5,8 +5,8 @@ import io
 
 import pytest
 import torch
-
 from conftest import DEVICE, assert_same_bits, assert_same_state
+
 from pipeswap.torch import SwapAdam, SwapAdamW
 
 SHAPES = [(40, 30), (300,), (7,), (20, 20)]
@@ -49,8 +49,9 @@ def roundtrip(sd):
 
 
 @pytest.mark.parametrize("kw", KWARGS, ids=["plain", "amsgrad", "fused-maximize"])
-@pytest.mark.parametrize("torch_cls,swap_cls", [(torch.optim.AdamW, SwapAdamW), (torch.optim.Adam, SwapAdam)],
-                         ids=["AdamW", "Adam"])
+@pytest.mark.parametrize(
+    "torch_cls,swap_cls", [(torch.optim.AdamW, SwapAdamW), (torch.optim.Adam, SwapAdam)], ids=["AdamW", "Adam"]
+)
 def test_torch_to_swap_and_back(torch_cls, swap_cls, kw):
     # torch trains 5 steps; its state dict (saved and loaded as weights) goes into the swap
     # optimizer, which trains 5 more; that one's state dict goes back into a torch optimizer for 5
@@ -88,8 +89,14 @@ def test_resume_swap_to_swap(pipeline):
     train(a, ps, 6)
     saved = roundtrip(a.state_dict())
     del a
-    b = SwapAdamW(groups(ps), lr=0.02, amsgrad=True, swap_times=2, pipeline="per_tensor" if pipeline == "packed"
-                  else "packed", defer_offload=True)
+    b = SwapAdamW(
+        groups(ps),
+        lr=0.02,
+        amsgrad=True,
+        swap_times=2,
+        pipeline="per_tensor" if pipeline == "packed" else "packed",
+        defer_offload=True,
+    )
     b.load_state_dict(saved)
     train(b, ps, 6, start=6)
     for k, (x, y) in enumerate(zip(ps, ref_ps)):

@@ -11,39 +11,45 @@
 //   /* backward under the hooks: unpack() */ st.release(c);
 //   st.end_run();
 //
-// What pack() moves. A saved tensor is taken by its storage: the manager adopts a reference to the
-// storage (backend::adopt) and hands autograd a saved_tensor (the group's handle and the view's
-// offset, sizes and strides) instead of the tensor, so the manager holds what autograd would have
-// held. pack() returns the tensor itself — it stays where it is — when
+// What pack() takes. A saved tensor is taken by its storage: pack() hands autograd a saved_tensor
+// (the group's entry and the view's offset, sizes and strides) instead of the tensor. Until the
+// group's offload, the storage stays autograd's: every saved_tensor of it shares one saved_storage
+// that holds it, so it is freed when autograd drops its last saved_tensor of it, at the same point
+// of the backward as without the hooks. The manager takes a reference (backend::adopt) only at
+// launch_offload, and only to the storages it moves; it holds what it moves until release(). pack()
+// returns the tensor itself — it stays where it is — when
 //   * no forward scope is open, or it is on another device than the manager's;
 //   * its storage is smaller than min_bytes (a copy that small costs more in launch overhead than
 //     the memory it frees, as swap_config::min_numel keeps small optimizer tensors resident);
 //   * it is a parameter, or a view of one (its base is a leaf that requires grad);
 //   * its storage was marked with keep() (inputs the pipeline holds for the backward, for example);
-//   * its storage was saved in another group that is still alive (that group then sees it shared).
+//   * its storage was saved in another group that still holds it (that group then sees it shared).
 // A storage saved twice in one group, or through several views, is registered once: every view's
-// saved_tensor names the same handle. At launch_offload, a storage anyone else still references (a
-// stage output being sent, an input kept for the backward, a tensor the user holds) stays on the
-// device: moving it would free nothing, and loading it back would double it. close() decides this
-// at the end of the forward, launch_offload() again for what changed since.
+// saved_tensor names the same entry. A storage anyone besides autograd still references (a stage
+// output being sent, an input kept for the backward, a tensor the user holds) is never moved: moving
+// it would free nothing, and loading it back would double it. close() decides this at the end of
+// the forward, launch_offload() again for what changed since. A group whose offload never comes
+// (the order does not swap it, or offload is off) thus costs nothing beyond torch's own lifetimes.
 //
-// Safety. unpack() of a group that is not on the device (its load not waited, or never launched)
-// throws state_error naming the group, and so does a handle of a released group or an earlier run:
-// a backward that runs out of order fails at the tensor, never on stale or freed memory. abort()
-// releases everything a group holds behind its copies (a failed step is over, as in torch: its
-// graphs then fail at their saved tensors); parameters, gradients and the manager stay usable.
+// Safety. unpack() of a moved storage whose group is not on the device (its load not waited, or
+// never launched) throws state_error naming the group, and so does one of a released group or an
+// earlier run: a backward that runs out of order fails at the tensor, never on stale or freed
+// memory. abort() releases everything the manager moved behind its copies (a failed step is over,
+// as in torch: its graphs then fail at their moved tensors); parameters, gradients and the manager
+// stay usable.
 //
-// Accounting. saved_bytes().now is what the manager holds on the device now, counting each moved
-// storage from its save until its offload is waited and again from its load until release();
-// saved_bytes().peak the most of that in the run, counted only over storages that moved (a storage
-// kept on the device is the pipeline's, not the swap's). moved_alive() counts the storages of
-// offloaded groups that are still referenced somewhere: zero when every offload really released
-// its memory.
+// Accounting. saved_bytes() follows the groups through the order, not the allocator: each swappable
+// storage (one not found referenced elsewhere) counts from its save until its offload is waited,
+// again from its load until release(), and, in a group never offloaded, until release();
+// saved_bytes().peak is the most of that in the run. So offload=false gives the figure of the same
+// order without swap. moved_alive() counts the storages of offloaded groups that are still
+// referenced somewhere: zero when every offload really released its memory.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -64,9 +70,18 @@
 
 namespace pipeswap::torch {
 
-/// What pack() leaves autograd in place of a moved tensor: the storage's handle and the view on it.
+/// A saved storage while autograd owns it: every saved_tensor of the storage shares one, so the
+/// storage lives as long as autograd keeps one of them. launch_offload() empties it when the
+/// manager takes the storage to move it.
+struct saved_storage {
+  c10::Storage storage;
+};
+
+/// What pack() leaves autograd in place of a tensor: the storage (while not moved), its entry in the
+/// group and the view on it.
 struct saved_tensor {
-  activation_handle handle;
+  activation_handle handle; ///< run, group and the entry's index in saved_tensors' group
+  std::shared_ptr<saved_storage> held;
   std::int64_t offset = 0;
   std::vector<std::int64_t> sizes;
   std::vector<std::int64_t> strides;
@@ -127,46 +142,45 @@ public:
 
   // ----- the hooks --------------------------------------------------------------------------------
 
-  /// The pack hook: a saved_tensor for a storage the manager takes, else the tensor itself.
+  /// The pack hook: a saved_tensor for a storage the group takes, else the tensor itself.
   [[nodiscard]] packed pack(at::Tensor const& t) {
     auto const c = mgr_.current();
     if (!c || !stays_eligible(t)) return t;
     auto& g = groups_.at(*c);
     auto* impl = t.storage().unsafeGetStorageImpl();
     if (auto it = by_storage_.find(impl); it != by_storage_.end()) {
-      if (!(it->second.chunk == *c)) return t; // another group's: this reference pins it there
-      return view_of(t, it->second);
+      if (auto held = it->second.held.lock()) {         // still autograd's, so `impl` is this very storage
+        if (!(it->second.handle.chunk == *c)) return t; // another group's: this reference pins it there
+        return view_of(t, it->second.handle, std::move(held));
+      }
+      by_storage_.erase(it); // an earlier storage at the same address, freed since
     }
-    auto const s = engine_.compute();
-    auto const d = engine_.backend().adopt(t.storage(), s);
-    activation_handle h;
-    try {
-      h = mgr_.save(d, t.storage().nbytes());
-    } catch (...) {
-      engine_.backend().deallocate_device(d, t.storage().nbytes(), s); // drops the reference again
-      throw;
-    }
+    auto held = std::make_shared<saved_storage>(saved_storage{t.storage()});
+    activation_handle const h{mgr_.run(), *c, g.entries.size()};
     auto const uid = next_uid_++;
-    g.entries.push_back({d, t.storage().nbytes(), uid, impl, t.storage().getWeakStorageImpl(), false});
-    by_storage_.emplace(impl, h);
+    g.entries.push_back({t.storage().nbytes(), uid, impl, held, t.storage().getWeakStorageImpl()});
+    by_storage_.insert_or_assign(impl, registered{h, held});
     note(uid, static_cast<std::int64_t>(t.storage().nbytes()));
-    return view_of(t, h);
+    return view_of(t, h, std::move(held));
   }
 
-  /// The unpack hook: the tensor over the storage's current device copy.
+  /// The unpack hook: the tensor over its storage, or over a moved storage's current device copy.
   [[nodiscard]] at::Tensor unpack(saved_tensor const& s) const {
-    if (s.handle.run == mgr_.run() && mgr_.has_group(s.handle.chunk)) {
-      auto const st = mgr_.state(s.handle.chunk);
-      if (st != group_state::collecting && st != group_state::loaded) {
-        throw state_error("saved_tensors::unpack: the backward needs a tensor of group '" +
-                          mgr_.group_name(s.handle.chunk) + "', which is " + std::string(manager::to_string(st)) +
-                          "; its SWAP_WAIT_LOAD must come before the backward");
-      }
+    if (s.held && s.held->storage) return view(s.held->storage, s);
+    auto const g = groups_.find(s.handle.chunk);
+    if (s.handle.run != mgr_.run() || g == groups_.end() || s.handle.index >= g->second.entries.size() ||
+        !g->second.entries[s.handle.index].moved) {
+      (void)mgr_.ptr(s.handle); // throws, naming why: another run, a released group
+      throw state_error("saved_tensors::unpack: a saved tensor of group '" + mgr_.group_name(s.handle.chunk) +
+                        "' whose storage is gone");
     }
-    auto const d = mgr_.ptr(s.handle); // throws for a released group, another run, a host copy
-    auto const storage = engine_.backend().storage(d);
-    return at::empty({0}, c10::TensorOptions().dtype(s.dtype).device(engine_.backend().device()))
-        .set_(storage, s.offset, s.sizes, s.strides);
+    auto const st = mgr_.state(s.handle.chunk);
+    if (st != group_state::collecting && st != group_state::loaded) {
+      throw state_error("saved_tensors::unpack: the backward needs a tensor of group '" +
+                        mgr_.group_name(s.handle.chunk) + "', which is " + std::string(manager::to_string(st)) +
+                        "; its SWAP_WAIT_LOAD must come before the backward");
+    }
+    return view(engine_.backend().storage(mgr_.ptr(g->second.entries[s.handle.index].at)), s);
   }
 
   // ----- the life cycle ---------------------------------------------------------------------------
@@ -174,27 +188,41 @@ public:
   /// The end of `c`'s forward: storages that something besides autograd references now (the stage's
   /// output, an input kept for the backward, a tensor the user holds) are the pipeline's and stay on
   /// the device; the rest are the group's swappable bytes.
-  void close(schedule::chunk c) { classify(c, group_of(c, "close")); }
+  void close(schedule::chunk c) { classify(group_of(c, "close")); }
 
-  /// Offloads group `c` (closing it first if close() was not called): its swappable storages move
-  /// and their device memory is released behind the copy.
+  /// Offloads group `c` (closing it first if close() was not called): the manager takes its
+  /// swappable storages from autograd, moves them, and releases their device memory behind the copy.
   void launch_offload(schedule::chunk c) {
     auto& g = group_of(c, "launch_offload");
     if (mgr_.state(c) != group_state::collecting) return mgr_.launch_offload(c); // the manager's error
-    classify(c, g);
-    mgr_.launch_offload(c);
-    for (auto& e : g.entries) {
-      if (kept_.count(e.uid)) continue;
-      e.moved = true;
-      by_storage_.erase(e.impl); // released: the address may be reused
+    classify(g);
+    {
+      auto const scope = mgr_.forward(c);
+      auto const s = engine_.compute();
+      for (auto& e : g.entries) {
+        if (kept_.count(e.uid) || e.moved) continue;
+        auto held = e.held.lock();
+        if (!held || !held->storage) continue; // classify() kept those autograd dropped
+        auto const d = engine_.backend().adopt(held->storage, s);
+        try {
+          e.at = mgr_.save(d, e.bytes);
+        } catch (...) {
+          engine_.backend().deallocate_device(d, e.bytes, s); // drops the reference again
+          throw;
+        }
+        e.moved = true;
+        held->storage = {};        // the manager's alone now
+        by_storage_.erase(e.impl); // released behind the copy: the address may be reused
+      }
     }
+    mgr_.launch_offload(c);
   }
 
   void wait_offload(schedule::chunk c) {
     auto& g = group_of(c, "wait_offload");
     mgr_.wait_offload(c);
     for (auto const& e : g.entries) {
-      if (!kept_.count(e.uid)) note(e.uid, -static_cast<std::int64_t>(e.bytes));
+      if (e.moved) note(e.uid, -static_cast<std::int64_t>(e.bytes));
     }
   }
 
@@ -202,7 +230,7 @@ public:
     auto& g = group_of(c, "launch_load");
     mgr_.launch_load(c);
     for (auto const& e : g.entries) {
-      if (!kept_.count(e.uid)) note(e.uid, static_cast<std::int64_t>(e.bytes));
+      if (e.moved) note(e.uid, static_cast<std::int64_t>(e.bytes));
     }
   }
 
@@ -211,8 +239,8 @@ public:
     mgr_.wait_load(c);
   }
 
-  /// After the backward of `c`: the group's device storage is released (tensors autograd still
-  /// holds keep theirs alive).
+  /// After the backward of `c`: the moved storages' device copies are released (tensors autograd
+  /// still holds keep theirs alive); the group is forgotten.
   void release(schedule::chunk c) {
     group_of(c, "release");
     mgr_.release(c);
@@ -247,8 +275,18 @@ public:
     }
     return n;
   }
+  /// Storages saved in group `c` that autograd still holds and the manager has not moved (they are
+  /// freed as autograd frees them).
+  [[nodiscard]] std::size_t autograd_held(schedule::chunk c) const {
+    std::size_t n = 0;
+    for (auto const& e : group_of(c, "autograd_held").entries) {
+      auto const held = e.held.lock();
+      n += held && held->storage;
+    }
+    return n;
+  }
 
-  /// Bytes of moved storages the manager holds on the device now, and the most in this run.
+  /// Bytes of swappable saved storages the groups hold on the device now, and the most in this run.
   struct saved_bytes_figures {
     std::int64_t now = 0;
     std::int64_t peak = 0;
@@ -269,15 +307,20 @@ public:
 
 private:
   struct entry {
-    device_pointer_t<backend> at{};
     std::size_t bytes = 0;
     std::size_t uid = 0;
     c10::StorageImpl* impl = nullptr; ///< identity only (by_storage_), never dereferenced
+    std::weak_ptr<saved_storage> held;
     c10::weak_intrusive_ptr<c10::StorageImpl> weak;
     bool moved = false;
+    activation_handle at{}; ///< the manager's handle, once moved
   };
   struct group {
     std::vector<entry> entries;
+  };
+  struct registered {
+    activation_handle handle;
+    std::weak_ptr<saved_storage> held;
   };
 
   [[nodiscard]] bool stays_eligible(at::Tensor const& t) const {
@@ -292,8 +335,12 @@ private:
     return true;
   }
 
-  static saved_tensor view_of(at::Tensor const& t, activation_handle h) {
-    return saved_tensor{h, t.storage_offset(), t.sizes().vec(), t.strides().vec(), t.scalar_type()};
+  static saved_tensor view_of(at::Tensor const& t, activation_handle h, std::shared_ptr<saved_storage> held) {
+    return saved_tensor{h, std::move(held), t.storage_offset(), t.sizes().vec(), t.strides().vec(), t.scalar_type()};
+  }
+  at::Tensor view(c10::Storage const& storage, saved_tensor const& s) const {
+    return at::empty({0}, c10::TensorOptions().dtype(s.dtype).device(engine_.backend().device()))
+        .set_(storage, s.offset, s.sizes, s.strides);
   }
 
   group& group_of(schedule::chunk c, char const* op) {
@@ -308,12 +355,14 @@ private:
     return it->second;
   }
 
-  void classify(schedule::chunk c, group& g) {
+  /// Storages referenced besides their saved_storage are kept (for good: the pipeline holds them),
+  /// and so are those autograd no longer holds.
+  void classify(group& g) {
     std::size_t swappable = 0;
     for (auto const& e : g.entries) {
-      if (!kept_.count(e.uid) && engine_.backend().shared(e.at)) {
-        mgr_.protect(c, e.at, e.bytes);
-        kept_.insert(e.uid);
+      if (!kept_.count(e.uid) && !e.moved) {
+        auto const held = e.held.lock(); // none: autograd dropped it already, there is nothing to move
+        if (!held || !held->storage || held->storage.use_count() > 1) kept_.insert(e.uid);
       }
       if (!kept_.count(e.uid)) swappable += e.bytes;
     }
@@ -325,7 +374,7 @@ private:
     if (it == groups_.end()) return;
     for (auto const& e : it->second.entries) {
       auto o = by_storage_.find(e.impl);
-      if (o != by_storage_.end() && o->second.chunk == c) by_storage_.erase(o);
+      if (o != by_storage_.end() && o->second.handle.chunk == c) by_storage_.erase(o);
       if (resident_.count(e.uid)) note(e.uid, -static_cast<std::int64_t>(e.bytes)); // its device copy goes
     }
     groups_.erase(it);
@@ -344,7 +393,7 @@ private:
   manager mgr_;
   saved_tensors_options opts_;
   std::map<schedule::chunk, group> groups_;
-  std::map<c10::StorageImpl*, activation_handle> by_storage_; ///< registered storages, by identity
+  std::map<c10::StorageImpl*, registered> by_storage_; ///< storages autograd holds for a group, by identity
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> marked_;
   std::vector<std::pair<std::size_t, std::int64_t>> log_;
   std::set<std::size_t> kept_;

@@ -1,5 +1,9 @@
 """The compiled extension pipeswap._C, checked against the torch this Python imports."""
 
+from __future__ import annotations
+
+from types import ModuleType
+
 import torch
 
 try:
@@ -11,7 +15,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
     ) from e
 
 
-def _major_minor(version):
+def _major_minor(version: str) -> tuple[str, ...]:
     return tuple(version.split("+")[0].split(".")[:2])
 
 
@@ -23,6 +27,6 @@ if _major_minor(_C.torch_version) != _major_minor(torch.__version__):
     )
 
 
-def extension():
+def extension() -> ModuleType:
     """The compiled runtime module ``pipeswap._C`` (``torch_version`` it was built for, ``has_cuda``)."""
     return _C
