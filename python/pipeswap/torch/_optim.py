@@ -159,10 +159,10 @@ class _ParamState(MutableMapping):
 
 
 class _SwapState(MutableMapping):
-    """``optimizer.state``: param -> torch's per-parameter state (see _ParamState). Lists the
-    parameters whose state has started, in param_groups order. ``del state[p]``,
-    ``state[p].clear()`` and ``state.clear()`` reset state as in torch; ``state[p] = {...}`` loads
-    an entry (checked first, copied into the host store)."""
+    """``optimizer.state``: param -> torch's per-parameter state (see _ParamState). As torch's
+    defaultdict, an entry exists once it was looked up or stepped, and the mapping lists those in
+    param_groups order. ``del state[p]``, ``state[p].clear()`` and ``state.clear()`` reset state as
+    in torch; ``state[p] = {...}`` loads an entry (checked first, copied into the host store)."""
 
     def __init__(self, opt):
         self._opt = opt
@@ -191,20 +191,22 @@ class _SwapState(MutableMapping):
 
     def __delitem__(self, p):
         e = self._entry(p, False)
-        if e is None or not len(e):
+        if e is None:
             raise KeyError(p)
         e.clear()
+        del self._entries[id(p)]
 
     def clear(self):
         for e in list(self._entries.values()):
             e.clear()
+        self._entries.clear()
 
     def _live(self):
         out = []
         for g in self._opt.param_groups:
             for p in g["params"]:
                 e = self._entries.get(id(p))
-                if e is not None and e._p is p and len(e):
+                if e is not None and e._p is p:
                     out.append(p)
         return out
 
@@ -216,7 +218,7 @@ class _SwapState(MutableMapping):
 
     def __contains__(self, p):
         e = self._entries.get(id(p))
-        return e is not None and e._p is p and len(e) > 0
+        return e is not None and e._p is p
 
     def __repr__(self):
         return f"<{self._opt._name} state of {len(self)} parameter(s); moments in pipeswap's host store>"
@@ -722,8 +724,8 @@ class _SwapAdamBase(Optimizer):
             self._bind()
             if p not in self._index:
                 raise KeyError(f"{self._name}.state_tensors: the tensor is not a parameter of this optimizer")
-            entry = self.state._entry(p, True)
-            if not entry.started:
+            entry = self.state._entry(p, False)
+            if entry is None or not entry.started:
                 return {}
             out = {"step": entry._held["step"].detach().to("cpu", copy=True)}
             for key, v in zip(self._slot_keys_of(p), self._raw_views(p)):
@@ -753,9 +755,11 @@ class _SwapAdamBase(Optimizer):
             state = {}
             for p in self.state:
                 entry = self.state._entry(p, False)
-                out = {"step": entry._held["step"]}
-                for key, v in zip(self._slot_keys_of(p), self._raw_views(p)):
-                    out[key] = self._hand_out(p, v)
+                out = {}
+                if entry.started:
+                    out["step"] = entry._held["step"]
+                    for key, v in zip(self._slot_keys_of(p), self._raw_views(p)):
+                        out[key] = self._hand_out(p, v)
                 out.update((k, v) for k, v in entry._held.items() if k != "step")
                 state[mapping[id(p)]] = out
         out = {"state": state, "param_groups": groups}
@@ -811,6 +815,9 @@ class _SwapAdamBase(Optimizer):
                 if not isinstance(s, Mapping):
                     raise ValueError(f"{name}.load_state_dict: {where} is not a dict")
                 need = ["step"] + _slot_keys(amsgrad)
+                if not s:  # an entry without state (torch lists parameters it looked up)
+                    entries.append((p, gi, None, None))
+                    continue
                 missing = [key for key in need if key not in s]
                 extra = [key for key in s if key not in need]
                 if missing or extra:
@@ -832,15 +839,18 @@ class _SwapAdamBase(Optimizer):
                 g.update(new)
             loaded = set()
             for p, gi, step, values in entries:
-                for view, v in zip(self._raw_views(p), values):
-                    _copy_into(view, v)
                 entry = self.state._entry(p, True)
-                entry._held = {"step": self._place_step(p, groups[gi], step)}
+                if values is None:
+                    entry.clear()
+                else:
+                    for view, v in zip(self._raw_views(p), values):
+                        _copy_into(view, v)
+                    entry._held = {"step": self._place_step(p, groups[gi], step)}
                 loaded.add(id(p))
-            # As torch does, parameters the state dict has no state for start afresh.
+            # As torch does, parameters the state dict has no entry for start afresh.
             for p in list(self.state):
                 if id(p) not in loaded:
-                    self.state._entry(p, False).clear()
+                    del self.state[p]
         for hook in getattr(self, "_optimizer_load_state_dict_post_hooks", {}).values():
             hook(self)
 
