@@ -4,7 +4,8 @@ tests/python/dist/fsdp_worker.py on the gloo backend (see its docstring for what
 - 2 ranks: five FSDP2 setups (1-D mesh; reshard_after_forward=False with a MixedPrecisionPolicy;
   gradient accumulation with set_requires_gradient_sync and clip_grad_norm_; HSDP on a 2-D mesh;
   FSDP + TP on a 2-D mesh) bit-identical to torch.optim.AdamW, with host stores of exactly the local
-  shards' state, and the DCP round trips (nested, flattened, full + cpu_offload, dcp.save/dcp.load).
+  shards' state, and the DCP round trips (nested, flattened, full + cpu_offload, dcp.save/dcp.load);
+  ZeroRedundancyOptimizer(optimizer_class=SwapAdamW) consolidates, reloads and resumes exactly.
 - 2 and 4 ranks: a job killed after 3 steps resumes from its DCP checkpoint and matches the
   uninterrupted torch.optim.AdamW run bit for bit over 10 more steps.
 
@@ -42,9 +43,9 @@ def ranks_ok(out, what, nproc):
     assert all(int(n) > 0 for _, n in found), found
 
 
-def test_fsdp2_setups_bit_identical_and_dcp_round_trips(tmp_path):
-    out = torchrun(2, {"PIPESWAP_TEST_DCP": str(tmp_path / "dcp")})
-    for case in ("1d", "mp_keep", "accum_clip", "hsdp", "fsdp_tp", "dcp"):
+def test_fsdp2_setups_dcp_and_zero_bit_identical(tmp_path):
+    out = torchrun(2, {"PIPESWAP_TEST_DCP": str(tmp_path / "dcp"), "PIPESWAP_TEST_ZERO": str(tmp_path)})
+    for case in ("1d", "mp_keep", "accum_clip", "hsdp", "fsdp_tp", "dcp", "zero"):
         ranks_ok(out, case, 2)
 
 

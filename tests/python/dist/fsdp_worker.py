@@ -14,6 +14,9 @@ What the rank does, in this order:
            full + cpu_offload) into a fresh SwapAdamW, dcp.save/dcp.load of model and optimizer
            (flattened, torchtitan's setting) through dir, each followed by steps that must match the
            uninterrupted run.
+  PIPESWAP_TEST_ZERO=dir  ZeroRedundancyOptimizer(optimizer_class=SwapAdamW) and the same with
+           torch's AdamW: 3 steps, consolidate_state_dict, save, a fresh ZeRO loads it, 3 more steps;
+           parameters and the consolidated state must match bit for bit.
   PIPESWAP_TEST_SAVE=dir  trains STEPS_BEFORE steps with SwapAdamW (1-D mesh; HSDP on 4 ranks),
            saves model and optimizer with dcp.save into dir, and exits without any cleanup (a
            killed job).
@@ -217,7 +220,55 @@ def check_dcp(world, ckpt):
     return n
 
 
+def check_zero(tmp):
+    """ZeroRedundancyOptimizer(optimizer_class=SwapAdamW) against the same with torch's AdamW:
+    3 steps, consolidate_state_dict, a fresh ZeRO loads the consolidated state, 3 more steps."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    def run(cls, extra):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 7))
+        zero = ZeroRedundancyOptimizer(m.parameters(), optimizer_class=cls, **HYPER, **extra)
+
+        def steps(z, start):
+            for step in range(start, start + 3):
+                g = torch.Generator().manual_seed(step)  # the same data on every rank: no all-reduce needed
+                z.zero_grad()
+                m(torch.randn(4, 16, generator=g)).square().mean().backward()
+                z.step()
+
+        steps(zero, 0)
+        zero.consolidate_state_dict(to=0)
+        path = os.path.join(tmp, f"zero-{cls.__name__}.pt")
+        if dist.get_rank() == 0:
+            torch.save(zero.state_dict(), path)
+        dist.barrier()
+        torch.manual_seed(1)
+        m2 = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 7))
+        m2.load_state_dict(m.state_dict())
+        m = m2
+        zero = ZeroRedundancyOptimizer(m.parameters(), optimizer_class=cls, **HYPER, **extra)
+        zero.load_state_dict(torch.load(path, weights_only=False))
+        steps(zero, 3)
+        zero.consolidate_state_dict(to=0)
+        return m, (zero.state_dict() if dist.get_rank() == 0 else None)
+
+    m_ref, sd_ref = run(torch.optim.AdamW, {})
+    m, sd = run(pt.SwapAdamW, SWAP)
+    n = 0
+    for (name, p), q in zip(m_ref.named_parameters(), m.parameters()):
+        same(p, q, f"zero: {name}")
+        n += 1
+    if sd is not None:
+        for i, st in sd_ref["state"].items():
+            for k, v in st.items():
+                same(v, sd["state"][i][k], f"zero: state[{i}][{k}]")
+                n += 1
+    return n
+
+
 def main():
+    faulthandler.enable()  # a fatal signal dumps the stacks too
     faulthandler.dump_traceback_later(float(os.environ.get("PIPESWAP_TEST_WATCHDOG", "240")), exit=True)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
@@ -230,6 +281,9 @@ def main():
     if env("PIPESWAP_TEST_DCP"):
         n = check_dcp(world, env("PIPESWAP_TEST_DCP"))
         print(f"OK rank {rank}: dcp: {n} tensors bit-identical", flush=True)
+    if env("PIPESWAP_TEST_ZERO"):
+        n = check_zero(env("PIPESWAP_TEST_ZERO"))
+        print(f"OK rank {rank}: zero: {n} tensors bit-identical", flush=True)
     if env("PIPESWAP_TEST_SAVE"):
         m, opt = fresh(case, world)
         for step in range(STEPS_BEFORE):
@@ -254,6 +308,7 @@ def main():
             train_step(m_ref, ref, step, case)
         n = continue_and_compare(m_ref, ref, m, opt, case, STEPS_BEFORE, 10, "resumed")
         print(f"OK rank {rank}: resumed: {n} tensors bit-identical over 10 steps", flush=True)
+    dist.barrier()  # no rank tears gloo down while another still talks to it
     dist.destroy_process_group()
 
 
