@@ -117,10 +117,11 @@ def main():
     # 2. flat over 20 more steps
     seg = (lambda: torch.cuda.memory_stats().get("segment.all.allocated", 0)) if device.type == "cuda" else (lambda: 0)
     before = (opt.swap_stats()["host_store_bytes"], opt.swap_stats()["arena_bytes"], seg())
-    for k in range(STEPS, STEPS + 20):
-        step(m_ref, ref, k, device, width)
+    for k in range(STEPS, STEPS + 20):  # SwapAdamW alone in the window, the reference after it
         step(m, opt, k, device, width)
     after = (opt.swap_stats()["host_store_bytes"], opt.swap_stats()["arena_bytes"], seg())
+    for k in range(STEPS, STEPS + 20):
+        step(m_ref, ref, k, device, width)
     fig["store_arena_segments_before_after_20_steps"] = [before, after]
     if after != before:
         failed.append(f"host store, arena bytes or cudaMalloc count moved over 20 steps: {before} -> {after}")
