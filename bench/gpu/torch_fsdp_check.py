@@ -150,7 +150,8 @@ def main():
             load_peak = torch.cuda.max_memory_allocated() - base
             fig["dcp_load_peak_above_base_bytes"] = load_peak
             if load_peak > fig["step_peak_bytes"]:
-                failed.append(f"the DCP load peaked {load_peak} bytes above its base, the step {fig['step_peak_bytes']}")
+                failed.append(f"the DCP load peaked {load_peak} bytes above its base, "
+                              f"the step {fig['step_peak_bytes']}")
     n0 = STEPS + 20
     for k in range(n0, n0 + 3):
         step(m_ref, ref, k, device, width)
