@@ -19,13 +19,13 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import DEVICE
 
 # The ranks run on the CPU over gloo whatever the device; on a GPU machine
 # bench/gpu/torch_fsdp_check.py runs FSDP2 and DCP on CUDA instead.
-pytestmark = pytest.mark.skipif(DEVICE.type != "cpu", reason="FSDP2 over gloo on the CPU; "
-                                "bench/gpu/torch_fsdp_check.py covers CUDA")
+pytestmark = pytest.mark.skipif(
+    DEVICE.type != "cpu", reason="FSDP2 over gloo on the CPU; bench/gpu/torch_fsdp_check.py covers CUDA"
+)
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist", "fsdp_worker.py")
 CASES = ("1d", "mp_keep", "accum_clip", "hsdp", "fsdp_tp")
@@ -35,9 +35,13 @@ DEADLINE = 300  # seconds per torchrun, far above the ~10-30 s each takes on two
 def torchrun(nproc, env):
     e = dict(os.environ, OMP_NUM_THREADS="1", **env)
     try:
-        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                            f"--nproc-per-node={nproc}", WORKER], env=e, capture_output=True, text=True,
-                           timeout=DEADLINE)
+        r = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", WORKER],
+            env=e,
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE,
+        )
     except subprocess.TimeoutExpired as x:
         out = x.stdout.decode() if isinstance(x.stdout, bytes) else (x.stdout or "")
         err = x.stderr.decode() if isinstance(x.stderr, bytes) else (x.stderr or "")
@@ -60,8 +64,9 @@ def resume(nproc, ckpt):
 
 def test_two_ranks_fsdp2_setups_dcp_zero_and_a_killed_job_resumes(tmp_path):
     ckpt = str(tmp_path / "ckpt")
-    out = torchrun(2, {"PIPESWAP_TEST_DCP": str(tmp_path / "dcp"), "PIPESWAP_TEST_ZERO": str(tmp_path),
-                       "PIPESWAP_TEST_SAVE": ckpt})
+    out = torchrun(
+        2, {"PIPESWAP_TEST_DCP": str(tmp_path / "dcp"), "PIPESWAP_TEST_ZERO": str(tmp_path), "PIPESWAP_TEST_SAVE": ckpt}
+    )
     for case in CASES + ("dcp", "zero"):
         ranks_ok(out, case, 2)
     assert len(re.findall(r"OK rank \d+: saved after 3 steps", out)) == 2, out  # then killed

@@ -9,9 +9,9 @@ import weakref
 
 import pytest
 import torch
+from conftest import DEVICE, assert_same_bits, assert_same_state
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from conftest import DEVICE, assert_same_bits, assert_same_state
 from pipeswap.torch import DeviceBudget, SwapAdamW
 
 KW = dict(lr=0.01, betas=(0.9, 0.95), weight_decay=0.1)
@@ -19,8 +19,9 @@ KW = dict(lr=0.01, betas=(0.9, 0.95), weight_decay=0.1)
 
 def model(seed=0):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 32), torch.nn.GELU(),
-                               torch.nn.Linear(32, 4)).to(DEVICE)
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)
+    ).to(DEVICE)
 
 
 def pair(seed=0, **swap):
@@ -48,10 +49,12 @@ def same(m, opt, ref_m, ref, what=""):
 def test_step_hooks_fire_once_per_step():
     m, opt, _, _ = pair(swap_times=5)
     calls = []
-    handles = [register_optimizer_step_pre_hook(lambda o, a, k: calls.append(("global pre", o))),
-               register_optimizer_step_post_hook(lambda o, a, k: calls.append(("global post", o))),
-               opt.register_step_pre_hook(lambda o, a, k: calls.append(("pre", o))),
-               opt.register_step_post_hook(lambda o, a, k: calls.append(("post", o)))]
+    handles = [
+        register_optimizer_step_pre_hook(lambda o, a, k: calls.append(("global pre", o))),
+        register_optimizer_step_post_hook(lambda o, a, k: calls.append(("global post", o))),
+        opt.register_step_pre_hook(lambda o, a, k: calls.append(("pre", o))),
+        opt.register_step_post_hook(lambda o, a, k: calls.append(("post", o))),
+    ]
     try:
         train(m, opt, 3)
     finally:
@@ -108,7 +111,7 @@ def test_writes_to_state_reach_the_store():
     train(m, opt, 2)
     train(ref_m, ref, 2)
     # A framework's device move (Lightning's _optimizer_to_device writes every tensor back).
-    for p, v in opt.state.items():
+    for v in opt.state.values():
         for k in list(v):
             if k != "step":
                 v[k] = v[k].to(DEVICE, copy=True) * 1  # a new tensor, written into the store
@@ -152,8 +155,12 @@ def test_held_views_survive_rebuilds_and_the_optimizer():
 
 
 def test_flattened_dcp_state_dict_round_trips():
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
     m, opt, ref_m, ref = pair()
     train(m, opt, 2)
     train(ref_m, ref, 2)

@@ -18,10 +18,10 @@ from torch.optim import Optimizer
 
 from ._ext import _C
 
-
 try:  # torch's own choice of the dtype of state['step']
     from torch.optim.optimizer import _get_scalar_dtype
 except ImportError:  # pragma: no cover
+
     def _get_scalar_dtype(is_fused=None):
         if is_fused:
             return torch.float32
@@ -56,6 +56,7 @@ def _no_trace(fn):
     costs what torch's eager step costs."""
     try:
         import torch._dynamo
+
         return torch._dynamo.disable(fn)
     except Exception:  # pragma: no cover - torch without dynamo
         return fn
@@ -119,8 +120,10 @@ class _ParamState(MutableMapping):
         opt = self._opt
         if key in _STATE_KEYS[1:] and key in opt._slot_keys_of(self._p):
             if not self.started:
-                raise KeyError(f"{opt._name}.state[param]['{key}']: this parameter's state has not started (no "
-                               "'step'); assign the whole entry: state[param] = {'step': ..., 'exp_avg': ..., ...}")
+                raise KeyError(
+                    f"{opt._name}.state[param]['{key}']: this parameter's state has not started (no "
+                    "'step'); assign the whole entry: state[param] = {'step': ..., 'exp_avg': ..., ...}"
+                )
             opt._write_slot(self._p, key, value)
             return
         if key == "step":
@@ -129,9 +132,11 @@ class _ParamState(MutableMapping):
 
     def __delitem__(self, key):
         if key in self._slot_keys() or (key == "step" and self.started):
-            raise KeyError(f"{self._opt._name}.state[param]: '{key}' cannot be removed alone (the moments live in "
-                           "pipeswap's host store); `del optimizer.state[param]` or `optimizer.state[param].clear()` "
-                           "resets the parameter's whole state, as in torch")
+            raise KeyError(
+                f"{self._opt._name}.state[param]: '{key}' cannot be removed alone (the moments live in "
+                "pipeswap's host store); `del optimizer.state[param]` or `optimizer.state[param].clear()` "
+                "resets the parameter's whole state, as in torch"
+            )
         del self._held[key]
 
     def clear(self):
@@ -154,8 +159,14 @@ class _ParamState(MutableMapping):
         return key in self._held or key in self._slot_keys()
 
     def __repr__(self):
-        return "{" + ", ".join(f"{k!r}: <{type(self).__name__} view>" if k in self._slot_keys() else
-                               f"{k!r}: {self._held[k]!r}" for k in self) + "}"
+        return (
+            "{"
+            + ", ".join(
+                f"{k!r}: <{type(self).__name__} view>" if k in self._slot_keys() else f"{k!r}: {self._held[k]!r}"
+                for k in self
+            )
+            + "}"
+        )
 
 
 class _SwapState(MutableMapping):
@@ -179,8 +190,9 @@ class _SwapState(MutableMapping):
             if p not in opt._index:
                 opt._bind()
             if p not in opt._index:
-                raise KeyError(f"{opt._name}.state: the tensor is not a parameter of this optimizer "
-                               "(of any param_groups entry)")
+                raise KeyError(
+                    f"{opt._name}.state: the tensor is not a parameter of this optimizer (of any param_groups entry)"
+                )
             e = self._entries[id(p)] = _ParamState(opt, p)
         return e
 
@@ -242,14 +254,14 @@ def _orphan(views):
 class _SwapAdamBase(Optimizer):
     _torch_class = None  # torch.optim.Adam or torch.optim.AdamW
 
-    def __init__(self, params, torch_kwargs, swap_times, pipeline, resident_share, defer_offload,
-                 min_swap_numel):
+    def __init__(self, params, torch_kwargs, swap_times, pipeline, resident_share, defer_offload, min_swap_numel):
         name = type(self).__name__
         self._name = name
         if torch_kwargs.get("differentiable"):
             raise ValueError(
                 f"{name}: differentiable=True is not supported: the state leaves the device after every "
-                "step, so no autograd graph can run through the update")
+                "step, so no autograd graph can run through the update"
+            )
         self._swap = self._check_swap(swap_times, pipeline, resident_share, defer_offload, min_swap_numel)
         # torch's own class validates the hyper-parameters and gives the defaults (the same group
         # keys as torch, so state dicts move both ways). It is also the object that runs the update,
@@ -260,10 +272,10 @@ class _SwapAdamBase(Optimizer):
         self._lock = threading.RLock()
         self._rt = None
         self._device = None
-        self._index = {}   # param -> index in the runtime
-        self._meta = []    # index -> (param, dtype, local shape, local stride, amsgrad)
-        self._bound = []   # the parameters registered, in param_groups order
-        self._where = {}   # index -> group index, during a step
+        self._index = {}  # param -> index in the runtime
+        self._meta = []  # index -> (param, dtype, local shape, local stride, amsgrad)
+        self._bound = []  # the parameters registered, in param_groups order
+        self._where = {}  # index -> group index, during a step
         self._synced = False  # the host stores are complete and nothing stepped since
         # Views of the stores handed out (state, state_dict): they get private copies before the
         # stores move or go, so no tensor anyone holds ever points at released memory.
@@ -300,8 +312,9 @@ class _SwapAdamBase(Optimizer):
     def _configure(self):
         s = self._swap
         self._orphan_views()
-        self._rt.configure(s["swap_times"], s["pipeline"] == "packed", s["resident_share"],
-                           s["defer_offload"], s["min_swap_numel"])
+        self._rt.configure(
+            s["swap_times"], s["pipeline"] == "packed", s["resident_share"], s["defer_offload"], s["min_swap_numel"]
+        )
 
     @property
     def swap_settings(self):
@@ -314,8 +327,9 @@ class _SwapAdamBase(Optimizer):
         with self._lock:
             unknown = set(settings) - set(self._swap)
             if unknown:
-                raise TypeError(f"{self._name}.configure_swap: unknown setting(s) {sorted(unknown)}; "
-                                f"known: {sorted(self._swap)}")
+                raise TypeError(
+                    f"{self._name}.configure_swap: unknown setting(s) {sorted(unknown)}; known: {sorted(self._swap)}"
+                )
             new = self._check_swap(**{**self._swap, **settings})
             old, self._swap = self._swap, new
             if self._rt is not None:
@@ -334,27 +348,32 @@ class _SwapAdamBase(Optimizer):
         if not isinstance(p, torch.Tensor):
             raise TypeError(f"{name}: {where} is a {type(p).__name__}, not a tensor")
         if p.is_complex():
-            raise ValueError(f"{name}: {where} is complex ({p.dtype}); only real floating-point "
-                             "parameters are supported")
+            raise ValueError(
+                f"{name}: {where} is complex ({p.dtype}); only real floating-point parameters are supported"
+            )
         lp = _local(p)
         if p.layout != torch.strided or lp.layout != torch.strided:
-            raise ValueError(f"{name}: {where} has layout {p.layout}; only dense (strided) parameters "
-                             "are supported")
+            raise ValueError(f"{name}: {where} has layout {p.layout}; only dense (strided) parameters are supported")
         if p.dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
-            raise ValueError(f"{name}: {where} has dtype {p.dtype}; float32, float64, bfloat16 and "
-                             "float16 are supported")
+            raise ValueError(
+                f"{name}: {where} has dtype {p.dtype}; float32, float64, bfloat16 and float16 are supported"
+            )
         if device is None:
             device = lp.device
         elif lp.device != device:
-            raise ValueError(f"{name}: {where} is on {lp.device} but the optimizer's parameters are on "
-                             f"{device}; all parameters of one optimizer must share a device "
-                             "(use one optimizer per device)")
+            raise ValueError(
+                f"{name}: {where} is on {lp.device} but the optimizer's parameters are on "
+                f"{device}; all parameters of one optimizer must share a device "
+                "(use one optimizer per device)"
+            )
         if lp.device.type not in ("cpu", "cuda"):
             raise ValueError(f"{name}: {where} is on {lp.device}; CPU and CUDA devices are supported")
         if not _dense(lp):
             shard = "local shard " if lp is not p else ""
-            raise ValueError(f"{name}: {where}'s {shard}is not dense and non-overlapping (shape "
-                             f"{tuple(lp.shape)}, stride {lp.stride()}); its state needs that layout")
+            raise ValueError(
+                f"{name}: {where}'s {shard}is not dense and non-overlapping (shape "
+                f"{tuple(lp.shape)}, stride {lp.stride()}); its state needs that layout"
+            )
         return device
 
     def add_param_group(self, param_group):
@@ -365,8 +384,10 @@ class _SwapAdamBase(Optimizer):
         if isinstance(params, torch.Tensor):
             params = [params]
         elif isinstance(params, set):
-            raise TypeError(f"{name}: optimizer parameters need to be organized in ordered collections, "
-                            "but the ordering of tensors in sets will change between runs; use a list")
+            raise TypeError(
+                f"{name}: optimizer parameters need to be organized in ordered collections, "
+                "but the ordering of tensors in sets will change between runs; use a list"
+            )
         else:
             params = list(params)
         # Named parameters ((name, tensor) pairs, torch >= 2.6) are torch's to unpack; the checks
@@ -383,8 +404,10 @@ class _SwapAdamBase(Optimizer):
             seen.add(id(p))
             device = self._check_new(where, p, device)
         if device is not None and device.type == "cuda" and not _C.has_cuda:
-            raise RuntimeError(f"{name}: the parameters are on {device} but pipeswap._C was built without "
-                               "its CUDA path (torch without CUDA, or the CUDA runtime headers were not found)")
+            raise RuntimeError(
+                f"{name}: the parameters are on {device} but pipeswap._C was built without "
+                "its CUDA path (torch without CUDA, or the CUDA runtime headers were not found)"
+            )
         param_group = dict(param_group, params=params)
         super().add_param_group(param_group)  # torch's own checks: leaves, defaults, groups
         with self._lock:
@@ -403,15 +426,26 @@ class _SwapAdamBase(Optimizer):
         name = self._name
         prefix = len(bound) <= len(current) and all(a is b for a, b in zip(current, bound))
         if not prefix:
-            started = [p for p in bound if (e := self.state._entry(p, False) if isinstance(self.state, _SwapState)
-                                                else None) is not None and e.started]
+            started = [
+                p
+                for p in bound
+                if (e := self.state._entry(p, False) if isinstance(self.state, _SwapState) else None) is not None
+                and e.started
+            ]
             if started:
-                where = next((f"the parameter bound at position {k}" for k, p in enumerate(bound)
-                              if k >= len(current) or current[k] is not p), "a parameter")
+                where = next(
+                    (
+                        f"the parameter bound at position {k}"
+                        for k, p in enumerate(bound)
+                        if k >= len(current) or current[k] is not p
+                    ),
+                    "a parameter",
+                )
                 raise RuntimeError(
                     f"{name}: param_groups changed after the optimizer state was started ({where} was replaced "
                     "or removed); its state lives in pipeswap's host store and cannot follow. Build the optimizer "
-                    "over the final parameters, or save a state dict and load it into a new optimizer")
+                    "over the final parameters, or save a state dict and load it into a new optimizer"
+                )
             device = None
             gi_k = [(gi, k) for gi, g in enumerate(self.param_groups) for k in range(len(g["params"]))]
             for (gi, k), p in zip(gi_k, current):
@@ -427,17 +461,19 @@ class _SwapAdamBase(Optimizer):
                 self.state._entries.clear()
             self._device = device
             bound = self._bound
-        new = current[len(bound):]
+        new = current[len(bound) :]
         if not new:
             return
         # Parameters that joined without add_param_group (param_groups edited in place) get its checks.
         gi_k = [(gi, k) for gi, g in enumerate(self.param_groups) for k in range(len(g["params"]))]
         device = self._device
-        for (gi, k), p in zip(gi_k[len(bound):], new):
+        for (gi, k), p in zip(gi_k[len(bound) :], new):
             device = self._check_new(f"param_groups[{gi}]['params'][{k}]", p, device)
         if device is not None and device.type == "cuda" and not _C.has_cuda:
-            raise RuntimeError(f"{name}: the parameters are on {device} but pipeswap._C was built without "
-                               "its CUDA path (torch without CUDA, or the CUDA runtime headers were not found)")
+            raise RuntimeError(
+                f"{name}: the parameters are on {device} but pipeswap._C was built without "
+                "its CUDA path (torch without CUDA, or the CUDA runtime headers were not found)"
+            )
         amsgrad_of = {}
         for g in self.param_groups:
             for p in g["params"]:
@@ -465,37 +501,52 @@ class _SwapAdamBase(Optimizer):
         _, dtype, shape, stride, amsgrad = self._meta[i]
         lp, g = _local(p), p.grad
         if lp.device != self._device:
-            raise ValueError(f"{name}: {where} moved from {self._device} to {lp.device} since it was added; "
-                             "its state stays where the optimizer was built (build a new optimizer and "
-                             "load the state dict)")
+            raise ValueError(
+                f"{name}: {where} moved from {self._device} to {lp.device} since it was added; "
+                "its state stays where the optimizer was built (build a new optimizer and "
+                "load the state dict)"
+            )
         if p.dtype != dtype:
-            raise ValueError(f"{name}: {where} changed dtype from {dtype} to {p.dtype} since it was added; "
-                             "its state keeps the first dtype (build a new optimizer and load the state dict)")
+            raise ValueError(
+                f"{name}: {where} changed dtype from {dtype} to {p.dtype} since it was added; "
+                "its state keeps the first dtype (build a new optimizer and load the state dict)"
+            )
         if tuple(lp.shape) != shape or lp.stride() != stride:
-            raise ValueError(f"{name}: {where} changed layout from shape {shape}, stride {stride} to shape "
-                             f"{tuple(lp.shape)}, stride {lp.stride()} since it was added")
+            raise ValueError(
+                f"{name}: {where} changed layout from shape {shape}, stride {stride} to shape "
+                f"{tuple(lp.shape)}, stride {lp.stride()} since it was added"
+            )
         if _is_dtensor(p) != _is_dtensor(g):
             raise ValueError(f"{name}: {where} is a {type(p).__name__} but its gradient a {type(g).__name__}")
         if _is_dtensor(p) and (g.device_mesh != p.device_mesh or tuple(g.placements) != tuple(p.placements)):
-            raise ValueError(f"{name}: {where}'s gradient has placements {tuple(g.placements)}, the parameter "
-                             f"{tuple(p.placements)}; redistribute the gradient to the parameter's placements "
-                             "before step()")
+            raise ValueError(
+                f"{name}: {where}'s gradient has placements {tuple(g.placements)}, the parameter "
+                f"{tuple(p.placements)}; redistribute the gradient to the parameter's placements "
+                "before step()"
+            )
         if g.is_sparse or g.layout != torch.strided:
-            raise ValueError(f"{name}: {where} has a sparse gradient; Adam and AdamW need dense gradients "
-                             "(torch.optim.SparseAdam is for sparse ones)")
+            raise ValueError(
+                f"{name}: {where} has a sparse gradient; Adam and AdamW need dense gradients "
+                "(torch.optim.SparseAdam is for sparse ones)"
+            )
         if g.is_complex():
-            raise ValueError(f"{name}: {where} has a complex gradient ({g.dtype}); only real gradients are "
-                             "supported")
+            raise ValueError(f"{name}: {where} has a complex gradient ({g.dtype}); only real gradients are supported")
         lg = _local(g)
         if lg.device != lp.device or g.dtype != p.dtype or g.shape != p.shape or lg.shape != lp.shape:
-            raise ValueError(f"{name}: {where} has a gradient of {g.dtype} {tuple(g.shape)} on {lg.device} "
-                             f"for a parameter of {p.dtype} {tuple(p.shape)} on {lp.device}; they must match")
+            raise ValueError(
+                f"{name}: {where} has a gradient of {g.dtype} {tuple(g.shape)} on {lg.device} "
+                f"for a parameter of {p.dtype} {tuple(p.shape)} on {lp.device}; they must match"
+            )
         if bool(group["amsgrad"]) != amsgrad:
-            raise ValueError(f"{name}: param_groups[{gi}]['amsgrad'] changed to {group['amsgrad']} after "
-                             f"{where} was added; its state slots were made for amsgrad={amsgrad}")
+            raise ValueError(
+                f"{name}: param_groups[{gi}]['amsgrad'] changed to {group['amsgrad']} after "
+                f"{where} was added; its state slots were made for amsgrad={amsgrad}"
+            )
         if group["differentiable"]:
-            raise ValueError(f"{name}: param_groups[{gi}]['differentiable'] is True; not supported (the "
-                             "state leaves the device after every step)")
+            raise ValueError(
+                f"{name}: param_groups[{gi}]['differentiable'] is True; not supported (the "
+                "state leaves the device after every step)"
+            )
         return i
 
     # ----- the step ------------------------------------------------------------------------------
@@ -517,8 +568,10 @@ class _SwapAdamBase(Optimizer):
                 loss = closure()
         with self._lock:
             if self._device is not None and self._device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError(f"{self._name}.step: called during CUDA graph capture; the swap runtime "
-                                   "synchronizes with the host and cannot be captured")
+                raise RuntimeError(
+                    f"{self._name}.step: called during CUDA graph capture; the swap runtime "
+                    "synchronizes with the host and cannot be captured"
+                )
             self._bind()
             active, where = [], {}
             for gi, group in enumerate(self.param_groups):
@@ -585,8 +638,9 @@ class _SwapAdamBase(Optimizer):
         flight) into device memory, at most ``max_batches``; never blocks the host. Returns the
         batches resident or in flight for the next step (0 before the first step). Call it after a
         backward (e.g. from a backward hook of the first layers) or any time between two steps."""
-        if max_batches is not None and (isinstance(max_batches, bool) or not isinstance(max_batches, int)
-                                        or max_batches < 0):
+        if max_batches is not None and (
+            isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 0
+        ):
             raise ValueError(f"{self._name}.prefetch: max_batches must be None or an int >= 0, got {max_batches!r}")
         with self._lock:
             if self._rt is None:
@@ -645,8 +699,7 @@ class _SwapAdamBase(Optimizer):
     def _hand_out(self, p, v):
         """v (a view of the store) as torch would hold it for p: a DTensor like p for a DTensor."""
         if _is_dtensor(p):
-            v = DTensor.from_local(v, p.device_mesh, p.placements, run_check=False, shape=p.shape,
-                                   stride=p.stride())
+            v = DTensor.from_local(v, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
             self._views[self._view_count] = v._local_tensor
         else:
             self._views[self._view_count] = v
@@ -664,16 +717,18 @@ class _SwapAdamBase(Optimizer):
     def _check_slot_value(self, p, key, v, where):
         if _is_dtensor(v):
             if not _is_dtensor(p) or tuple(v.shape) != tuple(p.shape):
-                raise ValueError(f"{where} is a DTensor of shape {tuple(v.shape)} for a parameter of shape "
-                                 f"{tuple(p.shape)}")
+                raise ValueError(
+                    f"{where} is a DTensor of shape {tuple(v.shape)} for a parameter of shape {tuple(p.shape)}"
+                )
             if tuple(v.placements) != tuple(p.placements):
-                raise ValueError(f"{where} has placements {tuple(v.placements)}, the parameter "
-                                 f"{tuple(p.placements)}")
+                raise ValueError(f"{where} has placements {tuple(v.placements)}, the parameter {tuple(p.placements)}")
             v = v._local_tensor
         if not isinstance(v, torch.Tensor) or tuple(v.shape) != tuple(_local(p).shape):
             got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
-            raise ValueError(f"{where} is {got} but the parameter has shape {tuple(_local(p).shape)}"
-                             f"{' (its local shard)' if _is_dtensor(p) else ''}: a state dict of another model?")
+            raise ValueError(
+                f"{where} is {got} but the parameter has shape {tuple(_local(p).shape)}"
+                f"{' (its local shard)' if _is_dtensor(p) else ''}: a state dict of another model?"
+            )
         if v.is_complex() or not v.is_floating_point():
             raise ValueError(f"{where} has dtype {v.dtype}")
         return v
@@ -724,8 +779,10 @@ class _SwapAdamBase(Optimizer):
                 return
             missing = [k for k in ["step"] + keys if k not in s]
             if missing:
-                raise ValueError(f"{where}: the entry has keys {sorted(s)}; it needs {['step'] + keys} "
-                                 "(or is empty to reset the parameter's state)")
+                raise ValueError(
+                    f"{where}: the entry has keys {sorted(s)}; it needs {['step'] + keys} "
+                    "(or is empty to reset the parameter's state)"
+                )
             self._check_step(s["step"], f"{where}['step']")
             values = [self._check_slot_value(p, k, s[k], f"{where}['{k}']") for k in keys]
             gi, group = self._group_of(p)
@@ -803,12 +860,16 @@ class _SwapAdamBase(Optimizer):
             self._bind()
             groups, saved_groups = self.param_groups, state_dict["param_groups"]
             if len(groups) != len(saved_groups):
-                raise ValueError(f"{name}.load_state_dict: the state dict has {len(saved_groups)} parameter "
-                                 f"group(s), this optimizer {len(groups)}")
+                raise ValueError(
+                    f"{name}.load_state_dict: the state dict has {len(saved_groups)} parameter "
+                    f"group(s), this optimizer {len(groups)}"
+                )
             for gi, (g, sg) in enumerate(zip(groups, saved_groups)):
                 if len(g["params"]) != len(sg["params"]):
-                    raise ValueError(f"{name}.load_state_dict: param_groups[{gi}] has {len(sg['params'])} "
-                                     f"parameter(s) in the state dict, {len(g['params'])} here")
+                    raise ValueError(
+                        f"{name}.load_state_dict: param_groups[{gi}] has {len(sg['params'])} "
+                        f"parameter(s) in the state dict, {len(g['params'])} here"
+                    )
                 for key in g:
                     if key not in ("params", "param_names") and key not in sg:
                         raise ValueError(f"{name}.load_state_dict: param_groups[{gi}] lacks '{key}'")
@@ -820,15 +881,19 @@ class _SwapAdamBase(Optimizer):
             entries = []
             for old, s in state_dict["state"].items():
                 if old not in id_map:
-                    raise ValueError(f"{name}.load_state_dict: state for id {old!r}, which no parameter group "
-                                     "of the state dict lists")
+                    raise ValueError(
+                        f"{name}.load_state_dict: state for id {old!r}, which no parameter group "
+                        "of the state dict lists"
+                    )
                 p = id_map[old]
                 gi, k = place[old]
                 where = f"state[{old!r}] ({self._param_name(gi, k)})"
                 amsgrad = self._meta[self._index[p]][4]
                 if bool(saved_groups[gi]["amsgrad"]) != amsgrad:
-                    raise ValueError(f"{name}.load_state_dict: param_groups[{gi}]['amsgrad'] is "
-                                     f"{saved_groups[gi]['amsgrad']} in the state dict, {amsgrad} here")
+                    raise ValueError(
+                        f"{name}.load_state_dict: param_groups[{gi}]['amsgrad'] is "
+                        f"{saved_groups[gi]['amsgrad']} in the state dict, {amsgrad} here"
+                    )
                 if not isinstance(s, Mapping):
                     raise ValueError(f"{name}.load_state_dict: {where} is not a dict")
                 need = ["step"] + _slot_keys(amsgrad)
@@ -838,14 +903,17 @@ class _SwapAdamBase(Optimizer):
                 missing = [key for key in need if key not in s]
                 extra = [key for key in s if key not in need]
                 if missing or extra:
-                    raise ValueError(f"{name}.load_state_dict: {where} has keys {sorted(s)}; expected "
-                                     f"{need} (amsgrad={amsgrad})")
-                values = [self._check_slot_value(p, key, s[key], f"{name}.load_state_dict: {where}['{key}']")
-                          for key in need[1:]]
+                    raise ValueError(
+                        f"{name}.load_state_dict: {where} has keys {sorted(s)}; expected {need} (amsgrad={amsgrad})"
+                    )
+                values = [
+                    self._check_slot_value(p, key, s[key], f"{name}.load_state_dict: {where}['{key}']")
+                    for key in need[1:]
+                ]
                 self._check_step(s["step"], f"{name}.load_state_dict: {where}['step']")
                 entries.append((p, gi, s["step"], values))
             # Everything checked: apply.
-            for gi, (g, sg) in enumerate(zip(groups, saved_groups)):
+            for g, sg in zip(groups, saved_groups):
                 new = {k: v for k, v in sg.items() if k != "params"}
                 if "param_names" in g:
                     new["param_names"] = g["param_names"]
@@ -872,14 +940,19 @@ class _SwapAdamBase(Optimizer):
             hook(self)
 
     def __getstate__(self):
-        raise TypeError(f"{self._name} cannot be pickled (its state lives in pipeswap's host stores); "
-                        "save its state_dict() instead")
+        raise TypeError(
+            f"{self._name} cannot be pickled (its state lives in pipeswap's host stores); save its state_dict() instead"
+        )
 
 
 def _copy_into(view, v):
     """Copies v into a view of the store, unless v is that view (DCP loads into the views)."""
-    if v.data_ptr() == view.data_ptr() and v.device == view.device and v.stride() == view.stride() \
-            and v.dtype == view.dtype:
+    if (
+        v.data_ptr() == view.data_ptr()
+        and v.device == view.device
+        and v.stride() == view.stride()
+        and v.dtype == view.dtype
+    ):
         return
     view.copy_(v)
 
@@ -901,13 +974,46 @@ class SwapAdamW(_SwapAdamBase):
 
     _torch_class = torch.optim.AdamW
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
-                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
-                 swap_times=16, pipeline="packed", resident_share=0, defer_offload=False, min_swap_numel=1024):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                                      maximize=maximize, foreach=foreach, capturable=capturable,
-                                      differentiable=differentiable, fused=fused),
-                         swap_times, pipeline, resident_share, defer_offload, min_swap_numel)
+    def __init__(
+        self,
+        params,
+        lr=1e-3,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        weight_decay=1e-2,
+        amsgrad=False,
+        *,
+        maximize=False,
+        foreach=None,
+        capturable=False,
+        differentiable=False,
+        fused=None,
+        swap_times=16,
+        pipeline="packed",
+        resident_share=0,
+        defer_offload=False,
+        min_swap_numel=1024,
+    ):
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                betas=betas,
+                eps=eps,
+                weight_decay=weight_decay,
+                amsgrad=amsgrad,
+                maximize=maximize,
+                foreach=foreach,
+                capturable=capturable,
+                differentiable=differentiable,
+                fused=fused,
+            ),
+            swap_times,
+            pipeline,
+            resident_share,
+            defer_offload,
+            min_swap_numel,
+        )
 
 
 class SwapAdam(_SwapAdamBase):
@@ -917,11 +1023,45 @@ class SwapAdam(_SwapAdamBase):
 
     _torch_class = torch.optim.Adam
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
-                 foreach=None, maximize=False, capturable=False, differentiable=False, fused=None,
-                 swap_times=16, pipeline="packed", resident_share=0, defer_offload=False, min_swap_numel=1024,
-                 **torch_kwargs):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                                      foreach=foreach, maximize=maximize, capturable=capturable,
-                                      differentiable=differentiable, fused=fused, **torch_kwargs),
-                         swap_times, pipeline, resident_share, defer_offload, min_swap_numel)
+    def __init__(
+        self,
+        params,
+        lr=1e-3,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        weight_decay=0,
+        amsgrad=False,
+        *,
+        foreach=None,
+        maximize=False,
+        capturable=False,
+        differentiable=False,
+        fused=None,
+        swap_times=16,
+        pipeline="packed",
+        resident_share=0,
+        defer_offload=False,
+        min_swap_numel=1024,
+        **torch_kwargs,
+    ):
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                betas=betas,
+                eps=eps,
+                weight_decay=weight_decay,
+                amsgrad=amsgrad,
+                foreach=foreach,
+                maximize=maximize,
+                capturable=capturable,
+                differentiable=differentiable,
+                fused=fused,
+                **torch_kwargs,
+            ),
+            swap_times,
+            pipeline,
+            resident_share,
+            defer_offload,
+            min_swap_numel,
+        )

@@ -38,9 +38,13 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_model_state_dict,
-                                                     set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -71,14 +75,17 @@ def build(case, world):
         mesh = init_device_mesh("cpu", (world,))
     elif case == "mp_keep":
         mesh = init_device_mesh("cpu", (world,))
-        kw = dict(reshard_after_forward=False,
-                  mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+        kw = dict(
+            reshard_after_forward=False,
+            mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+        )
     elif case == "accum_clip":
         mesh = init_device_mesh("cpu", (world,))
     elif case == "hsdp":
         mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
     elif case == "fsdp_tp":
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
         mesh2 = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
         parallelize_module(m, mesh2["tp"], {"l1": ColwiseParallel(), "l2": RowwiseParallel()})
         mesh = mesh2["dp"]
@@ -184,10 +191,14 @@ def check_dcp(world, ckpt):
     # get/set_optimizer_state_dict into a fresh optimizer, three ways.
     # (A full state dict with cpu_offload is rank 0's alone: it is broadcast from there at set.)
     for label, options, set_options in (
-            ("nested", StateDictOptions(), None),
-            ("flattened", StateDictOptions(flatten_optimizer_state_dict=True), None),
-            ("full_cpu_offload", StateDictOptions(full_state_dict=True, cpu_offload=True),
-             StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=True))):
+        ("nested", StateDictOptions(), None),
+        ("flattened", StateDictOptions(flatten_optimizer_state_dict=True), None),
+        (
+            "full_cpu_offload",
+            StateDictOptions(full_state_dict=True, cpu_offload=True),
+            StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=True),
+        ),
+    ):
         msd = get_model_state_dict(m, options=options)
         osd = get_optimizer_state_dict(m, opt, options=options)
         m2, opt2 = fresh(case, world)
@@ -198,11 +209,15 @@ def check_dcp(world, ckpt):
         results.append((label, m2, opt2))
     # dcp.save / dcp.load of model and optimizer, flattened (torchtitan's setting), into fresh ones.
     options = StateDictOptions(flatten_optimizer_state_dict=True)
-    dcp.save({"model": get_model_state_dict(m, options=options),
-              "optim": get_optimizer_state_dict(m, opt, options=options)}, checkpoint_id=ckpt)
+    dcp.save(
+        {"model": get_model_state_dict(m, options=options), "optim": get_optimizer_state_dict(m, opt, options=options)},
+        checkpoint_id=ckpt,
+    )
     m3, opt3 = fresh(case, world)
-    sd = {"model": get_model_state_dict(m3, options=options),
-          "optim": get_optimizer_state_dict(m3, opt3, options=options)}
+    sd = {
+        "model": get_model_state_dict(m3, options=options),
+        "optim": get_optimizer_state_dict(m3, opt3, options=options),
+    }
     dcp.load(sd, checkpoint_id=ckpt)
     set_model_state_dict(m3, sd["model"], options=options)
     set_optimizer_state_dict(m3, opt3, sd["optim"], options=options)
@@ -288,16 +303,23 @@ def main():
         for step in range(STEPS_BEFORE):
             train_step(m, opt, step, case)
         options = StateDictOptions(flatten_optimizer_state_dict=True)
-        dcp.save({"model": get_model_state_dict(m, options=options),
-                  "optim": get_optimizer_state_dict(m, opt, options=options)}, checkpoint_id=env("PIPESWAP_TEST_SAVE"))
+        dcp.save(
+            {
+                "model": get_model_state_dict(m, options=options),
+                "optim": get_optimizer_state_dict(m, opt, options=options),
+            },
+            checkpoint_id=env("PIPESWAP_TEST_SAVE"),
+        )
         dist.barrier()
         print(f"OK rank {rank}: saved after {STEPS_BEFORE} steps", flush=True)
         os._exit(0)  # killed: no cleanup of any kind
     if env("PIPESWAP_TEST_RESUME"):
         m, opt = fresh(case, world)
         options = StateDictOptions(flatten_optimizer_state_dict=True)
-        sd = {"model": get_model_state_dict(m, options=options),
-              "optim": get_optimizer_state_dict(m, opt, options=options)}
+        sd = {
+            "model": get_model_state_dict(m, options=options),
+            "optim": get_optimizer_state_dict(m, opt, options=options),
+        }
         dcp.load(sd, checkpoint_id=env("PIPESWAP_TEST_RESUME"))
         set_model_state_dict(m, sd["model"], options=options)
         set_optimizer_state_dict(m, opt, sd["optim"], options=options)
