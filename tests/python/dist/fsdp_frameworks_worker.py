@@ -1,0 +1,127 @@
+"""One rank of the Hugging Face Trainer's FSDP2 path, started by torchrun on the gloo backend (2
+ranks); tests/python/test_frameworks_fsdp.py runs it.
+
+accelerate turns FSDP2 on only on an accelerator, so the Trainer cannot run it on the CPU. This runs
+every piece of that path that touches the optimizer, in the Trainer's order: the model sharded with
+``fully_shard`` (per Linear, then the root, as accelerate's ``fsdp2_prepare_model`` does), the optimizer
+built after sharding over the DTensor parameters in the Trainer's two groups (``create_optimizer``
+with ``optimizer_cls_and_kwargs``), gradients clipped on DTensors (``clip_grad_norm_``), and the
+checkpoint written and read by accelerate's own ``save_fsdp_model``/``save_fsdp_optimizer`` and
+``load_fsdp_model``/``load_fsdp_optimizer`` (sharded, through DCP and
+``get_optimizer_state_dict``/``set_optimizer_state_dict``).
+
+The same job runs with torch.optim.AdamW and with pipeswap.torch.SwapAdamW: every parameter (full
+tensor) after the last step must be bit-identical, and so must a job resumed from the checkpoint
+written after step SAVE_AT. Prints "OK rank R: ..." and exits 0, or raises. A watchdog (faulthandler)
+dumps every thread's stack and exits if the rank waits longer than PIPESWAP_TEST_WATCHDOG seconds
+(default 240): it says who waited on what.
+"""
+
+import faulthandler
+import os
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+
+import pipeswap.torch as pt
+
+STEPS, SAVE_AT = 6, 3
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(11)
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 4))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def build(opt_cls):
+    model = Tiny()
+    for m in model.net:
+        if isinstance(m, nn.Linear):
+            fully_shard(m)
+    fully_shard(model)
+    named = list(model.named_parameters())
+    groups = [{"params": [p for n, p in named if n.endswith("weight")], "weight_decay": 0.05},
+              {"params": [p for n, p in named if not n.endswith("weight")], "weight_decay": 0.0}]
+    kwargs = dict(lr=2e-2, betas=(0.8, 0.95))
+    if opt_cls is pt.SwapAdamW:
+        kwargs.update(swap_times=2, min_swap_numel=0)
+    return model, opt_cls(groups, **kwargs)
+
+
+def train(model, opt, first, last, rank, save=None):
+    for step in range(first, last + 1):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        x, y = torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)
+        nn.functional.mse_loss(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+        opt.zero_grad()
+        if save is not None and step == SAVE_AT:
+            save(model, opt)
+
+
+def full(model):
+    return [p.full_tensor().clone() for p in model.parameters()]
+
+
+def main():
+    faulthandler.dump_traceback_later(float(os.environ.get("PIPESWAP_TEST_WATCHDOG", "240")), exit=True)
+    from accelerate import Accelerator
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import load_fsdp_model, load_fsdp_optimizer, save_fsdp_model, save_fsdp_optimizer
+
+    accelerator = Accelerator(cpu=True)  # torchrun's environment: gloo, this rank
+    rank = dist.get_rank()
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="SHARDED_STATE_DICT")
+    folder = os.environ["PIPESWAP_TEST_DIR"]
+
+    def saver(sub):
+        def save(model, opt):
+            out = os.path.join(folder, sub)
+            save_fsdp_model(plugin, accelerator, model, out)
+            save_fsdp_optimizer(plugin, accelerator, opt, model, out)
+        return save
+
+    results = {}
+    for name, cls in (("adamw", torch.optim.AdamW), ("swap", pt.SwapAdamW)):
+        model, opt = build(cls)
+        train(model, opt, 1, STEPS, rank, save=saver(name))
+        results[name] = full(model)
+    # A new job from SwapAdamW's checkpoint (and one from AdamW's, switching to SwapAdamW).
+    for name in ("swap", "adamw"):
+        model, opt = build(pt.SwapAdamW)
+        load_fsdp_model(plugin, accelerator, model, os.path.join(folder, name))
+        load_fsdp_optimizer(plugin, accelerator, opt, model, os.path.join(folder, name))
+        train(model, opt, SAVE_AT + 1, STEPS, rank)
+        results["resumed_" + name] = full(model)
+
+    compared = 0
+    for name in ("swap", "resumed_swap", "resumed_adamw"):
+        for i, (a, b) in enumerate(zip(results["adamw"], results[name])):
+            if not torch.equal(a.view(torch.int32), b.view(torch.int32)):
+                raise AssertionError(f"rank {rank}: {name} parameter {i}: "
+                                     f"{(a != b).sum().item()} of {a.numel()} elements differ from AdamW's")
+            compared += 1
+    print(f"OK rank {rank}: {compared} tensors bit-identical", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
