@@ -1,7 +1,7 @@
-"""One rank of the Hugging Face Trainer's FSDP2 path, started by torchrun on the gloo backend (2
-ranks); tests/python/test_frameworks_fsdp.py runs it.
+"""One rank of a framework's FSDP2 path, started by torchrun on the gloo backend (2 ranks);
+tests/python/test_frameworks_fsdp.py runs it. PIPESWAP_TEST_FRAMEWORK selects the framework:
 
-accelerate turns FSDP2 on only on an accelerator, so the Trainer cannot run it on the CPU. This runs
+``hf``: the Hugging Face Trainer's. accelerate turns FSDP2 on only on an accelerator, so the Trainer cannot run it on the CPU. This runs
 every piece of that path that touches the optimizer, in the Trainer's order: the model sharded with
 ``fully_shard`` (per Linear, then the root, as accelerate's ``fsdp2_prepare_model`` does), the optimizer
 built after sharding over the DTensor parameters in the Trainer's two groups (``create_optimizer``
@@ -20,7 +20,6 @@ dumps every thread's stack and exits if the rank waits longer than PIPESWAP_TEST
 import faulthandler
 import os
 import sys
-import tempfile
 
 import torch
 import torch.distributed as dist
@@ -73,8 +72,106 @@ def full(model):
     return [p.full_tensor().clone() for p in model.parameters()]
 
 
+def check(results, rank, names):
+    compared = 0
+    for name in names:
+        for i, (a, b) in enumerate(zip(results["adamw"], results[name])):
+            if a.dtype != b.dtype or not torch.equal(a.view(torch.int32), b.view(torch.int32)):
+                raise AssertionError(f"rank {rank}: {name} parameter {i}: "
+                                     f"{(a != b).sum().item()} of {a.numel()} elements differ from AdamW's")
+            compared += 1
+    print(f"OK rank {rank}: {compared} tensors bit-identical", flush=True)
+
+
+def torchtitan_main():
+    from torchtitan.components.checkpointer import CheckpointManager
+    from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig
+
+    from pipeswap.torch.torchtitan import swap_adamw
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    folder = os.environ["PIPESWAP_TEST_DIR"]
+
+    class Part(nn.Module):
+        def __init__(self, blocks):
+            super().__init__()
+            self.layers = nn.ModuleDict(blocks)
+
+        def forward(self, x):
+            for block in self.layers.values():
+                x = x + torch.tanh(block(x))
+            return x
+
+    class Train:
+        def __init__(self):
+            self.step = 0
+
+        def state_dict(self):
+            return {"step": torch.tensor(self.step)}
+
+        def load_state_dict(self, sd):
+            self.step = int(sd["step"])
+
+    def job(swap, name, seed=1):
+        torch.manual_seed(seed)
+        blocks = {str(i): nn.Linear(16, 16) for i in range(4)}
+        parts = [Part({k: blocks[k] for k in ("0", "1")}), Part({k: blocks[k] for k in ("2", "3")})]
+        for part in parts:
+            for block in part.layers.values():
+                fully_shard(block)
+            fully_shard(part)
+        config = OptimizersContainer.Config(implementation="for-loop", param_groups=[ParamGroupConfig(
+            pattern=".*", optimizer_name="AdamW", optimizer_kwargs={"lr": 2e-2, "betas": (0.8, 0.95),
+                                                                    "weight_decay": 0.1})])
+        if swap:
+            config = swap_adamw(config, swap_times=2, min_swap_numel=0)
+        optimizers = config.build(model_parts=parts)
+        assert len(optimizers) == 2 and all(isinstance(o, pt.SwapAdamW) == swap for o in optimizers)
+        lr = LRSchedulersContainer.Config(warmup_steps=2).build(optimizers=optimizers, training_steps=STEPS)
+        state = Train()
+        ckpt = CheckpointManager.Config(enable=True, folder="checkpoint", interval=SAVE_AT).build(
+            dataloader=None, model_parts=parts, optimizers=optimizers, lr_schedulers=lr,
+            states={"train_state": state}, sd_adapter=None, base_folder=os.path.join(folder, name))
+        return parts, optimizers, lr, state, ckpt
+
+    def train_to(parts, optimizers, lr, state, ckpt, last):
+        params = [p for part in parts for p in part.parameters()]
+        while state.step < last:
+            state.step += 1
+            g = torch.Generator().manual_seed(100 * state.step + rank)
+            out = torch.randn(4, 16, generator=g)
+            optimizers.zero_grad()
+            for part in parts:
+                out = part(out)
+            out.square().mean().backward()
+            torch.nn.utils.clip_grad_norm_(params, 0.5)
+            optimizers.step()
+            lr.step()
+            ckpt.save(state.step, last_step=False)
+
+    def full(parts):
+        return [p.full_tensor().clone() for part in parts for p in part.parameters()]
+
+    results = {}
+    for name, swap in (("adamw", False), ("swap", True)):
+        j = job(swap, name)
+        train_to(*j, STEPS)
+        j[-1].close()
+        results[name] = full(j[0])
+    j = job(True, "swap", seed=99)  # other initial weights: the checkpoint must bring them back
+    assert j[-1].load(step=SAVE_AT) and j[3].step == SAVE_AT
+    train_to(*j, STEPS)
+    results["resumed_swap"] = full(j[0])
+    check(results, rank, ("swap", "resumed_swap"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def main():
     faulthandler.dump_traceback_later(float(os.environ.get("PIPESWAP_TEST_WATCHDOG", "240")), exit=True)
+    if os.environ.get("PIPESWAP_TEST_FRAMEWORK", "hf") == "torchtitan":
+        return torchtitan_main()
     from accelerate import Accelerator
     from accelerate.utils import FullyShardedDataParallelPlugin
     from accelerate.utils.fsdp_utils import load_fsdp_model, load_fsdp_optimizer, save_fsdp_model, save_fsdp_optimizer
@@ -104,14 +201,7 @@ def main():
         train(model, opt, SAVE_AT + 1, STEPS, rank)
         results["resumed_" + name] = full(model)
 
-    compared = 0
-    for name in ("swap", "resumed_swap", "resumed_adamw"):
-        for i, (a, b) in enumerate(zip(results["adamw"], results[name])):
-            if not torch.equal(a.view(torch.int32), b.view(torch.int32)):
-                raise AssertionError(f"rank {rank}: {name} parameter {i}: "
-                                     f"{(a != b).sum().item()} of {a.numel()} elements differ from AdamW's")
-            compared += 1
-    print(f"OK rank {rank}: {compared} tensors bit-identical", flush=True)
+    check(results, rank, ("swap", "resumed_swap", "resumed_adamw"))
     dist.barrier()
     dist.destroy_process_group()
 
