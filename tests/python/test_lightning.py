@@ -58,7 +58,7 @@ def fit(swap, epochs, ckpt_path=None, save_to=None):
     model = Tiny(swap)
     trainer = pl.Trainer(max_epochs=epochs, accelerator=DEVICE.type, devices=1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         gradient_clip_val=0.5, deterministic=True)
+                         gradient_clip_val=0.5)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         trainer.fit(model, loader(), ckpt_path=ckpt_path)
