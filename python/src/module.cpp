@@ -59,19 +59,20 @@ class runtime {
 public:
   runtime(c10::Device device, py::function update)
       : ctx_(device_context::of(device)), b_(ctx_->b), engine_(ctx_->engine),
-        opt_(b_,
-             [this](std::vector<pt::tensor_optimizer::batch_item>& items) {
-               py::list l;
-               for (auto& it : items) l.append(py::make_tuple(it.param, py::cast(it.states)));
-               update_(l);
-             }),
-        update_(std::move(update)) {}
+        opt_(make_optimizer()), update_(std::move(update)) {}
 
   ~runtime() { rt_.reset(); } // hands the state back before the optimizer goes
 
   std::size_t add_param(at::Tensor const& p, std::vector<std::string> const& keys) {
     detach();
-    return opt_.add_param(p.sizes(), p.strides(), p.scalar_type(), parse_keys(keys));
+    return opt_->add_param(p.sizes(), p.strides(), p.scalar_type(), parse_keys(keys));
+  }
+
+  /// Forgets every parameter and its state (host stores and device storage released): the
+  /// parameters are registered afresh, as when param_groups were rebuilt before the first step.
+  void reset_params() {
+    detach();
+    opt_ = make_optimizer();
   }
 
   void configure(std::size_t swap_times, bool packed, std::size_t resident_share, bool defer_offload,
@@ -87,7 +88,7 @@ public:
     cfg_ = c;
   }
 
-  void set_active(std::vector<std::size_t> const& active) { opt_.set_active(active); }
+  void set_active(std::vector<std::size_t> const& active) { opt_->set_active(active); }
 
   void step() {
     auto& rt = attach();
@@ -116,16 +117,18 @@ public:
   }
 
   /// Views of parameter i's slots where the state rests after synchronize(): CPU tensors over the
-  /// host mirrors of swapped slots, device tensors over the storage of unswappable ones.
-  std::vector<at::Tensor> state_views(std::size_t i) {
+  /// host mirrors of swapped slots, device tensors over the storage of unswappable ones. `sync`
+  /// false skips the synchronization (the caller synchronized and stepped nothing since). The
+  /// views do not own their bytes: they are valid until the parameters or the settings change.
+  std::vector<at::Tensor> state_views(std::size_t i, bool sync) {
     auto& rt = attach();
-    rt.synchronize_host_mirrors();
+    if (sync) rt.synchronize_host_mirrors();
     std::vector<at::Tensor> out;
-    for (auto s : opt_.param_slots(i)) {
+    for (auto s : opt_->param_slots(i)) {
       if (rt.is_swappable(s)) {
-        out.push_back(opt_.view(i, rt.host_mirror(s).data(), c10::Device(c10::kCPU)));
+        out.push_back(opt_->view(i, rt.host_mirror(s).data(), c10::Device(c10::kCPU)));
       } else {
-        out.push_back(opt_.view(i, rt.unswappable_device(s).get(), b_.device()));
+        out.push_back(opt_->view(i, rt.unswappable_device(s).get(), b_.device()));
       }
     }
     return out;
@@ -134,8 +137,8 @@ public:
   py::dict stats() {
     py::dict d;
     d["device"] = b_.device().str();
-    d["params"] = opt_.size();
-    d["slots"] = opt_.slots().size();
+    d["params"] = opt_->size();
+    d["slots"] = opt_->slots().size();
     if (rt_) {
       d["batches"] = rt_->last_plan().size();
       d["swappable_bytes"] = rt_->swappable_bytes();
@@ -151,8 +154,15 @@ public:
   }
 
 private:
+  std::unique_ptr<pt::tensor_optimizer> make_optimizer() {
+    return std::make_unique<pt::tensor_optimizer>(b_, [this](std::vector<pt::tensor_optimizer::batch_item>& items) {
+      py::list l;
+      for (auto& it : items) l.append(py::make_tuple(it.param, py::cast(it.states)));
+      update_(l);
+    });
+  }
   pipeswap::optimizer_swap<pt::tensor_optimizer>& attach() {
-    if (!rt_) rt_ = std::make_unique<pipeswap::optimizer_swap<pt::tensor_optimizer>>(engine_, opt_, cfg_);
+    if (!rt_) rt_ = std::make_unique<pipeswap::optimizer_swap<pt::tensor_optimizer>>(engine_, *opt_, cfg_);
     return *rt_;
   }
   void detach() { rt_.reset(); }
@@ -160,7 +170,7 @@ private:
   std::shared_ptr<device_context> ctx_; // first: outlives the optimizer's state and the runtime
   pt::backend& b_;
   pipeswap::transfer_engine<pt::backend>& engine_;
-  pt::tensor_optimizer opt_;
+  std::unique_ptr<pt::tensor_optimizer> opt_;
   py::function update_;
   pipeswap::swap_config cfg_;
   std::unique_ptr<pipeswap::optimizer_swap<pt::tensor_optimizer>> rt_;
@@ -554,6 +564,7 @@ nothing changed. One budget per device at a time; set it while the swap jobs hol
       .def("finish_offload", &runtime::finish_offload)
       .def_property_readonly("offload_pending", &runtime::offload_pending)
       .def("synchronize", &runtime::synchronize)
-      .def("state_views", &runtime::state_views)
+      .def("state_views", &runtime::state_views, py::arg("i"), py::arg("sync") = true)
+      .def("reset_params", &runtime::reset_params)
       .def("stats", &runtime::stats);
 }

@@ -73,22 +73,24 @@ def test_cuda_path_compiled():
 
 
 def test_a_call_from_inside_the_step_is_refused():
-    # A global optimizer hook fires for the torch optimizer that runs each batch's update, inside
-    # SwapAdamW.step(): calling back into the runtime from there is refused, and the step fails.
+    # Code that runs inside SwapAdamW.step() (here: around torch's update of a batch) and calls back
+    # into the runtime is refused, and the step fails.
     m = model()
     opt = SwapAdamW(m.parameters(), swap_times=2, min_swap_numel=8)
     m(torch.randn(4, 32, device=DEVICE)).sum().backward()
     opt.step()
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
-    def hook(optimizer, args, kwargs):  # fires for SwapAdamW.step (allowed) and the inner step (not)
-        opt.prefetch()
+    inner_step = opt._inner_step
 
-    handle = register_optimizer_step_pre_hook(hook)
+    def reentering(inner):
+        opt.prefetch()
+        return inner_step(inner)
+
+    opt._inner_step = reentering
     try:
         with pytest.raises(RuntimeError, match="not reentrant|from inside|reentr"):
             opt.step()
     finally:
-        handle.remove()
+        opt._inner_step = inner_step
     opt.step()  # usable afterwards
 
 

@@ -11,6 +11,7 @@ import math
 import threading
 import weakref
 from collections import defaultdict
+from collections.abc import Mapping, MutableMapping
 
 import torch
 from torch.optim import Optimizer
@@ -25,6 +26,39 @@ except ImportError:  # pragma: no cover
         if is_fused:
             return torch.float32
         return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+
+
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # pragma: no cover - torch built without distributed
+    DTensor = None
+
+
+def _is_dtensor(t):
+    return DTensor is not None and isinstance(t, DTensor)
+
+
+def _local(t):
+    """The tensor a rank holds: a DTensor's local shard, any other tensor itself."""
+    return t._local_tensor if _is_dtensor(t) else t
+
+
+def _unhooked_step(cls):
+    """cls.step without torch's profiling wrapper, whose step hooks (global and per instance) must
+    fire once per SwapAdamW.step(), not once per batch."""
+    step = cls.step
+    return step.__wrapped__ if getattr(step, "hooked", False) and hasattr(step, "__wrapped__") else step
+
+
+def _no_trace(fn):
+    """torch.compile does not trace into the step: it drives a C++ runtime with host
+    synchronization and calls back into Python per batch, which dynamo cannot capture; eager it
+    costs what torch's eager step costs."""
+    try:
+        import torch._dynamo
+        return torch._dynamo.disable(fn)
+    except Exception:  # pragma: no cover - torch without dynamo
+        return fn
 
 
 _PIPELINES = ("packed", "per_tensor")
@@ -56,6 +90,152 @@ def _update_callback(ref):
     return update
 
 
+class _ParamState(MutableMapping):
+    """``optimizer.state[p]``: torch's keys, with Adam's moments read from and written to pipeswap's
+    store. 'step' (and any key a framework adds) is held here as torch holds it; 'exp_avg',
+    'exp_avg_sq' and 'max_exp_avg_sq' are views of the host store (a DTensor over the view for a
+    DTensor parameter), current until the next step(); assigning one copies into the store."""
+
+    __slots__ = ("_opt", "_p", "_held")
+
+    def __init__(self, opt, p):
+        self._opt = opt
+        self._p = p
+        self._held = {}
+
+    @property
+    def started(self):
+        return "step" in self._held
+
+    def _slot_keys(self):
+        return self._opt._slot_keys_of(self._p) if self.started else ()
+
+    def __getitem__(self, key):
+        if key in self._slot_keys():
+            return self._opt._slot_view(self._p, key)
+        return self._held[key]
+
+    def __setitem__(self, key, value):
+        opt = self._opt
+        if key in _STATE_KEYS[1:] and key in opt._slot_keys_of(self._p):
+            if not self.started:
+                raise KeyError(f"{opt._name}.state[param]['{key}']: this parameter's state has not started (no "
+                               "'step'); assign the whole entry: state[param] = {'step': ..., 'exp_avg': ..., ...}")
+            opt._write_slot(self._p, key, value)
+            return
+        if key == "step":
+            value = opt._check_step(value, f"{opt._name}.state[param]['step']")
+        self._held[key] = value
+
+    def __delitem__(self, key):
+        if key in self._slot_keys() or (key == "step" and self.started):
+            raise KeyError(f"{self._opt._name}.state[param]: '{key}' cannot be removed alone (the moments live in "
+                           "pipeswap's host store); `del optimizer.state[param]` or `optimizer.state[param].clear()` "
+                           "resets the parameter's whole state, as in torch")
+        del self._held[key]
+
+    def clear(self):
+        """Resets the parameter's state: the moments are zeroed, 'step' goes (the next step starts
+        the parameter afresh, as torch does after state[p].clear())."""
+        if self.started:
+            self._opt._zero_slots(self._p)
+        self._held.clear()
+
+    def __iter__(self):
+        if self.started:
+            yield "step"
+            yield from self._slot_keys()
+        yield from (k for k in self._held if k != "step")
+
+    def __len__(self):
+        return len(self._held) + len(self._slot_keys())
+
+    def __contains__(self, key):
+        return key in self._held or key in self._slot_keys()
+
+    def __repr__(self):
+        return "{" + ", ".join(f"{k!r}: <{type(self).__name__} view>" if k in self._slot_keys() else
+                               f"{k!r}: {self._held[k]!r}" for k in self) + "}"
+
+
+class _SwapState(MutableMapping):
+    """``optimizer.state``: param -> torch's per-parameter state (see _ParamState). As torch's
+    defaultdict, an entry exists once it was looked up or stepped, and the mapping lists those in
+    param_groups order. ``del state[p]``, ``state[p].clear()`` and ``state.clear()`` reset state as
+    in torch; ``state[p] = {...}`` loads an entry (checked first, copied into the host store)."""
+
+    def __init__(self, opt):
+        self._opt = opt
+        self._entries = {}  # id(param) -> _ParamState
+
+    def _entry(self, p, create):
+        e = self._entries.get(id(p))
+        if e is None or e._p is not p:
+            if not create:
+                return None
+            opt = self._opt
+            opt._bind()
+            if p not in opt._index:
+                raise KeyError(f"{opt._name}.state: the tensor is not a parameter of this optimizer "
+                               "(of any param_groups entry)")
+            e = self._entries[id(p)] = _ParamState(opt, p)
+        return e
+
+    def __getitem__(self, p):
+        return self._entry(p, True)
+
+    def __setitem__(self, p, value):
+        if not isinstance(value, Mapping):
+            raise TypeError(f"{self._opt._name}.state[param] must be a dict, got {type(value).__name__}")
+        self._opt._load_entry(self._entry(p, True), dict(value))
+
+    def __delitem__(self, p):
+        e = self._entry(p, False)
+        if e is None:
+            raise KeyError(p)
+        e.clear()
+        del self._entries[id(p)]
+
+    def clear(self):
+        for e in list(self._entries.values()):
+            e.clear()
+        self._entries.clear()
+
+    def _live(self):
+        out = []
+        for g in self._opt.param_groups:
+            for p in g["params"]:
+                e = self._entries.get(id(p))
+                if e is not None and e._p is p:
+                    out.append(p)
+        return out
+
+    def __iter__(self):
+        return iter(self._live())
+
+    def __len__(self):
+        return len(self._live())
+
+    def __contains__(self, p):
+        e = self._entries.get(id(p))
+        return e is not None and e._p is p
+
+    def __repr__(self):
+        return f"<{self._opt._name} state of {len(self)} parameter(s); moments in pipeswap's host store>"
+
+
+def _orphan(views):
+    """Gives every view still held outside a private copy of its bytes, before the store under it
+    is released or moved (the optimizer goes, its parameters or settings change)."""
+    with torch.no_grad():
+        for t in list(views.values()):
+            try:
+                t.set_(t.clone())
+            except Exception:  # pragma: no cover - a tensor someone made unsettable; nothing else to do
+                pass
+    views.clear()
+
+
 class _SwapAdamBase(Optimizer):
     _torch_class = None  # torch.optim.Adam or torch.optim.AdamW
 
@@ -69,16 +249,26 @@ class _SwapAdamBase(Optimizer):
                 "step, so no autograd graph can run through the update")
         self._swap = self._check_swap(swap_times, pipeline, resident_share, defer_offload, min_swap_numel)
         # torch's own class validates the hyper-parameters and gives the defaults (the same group
-        # keys as torch, so state dicts move both ways). It is also the object that runs the update.
+        # keys as torch, so state dicts move both ways). It is also the object that runs the update,
+        # through its step without torch's hook wrapper (hooks fire once per step of this object).
         self._inner = self._torch_class([torch.zeros(1, requires_grad=True)], **torch_kwargs)
         self._inner.param_groups = []
+        self._inner_step = _unhooked_step(self._torch_class)
         self._lock = threading.RLock()
         self._rt = None
         self._device = None
         self._index = {}   # param -> index in the runtime
-        self._meta = []    # index -> (param, dtype, shape, stride, amsgrad)
+        self._meta = []    # index -> (param, dtype, local shape, local stride, amsgrad)
+        self._bound = []   # the parameters registered, in param_groups order
         self._where = {}   # index -> group index, during a step
+        self._synced = False  # the host stores are complete and nothing stepped since
+        # Views of the stores handed out (state, state_dict): they get private copies before the
+        # stores move or go, so no tensor anyone holds ever points at released memory.
+        self._views = weakref.WeakValueDictionary()
+        self._view_count = 0
+        self._finalizer = weakref.finalize(self, _orphan, self._views)
         super().__init__(params, dict(self._inner.defaults))
+        self.state = _SwapState(self)
 
     # ----- swap settings -------------------------------------------------------------------------
 
@@ -106,6 +296,7 @@ class _SwapAdamBase(Optimizer):
 
     def _configure(self):
         s = self._swap
+        self._orphan_views()
         self._rt.configure(s["swap_times"], s["pipeline"] == "packed", s["resident_share"],
                            s["defer_offload"], s["min_swap_numel"])
 
@@ -130,8 +321,38 @@ class _SwapAdamBase(Optimizer):
                 except Exception:
                     self._swap = old
                     raise
+                self._synced = False
 
     # ----- parameters ----------------------------------------------------------------------------
+
+    def _check_new(self, where, p, device):
+        """Checks a tensor about to become a parameter; returns the optimizer's device."""
+        name = self._name
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"{name}: {where} is a {type(p).__name__}, not a tensor")
+        if p.is_complex():
+            raise ValueError(f"{name}: {where} is complex ({p.dtype}); only real floating-point "
+                             "parameters are supported")
+        lp = _local(p)
+        if p.layout != torch.strided or lp.layout != torch.strided:
+            raise ValueError(f"{name}: {where} has layout {p.layout}; only dense (strided) parameters "
+                             "are supported")
+        if p.dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+            raise ValueError(f"{name}: {where} has dtype {p.dtype}; float32, float64, bfloat16 and "
+                             "float16 are supported")
+        if device is None:
+            device = lp.device
+        elif lp.device != device:
+            raise ValueError(f"{name}: {where} is on {lp.device} but the optimizer's parameters are on "
+                             f"{device}; all parameters of one optimizer must share a device "
+                             "(use one optimizer per device)")
+        if lp.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"{name}: {where} is on {lp.device}; CPU and CUDA devices are supported")
+        if not _dense(lp):
+            shard = "local shard " if lp is not p else ""
+            raise ValueError(f"{name}: {where}'s {shard}is not dense and non-overlapping (shape "
+                             f"{tuple(lp.shape)}, stride {lp.stride()}); its state needs that layout")
+        return device
 
     def add_param_group(self, param_group):
         name = self._name
@@ -151,79 +372,113 @@ class _SwapAdamBase(Optimizer):
         gi = len(self.param_groups)
         device = self._device
         seen = set()
+        bound = {id(q) for g in self.param_groups for q in g["params"]}
         for k, p in enumerate(tensors):
             where = f"param_groups[{gi}]['params'][{k}]"
-            if not isinstance(p, torch.Tensor):
-                raise TypeError(f"{name}: {where} is a {type(p).__name__}, not a tensor")
-            if id(p) in seen or p in self._index:
+            if isinstance(p, torch.Tensor) and (id(p) in seen or id(p) in bound):
                 raise ValueError(f"{name}: {where} is listed twice (a parameter belongs to one group, once)")
             seen.add(id(p))
-            if p.is_complex():
-                raise ValueError(f"{name}: {where} is complex ({p.dtype}); only real floating-point "
-                                 "parameters are supported")
-            if p.layout != torch.strided:
-                raise ValueError(f"{name}: {where} has layout {p.layout}; only dense (strided) parameters "
-                                 "are supported")
-            if p.dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
-                raise ValueError(f"{name}: {where} has dtype {p.dtype}; float32, float64, bfloat16 and "
-                                 "float16 are supported")
-            if device is None:
-                device = p.device
-            elif p.device != device:
-                raise ValueError(f"{name}: {where} is on {p.device} but the optimizer's parameters are on "
-                                 f"{device}; all parameters of one optimizer must share a device "
-                                 "(use one optimizer per device)")
-            if p.device.type not in ("cpu", "cuda"):
-                raise ValueError(f"{name}: {where} is on {p.device}; CPU and CUDA devices are supported")
-            if not _dense(p):
-                raise ValueError(f"{name}: {where} is not dense and non-overlapping (shape "
-                                 f"{tuple(p.shape)}, stride {p.stride()}); its state needs that layout")
+            device = self._check_new(where, p, device)
         if device is not None and device.type == "cuda" and not _C.has_cuda:
             raise RuntimeError(f"{name}: the parameters are on {device} but pipeswap._C was built without "
                                "its CUDA path (torch without CUDA, or the CUDA runtime headers were not found)")
         param_group = dict(param_group, params=params)
         super().add_param_group(param_group)  # torch's own checks: leaves, defaults, groups
-        group = self.param_groups[-1]
         with self._lock:
-            if self._rt is None and group["params"]:
-                self._device = device
-                self._rt = _C.Runtime(device, _update_callback(weakref.ref(self)))
-                self._configure()
-            for p in group["params"]:
-                amsgrad = bool(group["amsgrad"])
-                i = self._rt.add_param(p, _slot_keys(amsgrad))
-                self._index[p] = i
-                self._meta.append((p, p.dtype, tuple(p.shape), p.stride(), amsgrad))
+            self._bind()
+
+    def _bind(self):
+        """Registers the parameters of param_groups with the runtime. Called when groups are added
+        and at every step() and state access, so parameters replaced in param_groups (as accelerate
+        does, swapping in sharded DTensors after the optimizer exists) are bound too: before any
+        state exists everything is registered afresh; afterwards only new parameters at the end may
+        join, and a parameter with state may not be replaced."""
+        current = [p for g in self.param_groups for p in g["params"]]
+        bound = self._bound
+        if len(current) == len(bound) and all(a is b for a, b in zip(current, bound)):
+            return
+        name = self._name
+        prefix = len(bound) <= len(current) and all(a is b for a, b in zip(current, bound))
+        if not prefix:
+            started = [p for p in bound if (e := self.state._entry(p, False) if isinstance(self.state, _SwapState)
+                                                else None) is not None and e.started]
+            if started:
+                where = next((f"the parameter bound at position {k}" for k, p in enumerate(bound)
+                              if k >= len(current) or current[k] is not p), "a parameter")
+                raise RuntimeError(
+                    f"{name}: param_groups changed after the optimizer state was started ({where} was replaced "
+                    "or removed); its state lives in pipeswap's host store and cannot follow. Build the optimizer "
+                    "over the final parameters, or save a state dict and load it into a new optimizer")
+            device = None
+            gi_k = [(gi, k) for gi, g in enumerate(self.param_groups) for k in range(len(g["params"]))]
+            for (gi, k), p in zip(gi_k, current):
+                device = self._check_new(f"param_groups[{gi}]['params'][{k}]", p, device)
+            if self._rt is not None:
+                self._orphan_views()
+                self._rt.reset_params()
+                self._synced = False
+            if self._rt is not None and device is not None and device != self._device:
+                self._rt = None
+            self._index, self._meta, self._bound = {}, [], []
+            if isinstance(self.state, _SwapState):
+                self.state._entries.clear()
+            self._device = device
+            bound = self._bound
+        new = current[len(bound):]
+        if not new:
+            return
+        amsgrad_of = {}
+        for g in self.param_groups:
+            for p in g["params"]:
+                amsgrad_of[id(p)] = bool(g["amsgrad"])
+        if self._rt is None:
+            self._device = _local(new[0]).device
+            self._rt = _C.Runtime(self._device, _update_callback(weakref.ref(self)))
+            self._configure()
+        self._orphan_views()  # add_param rebuilds the runtime; the stores may move
+        self._synced = False
+        for p in new:
+            lp = _local(p)
+            amsgrad = amsgrad_of[id(p)]
+            i = self._rt.add_param(lp, _slot_keys(amsgrad))
+            self._index[p] = i
+            self._meta.append((p, lp.dtype, tuple(lp.shape), lp.stride(), amsgrad))
+            bound.append(p)
 
     def _param_name(self, gi, k):
         return f"param_groups[{gi}]['params'][{k}]"
 
     def _check_param(self, gi, k, group, p):
         name, where = self._name, self._param_name(gi, k)
-        i = self._index.get(p)
-        if i is None:
-            raise ValueError(f"{name}: {where} was put into param_groups without add_param_group")
+        i = self._index[p]
         _, dtype, shape, stride, amsgrad = self._meta[i]
-        g = p.grad
-        if p.device != self._device:
-            raise ValueError(f"{name}: {where} moved from {self._device} to {p.device} since it was added; "
+        lp, g = _local(p), p.grad
+        if lp.device != self._device:
+            raise ValueError(f"{name}: {where} moved from {self._device} to {lp.device} since it was added; "
                              "its state stays where the optimizer was built (build a new optimizer and "
                              "load the state dict)")
         if p.dtype != dtype:
             raise ValueError(f"{name}: {where} changed dtype from {dtype} to {p.dtype} since it was added; "
                              "its state keeps the first dtype (build a new optimizer and load the state dict)")
-        if tuple(p.shape) != shape or p.stride() != stride:
+        if tuple(lp.shape) != shape or lp.stride() != stride:
             raise ValueError(f"{name}: {where} changed layout from shape {shape}, stride {stride} to shape "
-                             f"{tuple(p.shape)}, stride {p.stride()} since it was added")
+                             f"{tuple(lp.shape)}, stride {lp.stride()} since it was added")
+        if _is_dtensor(p) != _is_dtensor(g):
+            raise ValueError(f"{name}: {where} is a {type(p).__name__} but its gradient a {type(g).__name__}")
+        if _is_dtensor(p) and (g.device_mesh != p.device_mesh or tuple(g.placements) != tuple(p.placements)):
+            raise ValueError(f"{name}: {where}'s gradient has placements {tuple(g.placements)}, the parameter "
+                             f"{tuple(p.placements)}; redistribute the gradient to the parameter's placements "
+                             "before step()")
         if g.is_sparse or g.layout != torch.strided:
             raise ValueError(f"{name}: {where} has a sparse gradient; Adam and AdamW need dense gradients "
                              "(torch.optim.SparseAdam is for sparse ones)")
         if g.is_complex():
             raise ValueError(f"{name}: {where} has a complex gradient ({g.dtype}); only real gradients are "
                              "supported")
-        if g.device != p.device or g.dtype != p.dtype or g.shape != p.shape:
-            raise ValueError(f"{name}: {where} has a gradient of {g.dtype} {tuple(g.shape)} on {g.device} "
-                             f"for a parameter of {p.dtype} {tuple(p.shape)} on {p.device}; they must match")
+        lg = _local(g)
+        if lg.device != lp.device or g.dtype != p.dtype or g.shape != p.shape or lg.shape != lp.shape:
+            raise ValueError(f"{name}: {where} has a gradient of {g.dtype} {tuple(g.shape)} on {lg.device} "
+                             f"for a parameter of {p.dtype} {tuple(p.shape)} on {lp.device}; they must match")
         if bool(group["amsgrad"]) != amsgrad:
             raise ValueError(f"{name}: param_groups[{gi}]['amsgrad'] changed to {group['amsgrad']} after "
                              f"{where} was added; its state slots were made for amsgrad={amsgrad}")
@@ -236,13 +491,15 @@ class _SwapAdamBase(Optimizer):
 
     def _new_step(self, group, p):
         if group["capturable"] or group["fused"]:
-            return torch.zeros((), dtype=_get_scalar_dtype(is_fused=group["fused"]), device=p.device)
+            return torch.zeros((), dtype=_get_scalar_dtype(is_fused=group["fused"]), device=_local(p).device)
         return torch.tensor(0.0, dtype=_get_scalar_dtype(), device="cpu")
 
+    @_no_trace
     @torch.no_grad()
     def step(self, closure=None):
         """Performs one optimization step (torch's Adam/AdamW step, batch by batch, while the state
-        moves). Parameters without a gradient are skipped, as torch does."""
+        moves). Parameters without a gradient are skipped, as torch does. Under torch.compile the
+        step runs eagerly (it is excluded from tracing)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -251,6 +508,7 @@ class _SwapAdamBase(Optimizer):
             if self._device is not None and self._device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError(f"{self._name}.step: called during CUDA graph capture; the swap runtime "
                                    "synchronizes with the host and cannot be captured")
+            self._bind()
             active, where = [], {}
             for gi, group in enumerate(self.param_groups):
                 for k, p in enumerate(group["params"]):
@@ -263,10 +521,11 @@ class _SwapAdamBase(Optimizer):
                 return loss
             for i in active:  # everything checked: start the state of parameters new to it
                 p = self._meta[i][0]
-                state = self.state[p]
-                if "step" not in state:
-                    state["step"] = self._new_step(self.param_groups[where[i]], p)
+                entry = self.state[p]
+                if not entry.started:
+                    entry._held["step"] = self._new_step(self.param_groups[where[i]], p)
             self._where = where
+            self._synced = False
             try:
                 self._rt.set_active(active)
                 self._rt.step()
@@ -275,7 +534,9 @@ class _SwapAdamBase(Optimizer):
         return loss
 
     def _update_batch(self, items):
-        """Called by the runtime once per batch, with (index, [slot views]) per parameter."""
+        """Called by the runtime once per batch, with (index, [slot views]) per parameter. A DTensor
+        parameter is updated through its local shard (the same elementwise kernels torch's AdamW
+        runs on DTensors, on the same local tensors)."""
         by_group = defaultdict(list)
         for i, views in items:
             by_group[self._where[i]].append((self._meta[i][0], views))
@@ -283,18 +544,25 @@ class _SwapAdamBase(Optimizer):
         for gi in sorted(by_group):
             group = self.param_groups[gi]
             entries = by_group[gi]
-            inner_group = {k: v for k, v in group.items() if k != "params"}
-            inner_group["params"] = [p for p, _ in entries]
+            inner_group = {k: v for k, v in group.items() if k not in ("params", "param_names")}
+            params = []
             state = defaultdict(dict)
             for p, views in entries:
-                s = {"step": self.state[p]["step"], "exp_avg": views[0], "exp_avg_sq": views[1]}
+                if _is_dtensor(p):
+                    q = p._local_tensor.detach()
+                    q.grad = p.grad._local_tensor.detach()
+                else:
+                    q = p
+                params.append(q)
+                s = {"step": self.state[p]._held["step"], "exp_avg": views[0], "exp_avg_sq": views[1]}
                 if group["amsgrad"]:
                     s["max_exp_avg_sq"] = views[2]
-                state[p] = s
+                state[q] = s
+            inner_group["params"] = params
             inner.param_groups = [inner_group]
             inner.state = state
             try:
-                inner.step()
+                self._inner_step(inner)
             finally:
                 inner.state = defaultdict(dict)
                 inner.param_groups = []
@@ -310,7 +578,10 @@ class _SwapAdamBase(Optimizer):
                                         or max_batches < 0):
             raise ValueError(f"{self._name}.prefetch: max_batches must be None or an int >= 0, got {max_batches!r}")
         with self._lock:
-            return 0 if self._rt is None else self._rt.prefetch(max_batches)
+            if self._rt is None:
+                return 0
+            self._synced = False
+            return self._rt.prefetch(max_batches)
 
     def finish_offload(self):
         """Finishes a deferred offload (defer_offload=True): torch's current stream waits the copies
@@ -330,6 +601,7 @@ class _SwapAdamBase(Optimizer):
         with self._lock:
             if self._rt is not None:
                 self._rt.synchronize()
+                self._synced = True
 
     def swap_stats(self):
         """Sizes of the last step: batches, swappable/unswappable/arena/host-store bytes, prefetched and
@@ -337,31 +609,141 @@ class _SwapAdamBase(Optimizer):
         with self._lock:
             return {} if self._rt is None else self._rt.stats()
 
+    # ----- the state where torch keeps it ----------------------------------------------------------
+
+    def _orphan_views(self):
+        if len(self._views):
+            _orphan(self._views)
+
+    def _raw_views(self, p):
+        """Views of p's slots over the store (local shapes), in _slot_keys order."""
+        self._bind()
+        i = self._index[p]
+        if not self._synced:
+            self._rt.synchronize()
+            self._synced = True
+        return self._rt.state_views(i, False)
+
+    def _hand_out(self, p, v):
+        """v (a view of the store) as torch would hold it for p: a DTensor like p for a DTensor."""
+        if _is_dtensor(p):
+            v = DTensor.from_local(v, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                                   stride=p.stride())
+            self._views[self._view_count] = v._local_tensor
+        else:
+            self._views[self._view_count] = v
+        self._view_count += 1
+        return v
+
+    def _slot_keys_of(self, p):
+        self._bind()
+        return _slot_keys(self._meta[self._index[p]][4])
+
+    def _slot_view(self, p, key):
+        with self._lock:
+            keys = self._slot_keys_of(p)
+            return self._hand_out(p, self._raw_views(p)[keys.index(key)])
+
+    def _check_slot_value(self, p, key, v, where):
+        if _is_dtensor(v):
+            if not _is_dtensor(p) or tuple(v.shape) != tuple(p.shape):
+                raise ValueError(f"{where} is a DTensor of shape {tuple(v.shape)} for a parameter of shape "
+                                 f"{tuple(p.shape)}")
+            if tuple(v.placements) != tuple(p.placements):
+                raise ValueError(f"{where} has placements {tuple(v.placements)}, the parameter "
+                                 f"{tuple(p.placements)}")
+            v = v._local_tensor
+        if not isinstance(v, torch.Tensor) or tuple(v.shape) != tuple(_local(p).shape):
+            got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+            raise ValueError(f"{where} is {got} but the parameter has shape {tuple(_local(p).shape)}"
+                             f"{' (its local shard)' if _is_dtensor(p) else ''}: a state dict of another model?")
+        if v.is_complex() or not v.is_floating_point():
+            raise ValueError(f"{where} has dtype {v.dtype}")
+        return v
+
+    def _write_slot(self, p, key, value):
+        with self._lock:
+            keys = self._slot_keys_of(p)
+            v = self._check_slot_value(p, key, value, f"{self._name}.state[param]['{key}']")
+            _copy_into(self._raw_views(p)[keys.index(key)], v)
+
+    def _zero_slots(self, p):
+        with self._lock:
+            for view in self._raw_views(p):
+                view.zero_()
+
+    def _check_step(self, step, where):
+        if isinstance(step, torch.Tensor):
+            if step.numel() != 1 or step.is_complex():
+                raise ValueError(f"{where} must be a real scalar")
+        elif isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step):
+            raise ValueError(f"{where} must be a number")
+        return step
+
+    def _place_step(self, p, group, step):
+        """'step' placed as torch's load_state_dict places it."""
+        step = step.detach().reshape(()) if isinstance(step, torch.Tensor) else torch.tensor(float(step))
+        if _is_dtensor(step):
+            step = step.full_tensor()
+        if group["capturable"] or group["fused"]:
+            return step.to(dtype=_get_scalar_dtype(is_fused=group["fused"]), device=_local(p).device, copy=True)
+        return step.to(dtype=_get_scalar_dtype(), device="cpu", copy=True)
+
+    def _group_of(self, p):
+        for gi, g in enumerate(self.param_groups):
+            if any(q is p for q in g["params"]):
+                return gi, g
+        raise KeyError(p)  # pragma: no cover - _entry checked it
+
+    def _load_entry(self, entry, s):
+        """state[p] = s: checked whole, then copied into the store (ZeroRedundancyOptimizer's load
+        and frameworks write entries this way)."""
+        with self._lock:
+            p, name = entry._p, self._name
+            keys = self._slot_keys_of(p)
+            where = f"{name}.state[param]"
+            if not s:
+                entry.clear()
+                return
+            missing = [k for k in ["step"] + keys if k not in s]
+            if missing:
+                raise ValueError(f"{where}: the entry has keys {sorted(s)}; it needs {['step'] + keys} "
+                                 "(or is empty to reset the parameter's state)")
+            self._check_step(s["step"], f"{where}['step']")
+            values = [self._check_slot_value(p, k, s[k], f"{where}['{k}']") for k in keys]
+            gi, group = self._group_of(p)
+            for view, v in zip(self._raw_views(p), values):
+                _copy_into(view, v)
+            entry._held = {k: v for k, v in s.items() if k not in keys}
+            entry._held["step"] = self._place_step(p, group, s["step"])
+
     def state_tensors(self, p):
         """CPU copies of parameter ``p``'s state, as torch.optim.Adam keeps it in ``state[p]``
         (``{}`` before its first step)."""
         with self._lock:
-            i = self._index.get(p)
-            if i is None:
+            self._bind()
+            if p not in self._index:
                 raise KeyError(f"{self._name}.state_tensors: the tensor is not a parameter of this optimizer")
-            if "step" not in self.state[p]:
+            entry = self.state._entry(p, False)
+            if entry is None or not entry.started:
                 return {}
-            return self._state_entry(p, i, self._rt.state_views(i))
+            out = {"step": entry._held["step"].detach().to("cpu", copy=True)}
+            for key, v in zip(self._slot_keys_of(p), self._raw_views(p)):
+                out[key] = v.to("cpu", copy=True)
+            return out
 
     # ----- state dicts ---------------------------------------------------------------------------
 
-    def _state_entry(self, p, i, views):
-        entry = {"step": self.state[p]["step"].detach().to("cpu", copy=True)}
-        for key, v in zip(_slot_keys(self._meta[i][4]), views):
-            entry[key] = v.to("cpu", copy=True)
-        return entry
-
     def state_dict(self):
         """torch's format: {'state': {id: {'step', 'exp_avg', 'exp_avg_sq'[, 'max_exp_avg_sq']}},
-        'param_groups': [...]}, ids numbered over the groups in order. Every tensor is a CPU copy."""
+        'param_groups': [...]}, ids numbered over the groups in order. The moments are views of the
+        host stores (no copy is made; a DTensor over the view for a DTensor parameter), current until
+        the next step(), as torch's state dict holds its live state tensors; 'step' is the state's own
+        tensor, as in torch. Copy the dict (copy.deepcopy, torch.save) to keep it across steps."""
         for hook in getattr(self, "_optimizer_state_dict_pre_hooks", {}).values():
             hook(self)
         with self._lock:
+            self._bind()
             mapping, groups, start = {}, [], 0
             for group in self.param_groups:
                 packed = {k: v for k, v in group.items() if k != "params"}
@@ -371,13 +753,15 @@ class _SwapAdamBase(Optimizer):
                 start += len(packed["params"])
                 groups.append(packed)
             state = {}
-            if self._rt is not None:
-                self._rt.synchronize()
-            for p, s in self.state.items():
-                if "step" not in s:
-                    continue
-                i = self._index[p]
-                state[mapping[id(p)]] = self._state_entry(p, i, self._rt.state_views(i))
+            for p in self.state:
+                entry = self.state._entry(p, False)
+                out = {}
+                if entry.started:
+                    out["step"] = entry._held["step"]
+                    for key, v in zip(self._slot_keys_of(p), self._raw_views(p)):
+                        out[key] = self._hand_out(p, v)
+                out.update((k, v) for k, v in entry._held.items() if k != "step")
+                state[mapping[id(p)]] = out
         out = {"state": state, "param_groups": groups}
         for hook in getattr(self, "_optimizer_state_dict_post_hooks", {}).values():
             result = hook(self, out)
@@ -386,9 +770,11 @@ class _SwapAdamBase(Optimizer):
         return out
 
     def load_state_dict(self, state_dict):
-        """Loads a state dict of torch.optim.Adam/AdamW or of this class. Everything is checked first
-        (groups, ids, keys, shapes); on a mismatch a ValueError names it and nothing changes. The
-        state goes into pipeswap's host stores; 'step' is placed as torch places it."""
+        """Loads a state dict of torch.optim.Adam/AdamW or of this class (tensors or DTensors, on any
+        device). Everything is checked first (groups, ids, keys, shapes); on a mismatch a ValueError
+        names it and nothing changes. Each tensor is copied into pipeswap's host store (no device copy
+        of the whole state; a tensor that already is a view of the store is left as it is); 'step' is
+        placed as torch places it."""
         name = self._name
         for hook in getattr(self, "_optimizer_load_state_dict_pre_hooks", {}).values():
             result = hook(self, state_dict)
@@ -397,6 +783,7 @@ class _SwapAdamBase(Optimizer):
         if not isinstance(state_dict, dict) or "state" not in state_dict or "param_groups" not in state_dict:
             raise ValueError(f"{name}.load_state_dict: expected a dict with 'state' and 'param_groups'")
         with self._lock:
+            self._bind()
             groups, saved_groups = self.param_groups, state_dict["param_groups"]
             if len(groups) != len(saved_groups):
                 raise ValueError(f"{name}.load_state_dict: the state dict has {len(saved_groups)} parameter "
@@ -425,59 +812,44 @@ class _SwapAdamBase(Optimizer):
                 if bool(saved_groups[gi]["amsgrad"]) != amsgrad:
                     raise ValueError(f"{name}.load_state_dict: param_groups[{gi}]['amsgrad'] is "
                                      f"{saved_groups[gi]['amsgrad']} in the state dict, {amsgrad} here")
-                if not isinstance(s, dict):
+                if not isinstance(s, Mapping):
                     raise ValueError(f"{name}.load_state_dict: {where} is not a dict")
                 need = ["step"] + _slot_keys(amsgrad)
+                if not s:  # an entry without state (torch lists parameters it looked up)
+                    entries.append((p, gi, None, None))
+                    continue
                 missing = [key for key in need if key not in s]
                 extra = [key for key in s if key not in need]
                 if missing or extra:
                     raise ValueError(f"{name}.load_state_dict: {where} has keys {sorted(s)}; expected "
                                      f"{need} (amsgrad={amsgrad})")
-                for key in need[1:]:
-                    v = s[key]
-                    if not isinstance(v, torch.Tensor) or tuple(v.shape) != tuple(p.shape):
-                        got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
-                        raise ValueError(f"{name}.load_state_dict: {where}['{key}'] is {got} but the "
-                                         f"parameter has shape {tuple(p.shape)}: a state dict of another model?")
-                    if v.is_complex() or not v.is_floating_point():
-                        raise ValueError(f"{name}.load_state_dict: {where}['{key}'] has dtype {v.dtype}")
-                step = s["step"]
-                if isinstance(step, torch.Tensor):
-                    if step.numel() != 1 or step.is_complex():
-                        raise ValueError(f"{name}.load_state_dict: {where}['step'] must be a real scalar")
-                elif isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step):
-                    raise ValueError(f"{name}.load_state_dict: {where}['step'] must be a number")
-                entries.append((p, gi, s))
+                values = [self._check_slot_value(p, key, s[key], f"{name}.load_state_dict: {where}['{key}']")
+                          for key in need[1:]]
+                self._check_step(s["step"], f"{name}.load_state_dict: {where}['step']")
+                entries.append((p, gi, s["step"], values))
             # Everything checked: apply.
             for gi, (g, sg) in enumerate(zip(groups, saved_groups)):
                 new = {k: v for k, v in sg.items() if k != "params"}
                 if "param_names" in g:
                     new["param_names"] = g["param_names"]
+                if isinstance(new.get("betas"), list):
+                    new["betas"] = tuple(new["betas"])  # a checkpoint format may turn the tuple to a list
                 new["params"] = g["params"]
                 g.clear()
                 g.update(new)
-            if self._rt is not None:
-                self._rt.synchronize()
             loaded = set()
-            for p, gi, s in entries:
-                i = self._index[p]
-                for view, key in zip(self._rt.state_views(i), _slot_keys(self._meta[i][4])):
-                    view.copy_(s[key])
-                group = groups[gi]
-                step = s["step"]
-                step = step.detach().reshape(()) if isinstance(step, torch.Tensor) else torch.tensor(float(step))
-                if group["capturable"] or group["fused"]:
-                    step = step.to(dtype=_get_scalar_dtype(is_fused=group["fused"]), device=p.device, copy=True)
+            for p, gi, step, values in entries:
+                entry = self.state._entry(p, True)
+                if values is None:
+                    entry.clear()
                 else:
-                    step = step.to(dtype=_get_scalar_dtype(), device="cpu", copy=True)
-                self.state[p] = {"step": step}
-                loaded.add(p)
-            # As torch does, parameters the state dict has no state for start afresh.
+                    for view, v in zip(self._raw_views(p), values):
+                        _copy_into(view, v)
+                    entry._held = {"step": self._place_step(p, groups[gi], step)}
+                loaded.add(id(p))
+            # As torch does, parameters the state dict has no entry for start afresh.
             for p in list(self.state):
-                if p not in loaded:
-                    i = self._index[p]
-                    for view in self._rt.state_views(i):
-                        view.zero_()
+                if id(p) not in loaded:
                     del self.state[p]
         for hook in getattr(self, "_optimizer_load_state_dict_post_hooks", {}).values():
             hook(self)
@@ -485,6 +857,14 @@ class _SwapAdamBase(Optimizer):
     def __getstate__(self):
         raise TypeError(f"{self._name} cannot be pickled (its state lives in pipeswap's host stores); "
                         "save its state_dict() instead")
+
+
+def _copy_into(view, v):
+    """Copies v into a view of the store, unless v is that view (DCP loads into the views)."""
+    if v.data_ptr() == view.data_ptr() and v.device == view.device and v.stride() == view.stride() \
+            and v.dtype == view.dtype:
+        return
+    view.copy_(v)
 
 
 class SwapAdamW(_SwapAdamBase):
