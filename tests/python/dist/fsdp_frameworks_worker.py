@@ -193,6 +193,10 @@ def main():
         model, opt = build(cls)
         train(model, opt, 1, STEPS, rank, save=saver(name))
         results[name] = full(model)
+        if cls is pt.SwapAdamW:  # the host stores hold this rank's shards' state, not the full tensors'
+            local = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
+            stored = opt.swap_stats()["host_store_bytes"]
+            assert 2 * local <= stored <= 2 * local * 1.01, (rank, stored, 2 * local)
     # A new job from SwapAdamW's checkpoint (and one from AdamW's, switching to SwapAdamW).
     for name in ("swap", "adamw"):
         model, opt = build(pt.SwapAdamW)
