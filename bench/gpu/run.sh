@@ -4,8 +4,9 @@
 # pinned bandwidth, optimizer-swap step times against the copy bound, bit-exactness against the
 # no-swap run), and writes the figures. Then, when time is left (or alone with --torch-only), the
 # PyTorch part, bench/gpu/torch_check.sh: the package built against the machine's torch, tests/python
-# on CUDA, SwapAdamW against torch.optim.AdamW(fused=True) on ~1 B parameters, and the activation
-# offload example on ~1 B parameters next to `pipeswap simulate`'s prediction.
+# on CUDA, FSDP2 with one rank and a DCP round trip (bit-exact), SwapAdamW against
+# torch.optim.AdamW(fused=True) on ~1 B parameters, and the activation offload example on ~1 B
+# parameters next to `pipeswap simulate`'s prediction.
 #
 #   bash bench/gpu/run.sh [--quick] [--budget SECONDS] [--no-tests] [--no-torch | --torch-only]
 #   bash bench/gpu/run.sh --prepare [BUILD_DIR]                          on the build machine

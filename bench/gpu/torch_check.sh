@@ -8,9 +8,12 @@
 #      state dicts, errors, phases, the backend's rules (its self-test). The OptimizerInfo tests need
 #      expecttest: it is taken from a wheel in bench/gpu/prebuilt/wheels (run.sh --prepare fetches
 #      one) when python3 lacks it, else those tests are skipped with that reason;
-#   3. times a ~1 B-parameter step: SwapAdamW (packed, swap_times 8 and 16, prefetch on) against a
+#   3. FSDP2 with one rank and a DCP round trip on CUDA, bit-exact against torch.optim.AdamW
+#      (bench/gpu/torch_fsdp_check.py: ~34 M parameters, MixedPrecisionPolicy, dcp.save/dcp.load
+#      flattened, the device peak of the load beside the step's; about a minute);
+#   4. times a ~1 B-parameter step: SwapAdamW (packed, swap_times 8 and 16, prefetch on) against a
 #      resident torch.optim.AdamW(fused=True) (bench/gpu/torch_bench.py);
-#   4. runs the activation offload example (examples/torch/activation_offload.py) on ~1 B parameters
+#   5. runs the activation offload example (examples/torch/activation_offload.py) on ~1 B parameters
 #      (BF16, 18 layers of width 2048, 2048 tokens per micro-batch, rank 0's 1F1B order over 4 stages,
 #      8 micro-batches): torch's peak allocated memory with and without offload, the step-time
 #      ratio, bit-identity of the gradients, and `pipeswap simulate` on the same shape when the
@@ -18,12 +21,12 @@
 #
 #   bash bench/gpu/torch_check.sh [--quick] [--out DIR] [--no-tests] [--no-bench] [--cpu]
 #
-# --cpu runs steps 1 and 2 on the CPU and step 3 as torch_bench.py --cpu-smoke (a check of this
+# --cpu runs steps 1 to 3 on the CPU and step 4 as torch_bench.py --cpu-smoke (a check of this
 # script on a machine without a GPU).
 # TORCH_CHECK_BUILD=meson skips meson-python and builds with Meson directly; PYTHON names the Python.
 #
 # Output in DIR (default bench/gpu/out): torch_build.log, torch_tests.log, torch_figures.json,
-# torch_summary.md, torch_activation.{log,json}. Exit status: 0 passed; 1 a test or check failed; 2 the build failed; 77 no CUDA
+# torch_summary.md, torch_fsdp.{log,json}, torch_activation.{log,json}. Exit status: 0 passed; 1 a test or check failed; 2 the build failed; 77 no CUDA
 # device or no torch.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -40,7 +43,7 @@ while (($#)); do
     --no-tests) tests=0 ;;
     --no-bench) bench=0 ;;
     --cpu) device=cpu ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "torch_check.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
   shift
@@ -123,7 +126,22 @@ if ((tests)); then
   fi
 fi
 
-# 3. The 1 B-parameter step.
+# 3. FSDP2 with one rank and a DCP round trip (torch's distributed package on this device).
+fargs=(--json "$out/torch_fsdp.json")
+[ $device = cpu ] && fargs+=(--cpu)
+((quick)) && fargs+=(--quick)
+t0=$(date +%s)
+timeout 150 "$py" "$here/torch_fsdp_check.py" "${fargs[@]}" >"$out/torch_fsdp.log" 2>&1
+status=$?
+grep -v -i "warn" "$out/torch_fsdp.log" | tail -14
+if [ $status -eq 0 ]; then
+  echo "torch_check: FSDP2 + DCP on $device passed ($(($(date +%s) - t0)) s)"
+else
+  echo "torch_check: FSDP2 + DCP on $device FAILED with status $status ($(($(date +%s) - t0)) s; see torch_fsdp.log)"
+  failed=1
+fi
+
+# 4. The 1 B-parameter step.
 if ((bench)); then
   bargs=(--out "$out/torch_figures.json")
   ((quick)) && bargs+=(--quick)
@@ -132,6 +150,7 @@ if ((bench)); then
   status=${PIPESTATUS[0]}
   [ "$status" -eq 0 ] || failed=1
   sed -n '/^## SwapAdamW/,$p' "$out/torch_bench.log" >"$out/torch_summary.md"
+  sed -n '/^## FSDP2/,$p' "$out/torch_fsdp.log" >>"$out/torch_summary.md"
 
   sim=$(command -v pipeswap || true)
   [ -x "$here/prebuilt/pipeswap" ] && sim="$here/prebuilt/pipeswap"

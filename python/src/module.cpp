@@ -58,8 +58,8 @@ struct device_context {
 class runtime {
 public:
   runtime(c10::Device device, py::function update)
-      : ctx_(device_context::of(device)), b_(ctx_->b), engine_(ctx_->engine),
-        opt_(make_optimizer()), update_(std::move(update)) {}
+      : ctx_(device_context::of(device)), b_(ctx_->b), engine_(ctx_->engine), opt_(make_optimizer()),
+        update_(std::move(update)) {}
 
   ~runtime() { rt_.reset(); } // hands the state back before the optimizer goes
 

@@ -19,6 +19,13 @@ import sys
 
 import pytest
 
+from conftest import DEVICE
+
+# The ranks run on the CPU over gloo whatever the device; on a GPU machine
+# bench/gpu/torch_fsdp_check.py runs FSDP2 and DCP on CUDA instead.
+pytestmark = pytest.mark.skipif(DEVICE.type != "cpu", reason="FSDP2 over gloo on the CPU; "
+                                "bench/gpu/torch_fsdp_check.py covers CUDA")
+
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist", "fsdp_worker.py")
 DEADLINE = 300  # seconds per torchrun, far above the ~10-30 s each takes on two cores
 

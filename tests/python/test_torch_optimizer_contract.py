@@ -193,6 +193,21 @@ def test_parameters_replaced_before_the_first_step_are_bound_afresh():
     same(m, opt, ref_m, ref, "after the refused change: ")
 
 
+def test_param_names_stay_in_groups_and_state_dict():
+    m, ref_m = model(), model()
+    opt = SwapAdamW(m.named_parameters(), **KW, swap_times=2, min_swap_numel=8)
+    ref = torch.optim.AdamW(ref_m.named_parameters(), **KW)
+    train(m, opt, 2)
+    train(ref_m, ref, 2)
+    names = [n for n, _ in m.named_parameters()]
+    assert opt.param_groups[0]["param_names"] == ref.param_groups[0]["param_names"] == names
+    assert opt.state_dict()["param_groups"][0]["param_names"] == names
+    same(m, opt, ref_m, ref, "named: ")
+    opt2 = SwapAdamW(model(3).named_parameters(), **KW)
+    opt2.load_state_dict(ref.state_dict())
+    assert opt2.state_dict()["param_groups"][0]["param_names"] == names
+
+
 def test_compiled_loop_runs_the_step_eagerly():
     # The step is excluded from tracing: compiling a loop that calls it compiles the rest and runs the
     # step as it runs eagerly (bits equal to the eager AdamW), never tracing into pipeswap.

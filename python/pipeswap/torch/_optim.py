@@ -174,7 +174,8 @@ class _SwapState(MutableMapping):
             if not create:
                 return None
             opt = self._opt
-            opt._bind()
+            if p not in opt._index:
+                opt._bind()
             if p not in opt._index:
                 raise KeyError(f"{opt._name}.state: the tensor is not a parameter of this optimizer "
                                "(of any param_groups entry)")
@@ -615,10 +616,17 @@ class _SwapAdamBase(Optimizer):
         if len(self._views):
             _orphan(self._views)
 
+    def _index_of(self, p):
+        """p's index in the runtime, binding param_groups first when p is new to it (O(1) else)."""
+        i = self._index.get(p)
+        if i is None:
+            self._bind()
+            i = self._index[p]
+        return i
+
     def _raw_views(self, p):
         """Views of p's slots over the store (local shapes), in _slot_keys order."""
-        self._bind()
-        i = self._index[p]
+        i = self._index_of(p)
         if not self._synced:
             self._rt.synchronize()
             self._synced = True
@@ -636,8 +644,7 @@ class _SwapAdamBase(Optimizer):
         return v
 
     def _slot_keys_of(self, p):
-        self._bind()
-        return _slot_keys(self._meta[self._index[p]][4])
+        return _slot_keys(self._meta[self._index_of(p)][4])
 
     def _slot_view(self, p, key):
         with self._lock:

@@ -32,7 +32,6 @@ thread's stack and exits if the rank runs longer than PIPESWAP_TEST_WATCHDOG sec
 import copy
 import faulthandler
 import os
-import sys
 from datetime import timedelta
 
 import torch
