@@ -30,5 +30,5 @@ def test_fsdp2_two_ranks_bit_identical_and_resumed(tmp_path, framework):
     assert r.returncode == 0, f"torchrun failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}"
     ok = re.findall(r"OK rank (\d+): (\d+) tensors bit-identical", r.stdout)
     assert sorted(int(rank) for rank, _ in ok) == [0, 1], r.stdout
-    # hf: 4 parameters x (swap, resumed, switched); torchtitan: 8 parameters x (swap, resumed)
-    assert all(int(n) == {"hf": 12, "torchtitan": 16}[framework] for _, n in ok), ok
+    # hf: 4 parameters x (swap, prepared, resumed, switched); torchtitan: 8 parameters x (swap, resumed)
+    assert all(int(n) == {"hf": 16, "torchtitan": 16}[framework] for _, n in ok), ok

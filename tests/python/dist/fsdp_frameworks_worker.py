@@ -8,7 +8,9 @@ built after sharding over the DTensor parameters in the Trainer's two groups (``
 with ``optimizer_cls_and_kwargs``), gradients clipped on DTensors (``clip_grad_norm_``), and the
 checkpoint written and read by accelerate's own ``save_fsdp_model``/``save_fsdp_optimizer`` and
 ``load_fsdp_model``/``load_fsdp_optimizer`` (sharded, through DCP and
-``get_optimizer_state_dict``/``set_optimizer_state_dict``).
+``get_optimizer_state_dict``/``set_optimizer_state_dict``). Besides, accelerate's own FSDP2
+``prepare`` of a model and an optimizer built before it (``Accelerator._prepare_fsdp2``: placeholders
+in param_groups while it shards, then the sharded DTensor parameters swapped in).
 
 The same job runs with torch.optim.AdamW and with pipeswap.torch.SwapAdamW: every parameter (full
 tensor) after the last step must be bit-identical, and so must a job resumed from the checkpoint
@@ -25,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 
 import pipeswap.torch as pt
 
@@ -41,19 +44,24 @@ class Tiny(nn.Module):
         return self.net(x)
 
 
-def build(opt_cls):
-    model = Tiny()
-    for m in model.net:
-        if isinstance(m, nn.Linear):
-            fully_shard(m)
-    fully_shard(model)
+def optimizer(opt_cls, model):
+    """The Trainer's create_optimizer: decay and no-decay groups, optimizer_cls_and_kwargs."""
     named = list(model.named_parameters())
     groups = [{"params": [p for n, p in named if n.endswith("weight")], "weight_decay": 0.05},
               {"params": [p for n, p in named if not n.endswith("weight")], "weight_decay": 0.0}]
     kwargs = dict(lr=2e-2, betas=(0.8, 0.95))
     if opt_cls is pt.SwapAdamW:
         kwargs.update(swap_times=2, min_swap_numel=0)
-    return model, opt_cls(groups, **kwargs)
+    return opt_cls(groups, **kwargs)
+
+
+def build(opt_cls):
+    model = Tiny()
+    for m in model.net:
+        if isinstance(m, nn.Linear):
+            fully_shard(m)
+    fully_shard(model)
+    return model, optimizer(opt_cls, model)
 
 
 def train(model, opt, first, last, rank, save=None):
@@ -197,6 +205,17 @@ def main():
             local = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
             stored = opt.swap_stats()["host_store_bytes"]
             assert 2 * local <= stored <= 2 * local * 1.01, (rank, stored, 2 * local)
+    # accelerate's own FSDP2 preparation of a model and an optimizer built before it (what
+    # accelerator.prepare(model, optimizer) runs with FSDP2; on the CPU accelerate does not turn FSDP
+    # on, so its plugin is handed to the state here): it wraps layers by size, puts placeholders into
+    # param_groups, shards, and swaps the sharded DTensor parameters in.
+    accelerator.state.fsdp_plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2, auto_wrap_policy="size_based_wrap", min_num_params=100)
+    model = Tiny()
+    model, opt = accelerator._prepare_fsdp2(model, optimizer(pt.SwapAdamW, model))
+    assert all(isinstance(p, DTensor) for g in opt.optimizer.param_groups for p in g["params"])
+    train(model, opt, 1, STEPS, rank)
+    results["prepared"] = full(model)
     # A new job from SwapAdamW's checkpoint (and one from AdamW's, switching to SwapAdamW).
     for name in ("swap", "adamw"):
         model, opt = build(pt.SwapAdamW)
@@ -205,7 +224,7 @@ def main():
         train(model, opt, SAVE_AT + 1, STEPS, rank)
         results["resumed_" + name] = full(model)
 
-    check(results, rank, ("swap", "resumed_swap", "resumed_adamw"))
+    check(results, rank, ("swap", "prepared", "resumed_swap", "resumed_adamw"))
     dist.barrier()
     dist.destroy_process_group()
 
