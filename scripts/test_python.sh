@@ -42,7 +42,7 @@ fi
 "$py" -c "import torch; print('pipeswap: torch', torch.__version__, '(CUDA available)' if torch.cuda.is_available() else '(no GPU)')"
 
 # The training frameworks tests/python runs SwapAdamW in (test_torchtitan.py, test_hf_trainer.py,
-# test_lightning.py, test_frameworks_fsdp.py), at the versions tested. Installed with torch pinned to
+# test_lightning.py, test_frameworks_dist.py), at the versions tested. Installed with torch pinned to
 # the version in use on the same command line, so pip never replaces torch; on a fresh environment
 # they take about 3 minutes (700 MB), so the install runs while the package builds below.
 # PIPESWAP_FRAMEWORKS=0 skips the install (their tests then skip).

@@ -1,5 +1,6 @@
-"""The FSDP2 paths of the Hugging Face Trainer and of torchtitan, across processes: torchrun starts
-tests/python/dist/fsdp_frameworks_worker.py with 2 ranks on gloo (see its docstring for the pieces it
+"""The frameworks across processes: the FSDP2 paths of the Hugging Face Trainer and of torchtitan, and
+the Trainer itself under DDP. torchrun starts tests/python/dist/frameworks_worker.py with 2 ranks on
+gloo (see its docstring for the pieces it
 runs and what each rank checks). The torchrun has a deadline and each rank a watchdog that dumps its
 stacks, so a hang is reported with who waited on what.
 """
@@ -13,12 +14,12 @@ import pytest
 
 pytest.importorskip("accelerate")
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist", "fsdp_frameworks_worker.py")
-DEADLINE = 300  # seconds, far above the ~25 s it takes on two cores
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist", "frameworks_worker.py")
+DEADLINE = 300  # seconds, far above the 15-40 s each takes on two cores
 
 
-@pytest.mark.parametrize("framework", ["hf", "torchtitan"])
-def test_fsdp2_two_ranks_bit_identical_and_resumed(tmp_path, framework):
+@pytest.mark.parametrize("framework", ["hf", "torchtitan", "hf_ddp"])
+def test_two_ranks_bit_identical_and_resumed(tmp_path, framework):
     if framework == "torchtitan":
         pytest.importorskip("torchtitan")
     env = dict(os.environ, OMP_NUM_THREADS="1", PIPESWAP_TEST_DIR=str(tmp_path), PIPESWAP_TEST_FRAMEWORK=framework)
@@ -30,5 +31,6 @@ def test_fsdp2_two_ranks_bit_identical_and_resumed(tmp_path, framework):
     assert r.returncode == 0, f"torchrun failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}"
     ok = re.findall(r"OK rank (\d+): (\d+) tensors bit-identical", r.stdout)
     assert sorted(int(rank) for rank, _ in ok) == [0, 1], r.stdout
-    # hf: 4 parameters x (swap, prepared, resumed, switched); torchtitan: 8 parameters x (swap, resumed)
-    assert all(int(n) == {"hf": 16, "torchtitan": 16}[framework] for _, n in ok), ok
+    # hf: 4 parameters x (swap, prepared, resumed, switched); torchtitan: 8 parameters x (swap, resumed);
+    # hf_ddp: 4 parameters x (swap, resumed)
+    assert all(int(n) == {"hf": 16, "torchtitan": 16, "hf_ddp": 8}[framework] for _, n in ok), ok

@@ -1,9 +1,9 @@
-"""One rank of a framework's FSDP2 path, started by torchrun on the gloo backend (2 ranks);
-tests/python/test_frameworks_fsdp.py runs it. PIPESWAP_TEST_FRAMEWORK selects the framework:
+"""One rank of a framework's multi-rank path, started by torchrun on the gloo backend (2 ranks);
+tests/python/test_frameworks_dist.py runs it. PIPESWAP_TEST_FRAMEWORK selects the framework:
 
-``hf``: the Hugging Face Trainer's. accelerate turns FSDP2 on only on an accelerator, so the Trainer cannot run it on the CPU. This runs
-every piece of that path that touches the optimizer, in the Trainer's order: the model sharded with
-``fully_shard`` (per Linear, then the root, as accelerate's ``fsdp2_prepare_model`` does), the optimizer
+``hf``: the Hugging Face Trainer's FSDP2 path. accelerate turns FSDP2 on only on an accelerator, so
+the Trainer cannot run it on the CPU. This runs every piece of that path that touches the optimizer,
+in the Trainer's order: the model sharded with ``fully_shard`` (per Linear, then the root, as accelerate's ``fsdp2_prepare_model`` does), the optimizer
 built after sharding over the DTensor parameters in the Trainer's two groups (``create_optimizer``
 with ``optimizer_cls_and_kwargs``), gradients clipped on DTensors (``clip_grad_norm_``), and the
 checkpoint written and read by accelerate's own ``save_fsdp_model``/``save_fsdp_optimizer`` and
@@ -14,7 +14,10 @@ in param_groups while it shards, then the sharded DTensor parameters swapped in)
 
 The same job runs with torch.optim.AdamW and with pipeswap.torch.SwapAdamW: every parameter (full
 tensor) after the last step must be bit-identical, and so must a job resumed from the checkpoint
-written after step SAVE_AT. Prints "OK rank R: ..." and exits 0, or raises. A watchdog (faulthandler)
+written after step SAVE_AT. ``hf_ddp``: the Hugging Face Trainer itself on the 2 CPU ranks (accelerate's MULTI_CPU, DDP over
+gloo), with optimizer_cls_and_kwargs, its checkpoint after step SAVE_AT and a resume from it.
+
+Prints "OK rank R: ..." and exits 0, or raises. A watchdog (faulthandler)
 dumps every thread's stack and exits if the rank waits longer than PIPESWAP_TEST_WATCHDOG seconds
 (default 240): it says who waited on what.
 """
@@ -176,10 +179,56 @@ def torchtitan_main():
     dist.destroy_process_group()
 
 
+def hf_ddp_main():
+    """The Hugging Face Trainer itself on 2 CPU ranks (accelerate's MULTI_CPU: DDP over gloo)."""
+    import warnings
+
+    import transformers
+
+    folder = os.environ["PIPESWAP_TEST_DIR"]
+
+    class Model(Tiny):
+        def forward(self, x, labels=None):
+            out = self.net(x)
+            return {"loss": nn.functional.mse_loss(out, labels), "logits": out}
+
+    def data():
+        g = torch.Generator().manual_seed(5)
+        return [{"x": torch.randn(8, generator=g), "labels": torch.randn(4, generator=g)} for _ in range(4 * STEPS)]
+
+    def job(cls, out, resume=None):
+        kwargs = dict(lr=2e-2, betas=(0.8, 0.95))
+        if cls is pt.SwapAdamW:
+            kwargs.update(swap_times=2, min_swap_numel=0)
+        args = transformers.TrainingArguments(
+            output_dir=os.path.join(folder, out), per_device_train_batch_size=2, max_steps=STEPS,
+            weight_decay=0.05, lr_scheduler_type="linear", max_grad_norm=0.5, save_strategy="steps",
+            save_steps=SAVE_AT, logging_strategy="no", report_to=[], use_cpu=True, seed=0,
+            dataloader_num_workers=0, disable_tqdm=True, ddp_backend="gloo")
+        model = Model()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore")
+            trainer = transformers.Trainer(model=model, args=args, train_dataset=data(),
+                                           optimizer_cls_and_kwargs=(cls, kwargs))
+            trainer.train(resume_from_checkpoint=resume)
+        assert trainer.state.global_step == STEPS
+        return [p.detach().clone() for p in model.parameters()]
+
+    results = {"adamw": job(torch.optim.AdamW, "adamw"), "swap": job(pt.SwapAdamW, "swap")}
+    results["resumed_swap"] = job(pt.SwapAdamW, "swap", resume=os.path.join(folder, "swap", f"checkpoint-{SAVE_AT}"))
+    rank = dist.get_rank()
+    check(results, rank, ("swap", "resumed_swap"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def main():
     faulthandler.dump_traceback_later(float(os.environ.get("PIPESWAP_TEST_WATCHDOG", "240")), exit=True)
-    if os.environ.get("PIPESWAP_TEST_FRAMEWORK", "hf") == "torchtitan":
+    framework = os.environ.get("PIPESWAP_TEST_FRAMEWORK", "hf")
+    if framework == "torchtitan":
         return torchtitan_main()
+    if framework == "hf_ddp":
+        return hf_ddp_main()
     from accelerate import Accelerator
     from accelerate.utils import FullyShardedDataParallelPlugin
     from accelerate.utils.fsdp_utils import load_fsdp_model, load_fsdp_optimizer, save_fsdp_model, save_fsdp_optimizer
@@ -230,11 +279,16 @@ def main():
 
 
 if __name__ == "__main__":
+    code = 0
     try:
         main()
     except BaseException:
         import traceback
         traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Out without the interpreter's teardown: once in a loaded run, a rank that had passed every
+    # check aborted there ("terminate called without an active exception", a joinable std::thread
+    # destroyed; pipeswap starts none) while collecting what gloo, DCP and accelerate left behind.
+    os._exit(code)
