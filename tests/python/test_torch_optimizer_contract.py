@@ -191,6 +191,19 @@ def test_parameters_replaced_before_the_first_step_are_bound_afresh():
     train(m, opt, 1, start=3)
     train(ref_m, ref, 1, start=3)
     same(m, opt, ref_m, ref, "after the refused change: ")
+    # A parameter appended in place joins (with add_param_group's checks), as in torch.
+    extra, ref_extra = (torch.ones(5, 7, device=DEVICE, requires_grad=True) for _ in range(2))
+    opt.param_groups[0]["params"].append(extra)
+    ref.param_groups[0]["params"].append(ref_extra)
+    for o, mm, e in ((opt, m, extra), (ref, ref_m, ref_extra)):
+        e.grad = torch.full_like(e, 0.5)
+        mm(torch.ones(2, 16, device=DEVICE)).sum().backward()
+        o.step()
+    assert_same_bits(extra, ref_extra, "appended parameter")
+    same(m, opt, ref_m, ref, "after an append: ")
+    opt.param_groups[0]["params"].append(torch.zeros(8, 8, device=DEVICE).t()[::2].requires_grad_())
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\['params'\]\[7\].*not dense"):
+        opt.step()
 
 
 def test_param_names_stay_in_groups_and_state_dict():

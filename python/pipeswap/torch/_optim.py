@@ -428,6 +428,14 @@ class _SwapAdamBase(Optimizer):
         new = current[len(bound):]
         if not new:
             return
+        # Parameters that joined without add_param_group (param_groups edited in place) get its checks.
+        gi_k = [(gi, k) for gi, g in enumerate(self.param_groups) for k in range(len(g["params"]))]
+        device = self._device
+        for (gi, k), p in zip(gi_k[len(bound):], new):
+            device = self._check_new(f"param_groups[{gi}]['params'][{k}]", p, device)
+        if device is not None and device.type == "cuda" and not _C.has_cuda:
+            raise RuntimeError(f"{name}: the parameters are on {device} but pipeswap._C was built without "
+                               "its CUDA path (torch without CUDA, or the CUDA runtime headers were not found)")
         amsgrad_of = {}
         for g in self.param_groups:
             for p in g["params"]:
