@@ -117,10 +117,11 @@ def main():
     # 2. flat over 20 more steps
     seg = (lambda: torch.cuda.memory_stats().get("segment.all.allocated", 0)) if device.type == "cuda" else (lambda: 0)
     before = (opt.swap_stats()["host_store_bytes"], opt.swap_stats()["arena_bytes"], seg())
-    for k in range(STEPS, STEPS + 20):
-        step(m_ref, ref, k, device, width)
+    for k in range(STEPS, STEPS + 20):  # SwapAdamW alone in the window, the reference after it
         step(m, opt, k, device, width)
     after = (opt.swap_stats()["host_store_bytes"], opt.swap_stats()["arena_bytes"], seg())
+    for k in range(STEPS, STEPS + 20):
+        step(m_ref, ref, k, device, width)
     fig["store_arena_segments_before_after_20_steps"] = [before, after]
     if after != before:
         failed.append(f"host store, arena bytes or cudaMalloc count moved over 20 steps: {before} -> {after}")
@@ -149,7 +150,8 @@ def main():
             load_peak = torch.cuda.max_memory_allocated() - base
             fig["dcp_load_peak_above_base_bytes"] = load_peak
             if load_peak > fig["step_peak_bytes"]:
-                failed.append(f"the DCP load peaked {load_peak} bytes above its base, the step {fig['step_peak_bytes']}")
+                failed.append(f"the DCP load peaked {load_peak} bytes above its base, "
+                              f"the step {fig['step_peak_bytes']}")
     n0 = STEPS + 20
     for k in range(n0, n0 + 3):
         step(m_ref, ref, k, device, width)

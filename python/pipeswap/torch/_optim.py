@@ -99,7 +99,7 @@ class _ParamState(MutableMapping):
     __slots__ = ("_opt", "_p", "_held")
 
     def __init__(self, opt, p):
-        self._opt = opt
+        self._opt = opt  # a weak proxy: the optimizer goes with its last reference (no cycle)
         self._p = p
         self._held = {}
 
@@ -165,7 +165,9 @@ class _SwapState(MutableMapping):
     in torch; ``state[p] = {...}`` loads an entry (checked first, copied into the host store)."""
 
     def __init__(self, opt):
-        self._opt = opt
+        # A weak proxy: the optimizer and its pinned host stores go with its last reference, not at
+        # the next garbage collection.
+        self._opt = weakref.proxy(opt)
         self._entries = {}  # id(param) -> _ParamState
 
     def _entry(self, p, create):
