@@ -41,6 +41,32 @@ if ((${#need[@]})); then
 fi
 "$py" -c "import torch; print('pipeswap: torch', torch.__version__, '(CUDA available)' if torch.cuda.is_available() else '(no GPU)')"
 
+# The training frameworks tests/python runs SwapAdamW in (test_torchtitan.py, test_hf_trainer.py,
+# test_lightning.py, test_frameworks_dist.py), at the versions tested. Installed with torch pinned to
+# the version in use on the same command line, so pip never replaces torch; on a fresh environment
+# they take about 3 minutes (700 MB), so the install runs while the package builds below.
+# PIPESWAP_FRAMEWORKS=0 skips the install (their tests then skip).
+frameworks=(torchtitan:torchtitan==0.3.0 transformers:transformers==5.25.0 accelerate:accelerate==1.16.0
+  pytorch_lightning:pytorch-lightning==2.6.6)
+frameworks_pid=
+if [ "${PIPESWAP_FRAMEWORKS:-1}" != 0 ]; then
+  need=()
+  for f in "${frameworks[@]}"; do
+    "$py" -c "import ${f%%:*}" 2>/dev/null || need+=("${f#*:}")
+  done
+  if ((${#need[@]})); then
+    # The public version (2.15.0, not 2.15.0+cu132: the index lists no local versions; the pin
+    # matches the installed build either way).
+    torch_now=$("$py" -c "import torch; print(torch.__version__.split('+')[0])")
+    echo "pipeswap: installing ${need[*]} into $venv (torch stays $torch_now), beside the build"
+    frameworks_log=$(mktemp)
+    ( t0=$SECONDS
+      "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch_now" "${need[@]}" &&
+        echo "pipeswap: frameworks installed in $((SECONDS - t0)) s" ) >"$frameworks_log" 2>&1 &
+    frameworks_pid=$!
+  fi
+fi
+
 # The package, built against that torch (no build isolation: it must not fetch another torch).
 t0=$SECONDS
 mkdir -p "$build"
@@ -58,6 +84,14 @@ if ! build_package; then
   build_package || fail
 fi
 echo "pipeswap: package built and installed in $((SECONDS - t0)) s"
+if [ -n "$frameworks_pid" ]; then
+  if ! wait "$frameworks_pid"; then
+    cat "$frameworks_log"
+    echo "pipeswap: installing the frameworks failed (PIPESWAP_FRAMEWORKS=0 runs without them)"
+    exit 1
+  fi
+  cat "$frameworks_log" && rm -f "$frameworks_log"
+fi
 
 rm -f "$build/pytest-junit.xml"
 cd tests/python

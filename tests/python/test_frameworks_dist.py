@@ -1,0 +1,36 @@
+"""The frameworks across processes: the FSDP2 paths of the Hugging Face Trainer and of torchtitan, and
+the Trainer itself under DDP. torchrun starts tests/python/dist/frameworks_worker.py with 2 ranks on
+gloo (see its docstring for the pieces it
+runs and what each rank checks). The torchrun has a deadline and each rank a watchdog that dumps its
+stacks, so a hang is reported with who waited on what.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("accelerate")
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist", "frameworks_worker.py")
+DEADLINE = 300  # seconds, far above the 15-40 s each takes on two cores
+
+
+@pytest.mark.parametrize("framework", ["hf", "torchtitan", "hf_ddp"])
+def test_two_ranks_bit_identical_and_resumed(tmp_path, framework):
+    if framework == "torchtitan":
+        pytest.importorskip("torchtitan")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PIPESWAP_TEST_DIR=str(tmp_path), PIPESWAP_TEST_FRAMEWORK=framework)
+    try:
+        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                            WORKER], env=env, capture_output=True, text=True, timeout=DEADLINE)
+    except subprocess.TimeoutExpired as x:
+        pytest.fail(f"torchrun did not finish in {DEADLINE} s:\n{x.stdout}\n{x.stderr}")
+    assert r.returncode == 0, f"torchrun failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}"
+    ok = re.findall(r"OK rank (\d+): (\d+) tensors bit-identical", r.stdout)
+    assert sorted(int(rank) for rank, _ in ok) == [0, 1], r.stdout
+    # hf: 4 parameters x (swap, prepared, resumed, switched); torchtitan: 8 parameters x (swap, resumed);
+    # hf_ddp: 4 parameters x (swap, resumed)
+    assert all(int(n) == {"hf": 16, "torchtitan": 16, "hf_ddp": 8}[framework] for _, n in ok), ok
