@@ -24,8 +24,13 @@ def test_two_ranks_bit_identical_and_resumed(tmp_path, framework):
         pytest.importorskip("torchtitan")
     env = dict(os.environ, OMP_NUM_THREADS="1", PIPESWAP_TEST_DIR=str(tmp_path), PIPESWAP_TEST_FRAMEWORK=framework)
     try:
-        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                            WORKER], env=env, capture_output=True, text=True, timeout=DEADLINE)
+        r = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", WORKER],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE,
+        )
     except subprocess.TimeoutExpired as x:
         pytest.fail(f"torchrun did not finish in {DEADLINE} s:\n{x.stdout}\n{x.stderr}")
     assert r.returncode == 0, f"torchrun failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}"

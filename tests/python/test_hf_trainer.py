@@ -14,9 +14,8 @@ import warnings
 
 import pytest
 import torch
-from torch import nn
-
 from conftest import DEVICE, assert_same_bits, assert_same_state
+from torch import nn
 
 transformers = pytest.importorskip("transformers")
 
@@ -47,15 +46,29 @@ def train(optimizer_cls, out, resume=None, steps=STEPS):
     if optimizer_cls is pt.SwapAdamW:
         kwargs.update(SWAP)
     args = transformers.TrainingArguments(
-        output_dir=str(out), per_device_train_batch_size=4, max_steps=steps, weight_decay=0.05,
-        lr_scheduler_type="linear", warmup_steps=2, max_grad_norm=0.5, save_strategy="steps", save_steps=3,
-        logging_strategy="no", report_to=[], use_cpu=DEVICE.type == "cpu", seed=0, data_seed=0,
-        dataloader_num_workers=0, disable_tqdm=True)
+        output_dir=str(out),
+        per_device_train_batch_size=4,
+        max_steps=steps,
+        weight_decay=0.05,
+        lr_scheduler_type="linear",
+        warmup_steps=2,
+        max_grad_norm=0.5,
+        save_strategy="steps",
+        save_steps=3,
+        logging_strategy="no",
+        report_to=[],
+        use_cpu=DEVICE.type == "cpu",
+        seed=0,
+        data_seed=0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
     model = Tiny()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore")
-        trainer = transformers.Trainer(model=model, args=args, train_dataset=dataset(),
-                                       optimizer_cls_and_kwargs=(optimizer_cls, kwargs))  # the one line
+        trainer = transformers.Trainer(
+            model=model, args=args, train_dataset=dataset(), optimizer_cls_and_kwargs=(optimizer_cls, kwargs)
+        )  # the one line
         trainer.train(resume_from_checkpoint=resume)
     return model, trainer
 
@@ -86,8 +99,7 @@ def test_hf_trainer_trains_bit_identically_and_resumes_from_its_checkpoint(tmp_p
     assert resumed_trainer.state.global_step == STEPS
     for (name, a), b in zip(ref.named_parameters(), resumed.parameters()):
         assert_same_bits(b, a, f"resumed {name}")
-    assert_same_state(optimizer_of(resumed_trainer).state_dict(), optimizer_of(ref_trainer).state_dict(),
-                      "resumed ")
+    assert_same_state(optimizer_of(resumed_trainer).state_dict(), optimizer_of(ref_trainer).state_dict(), "resumed ")
 
     # And the checkpoint of the job with torch.optim.AdamW resumes with SwapAdamW.
     switched, _ = train(pt.SwapAdamW, tmp_path / "adamw", resume=str(tmp_path / "adamw" / "checkpoint-3"))

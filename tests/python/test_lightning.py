@@ -15,9 +15,8 @@ import warnings
 
 import pytest
 import torch
-from torch import nn
-
 from conftest import DEVICE, assert_same_bits, assert_same_state
+from torch import nn
 
 pl = pytest.importorskip("pytorch_lightning")
 
@@ -41,8 +40,11 @@ class Tiny(pl.LightningModule):
     def configure_optimizers(self):
         kwargs = dict(lr=2e-2, betas=(0.8, 0.95), weight_decay=0.05)
         # The one line: torch.optim.AdamW(...) becomes pipeswap.torch.SwapAdamW(...).
-        opt = pt.SwapAdamW(self.parameters(), **kwargs, **SWAP) if self.swap else torch.optim.AdamW(
-            self.parameters(), **kwargs)
+        opt = (
+            pt.SwapAdamW(self.parameters(), **kwargs, **SWAP)
+            if self.swap
+            else torch.optim.AdamW(self.parameters(), **kwargs)
+        )
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
@@ -56,9 +58,16 @@ def loader():
 
 def fit(swap, epochs, ckpt_path=None, save_to=None):
     model = Tiny(swap)
-    trainer = pl.Trainer(max_epochs=epochs, accelerator=DEVICE.type, devices=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         gradient_clip_val=0.5)
+    trainer = pl.Trainer(
+        max_epochs=epochs,
+        accelerator=DEVICE.type,
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        gradient_clip_val=0.5,
+    )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         trainer.fit(model, loader(), ckpt_path=ckpt_path)
@@ -92,8 +101,10 @@ def test_lightning_trains_bit_identically_and_resumes_from_its_checkpoint(tmp_pa
     for (name, a), b in zip(ref.named_parameters(), resumed.parameters()):
         assert_same_bits(b, a, f"resumed {name}")
     assert_same_state(state_of(resumed_trainer), state_of(ref_trainer), "resumed ")
-    assert resumed_trainer.lr_scheduler_configs[0].scheduler.get_last_lr() == \
-        ref_trainer.lr_scheduler_configs[0].scheduler.get_last_lr()
+    assert (
+        resumed_trainer.lr_scheduler_configs[0].scheduler.get_last_lr()
+        == ref_trainer.lr_scheduler_configs[0].scheduler.get_last_lr()
+    )
 
 
 def test_lightning_checkpoint_of_torch_adamw_resumes_into_swapadamw(tmp_path):

@@ -21,9 +21,8 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
-from torch import nn
-
 from conftest import DEVICE, assert_same_bits
+from torch import nn
 
 pytest.importorskip("torchtitan")
 
@@ -71,19 +70,34 @@ def model_parts(seed):
 
 def job_config(implementation, override):
     """The job's config as torchtitan's CLI gives it, with this test's optimizer groups."""
-    args = ["--module", "llama3", "--config", "llama3_debugmodel", "--optimizer.implementation", implementation,
-            "--lr_scheduler.warmup_steps", "2"]
+    args = [
+        "--module",
+        "llama3",
+        "--config",
+        "llama3_debugmodel",
+        "--optimizer.implementation",
+        implementation,
+        "--lr_scheduler.warmup_steps",
+        "2",
+    ]
     if override:  # the one line
         args += ["--override.imports", TARGET + '={"swap_times": 2, "min_swap_numel": 0}']
     config = ConfigManager().parse_args(args)
     betas = (0.8, 0.95)
     config.optimizer.param_groups = [  # the norms with Adam, the rest with AdamW (two optimizers per part)
-        ParamGroupConfig(pattern=r"\.norm\.", optimizer_name="Adam",
-                         optimizer_kwargs={"lr": 1e-2, "betas": betas, "weight_decay": 0.01}),
-        ParamGroupConfig(pattern=r"\.bias$", optimizer_name="AdamW",
-                         optimizer_kwargs={"lr": 2e-2, "betas": betas, "weight_decay": 0.0}),
-        ParamGroupConfig(pattern=r".*", optimizer_name="AdamW",
-                         optimizer_kwargs={"lr": 2e-2, "betas": betas, "weight_decay": 0.1}),
+        ParamGroupConfig(
+            pattern=r"\.norm\.",
+            optimizer_name="Adam",
+            optimizer_kwargs={"lr": 1e-2, "betas": betas, "weight_decay": 0.01},
+        ),
+        ParamGroupConfig(
+            pattern=r"\.bias$",
+            optimizer_name="AdamW",
+            optimizer_kwargs={"lr": 2e-2, "betas": betas, "weight_decay": 0.0},
+        ),
+        ParamGroupConfig(
+            pattern=r".*", optimizer_name="AdamW", optimizer_kwargs={"lr": 2e-2, "betas": betas, "weight_decay": 0.1}
+        ),
     ]
     if config.override.imports:
         apply_overrides(config.override, config)  # where Trainer.__init__ applies them
@@ -122,9 +136,15 @@ class Job:
         self.pre_hook_calls = 0
         self.optimizers.register_step_pre_hook(lambda *args: setattr(self, "pre_hook_calls", self.pre_hook_calls + 1))
         ckpt = CheckpointManager.Config(enable=True, folder="checkpoint", interval=SAVE_AT)
-        self.checkpointer = ckpt.build(dataloader=None, model_parts=self.parts, optimizers=self.optimizers,
-                                       lr_schedulers=self.lr_schedulers, states={"train_state": self.train_state},
-                                       sd_adapter=None, base_folder=str(folder))
+        self.checkpointer = ckpt.build(
+            dataloader=None,
+            model_parts=self.parts,
+            optimizers=self.optimizers,
+            lr_schedulers=self.lr_schedulers,
+            states={"train_state": self.train_state},
+            sd_adapter=None,
+            base_folder=str(folder),
+        )
 
     def train_to(self, last):
         params = [p for part in self.parts for p in part.parameters()]
@@ -205,5 +225,6 @@ def test_torchtitan_override_refuses_what_it_cannot_honour():
     with pytest.raises(ValueError, match="fused_opt_states_bf16"):
         swap_adamw(config)
     with pytest.raises(ValueError, match="fused_opt_states_bf16"):
-        SwapOptimizersContainer.Config(param_groups=config.param_groups,
-                                       implementation="fused_opt_states_bf16").build(model_parts=model_parts(1))
+        SwapOptimizersContainer.Config(param_groups=config.param_groups, implementation="fused_opt_states_bf16").build(
+            model_parts=model_parts(1)
+        )

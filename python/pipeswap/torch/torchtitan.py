@@ -16,6 +16,7 @@ Other optimizer names (``"DistMuon"``, ...) are built by torchtitan as before.
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
 from torchtitan.components.optimizer import OptimizersContainer
 from torchtitan.config.override import derive, override
 
@@ -27,7 +28,7 @@ _SWAPPED = {"AdamW": SwapAdamW, "Adam": SwapAdam}
 _SETTINGS = ("swap_times", "pipeline", "resident_share", "defer_offload", "min_swap_numel")
 
 
-def _check(swap, implementation):
+def _check(swap: dict[str, Any], implementation: str) -> None:
     unknown = sorted(set(swap) - set(_SETTINGS))
     if unknown:
         raise TypeError(f"pipeswap.torch.torchtitan: unknown swap setting(s) {unknown}; known: {list(_SETTINGS)}")
@@ -35,7 +36,8 @@ def _check(swap, implementation):
         raise ValueError(
             "pipeswap.torch.torchtitan: optimizer.implementation='fused_opt_states_bf16' puts bfloat16 "
             "exp_avg/exp_avg_sq into optimizer.state from a step pre-hook; SwapAdamW keeps the state in its "
-            "host stores in the parameters' dtype. Use 'fused', 'foreach' or 'for-loop'")
+            "host stores in the parameters' dtype. Use 'fused', 'foreach' or 'for-loop'"
+        )
 
 
 class SwapOptimizersContainer(OptimizersContainer):
@@ -48,7 +50,7 @@ class SwapOptimizersContainer(OptimizersContainer):
         """pipeswap's swap settings for every SwapAdamW/SwapAdam this container builds
         (swap_times, pipeline, resident_share, defer_offload, min_swap_numel); empty: the defaults."""
 
-    def __init__(self, config: Config, *, model_parts) -> None:
+    def __init__(self, config: Config, *, model_parts: list[torch.nn.Module]) -> None:
         _check(config.swap, config.implementation)
         by_name = dict(config.optimizer_factory_kwargs_by_name)
         for name in _SWAPPED:
@@ -56,15 +58,17 @@ class SwapOptimizersContainer(OptimizersContainer):
         super().__init__(replace(config, optimizer_factory_kwargs_by_name=by_name), model_parts=model_parts)
 
     @staticmethod
-    def _resolve_optimizer_factory(name):
+    def _resolve_optimizer_factory(name: str) -> type[torch.optim.Optimizer]:
         if name in _SWAPPED:
             return _SWAPPED[name]
         return OptimizersContainer._resolve_optimizer_factory(name)
 
 
-@override(target=OptimizersContainer.Config,
-          description="pipeswap: AdamW/Adam keep their state in host memory (SwapAdamW/SwapAdam)")
-def swap_adamw(config: OptimizersContainer.Config, **swap) -> SwapOptimizersContainer.Config:
+@override(
+    target=OptimizersContainer.Config,
+    description="pipeswap: AdamW/Adam keep their state in host memory (SwapAdamW/SwapAdam)",
+)
+def swap_adamw(config: OptimizersContainer.Config, **swap: Any) -> SwapOptimizersContainer.Config:
     """The override: the job's optimizer config, every field kept, as a ``SwapOptimizersContainer``'s.
     Keyword arguments (JSON after ``=`` in ``--override.imports``) are the swap settings."""
     _check(swap, config.implementation)

@@ -3,19 +3,21 @@ tests/python/test_frameworks_dist.py runs it. PIPESWAP_TEST_FRAMEWORK selects th
 
 ``hf``: the Hugging Face Trainer's FSDP2 path. accelerate turns FSDP2 on only on an accelerator, so
 the Trainer cannot run it on the CPU. This runs every piece of that path that touches the optimizer,
-in the Trainer's order: the model sharded with ``fully_shard`` (per Linear, then the root, as accelerate's ``fsdp2_prepare_model`` does), the optimizer
-built after sharding over the DTensor parameters in the Trainer's two groups (``create_optimizer``
-with ``optimizer_cls_and_kwargs``), gradients clipped on DTensors (``clip_grad_norm_``), and the
-checkpoint written and read by accelerate's own ``save_fsdp_model``/``save_fsdp_optimizer`` and
+in the Trainer's order: the model sharded with ``fully_shard`` (per Linear, then the root, as
+accelerate's ``fsdp2_prepare_model`` does), the optimizer built after sharding over the DTensor
+parameters in the Trainer's two groups (``create_optimizer`` with ``optimizer_cls_and_kwargs``),
+gradients clipped on DTensors (``clip_grad_norm_``), and the checkpoint written and read by
+accelerate's own ``save_fsdp_model``/``save_fsdp_optimizer`` and
 ``load_fsdp_model``/``load_fsdp_optimizer`` (sharded, through DCP and
 ``get_optimizer_state_dict``/``set_optimizer_state_dict``). Besides, accelerate's own FSDP2
-``prepare`` of a model and an optimizer built before it (``Accelerator._prepare_fsdp2``: placeholders
-in param_groups while it shards, then the sharded DTensor parameters swapped in).
+``prepare`` of a model and an optimizer built before it (``Accelerator._prepare_fsdp2``:
+placeholders in param_groups while it shards, then the sharded DTensor parameters swapped in).
 
 The same job runs with torch.optim.AdamW and with pipeswap.torch.SwapAdamW: every parameter (full
 tensor) after the last step must be bit-identical, and so must a job resumed from the checkpoint
-written after step SAVE_AT. ``hf_ddp``: the Hugging Face Trainer itself on the 2 CPU ranks (accelerate's MULTI_CPU, DDP over
-gloo), with optimizer_cls_and_kwargs, its checkpoint after step SAVE_AT and a resume from it.
+written after step SAVE_AT. ``hf_ddp``: the Hugging Face Trainer itself on the 2 CPU ranks
+(accelerate's MULTI_CPU, DDP over gloo), with optimizer_cls_and_kwargs, its checkpoint after step
+SAVE_AT and a resume from it.
 
 Prints "OK rank R: ..." and exits 0, or raises. A watchdog (faulthandler)
 dumps every thread's stack and exits if the rank waits longer than PIPESWAP_TEST_WATCHDOG seconds
@@ -50,8 +52,10 @@ class Tiny(nn.Module):
 def optimizer(opt_cls, model):
     """The Trainer's create_optimizer: decay and no-decay groups, optimizer_cls_and_kwargs."""
     named = list(model.named_parameters())
-    groups = [{"params": [p for n, p in named if n.endswith("weight")], "weight_decay": 0.05},
-              {"params": [p for n, p in named if not n.endswith("weight")], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for n, p in named if n.endswith("weight")], "weight_decay": 0.05},
+        {"params": [p for n, p in named if not n.endswith("weight")], "weight_decay": 0.0},
+    ]
     kwargs = dict(lr=2e-2, betas=(0.8, 0.95))
     if opt_cls is pt.SwapAdamW:
         kwargs.update(swap_times=2, min_swap_numel=0)
@@ -88,8 +92,10 @@ def check(results, rank, names):
     for name in names:
         for i, (a, b) in enumerate(zip(results["adamw"], results[name])):
             if a.dtype != b.dtype or not torch.equal(a.view(torch.int32), b.view(torch.int32)):
-                raise AssertionError(f"rank {rank}: {name} parameter {i}: "
-                                     f"{(a != b).sum().item()} of {a.numel()} elements differ from AdamW's")
+                raise AssertionError(
+                    f"rank {rank}: {name} parameter {i}: "
+                    f"{(a != b).sum().item()} of {a.numel()} elements differ from AdamW's"
+                )
             compared += 1
     print(f"OK rank {rank}: {compared} tensors bit-identical", flush=True)
 
@@ -132,9 +138,16 @@ def torchtitan_main():
             for block in part.layers.values():
                 fully_shard(block)
             fully_shard(part)
-        config = OptimizersContainer.Config(implementation="for-loop", param_groups=[ParamGroupConfig(
-            pattern=".*", optimizer_name="AdamW", optimizer_kwargs={"lr": 2e-2, "betas": (0.8, 0.95),
-                                                                    "weight_decay": 0.1})])
+        config = OptimizersContainer.Config(
+            implementation="for-loop",
+            param_groups=[
+                ParamGroupConfig(
+                    pattern=".*",
+                    optimizer_name="AdamW",
+                    optimizer_kwargs={"lr": 2e-2, "betas": (0.8, 0.95), "weight_decay": 0.1},
+                )
+            ],
+        )
         if swap:
             config = swap_adamw(config, swap_times=2, min_swap_numel=0)
         optimizers = config.build(model_parts=parts)
@@ -142,8 +155,14 @@ def torchtitan_main():
         lr = LRSchedulersContainer.Config(warmup_steps=2).build(optimizers=optimizers, training_steps=STEPS)
         state = Train()
         ckpt = CheckpointManager.Config(enable=True, folder="checkpoint", interval=SAVE_AT).build(
-            dataloader=None, model_parts=parts, optimizers=optimizers, lr_schedulers=lr,
-            states={"train_state": state}, sd_adapter=None, base_folder=os.path.join(folder, name))
+            dataloader=None,
+            model_parts=parts,
+            optimizers=optimizers,
+            lr_schedulers=lr,
+            states={"train_state": state},
+            sd_adapter=None,
+            base_folder=os.path.join(folder, name),
+        )
         return parts, optimizers, lr, state, ckpt
 
     def train_to(parts, optimizers, lr, state, ckpt, last):
@@ -201,15 +220,28 @@ def hf_ddp_main():
         if cls is pt.SwapAdamW:
             kwargs.update(swap_times=2, min_swap_numel=0)
         args = transformers.TrainingArguments(
-            output_dir=os.path.join(folder, out), per_device_train_batch_size=2, max_steps=STEPS,
-            weight_decay=0.05, lr_scheduler_type="linear", max_grad_norm=0.5, save_strategy="steps",
-            save_steps=SAVE_AT, logging_strategy="no", report_to=[], use_cpu=True, seed=0,
-            dataloader_num_workers=0, disable_tqdm=True, ddp_backend="gloo")
+            output_dir=os.path.join(folder, out),
+            per_device_train_batch_size=2,
+            max_steps=STEPS,
+            weight_decay=0.05,
+            lr_scheduler_type="linear",
+            max_grad_norm=0.5,
+            save_strategy="steps",
+            save_steps=SAVE_AT,
+            logging_strategy="no",
+            report_to=[],
+            use_cpu=True,
+            seed=0,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+            ddp_backend="gloo",
+        )
         model = Model()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore")
-            trainer = transformers.Trainer(model=model, args=args, train_dataset=data(),
-                                           optimizer_cls_and_kwargs=(cls, kwargs))
+            trainer = transformers.Trainer(
+                model=model, args=args, train_dataset=data(), optimizer_cls_and_kwargs=(cls, kwargs)
+            )
             trainer.train(resume_from_checkpoint=resume)
         assert trainer.state.global_step == STEPS
         return [p.detach().clone() for p in model.parameters()]
@@ -243,6 +275,7 @@ def main():
             out = os.path.join(folder, sub)
             save_fsdp_model(plugin, accelerator, model, out)
             save_fsdp_optimizer(plugin, accelerator, opt, model, out)
+
         return save
 
     results = {}
@@ -259,7 +292,8 @@ def main():
     # on, so its plugin is handed to the state here): it wraps layers by size, puts placeholders into
     # param_groups, shards, and swaps the sharded DTensor parameters in.
     accelerator.state.fsdp_plugin = FullyShardedDataParallelPlugin(
-        fsdp_version=2, auto_wrap_policy="size_based_wrap", min_num_params=100)
+        fsdp_version=2, auto_wrap_policy="size_based_wrap", min_num_params=100
+    )
     model = Tiny()
     model, opt = accelerator._prepare_fsdp2(model, optimizer(pt.SwapAdamW, model))
     assert all(isinstance(p, DTensor) for g in opt.optimizer.param_groups for p in g["params"])
@@ -284,6 +318,7 @@ if __name__ == "__main__":
         main()
     except BaseException:
         import traceback
+
         traceback.print_exc()
         code = 1
     sys.stdout.flush()
