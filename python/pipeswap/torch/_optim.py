@@ -66,16 +66,6 @@ _PIPELINES = ("packed", "per_tensor")
 _STATE_KEYS = ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
 
-def _dense(t):
-    """Whether t's elements fill its memory exactly once, in any dimension order."""
-    expect = 1
-    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
-        if stride != expect:
-            return False
-        expect *= size
-    return True
-
-
 def _slot_keys(amsgrad):
     return ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if amsgrad else [])
 
@@ -343,23 +333,23 @@ class _SwapAdamBase(Optimizer):
     # ----- parameters ----------------------------------------------------------------------------
 
     def _check_new(self, where, p, device):
-        """Checks a tensor about to become a parameter; returns the optimizer's device."""
+        """Checks a tensor about to become a parameter; returns the optimizer's device. The dtype and
+        layout rule of a state slot is pipeswap._C's (check_param: the rule its add_param applies),
+        asked here before the parameter joins, so a refused parameter changes nothing."""
         name = self._name
         if not isinstance(p, torch.Tensor):
             raise TypeError(f"{name}: {where} is a {type(p).__name__}, not a tensor")
-        if p.is_complex():
-            raise ValueError(
-                f"{name}: {where} is complex ({p.dtype}); only real floating-point parameters are supported"
-            )
         lp = _local(p)
         if p.layout != torch.strided or lp.layout != torch.strided:
             raise ValueError(f"{name}: {where} has layout {p.layout}; only dense (strided) parameters are supported")
-        if p.dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
-            raise ValueError(
-                f"{name}: {where} has dtype {p.dtype}; float32, float64, bfloat16 and float16 are supported"
-            )
+        _C.check_param(lp, f"{name}: {where}" + ("'s local shard" if lp is not p else ""))
         if device is None:
             device = lp.device
+            if device.type == "cuda" and not _C.has_cuda:
+                raise RuntimeError(
+                    f"{name}: the parameters are on {device} but pipeswap._C was built without "
+                    "its CUDA path (torch without CUDA, or the CUDA runtime headers were not found)"
+                )
         elif lp.device != device:
             raise ValueError(
                 f"{name}: {where} is on {lp.device} but the optimizer's parameters are on "
@@ -368,12 +358,6 @@ class _SwapAdamBase(Optimizer):
             )
         if lp.device.type not in ("cpu", "cuda"):
             raise ValueError(f"{name}: {where} is on {lp.device}; CPU and CUDA devices are supported")
-        if not _dense(lp):
-            shard = "local shard " if lp is not p else ""
-            raise ValueError(
-                f"{name}: {where}'s {shard}is not dense and non-overlapping (shape "
-                f"{tuple(lp.shape)}, stride {lp.stride()}); its state needs that layout"
-            )
         return device
 
     def add_param_group(self, param_group):
@@ -403,22 +387,19 @@ class _SwapAdamBase(Optimizer):
                 raise ValueError(f"{name}: {where} is listed twice (a parameter belongs to one group, once)")
             seen.add(id(p))
             device = self._check_new(where, p, device)
-        if device is not None and device.type == "cuda" and not _C.has_cuda:
-            raise RuntimeError(
-                f"{name}: the parameters are on {device} but pipeswap._C was built without "
-                "its CUDA path (torch without CUDA, or the CUDA runtime headers were not found)"
-            )
         param_group = dict(param_group, params=params)
         super().add_param_group(param_group)  # torch's own checks: leaves, defaults, groups
         with self._lock:
-            self._bind()
+            self._bind(checked={id(p) for p in tensors})
 
-    def _bind(self):
+    def _bind(self, checked=frozenset()):
         """Registers the parameters of param_groups with the runtime. Called when groups are added
         and at every step() and state access, so parameters replaced in param_groups (as accelerate
         does, swapping in sharded DTensors after the optimizer exists) are bound too: before any
         state exists everything is registered afresh; afterwards only new parameters at the end may
-        join, and a parameter with state may not be replaced."""
+        join, and a parameter with state may not be replaced. Parameters whose ids are in
+        ``checked`` passed _check_new already (add_param_group checks its group before torch adds
+        it); the others get its checks here."""
         current = [p for g in self.param_groups for p in g["params"]]
         bound = self._bound
         if len(current) == len(bound) and all(a is b for a, b in zip(current, bound)):
@@ -450,6 +431,7 @@ class _SwapAdamBase(Optimizer):
             gi_k = [(gi, k) for gi, g in enumerate(self.param_groups) for k in range(len(g["params"]))]
             for (gi, k), p in zip(gi_k, current):
                 device = self._check_new(f"param_groups[{gi}]['params'][{k}]", p, device)
+            checked = {id(p) for p in current}
             if self._rt is not None:
                 self._orphan_views()
                 self._rt.reset_params()
@@ -468,12 +450,10 @@ class _SwapAdamBase(Optimizer):
         gi_k = [(gi, k) for gi, g in enumerate(self.param_groups) for k in range(len(g["params"]))]
         device = self._device
         for (gi, k), p in zip(gi_k[len(bound) :], new):
-            device = self._check_new(f"param_groups[{gi}]['params'][{k}]", p, device)
-        if device is not None and device.type == "cuda" and not _C.has_cuda:
-            raise RuntimeError(
-                f"{name}: the parameters are on {device} but pipeswap._C was built without "
-                "its CUDA path (torch without CUDA, or the CUDA runtime headers were not found)"
-            )
+            if id(p) in checked:
+                device = device or _local(p).device
+            else:
+                device = self._check_new(f"param_groups[{gi}]['params'][{k}]", p, device)
         amsgrad_of = {}
         for g in self.param_groups:
             for p in g["params"]:
