@@ -439,6 +439,13 @@ std::string check_orders(py::sequence const& orders, int chunks) {
   return out;
 }
 
+/// Checks that `t` can have optimizer state slots (pipeswap::torch::check_slot_layout: a dtype a slot
+/// holds, a dense and non-overlapping layout); the error names `who`. The same rule add_param applies,
+/// asked before a parameter joins, so a refused parameter changes nothing.
+void check_param(at::Tensor const& t, std::string const& who) {
+  (void)pt::check_slot_layout(t.sizes(), t.strides(), t.scalar_type(), who);
+}
+
 /// The innermost exception of a nest of step_errors, so a Python error raised by the update reaches
 /// the caller as itself.
 void rethrow_innermost(std::exception const& e) {
@@ -540,6 +547,7 @@ PYBIND11_MODULE(_C, m) {
   });
 
   m.def("_backend_selftest", &backend_selftest, py::arg("device"));
+  m.def("check_param", &check_param, py::arg("param"), py::arg("who"));
   m.def("schedule_orders", &schedule_orders, py::arg("kind"), py::arg("ranks"), py::arg("micro"),
         py::arg("chunks") = 1);
   m.def("inject_swap_steps", &inject_order, py::arg("order"), py::arg("load_lookahead") = 1,

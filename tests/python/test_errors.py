@@ -3,13 +3,14 @@ lost and the optimizer stays usable: after each refusal, training goes on bit-id
 optimizer that never saw the bad input."""
 
 import copy
+import gc
 import pickle
 
 import pytest
 import torch
 from conftest import DEVICE, assert_same_bits, assert_same_state
 
-from pipeswap.torch import SwapAdam, SwapAdamW
+from pipeswap.torch import DeviceBudget, SwapAdam, SwapAdamW
 
 SHAPES = [(30, 20), (100,), (6,)]
 
@@ -65,13 +66,45 @@ def test_sparse_gradient(pair):
         pair.opt.step()
 
 
+SLOT_DTYPES = r"; state slots hold float32, float64, bfloat16 or float16"
+
+
 def test_complex_parameter():
-    with pytest.raises(ValueError, match=r"param_groups\[0\]\['params'\]\[1\] is complex"):
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\['params'\]\[1\] has dtype torch.complex64" + SLOT_DTYPES):
         SwapAdamW([torch.zeros(3, requires_grad=True), torch.zeros(3, dtype=torch.complex64, requires_grad=True)])
 
 
+def test_parameter_layout_and_dtype_rule():
+    # One rule, pipeswap._C's (the one its add_param applies), asked before a parameter joins.
+    ok = torch.zeros(3, requires_grad=True)
+    with pytest.raises(
+        ValueError, match=r"^SwapAdamW: param_groups\[0\]\['params'\]\[1\] has dtype torch.int64" + SLOT_DTYPES
+    ):
+        SwapAdamW([ok, torch.zeros(3, dtype=torch.int64)])
+    # Strides (2, 2) over (3, 3) span exactly 9 elements but reach only 5 of them: overlapping.
+    overlapping = torch.zeros(9).as_strided((3, 3), (2, 2)).detach().requires_grad_()
+    with pytest.raises(
+        ValueError,
+        match=r"^SwapAdam: param_groups\[0\]\['params'\]\[1\] is not dense and non-overlapping \(shape \[3, 3\], "
+        r"stride \[2, 2\]\); its state slots need a layout that holds every element exactly once$",
+    ):
+        SwapAdam([ok, overlapping])
+    # A parameter without elements holds each of them once, whatever its strides: it joins and steps
+    # as in torch.
+    empty, ref_empty = torch.zeros(2, 0, requires_grad=True), torch.zeros(2, 0, requires_grad=True)
+    full, ref_full = torch.ones(3, requires_grad=True), torch.ones(3, requires_grad=True)
+    opt = SwapAdamW([empty, full], lr=0.1, min_swap_numel=0, swap_times=2)
+    ref = torch.optim.AdamW([ref_empty, ref_full], lr=0.1)
+    for p in (empty, full, ref_empty, ref_full):
+        p.grad = torch.full_like(p, 0.5)
+    opt.step()
+    ref.step()
+    assert torch.equal(full.detach(), ref_full.detach()) and empty.shape == (2, 0)
+    assert opt.state_tensors(empty)["exp_avg"].shape == (2, 0)
+
+
 def test_complex_gradient_on_a_complex_parameter_group(pair):
-    with pytest.raises(ValueError, match=r"param_groups\[1\]\['params'\]\[0\] is complex"):
+    with pytest.raises(ValueError, match=r"param_groups\[1\]\['params'\]\[0\] has dtype torch.complex64"):
         pair.opt.add_param_group({"params": [torch.zeros(4, dtype=torch.complex64, device=DEVICE, requires_grad=True)]})
     assert len(pair.opt.param_groups) == 1
 
@@ -239,3 +272,26 @@ def test_failure_inside_the_update():
     p.opt.step()  # usable; every parameter steps again
     sd = p.opt.state_dict()
     assert len(sd["state"]) == 3
+
+
+def test_a_strict_budget_refuses_a_step_as_torch_reports_a_device_oom():
+    # The optimizer path keeps the error's type: a reservation a strict DeviceBudget refuses reaches
+    # step()'s caller as torch.OutOfMemoryError (pipeswap._C translates it; SwapAdamW does not wrap
+    # it); no parameter changed, and the same optimizer trains on bit-identically to torch's once
+    # the budget allows.
+    p = Pair()
+    budget = DeviceBudget(DEVICE, 1, strict=True)
+    try:
+        grads(p.ps, 0)
+        with pytest.raises(torch.OutOfMemoryError, match=r"client needs \d+ bytes but the strict budget has 1 of 1"):
+            p.opt.step()
+        for k, (a, b) in enumerate(zip(p.ps, p.ref_ps)):
+            assert_same_bits(a, b, f"param {k} after the refused step")
+        assert budget.stats()["refused_count"] >= 1
+        budget.capacity = 1 << 30
+        p.train(3)
+        p.check()
+    finally:
+        del p
+        gc.collect()
+        budget.close()

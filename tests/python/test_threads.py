@@ -20,9 +20,15 @@ import pipeswap.torch as pt
 STEPS = 12
 
 
+# Seeding and a module's initialization use torch's global generator, which the threads share: one
+# model is made at a time, so each gets its seed's values whatever the threads' interleaving.
+MODEL_LOCK = threading.Lock()
+
+
 def model(seed):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8)).to(DEVICE)
+    with MODEL_LOCK:
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8)).to(DEVICE)
 
 
 def train(seed, opt_cls, log=None, **kw):

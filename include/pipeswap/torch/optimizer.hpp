@@ -21,10 +21,12 @@
 // changing anything it was given; the views are valid only during the call.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <sstream>
 #include <span>
 #include <string>
 #include <utility>
@@ -53,9 +55,40 @@ inline dtype to_dtype(c10::ScalarType t, std::string const& who) {
   case c10::ScalarType::BFloat16: return dtype::bf16;
   case c10::ScalarType::Half: return dtype::f16;
   default:
-    throw invalid_argument(who + " has dtype " + std::string(c10::toString(t)) +
+    throw invalid_argument(who + " has dtype torch." + std::string(c10::getDtypeNames(t).first) +
                            "; state slots hold float32, float64, bfloat16 or float16");
   }
+}
+
+/// The layout rule of a state slot (a slot like the tensor it belongs to), checked for a tensor of
+/// `sizes`, `strides` and `type`: a dtype a slot holds (to_dtype), and a dense, non-overlapping
+/// layout (every element exactly once, the dimensions in any order; a tensor without elements has
+/// any strides). Throws invalid_argument naming `who`; returns the slot's dtype. add_param checks
+/// it; pipeswap.torch checks it through pipeswap._C before a parameter joins an optimizer.
+inline dtype check_slot_layout(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType type,
+                               std::string const& who) {
+  auto const dt = to_dtype(type, who);
+  if (sizes.size() != strides.size()) throw invalid_argument(who + ": sizes and strides differ in rank");
+  std::vector<std::pair<std::int64_t, std::int64_t>> dims; // (stride, size) of the dimensions longer than 1
+  bool empty = false;
+  for (std::size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] < 0) throw invalid_argument(who + ": negative size");
+    if (sizes[d] == 0) empty = true;
+    if (sizes[d] > 1) dims.emplace_back(strides[d], sizes[d]);
+  }
+  if (empty) return dt;
+  std::ranges::sort(dims);
+  std::int64_t expect = 1;
+  for (auto const& [stride, size] : dims) {
+    if (stride != expect) {
+      std::ostringstream s;
+      s << who << " is not dense and non-overlapping (shape " << sizes << ", stride " << strides
+        << "); its state slots need a layout that holds every element exactly once";
+      throw invalid_argument(s.str());
+    }
+    expect *= size;
+  }
+  return dt;
 }
 
 class tensor_optimizer {
@@ -84,25 +117,11 @@ public:
     state_.require_detached("pipeswap::torch::tensor_optimizer::add_param");
     auto const i = params_.size();
     auto const who = "parameter " + std::to_string(i);
-    auto const dt = to_dtype(type, who);
-    if (sizes.size() != strides.size()) throw invalid_argument(who + ": sizes and strides differ in rank");
+    // Dense and non-overlapping, so a slot of numel elements holds the view.
+    auto const dt = check_slot_layout(sizes, strides, type, who);
     std::size_t numel = 1;
-    for (auto s : sizes) {
-      if (s < 0) throw invalid_argument(who + ": negative size");
-      numel *= static_cast<std::size_t>(s);
-    }
+    for (auto s : sizes) numel *= static_cast<std::size_t>(s);
     if (keys.empty()) throw invalid_argument(who + ": no state keys");
-    // Dense and non-overlapping: the strides cover exactly numel elements (any order), so a slot of
-    // numel elements holds the view.
-    std::size_t extent = numel ? 1 : 0;
-    for (std::size_t d = 0; numel && d < sizes.size(); ++d) {
-      if (strides[d] < 0) throw invalid_argument(who + ": negative stride");
-      extent += static_cast<std::size_t>(sizes[d] - 1) * static_cast<std::size_t>(strides[d]);
-    }
-    if (extent != numel) {
-      throw invalid_argument(who + " is not dense (its strides span " + std::to_string(extent) + " elements for " +
-                             std::to_string(numel) + "); state slots need a dense, non-overlapping layout");
-    }
     param p{{sizes.begin(), sizes.end()}, {strides.begin(), strides.end()}, type, {}};
     update_unit u{i, numel, {}};
     for (auto k : keys) {

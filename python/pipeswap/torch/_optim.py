@@ -7,22 +7,32 @@ Adam/AdamW ``step()`` on exactly those parameters and views. The update is torch
 options, so its bits are torch's.
 """
 
+from __future__ import annotations
+
 import math
 import threading
 import weakref
 from collections import defaultdict
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Container, Iterator, Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, TypeVar
 
 import torch
 from torch.optim import Optimizer
 
 from ._ext import _C
 
+if TYPE_CHECKING:
+    from torch.optim.optimizer import ParamsT
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+# What the runtime hands the update per batch: (parameter index, views of its slots) per parameter.
+_BatchItems = list[tuple[int, list[torch.Tensor]]]
+
 try:  # torch's own choice of the dtype of state['step']
     from torch.optim.optimizer import _get_scalar_dtype
 except ImportError:  # pragma: no cover
 
-    def _get_scalar_dtype(is_fused=None):
+    def _get_scalar_dtype(is_fused: bool | None = None) -> torch.dtype:
         if is_fused:
             return torch.float32
         return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
@@ -34,23 +44,23 @@ except ImportError:  # pragma: no cover - torch built without distributed
     DTensor = None
 
 
-def _is_dtensor(t):
+def _is_dtensor(t: object) -> bool:
     return DTensor is not None and isinstance(t, DTensor)
 
 
-def _local(t):
+def _local(t: torch.Tensor) -> torch.Tensor:
     """The tensor a rank holds: a DTensor's local shard, any other tensor itself."""
     return t._local_tensor if _is_dtensor(t) else t
 
 
-def _unhooked_step(cls):
+def _unhooked_step(cls: type[Optimizer]) -> Callable[..., Any]:
     """cls.step without torch's profiling wrapper, whose step hooks (global and per instance) must
     fire once per SwapAdamW.step(), not once per batch."""
     step = cls.step
     return step.__wrapped__ if getattr(step, "hooked", False) and hasattr(step, "__wrapped__") else step
 
 
-def _no_trace(fn):
+def _no_trace(fn: _F) -> _F:
     """torch.compile does not trace into the step: it drives a C++ runtime with host
     synchronization and calls back into Python per batch, which dynamo cannot capture; eager it
     costs what torch's eager step costs."""
@@ -66,23 +76,13 @@ _PIPELINES = ("packed", "per_tensor")
 _STATE_KEYS = ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
 
-def _dense(t):
-    """Whether t's elements fill its memory exactly once, in any dimension order."""
-    expect = 1
-    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
-        if stride != expect:
-            return False
-        expect *= size
-    return True
-
-
-def _slot_keys(amsgrad):
+def _slot_keys(amsgrad: bool) -> list[str]:
     return ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if amsgrad else [])
 
 
-def _update_callback(ref):
+def _update_callback(ref: weakref.ref[_SwapAdamBase]) -> Callable[[_BatchItems], None]:
     # The runtime holds this callable: a weak reference, so the optimizer can be collected.
-    def update(items):
+    def update(items: _BatchItems) -> None:
         opt = ref()
         if opt is None:  # pragma: no cover - the runtime dies with the optimizer
             raise RuntimeError("pipeswap.torch: the optimizer of this runtime is gone")
@@ -91,7 +91,7 @@ def _update_callback(ref):
     return update
 
 
-class _ParamState(MutableMapping):
+class _ParamState(MutableMapping[str, Any]):
     """``optimizer.state[p]``: torch's keys, with Adam's moments read from and written to pipeswap's
     store. 'step' (and any key a framework adds) is held here as torch holds it; 'exp_avg',
     'exp_avg_sq' and 'max_exp_avg_sq' are views of the host store (a DTensor over the view for a
@@ -99,24 +99,24 @@ class _ParamState(MutableMapping):
 
     __slots__ = ("_opt", "_p", "_held")
 
-    def __init__(self, opt, p):
+    def __init__(self, opt: _SwapAdamBase, p: torch.Tensor) -> None:
         self._opt = opt  # a weak proxy: the optimizer goes with its last reference (no cycle)
         self._p = p
         self._held = {}
 
     @property
-    def started(self):
+    def started(self) -> bool:
         return "step" in self._held
 
-    def _slot_keys(self):
+    def _slot_keys(self) -> list[str] | tuple[()]:
         return self._opt._slot_keys_of(self._p) if self.started else ()
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: str) -> Any:
         if key in self._slot_keys():
             return self._opt._slot_view(self._p, key)
         return self._held[key]
 
-    def __setitem__(self, key, value):
+    def __setitem__(self, key: str, value: Any) -> None:
         opt = self._opt
         if key in _STATE_KEYS[1:] and key in opt._slot_keys_of(self._p):
             if not self.started:
@@ -130,7 +130,7 @@ class _ParamState(MutableMapping):
             value = opt._check_step(value, f"{opt._name}.state[param]['step']")
         self._held[key] = value
 
-    def __delitem__(self, key):
+    def __delitem__(self, key: str) -> None:
         if key in self._slot_keys() or (key == "step" and self.started):
             raise KeyError(
                 f"{self._opt._name}.state[param]: '{key}' cannot be removed alone (the moments live in "
@@ -139,26 +139,26 @@ class _ParamState(MutableMapping):
             )
         del self._held[key]
 
-    def clear(self):
+    def clear(self) -> None:
         """Resets the parameter's state: the moments are zeroed, 'step' goes (the next step starts
         the parameter afresh, as torch does after state[p].clear())."""
         if self.started:
             self._opt._zero_slots(self._p)
         self._held.clear()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         if self.started:
             yield "step"
             yield from self._slot_keys()
         yield from (k for k in self._held if k != "step")
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._held) + len(self._slot_keys())
 
-    def __contains__(self, key):
+    def __contains__(self, key: object) -> bool:
         return key in self._held or key in self._slot_keys()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             "{"
             + ", ".join(
@@ -169,19 +169,19 @@ class _ParamState(MutableMapping):
         )
 
 
-class _SwapState(MutableMapping):
+class _SwapState(MutableMapping[torch.Tensor, _ParamState]):
     """``optimizer.state``: param -> torch's per-parameter state (see _ParamState). As torch's
     defaultdict, an entry exists once it was looked up or stepped, and the mapping lists those in
     param_groups order. ``del state[p]``, ``state[p].clear()`` and ``state.clear()`` reset state as
     in torch; ``state[p] = {...}`` loads an entry (checked first, copied into the host store)."""
 
-    def __init__(self, opt):
+    def __init__(self, opt: _SwapAdamBase) -> None:
         # A weak proxy: the optimizer and its pinned host stores go with its last reference, not at
         # the next garbage collection.
         self._opt = weakref.proxy(opt)
         self._entries = {}  # id(param) -> _ParamState
 
-    def _entry(self, p, create):
+    def _entry(self, p: torch.Tensor, create: bool) -> _ParamState | None:
         e = self._entries.get(id(p))
         if e is None or e._p is not p:
             if not create:
@@ -196,27 +196,27 @@ class _SwapState(MutableMapping):
             e = self._entries[id(p)] = _ParamState(opt, p)
         return e
 
-    def __getitem__(self, p):
+    def __getitem__(self, p: torch.Tensor) -> _ParamState:
         return self._entry(p, True)
 
-    def __setitem__(self, p, value):
+    def __setitem__(self, p: torch.Tensor, value: Mapping[str, Any]) -> None:
         if not isinstance(value, Mapping):
             raise TypeError(f"{self._opt._name}.state[param] must be a dict, got {type(value).__name__}")
         self._opt._load_entry(self._entry(p, True), dict(value))
 
-    def __delitem__(self, p):
+    def __delitem__(self, p: torch.Tensor) -> None:
         e = self._entry(p, False)
         if e is None:
             raise KeyError(p)
         e.clear()
         del self._entries[id(p)]
 
-    def clear(self):
+    def clear(self) -> None:
         for e in list(self._entries.values()):
             e.clear()
         self._entries.clear()
 
-    def _live(self):
+    def _live(self) -> list[torch.Tensor]:
         out = []
         for g in self._opt.param_groups:
             for p in g["params"]:
@@ -225,21 +225,21 @@ class _SwapState(MutableMapping):
                     out.append(p)
         return out
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[torch.Tensor]:
         return iter(self._live())
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._live())
 
-    def __contains__(self, p):
+    def __contains__(self, p: object) -> bool:
         e = self._entries.get(id(p))
         return e is not None and e._p is p
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<{self._opt._name} state of {len(self)} parameter(s); moments in pipeswap's host store>"
 
 
-def _orphan(views):
+def _orphan(views: MutableMapping[int, torch.Tensor]) -> None:
     """Gives every view still held outside a private copy of its bytes, before the store under it
     is released or moved (the optimizer goes, its parameters or settings change)."""
     with torch.no_grad():
@@ -252,9 +252,18 @@ def _orphan(views):
 
 
 class _SwapAdamBase(Optimizer):
-    _torch_class = None  # torch.optim.Adam or torch.optim.AdamW
+    _torch_class: type[Optimizer]  # torch.optim.Adam or torch.optim.AdamW
 
-    def __init__(self, params, torch_kwargs, swap_times, pipeline, resident_share, defer_offload, min_swap_numel):
+    def __init__(
+        self,
+        params: ParamsT,
+        torch_kwargs: dict[str, Any],
+        swap_times: int,
+        pipeline: str,
+        resident_share: int,
+        defer_offload: bool,
+        min_swap_numel: int,
+    ) -> None:
         name = type(self).__name__
         self._name = name
         if torch_kwargs.get("differentiable"):
@@ -287,10 +296,12 @@ class _SwapAdamBase(Optimizer):
 
     # ----- swap settings -------------------------------------------------------------------------
 
-    def _check_swap(self, swap_times, pipeline, resident_share, defer_offload, min_swap_numel):
+    def _check_swap(
+        self, swap_times: int, pipeline: str, resident_share: int, defer_offload: bool, min_swap_numel: int
+    ) -> dict[str, Any]:
         name = self._name
 
-        def count(key, value, least):
+        def count(key: str, value: object, least: int) -> int:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name}: {key} must be an int, got {type(value).__name__}")
             if value < least:
@@ -309,7 +320,7 @@ class _SwapAdamBase(Optimizer):
             "min_swap_numel": count("min_swap_numel", min_swap_numel, 0),
         }
 
-    def _configure(self):
+    def _configure(self) -> None:
         s = self._swap
         self._orphan_views()
         self._rt.configure(
@@ -317,11 +328,11 @@ class _SwapAdamBase(Optimizer):
         )
 
     @property
-    def swap_settings(self):
+    def swap_settings(self) -> dict[str, Any]:
         """The swap settings (swap_times, pipeline, resident_share, defer_offload, min_swap_numel)."""
         return dict(self._swap)
 
-    def configure_swap(self, **settings):
+    def configure_swap(self, **settings: Any) -> None:
         """Changes swap settings between steps (the same names as the constructor's). The runtime is
         rebuilt; the state carries over unchanged."""
         with self._lock:
@@ -342,24 +353,24 @@ class _SwapAdamBase(Optimizer):
 
     # ----- parameters ----------------------------------------------------------------------------
 
-    def _check_new(self, where, p, device):
-        """Checks a tensor about to become a parameter; returns the optimizer's device."""
+    def _check_new(self, where: str, p: object, device: torch.device | None) -> torch.device:
+        """Checks a tensor about to become a parameter; returns the optimizer's device. The dtype and
+        layout rule of a state slot is pipeswap._C's (check_param: the rule its add_param applies),
+        asked here before the parameter joins, so a refused parameter changes nothing."""
         name = self._name
         if not isinstance(p, torch.Tensor):
             raise TypeError(f"{name}: {where} is a {type(p).__name__}, not a tensor")
-        if p.is_complex():
-            raise ValueError(
-                f"{name}: {where} is complex ({p.dtype}); only real floating-point parameters are supported"
-            )
         lp = _local(p)
         if p.layout != torch.strided or lp.layout != torch.strided:
             raise ValueError(f"{name}: {where} has layout {p.layout}; only dense (strided) parameters are supported")
-        if p.dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
-            raise ValueError(
-                f"{name}: {where} has dtype {p.dtype}; float32, float64, bfloat16 and float16 are supported"
-            )
+        _C.check_param(lp, f"{name}: {where}" + ("'s local shard" if lp is not p else ""))
         if device is None:
             device = lp.device
+            if device.type == "cuda" and not _C.has_cuda:
+                raise RuntimeError(
+                    f"{name}: the parameters are on {device} but pipeswap._C was built without "
+                    "its CUDA path (torch without CUDA, or the CUDA runtime headers were not found)"
+                )
         elif lp.device != device:
             raise ValueError(
                 f"{name}: {where} is on {lp.device} but the optimizer's parameters are on "
@@ -368,15 +379,9 @@ class _SwapAdamBase(Optimizer):
             )
         if lp.device.type not in ("cpu", "cuda"):
             raise ValueError(f"{name}: {where} is on {lp.device}; CPU and CUDA devices are supported")
-        if not _dense(lp):
-            shard = "local shard " if lp is not p else ""
-            raise ValueError(
-                f"{name}: {where}'s {shard}is not dense and non-overlapping (shape "
-                f"{tuple(lp.shape)}, stride {lp.stride()}); its state needs that layout"
-            )
         return device
 
-    def add_param_group(self, param_group):
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
         name = self._name
         if not isinstance(param_group, dict):
             raise TypeError(f"{name}: a parameter group must be a dict, got {type(param_group).__name__}")
@@ -403,22 +408,19 @@ class _SwapAdamBase(Optimizer):
                 raise ValueError(f"{name}: {where} is listed twice (a parameter belongs to one group, once)")
             seen.add(id(p))
             device = self._check_new(where, p, device)
-        if device is not None and device.type == "cuda" and not _C.has_cuda:
-            raise RuntimeError(
-                f"{name}: the parameters are on {device} but pipeswap._C was built without "
-                "its CUDA path (torch without CUDA, or the CUDA runtime headers were not found)"
-            )
         param_group = dict(param_group, params=params)
         super().add_param_group(param_group)  # torch's own checks: leaves, defaults, groups
         with self._lock:
-            self._bind()
+            self._bind(checked={id(p) for p in tensors})
 
-    def _bind(self):
+    def _bind(self, checked: Container[int] = frozenset()) -> None:
         """Registers the parameters of param_groups with the runtime. Called when groups are added
         and at every step() and state access, so parameters replaced in param_groups (as accelerate
         does, swapping in sharded DTensors after the optimizer exists) are bound too: before any
         state exists everything is registered afresh; afterwards only new parameters at the end may
-        join, and a parameter with state may not be replaced."""
+        join, and a parameter with state may not be replaced. Parameters whose ids are in
+        ``checked`` passed _check_new already (add_param_group checks its group before torch adds
+        it); the others get its checks here."""
         current = [p for g in self.param_groups for p in g["params"]]
         bound = self._bound
         if len(current) == len(bound) and all(a is b for a, b in zip(current, bound)):
@@ -450,6 +452,7 @@ class _SwapAdamBase(Optimizer):
             gi_k = [(gi, k) for gi, g in enumerate(self.param_groups) for k in range(len(g["params"]))]
             for (gi, k), p in zip(gi_k, current):
                 device = self._check_new(f"param_groups[{gi}]['params'][{k}]", p, device)
+            checked = {id(p) for p in current}
             if self._rt is not None:
                 self._orphan_views()
                 self._rt.reset_params()
@@ -468,12 +471,10 @@ class _SwapAdamBase(Optimizer):
         gi_k = [(gi, k) for gi, g in enumerate(self.param_groups) for k in range(len(g["params"]))]
         device = self._device
         for (gi, k), p in zip(gi_k[len(bound) :], new):
-            device = self._check_new(f"param_groups[{gi}]['params'][{k}]", p, device)
-        if device is not None and device.type == "cuda" and not _C.has_cuda:
-            raise RuntimeError(
-                f"{name}: the parameters are on {device} but pipeswap._C was built without "
-                "its CUDA path (torch without CUDA, or the CUDA runtime headers were not found)"
-            )
+            if id(p) in checked:
+                device = device or _local(p).device
+            else:
+                device = self._check_new(f"param_groups[{gi}]['params'][{k}]", p, device)
         amsgrad_of = {}
         for g in self.param_groups:
             for p in g["params"]:
@@ -492,10 +493,10 @@ class _SwapAdamBase(Optimizer):
             self._meta.append((p, lp.dtype, tuple(lp.shape), lp.stride(), amsgrad))
             bound.append(p)
 
-    def _param_name(self, gi, k):
+    def _param_name(self, gi: int, k: int) -> str:
         return f"param_groups[{gi}]['params'][{k}]"
 
-    def _check_param(self, gi, k, group, p):
+    def _check_param(self, gi: int, k: int, group: dict[str, Any], p: torch.Tensor) -> int:
         name, where = self._name, self._param_name(gi, k)
         i = self._index[p]
         _, dtype, shape, stride, amsgrad = self._meta[i]
@@ -551,14 +552,14 @@ class _SwapAdamBase(Optimizer):
 
     # ----- the step ------------------------------------------------------------------------------
 
-    def _new_step(self, group, p):
+    def _new_step(self, group: dict[str, Any], p: torch.Tensor) -> torch.Tensor:
         if group["capturable"] or group["fused"]:
             return torch.zeros((), dtype=_get_scalar_dtype(is_fused=group["fused"]), device=_local(p).device)
         return torch.tensor(0.0, dtype=_get_scalar_dtype(), device="cpu")
 
     @_no_trace
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Performs one optimization step (torch's Adam/AdamW step, batch by batch, while the state
         moves). Parameters without a gradient are skipped, as torch does. Under torch.compile the
         step runs eagerly (it is excluded from tracing)."""
@@ -597,7 +598,7 @@ class _SwapAdamBase(Optimizer):
                 self._where = {}
         return loss
 
-    def _update_batch(self, items):
+    def _update_batch(self, items: _BatchItems) -> None:
         """Called by the runtime once per batch, with (index, [slot views]) per parameter. A DTensor
         parameter is updated through its local shard (the same elementwise kernels torch's AdamW
         runs on DTensors, on the same local tensors)."""
@@ -633,7 +634,7 @@ class _SwapAdamBase(Optimizer):
 
     # ----- phases --------------------------------------------------------------------------------
 
-    def prefetch(self, max_batches=None):
+    def prefetch(self, max_batches: int | None = None) -> int:
         """Starts loading the next step's first batches (in step order, those neither resident nor in
         flight) into device memory, at most ``max_batches``; never blocks the host. Returns the
         batches resident or in flight for the next step (0 before the first step). Call it after a
@@ -648,7 +649,7 @@ class _SwapAdamBase(Optimizer):
             self._synced = False
             return self._rt.prefetch(max_batches)
 
-    def finish_offload(self):
+    def finish_offload(self) -> None:
         """Finishes a deferred offload (defer_offload=True): torch's current stream waits the copies
         and their device memory is released behind them. Never blocks the host."""
         with self._lock:
@@ -656,11 +657,11 @@ class _SwapAdamBase(Optimizer):
                 self._rt.finish_offload()
 
     @property
-    def offload_pending(self):
+    def offload_pending(self) -> bool:
         """True while a deferred offload is in flight."""
         return self._rt is not None and self._rt.offload_pending
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         """Brings every batch home: the host stores are complete and synchronized, nothing of the
         state is left on the device except slots smaller than min_swap_numel."""
         with self._lock:
@@ -668,7 +669,7 @@ class _SwapAdamBase(Optimizer):
                 self._rt.synchronize()
                 self._synced = True
 
-    def swap_stats(self):
+    def swap_stats(self) -> dict[str, Any]:
         """Sizes of the last step: batches, swappable/unswappable/arena/host-store bytes, prefetched and
         resident batches."""
         with self._lock:
@@ -676,11 +677,11 @@ class _SwapAdamBase(Optimizer):
 
     # ----- the state where torch keeps it ----------------------------------------------------------
 
-    def _orphan_views(self):
+    def _orphan_views(self) -> None:
         if len(self._views):
             _orphan(self._views)
 
-    def _index_of(self, p):
+    def _index_of(self, p: torch.Tensor) -> int:
         """p's index in the runtime, binding param_groups first when p is new to it (O(1) else)."""
         i = self._index.get(p)
         if i is None:
@@ -688,7 +689,7 @@ class _SwapAdamBase(Optimizer):
             i = self._index[p]
         return i
 
-    def _raw_views(self, p):
+    def _raw_views(self, p: torch.Tensor) -> list[torch.Tensor]:
         """Views of p's slots over the store (local shapes), in _slot_keys order."""
         i = self._index_of(p)
         if not self._synced:
@@ -696,7 +697,7 @@ class _SwapAdamBase(Optimizer):
             self._synced = True
         return self._rt.state_views(i, False)
 
-    def _hand_out(self, p, v):
+    def _hand_out(self, p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """v (a view of the store) as torch would hold it for p: a DTensor like p for a DTensor."""
         if _is_dtensor(p):
             v = DTensor.from_local(v, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
@@ -706,15 +707,15 @@ class _SwapAdamBase(Optimizer):
         self._view_count += 1
         return v
 
-    def _slot_keys_of(self, p):
+    def _slot_keys_of(self, p: torch.Tensor) -> list[str]:
         return _slot_keys(self._meta[self._index_of(p)][4])
 
-    def _slot_view(self, p, key):
+    def _slot_view(self, p: torch.Tensor, key: str) -> torch.Tensor:
         with self._lock:
             keys = self._slot_keys_of(p)
             return self._hand_out(p, self._raw_views(p)[keys.index(key)])
 
-    def _check_slot_value(self, p, key, v, where):
+    def _check_slot_value(self, p: torch.Tensor, key: str, v: object, where: str) -> torch.Tensor:
         if _is_dtensor(v):
             if not _is_dtensor(p) or tuple(v.shape) != tuple(p.shape):
                 raise ValueError(
@@ -733,18 +734,18 @@ class _SwapAdamBase(Optimizer):
             raise ValueError(f"{where} has dtype {v.dtype}")
         return v
 
-    def _write_slot(self, p, key, value):
+    def _write_slot(self, p: torch.Tensor, key: str, value: object) -> None:
         with self._lock:
             keys = self._slot_keys_of(p)
             v = self._check_slot_value(p, key, value, f"{self._name}.state[param]['{key}']")
             _copy_into(self._raw_views(p)[keys.index(key)], v)
 
-    def _zero_slots(self, p):
+    def _zero_slots(self, p: torch.Tensor) -> None:
         with self._lock:
             for view in self._raw_views(p):
                 view.zero_()
 
-    def _check_step(self, step, where):
+    def _check_step(self, step: object, where: str) -> torch.Tensor | float:
         if isinstance(step, torch.Tensor):
             if step.numel() != 1 or step.is_complex():
                 raise ValueError(f"{where} must be a real scalar")
@@ -752,7 +753,7 @@ class _SwapAdamBase(Optimizer):
             raise ValueError(f"{where} must be a number")
         return step
 
-    def _place_step(self, p, group, step):
+    def _place_step(self, p: torch.Tensor, group: dict[str, Any], step: torch.Tensor | float) -> torch.Tensor:
         """'step' placed as torch's load_state_dict places it."""
         step = step.detach().reshape(()) if isinstance(step, torch.Tensor) else torch.tensor(float(step))
         if _is_dtensor(step):
@@ -761,13 +762,13 @@ class _SwapAdamBase(Optimizer):
             return step.to(dtype=_get_scalar_dtype(is_fused=group["fused"]), device=_local(p).device, copy=True)
         return step.to(dtype=_get_scalar_dtype(), device="cpu", copy=True)
 
-    def _group_of(self, p):
+    def _group_of(self, p: torch.Tensor) -> tuple[int, dict[str, Any]]:
         for gi, g in enumerate(self.param_groups):
             if any(q is p for q in g["params"]):
                 return gi, g
         raise KeyError(p)  # pragma: no cover - _entry checked it
 
-    def _load_entry(self, entry, s):
+    def _load_entry(self, entry: _ParamState, s: dict[str, Any]) -> None:
         """state[p] = s: checked whole, then copied into the store (ZeroRedundancyOptimizer's load
         and frameworks write entries this way)."""
         with self._lock:
@@ -791,7 +792,7 @@ class _SwapAdamBase(Optimizer):
             entry._held = {k: v for k, v in s.items() if k not in keys}
             entry._held["step"] = self._place_step(p, group, s["step"])
 
-    def state_tensors(self, p):
+    def state_tensors(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
         """CPU copies of parameter ``p``'s state, as torch.optim.Adam keeps it in ``state[p]``
         (``{}`` before its first step)."""
         with self._lock:
@@ -808,7 +809,7 @@ class _SwapAdamBase(Optimizer):
 
     # ----- state dicts ---------------------------------------------------------------------------
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """torch's format: {'state': {id: {'step', 'exp_avg', 'exp_avg_sq'[, 'max_exp_avg_sq']}},
         'param_groups': [...]}, ids numbered over the groups in order. The moments are views of the
         host stores (no copy is made; a DTensor over the view for a DTensor parameter), current until
@@ -843,7 +844,7 @@ class _SwapAdamBase(Optimizer):
                 out = result
         return out
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads a state dict of torch.optim.Adam/AdamW or of this class (tensors or DTensors, on any
         device). Everything is checked first (groups, ids, keys, shapes); on a mismatch a ValueError
         names it and nothing changes. Each tensor is copied into pipeswap's host store (no device copy
@@ -939,13 +940,13 @@ class _SwapAdamBase(Optimizer):
         for hook in getattr(self, "_optimizer_load_state_dict_post_hooks", {}).values():
             hook(self)
 
-    def __getstate__(self):
+    def __getstate__(self) -> NoReturn:
         raise TypeError(
             f"{self._name} cannot be pickled (its state lives in pipeswap's host stores); save its state_dict() instead"
         )
 
 
-def _copy_into(view, v):
+def _copy_into(view: torch.Tensor, v: torch.Tensor) -> None:
     """Copies v into a view of the store, unless v is that view (DCP loads into the views)."""
     if (
         v.data_ptr() == view.data_ptr()
@@ -976,24 +977,24 @@ class SwapAdamW(_SwapAdamBase):
 
     def __init__(
         self,
-        params,
-        lr=1e-3,
-        betas=(0.9, 0.999),
-        eps=1e-8,
-        weight_decay=1e-2,
-        amsgrad=False,
+        params: ParamsT,
+        lr: float | torch.Tensor = 1e-3,
+        betas: tuple[float | torch.Tensor, float | torch.Tensor] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        amsgrad: bool = False,
         *,
-        maximize=False,
-        foreach=None,
-        capturable=False,
-        differentiable=False,
-        fused=None,
-        swap_times=16,
-        pipeline="packed",
-        resident_share=0,
-        defer_offload=False,
-        min_swap_numel=1024,
-    ):
+        maximize: bool = False,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+        swap_times: int = 16,
+        pipeline: str = "packed",
+        resident_share: int = 0,
+        defer_offload: bool = False,
+        min_swap_numel: int = 1024,
+    ) -> None:
         super().__init__(
             params,
             dict(
@@ -1025,25 +1026,25 @@ class SwapAdam(_SwapAdamBase):
 
     def __init__(
         self,
-        params,
-        lr=1e-3,
-        betas=(0.9, 0.999),
-        eps=1e-8,
-        weight_decay=0,
-        amsgrad=False,
+        params: ParamsT,
+        lr: float | torch.Tensor = 1e-3,
+        betas: tuple[float | torch.Tensor, float | torch.Tensor] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0,
+        amsgrad: bool = False,
         *,
-        foreach=None,
-        maximize=False,
-        capturable=False,
-        differentiable=False,
-        fused=None,
-        swap_times=16,
-        pipeline="packed",
-        resident_share=0,
-        defer_offload=False,
-        min_swap_numel=1024,
-        **torch_kwargs,
-    ):
+        foreach: bool | None = None,
+        maximize: bool = False,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+        swap_times: int = 16,
+        pipeline: str = "packed",
+        resident_share: int = 0,
+        defer_offload: bool = False,
+        min_swap_numel: int = 1024,
+        **torch_kwargs: Any,
+    ) -> None:
         super().__init__(
             params,
             dict(
