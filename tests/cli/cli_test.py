@@ -884,8 +884,10 @@ class HonestPlanner(unittest.TestCase):
         for c in fitting:
             if c["outcome"]["step_ns"] > fastest * 1.005:
                 self.assertIn("slower than the chosen plan (beyond the 0.50 % tolerance)", c["verdict"])
-        # It swaps optimizer state only: a few GB, where every eligible activation group moves hundreds.
-        self.assertLess(moved(chosen), 20e9)
+        # It swaps optimizer state only: tens of GB (36.0 GB in the steady state, where the resident
+        # shares sized on a second step gave 9.5 GB), where every eligible activation group moves hundreds.
+        self.assertEqual(chosen["swapped_chunks"], 0)
+        self.assertLess(moved(chosen), 40e9)
         self.assertEqual(j["chosen"]["changes"], [])
 
     def test_tolerance_comes_from_the_scenario_or_the_option(self):

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -233,13 +234,14 @@ BOOST_AUTO_TEST_CASE(negative_and_fractional_sizes_are_rejected) {
   expect_rejected(R"({"node": {"host_gbps": 0}})", "scenario: node.host_gbps must be positive");
   expect_rejected(R"({"node": {"gpus": 0}})", "scenario: node.gpus must be at least 1");
   expect_rejected(R"({"parallel": {"tp": -2}})", "scenario: parallel.tp: must not be negative, got -2");
-  expect_rejected(R"({"parallel": {"dp": 0}})", "scenario: parallel.tp and parallel.dp must be at least 1");
-  expect_rejected(R"({"device": {"collective_latency_us": -1}})", "scenario: device latencies must not be negative");
+  expect_rejected(R"({"parallel": {"dp": 0}})", "scenario: parallel.dp must be at least 1");
+  expect_rejected(R"({"device": {"collective_latency_us": -1}})",
+                  "scenario: device.collective_latency_us must not be negative");
   // The old name is refused with what replaced it.
   expect_rejected(R"({"device": {"mfu": 0.45}})",
                   "scenario: device.mfu: was renamed: device.kernel_efficiency is the fraction of the peak the "
                   "kernels reach (bubble excluded); device.end_to_end_mfu takes a published MFU (bubble included)");
-  expect_rejected(R"({"device": {"copy_latency_us": -1}})", "scenario: device latencies must not be negative");
+  expect_rejected(R"({"device": {"copy_latency_us": -1}})", "scenario: device.copy_latency_us must not be negative");
 }
 
 BOOST_AUTO_TEST_CASE(wrong_types_are_rejected) {
@@ -358,4 +360,68 @@ BOOST_AUTO_TEST_CASE(the_default_scenario_is_valid_and_named_in_json) {
   for (auto k : {sim::schedule_kind::gpipe, sim::schedule_kind::one_f_one_b, sim::schedule_kind::interleaved})
     BOOST_TEST((sim::schedule_kind_from_name(sim::schedule_kind_name(k)) == k));
   BOOST_TEST(!sim::schedule_kind_from_name("1F1B").has_value());
+}
+
+namespace {
+
+/// The dotted path of every number in `j` (every numeric field of the schema when `j` sets them all).
+void numeric_paths(json const& j, std::string const& at, std::vector<std::string>& out) {
+  for (auto const& [k, v] : j.items()) {
+    auto const path = at.empty() ? k : at + "." + k;
+    if (v.is_object())
+      numeric_paths(v, path, out);
+    else if (v.is_number())
+      out.push_back(path);
+  }
+}
+
+json& at_path(json& j, std::string const& path) {
+  json* p = &j;
+  std::size_t from = 0;
+  for (;;) {
+    auto const dot = path.find('.', from);
+    p = &(*p)[path.substr(from, dot == std::string::npos ? std::string::npos : dot - from)];
+    if (dot == std::string::npos) return *p;
+    from = dot + 1;
+  }
+}
+
+} // namespace
+
+// Every numeric field of the schema (every_field() sets them all), set to 0, to a negative value and
+// to a string: each is either accepted (0 where the field allows it, listed below) or rejected with a
+// message that names the field.
+BOOST_AUTO_TEST_CASE(every_numeric_field_error_names_its_field) {
+  std::vector<std::string> paths;
+  numeric_paths(every_field(), "", paths);
+  BOOST_TEST(paths.size() == 41u); // every number of the schema (a new field is swept here too)
+  std::vector<std::string> zero_ok;
+  for (auto const& path : paths) {
+    for (json const& bad : {json(0), json(-1), json(-2.5), json("8")}) {
+      auto j = every_field();
+      at_path(j, path) = bad;
+      BOOST_TEST_CONTEXT(path << " = " << bad.dump()) {
+        try {
+          (void)sim::scenario_from_json(j);
+          BOOST_TEST(bad == json(0)); // only a 0 can be valid
+          zero_ok.push_back(path);
+        } catch (pipeswap::invalid_argument const& e) {
+          std::string const what = e.what();
+          BOOST_TEST(what.find(path) != std::string::npos, "the message names " << path << ": " << what);
+        }
+      }
+    }
+  }
+  // In the order of the sweep (nlohmann::json sorts keys); an activation override of 0 models a
+  // stage that saves nothing.
+  std::vector<std::string> const allowed{"device.collective_latency_us",
+                                         "device.copy_latency_us",
+                                         "device.p2p_latency_us",
+                                         "device.reserved_bytes",
+                                         "model.activation_bytes_per_layer",
+                                         "model.moe.shared_expert_ffn_hidden",
+                                         "plan.tolerance"};
+  BOOST_TEST(zero_ok == allowed, boost::test_tools::per_element());
+  // The case the sweep was written for.
+  expect_rejected(R"({"model": {"vocab": 0}})", "scenario: model.vocab must be at least 1");
 }

@@ -147,14 +147,18 @@ inline void validate(scenario const& s) {
   };
   auto const& m = s.model;
   need(m.layers >= 1, "model.layers must be at least 1");
-  need(m.hidden >= 1 && m.ffn_hidden >= 1 && m.vocab >= 1, "model sizes must be positive");
-  need(m.heads >= 1 && m.kv_heads >= 1, "model.heads and model.kv_heads must be positive");
+  need(m.hidden >= 1, "model.hidden must be at least 1");
+  need(m.ffn_hidden >= 1, "model.ffn_hidden must be at least 1");
+  need(m.vocab >= 1, "model.vocab must be at least 1");
+  need(m.heads >= 1, "model.heads must be at least 1");
+  need(m.kv_heads >= 1, "model.kv_heads must be at least 1");
   need(m.heads % m.kv_heads == 0, "model.heads (" + std::to_string(m.heads) +
                                       ") must be a multiple of model.kv_heads (" + std::to_string(m.kv_heads) + ")");
   need(m.head_dim ? *m.head_dim >= 1 : m.hidden % m.heads == 0,
        m.head_dim ? "model.head_dim must be positive"
                   : "model.hidden must be a multiple of model.heads (or set model.head_dim)");
-  need(m.seq_len >= 1 && m.micro_batch_size >= 1, "model.seq_len and model.micro_batch_size must be positive");
+  need(m.seq_len >= 1, "model.seq_len must be at least 1");
+  need(m.micro_batch_size >= 1, "model.micro_batch_size must be at least 1");
   need(m.param_dtype == dtype::bf16 || m.param_dtype == dtype::f16 || m.param_dtype == dtype::f32,
        "model.param_dtype must be BF16, F16 or F32");
   need(!(m.fp32_master && m.param_dtype == dtype::f32), "model.fp32_master needs BF16 or F16 weights");
@@ -163,7 +167,8 @@ inline void validate(scenario const& s) {
          "model.grad_dtype must be F32, BF16 or F16");
   auto const& p = s.parallel;
   auto const tp = std::to_string(p.tp);
-  need(p.tp >= 1 && p.dp >= 1, "parallel.tp and parallel.dp must be at least 1");
+  need(p.tp >= 1, "parallel.tp must be at least 1");
+  need(p.dp >= 1, "parallel.dp must be at least 1");
   need(m.heads % p.tp == 0,
        "model.heads (" + std::to_string(m.heads) + ") must be a multiple of parallel.tp (" + tp + ")");
   need(m.kv_heads % p.tp == 0,
@@ -221,8 +226,11 @@ inline void validate(scenario const& s) {
        "device.end_to_end_mfu must be in (0, 1]");
   need(d.duplex_factor >= 0.5 && d.duplex_factor <= 1,
        "device.duplex_factor must be in [0.5, 1] (0.5: the two directions share one rate; 1: full duplex)");
-  need(d.copy_latency_us >= 0 && d.p2p_latency_us >= 0 && d.collective_latency_us >= 0,
-       "device latencies must not be negative");
+  for (auto [v, n] : {std::pair{d.copy_latency_us, "copy_latency_us"},
+                      {d.p2p_latency_us, "p2p_latency_us"},
+                      {d.collective_latency_us, "collective_latency_us"}}) {
+    need(v >= 0 && std::isfinite(v), std::string("device.") + n + " must not be negative");
+  }
   auto const& pl = s.pipeline;
   need(pl.ranks >= 1, "pipeline.ranks must be at least 1");
   need(pl.micro_batches >= 1, "pipeline.micro_batches must be at least 1");

@@ -38,7 +38,7 @@
 //
 // Its parts: sim/sim_options.hpp (what a simulation runs with and reports), sim/orders.hpp (the
 // schedule, swap-step injection, load lookaheads), sim/detail/link_comm.hpp (the P2P link) and
-// sim/detail/rank_sim.hpp (one rank); simulate_sized() is sim/sized.hpp.
+// sim/detail/rank_sim.hpp (one rank); simulate_sized() is sim/sized.hpp, which includes this header.
 #pragma once
 
 #include <algorithm>
@@ -109,8 +109,15 @@ inline sim_result simulate_orders(scenario const& s, schedule::rank_orders const
   auto const steps = o.steps_to_run();
   std::size_t total = 0, done = 0, reported = 0;
   for (auto const& r : orders) total += r.size();
-  total *= steps;
+  total *= o.until_steady() ? std::min(o.min_steps, steps) : steps;
   mock::sim_time t_report = t0; // when every rank's previous step had ended (T0 for the first)
+  std::vector<mock::sim_time> periods;
+  auto const agree = [](mock::sim_time a, mock::sim_time b) {
+    auto const d = a > b ? a - b : b - a;
+    return d <= 1 || static_cast<double>(d) <= sim_options::steady_tolerance * static_cast<double>(std::max(a, b));
+  };
+  std::uint32_t ran = 0;
+  mock::sim_time last_end = t0;
   for (std::uint32_t k = 0; k < steps; ++k) {
     for (auto& r : ranks) r->start(k == 0 || !o.overlap ? t_report : mock::sim_time{0});
     mb.arrivals.clear();
@@ -123,7 +130,7 @@ inline sim_result simulate_orders(scenario const& s, schedule::rank_orders const
       }
       done += progressed;
       if (o.progress && (done - reported) * 100 >= total) {
-        o.progress(total ? static_cast<double>(done) / static_cast<double>(total) : 1.0);
+        o.progress(total ? std::min(1.0, static_cast<double>(done) / static_cast<double>(total)) : 1.0);
         reported = done;
       }
       if (all_done) break;
@@ -139,10 +146,20 @@ inline sim_result simulate_orders(scenario const& s, schedule::rank_orders const
     }
     mock::sim_time ended = 0;
     for (auto& r : ranks) ended = std::max(ended, r->end_step());
-    if (k + 1 < steps) t_report = ended;
+    ++ran;
+    if (k > 0) periods.push_back(ended - last_end);
+    // The steady state: the same event (the last rank's return) one period apart twice running.
+    bool const settled = periods.size() >= 2 && agree(periods.back(), periods[periods.size() - 2]);
+    if (o.until_steady() && ran >= o.min_steps && settled) break;
+    if (k + 1 < steps) {
+      t_report = ended;
+      last_end = ended;
+    }
   }
   sim_result out;
   out.fits = true;
+  out.periods = periods;
+  out.steady = periods.size() < 2 || agree(periods.back(), periods[periods.size() - 2]);
   for (auto& r : ranks) {
     out.ranks.push_back(r->finish(t_report));
     auto const& rr = out.ranks.back();
@@ -188,6 +205,3 @@ inline sim_result simulate(scenario const& s, sim_options const& o) {
 }
 
 } // namespace pipeswap::sim
-
-// simulate_sized(), the overlapped run sized per rank, lives in its own header.
-#include <pipeswap/sim/sized.hpp>

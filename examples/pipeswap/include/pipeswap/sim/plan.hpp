@@ -25,6 +25,7 @@
 #include <pipeswap/sim/plan_format.hpp>
 #include <pipeswap/sim/plan_search.hpp>
 #include <pipeswap/sim/report.hpp>
+#include <pipeswap/sim/sized.hpp>
 
 namespace pipeswap::sim {
 
@@ -236,6 +237,34 @@ void add_alternatives(plan_result& res, scenario const& s, plan_space const& spa
   res.verdict_line = decide(alts, res.alternative_none, B, res.tolerance);
 }
 
+/// The scenario and options a candidate of plan() runs with: the candidate's settings, the device's
+/// memory taken as `budget` under overlap (each rank's resident share and prefetch are sized against
+/// it), the activation loads' lookaheads set from the links.
+inline std::pair<scenario, sim_options> choice_setup(scenario const& s, std::uint64_t budget,
+                                                     std::shared_ptr<activation_gaps const> const& gaps,
+                                                     swap_choice const& c) {
+  auto o = options_for(c, gaps, s.swap);
+  auto sc = scenario_for(c, s);
+  if (o.overlap && budget > sc.device.reserved_bytes) sc.device.memory_bytes = std::min(sc.device.memory_bytes, budget);
+  if (o.overlap && o.swap_activations) set_load_lookaheads(o, sc);
+  return {std::move(sc), std::move(o)};
+}
+
+/// One candidate of plan() simulated as the planner simulates it (simulate_sized, no hazard checker):
+/// what the search weighs. `used`, when given, receives the options of the run.
+inline plan_outcome simulate_choice(scenario const& s, std::uint64_t budget,
+                                    std::shared_ptr<activation_gaps const> const& gaps, swap_choice const& c,
+                                    std::function<void(double)> progress = {}, sim_options* used = nullptr) {
+  auto [sc, o] = choice_setup(s, budget, gaps, c);
+  o.check_hazards = false;
+  o.progress = std::move(progress);
+  sim_options u;
+  auto const out = outcome_of(simulate_sized(sc, o, 4, &u), &sc, &o);
+  u.progress = {};
+  if (used) *used = std::move(u);
+  return out;
+}
+
 /// Plans `s` for a budget of `budget` bytes per device, simulating candidates with sim::simulate.
 /// `progress(fraction)` is called now and then. Throws invalid_argument for a bad scenario.
 /// `space.gaps` comes from the scenario's schedule; unless `space` is given, `space.distributed_optimizer`
@@ -261,22 +290,12 @@ inline plan_result plan(scenario const& given, std::uint64_t budget, std::functi
   // The candidates run without the hazard checker (it changes no figure, and costs most of a
   // simulation); the chosen plan is simulated again with it, below.
   std::vector<std::pair<swap_choice, sim_options>> resolved;
-  auto setup = [&](swap_choice const& c) {
-    auto o = options_for(c, gaps, s.swap);
-    auto sc = scenario_for(c, s);
-    // The overlap sizes each rank's resident share and prefetch against the budget, not the device.
-    if (o.overlap && budget > sc.device.reserved_bytes)
-      sc.device.memory_bytes = std::min(sc.device.memory_bytes, budget);
-    if (o.overlap && o.swap_activations) set_load_lookaheads(o, sc);
-    return std::pair{std::move(sc), std::move(o)};
-  };
   auto evaluate = [&](swap_choice const& c) {
-    auto [sc, o] = setup(c);
-    o.check_hazards = false;
-    if (progress) o.progress = [&](double f) { progress(std::min(1.0, (done + f) / bound)); };
     sim_options used;
-    auto const out = outcome_of(simulate_sized(sc, o, 4, &used), &sc, &o);
-    used.progress = {};
+    auto const out = simulate_choice(s, budget, gaps, c,
+                                     progress ? [&](double f) { progress(std::min(1.0, (done + f) / bound)); }
+                                              : std::function<void(double)>{},
+                                     &used);
     resolved.emplace_back(c, std::move(used));
     return out;
   };
@@ -293,7 +312,7 @@ inline plan_result plan(scenario const& given, std::uint64_t budget, std::functi
     if (it == resolved.end()) throw error("plan: the chosen plan was not simulated");
     auto o = it->second;
     o.check_hazards = true;
-    auto const checked = outcome_of(simulate(setup(*res.chosen).first, o));
+    auto const checked = outcome_of(simulate(choice_setup(s, budget, gaps, *res.chosen).first, o));
     auto const& c = res.chosen_outcome;
     if (checked.step_ns != c.step_ns || checked.peak_bytes != c.peak_bytes || checked.h2d_bytes != c.h2d_bytes ||
         checked.d2h_bytes != c.d2h_bytes)

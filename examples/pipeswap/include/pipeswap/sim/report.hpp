@@ -21,6 +21,7 @@
 #include <pipeswap/error.hpp>
 #include <pipeswap/sim/model.hpp>
 #include <pipeswap/sim/pipeline.hpp>
+#include <pipeswap/sim/sized.hpp>
 #include <pipeswap/sim/scenario_json.hpp>
 #include <pipeswap/sim/svg.hpp>
 
@@ -217,7 +218,7 @@ inline std::string describe(scenario const& s) {
       std::to_string(s.node.gpus) + " devices share " + detail::fmt("%g", s.node.host_gbps) +
       " GB/s per node); optimizer swap in " + std::to_string(s.swap.swap_times) + " batches, " +
       (s.swap.packed ? "packed" : "per tensor") +
-      (s.swap.overlap ? "; overlapped (the second of two steps is reported)" : "; not overlapped");
+      (s.swap.overlap ? "; overlapped (the steady-state step is reported)" : "; not overlapped");
   return out;
 }
 

@@ -136,7 +136,7 @@ struct pipeline_spec {
 struct swap_spec {
   std::uint32_t swap_times = 16; ///< optimizer batches per step
   bool packed = true;            ///< packed optimizer pipeline
-  /// Overlapped swap (sim_options::overlap): two steps simulated, the second reported; optimizer
+  /// Overlapped swap (sim_options::overlap): steps simulated until periodic, the period reported; optimizer
   /// prefetch in the backward tail, offloads drained into the next forward, a resident share sized
   /// per rank from its free memory, activation loads launched early enough. false: the reference
   /// step, every optimizer copy inside it.

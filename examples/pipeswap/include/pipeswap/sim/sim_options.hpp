@@ -43,14 +43,16 @@ struct sim_options {
   /// Per rank: whether optimizer state swaps (empty: swap_optimizer on every rank).
   std::vector<bool> optimizer_ranks;
 
-  /// The overlapped swap (docs/simulator.md, "Overlap"): two consecutive steps run and the second is
-  /// reported (the steady state); with optimizer swap, each rank's runtime keeps its resident share
+  /// The overlapped swap (docs/simulator.md, "Overlap"): consecutive steps run until the step is
+  /// periodic, and the period is reported (the steady state, sim_result::periods); with optimizer swap, each rank's runtime keeps its resident share
   /// on the device, prefetches the next step's first batches during the rank's backward tail as its
   /// device budget allows, and leaves the last offloads to drain into the next step's forward.
   /// false: one step, every copy of the optimizer state inside the step (the reference behaviour).
   bool overlap = false;
-  /// Steps to run (the last one is reported); 0: two with overlap, one without.
+  /// Steps to run (the last one is reported); 0: one without overlap, and with overlap from
+  /// `min_steps` until two consecutive periods agree (steady_tolerance), at most `max_steps`.
   std::uint32_t steps = 0;
+  std::uint32_t min_steps = 3, max_steps = 8;
   /// Compute slots between an activation load's launch and its backward (inject_options; 1: the
   /// reference placement).
   std::size_t load_lookahead = 1;
@@ -92,12 +94,19 @@ struct sim_options {
   [[nodiscard]] std::uint64_t resident_share_of(std::uint32_t rank) const {
     return rank < ranks.size() && ranks[rank].resident_share ? *ranks[rank].resident_share : resident_share;
   }
-  [[nodiscard]] std::uint32_t steps_to_run() const { return steps ? steps : overlap ? 2u : 1u; }
+  /// The most steps a run takes (steps, else max_steps with overlap, else 1).
+  [[nodiscard]] std::uint32_t steps_to_run() const { return steps ? steps : overlap ? std::max(max_steps, 2u) : 1u; }
+  /// Whether the run stops as soon as the period settles (steps unset, overlap).
+  [[nodiscard]] bool until_steady() const { return steps == 0 && overlap; }
+  /// Two consecutive periods agree when they differ by at most this fraction of the later one (or 1 ns).
+  static constexpr double steady_tolerance = 1e-5;
 };
 
 struct rank_result {
   std::uint32_t rank = 0;
-  mock::sim_time step_ns = 0;                 ///< T0 → the end of the rank's optimizer step
+  /// The start of the reported step (T0; with overlap the end of the step before it, when the last
+  /// rank returned from it) → the end of the rank's optimizer step
+  mock::sim_time step_ns = 0;
   mock::sim_time pipeline_ns = 0;             ///< T0 → the end of the rank's last schedule entry
   std::uint64_t peak_bytes = 0;               ///< peak device bytes during the step, reserved bytes included
   bool fits = false;                          ///< peak_bytes <= device.memory_bytes
@@ -128,10 +137,17 @@ struct rank_result {
 
 struct sim_result {
   std::vector<rank_result> ranks;
-  mock::sim_time step_ns = 0;   ///< the slowest rank's
+  /// The step: without overlap the slowest rank's; with overlap the steady period, the time between
+  /// the ends of the last two steps (the return of the rank that returns last), which equals the
+  /// period before it when `steady`.
+  mock::sim_time step_ns = 0;
   std::uint64_t peak_bytes = 0; ///< the largest rank's
   bool fits = false;            ///< every rank fits
   std::string trace_json;       ///< when sim_options::record_trace
+  /// With more than one step: the time from each step's end (its last rank's return) to the next's.
+  std::vector<mock::sim_time> periods;
+  /// Whether the last two periods agree (sim_options::steady_tolerance); always for a single step.
+  bool steady = true;
 };
 
 } // namespace pipeswap::sim
