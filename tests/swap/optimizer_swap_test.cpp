@@ -553,31 +553,16 @@ BOOST_AUTO_TEST_CASE(a_failing_listener_arrives_wrapped_and_the_step_resumes) {
   }
 }
 
-BOOST_AUTO_TEST_CASE(the_former_names_still_compile_and_forward) {
-  // Renamed for one meaning per word; the old names stay, deprecated, for programs written against
-  // them: synchronize_cpu_mirrors, resident_bytes, resident_device, stage_layout::chunks.
+BOOST_AUTO_TEST_CASE(synchronize_host_mirrors_brings_the_runtime_to_rest) {
   mock::backend b;
   ps::transfer_engine<mock::backend> x(b, small_pool());
   mock_model m(b, mixed_sizes, 7, false);
   ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, swap(3, false, 100));
   m.set_grads(0);
   rt.step();
-  ps::schedule::stage_layout const layout(2, 3);
-#if defined(__GNUC__)
-#  pragma GCC diagnostic push
-#  pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-#endif
-  rt.synchronize_cpu_mirrors();
-  BOOST_TEST(rt.resident_bytes() == rt.unswappable_bytes());
+  rt.synchronize_host_mirrors();
   BOOST_TEST(rt.unswappable_bytes() > 0u);
-  for (std::size_t i = 0; i < m.opt.slots().size(); ++i) {
-    if (!rt.is_swappable(i)) BOOST_TEST((rt.resident_device(i) == rt.unswappable_device(i)));
-  }
-  BOOST_TEST(layout.chunks() == layout.stages_per_rank());
-#if defined(__GNUC__)
-#  pragma GCC diagnostic pop
-#endif
-  BOOST_TEST(layout.stages_per_rank() == 3);
+  BOOST_TEST(ps::schedule::stage_layout(2, 3).stages_per_rank() == 3);
   BOOST_TEST(rt.at_rest());
 }
 

@@ -12,7 +12,6 @@
 //   carry_over.hpp           what one step leaves the next: the resident share, prefetched batches,
 //                            a deferred offload, their budget holds
 //   step_trace.hpp           the operation in progress (named by errors) and the listener
-//   former_names.hpp         the calls' former names, deprecated
 //
 // Phases around the step (docs/optimizer.md, "Phases") are all optional and off by default; with
 // them off the two pipelines run op for op as written in their headers.
@@ -50,7 +49,6 @@
 #include <pipeswap/optim/state.hpp>
 #include <pipeswap/swap/detail/attachment.hpp>
 #include <pipeswap/swap/detail/carry_over.hpp>
-#include <pipeswap/swap/detail/former_names.hpp>
 #include <pipeswap/swap/detail/packed_pipeline.hpp>
 #include <pipeswap/swap/detail/per_tensor_pipeline.hpp>
 #include <pipeswap/swap/detail/step_plan.hpp>
@@ -63,7 +61,7 @@
 namespace pipeswap {
 
 template <swap_optimizer O, partition_policy P = balanced_partition>
-class optimizer_swap : public detail::optimizer_swap_former_names<optimizer_swap<O, P>> {
+class optimizer_swap {
 public:
   using optimizer_type = O;
   using backend_type = typename O::backend_type;
