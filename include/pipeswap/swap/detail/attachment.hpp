@@ -28,6 +28,8 @@
 #include <pipeswap/optim/state.hpp>
 #include <pipeswap/swap/slot.hpp>
 
+#include <pipeswap/detail/function_ref.hpp>
+
 namespace pipeswap::detail {
 
 template <backend B>
@@ -46,11 +48,7 @@ public:
   };
 
   /// Writes the initial value of slot i into device memory (the optimizer's initialize()).
-  struct initializer {
-    void* target = nullptr;
-    void (*fn)(void*, std::size_t, device_pointer_t<B>) = nullptr;
-    void operator()(std::size_t i, device_pointer_t<B> dst) const { fn(target, i, dst); }
-  };
+  using initializer = function_ref<void(std::size_t, device_pointer_t<B>)>;
 
   explicit attachment(transfer_engine<B>& engine) : engine_(engine), b_(engine.backend()) {}
 

@@ -15,14 +15,12 @@
 #include <pipeswap/swap/detail/step_plan.hpp>
 #include <pipeswap/swap/detail/step_trace.hpp>
 
+#include <pipeswap/detail/function_ref.hpp>
+
 namespace pipeswap::detail {
 
 /// Updates batch n of the step in progress (the optimizer's update over the batch's device views).
-struct update_call {
-  void* target = nullptr;
-  void (*fn)(void*, std::size_t) = nullptr;
-  void operator()(std::size_t n) const { fn(target, n); }
-};
+using update_call = function_ref<void(std::size_t)>;
 
 /// A step's progress: its plan, and the first batch not yet updated (a failed step resumes there).
 template <backend B>
