@@ -22,13 +22,12 @@
 #include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/event_handle.hpp>
 #include <pipeswap/core/transfer.hpp>
+#include <pipeswap/detail/function_ref.hpp>
 #include <pipeswap/detail/message.hpp>
 #include <pipeswap/detail/view.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/optim/state.hpp>
 #include <pipeswap/swap/slot.hpp>
-
-#include <pipeswap/detail/function_ref.hpp>
 
 namespace pipeswap::detail {
 

@@ -11,23 +11,15 @@
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/detail/mutation.hpp>
 #include <pipeswap/core/transfer.hpp>
+#include <pipeswap/detail/function_ref.hpp>
 #include <pipeswap/swap/detail/carry_over.hpp>
 #include <pipeswap/swap/detail/step_plan.hpp>
 #include <pipeswap/swap/detail/step_trace.hpp>
-
-#include <pipeswap/detail/function_ref.hpp>
 
 namespace pipeswap::detail {
 
 /// Updates batch n of the step in progress (the optimizer's update over the batch's device views).
 using update_call = function_ref<void(std::size_t)>;
-
-/// A step's progress: its plan, and the first batch not yet updated (a failed step resumes there).
-template <backend B>
-struct step_progress {
-  step_plan<B> const& plan;
-  std::size_t& next;
-};
 
 /// What both pipelines work with.
 template <backend B>
