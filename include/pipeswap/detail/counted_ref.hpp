@@ -24,9 +24,9 @@ public:
   counted_ref(counted_ref const& o) noexcept : n_(o.n_) {
     if (n_) ++n_->refs;
   }
-  counted_ref(counted_ref&& o) noexcept : n_(std::exchange(o.n_, nullptr)) {}
-  counted_ref& operator=(counted_ref o) noexcept {
-    std::swap(n_, o.n_);
+  counted_ref& operator=(counted_ref const& o) noexcept {
+    counted_ref copy(o);
+    std::swap(n_, copy.n_);
     return *this;
   }
   ~counted_ref() { reset(); }
