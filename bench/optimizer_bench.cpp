@@ -37,8 +37,11 @@ void BM_runtime_step_bookkeeping(benchmark::State& state) {
   ps::transfer_engine<null_backend> x(b);
   null_adam opt(b);
   for (std::size_t i = 0; i < params; ++i) {
+    // A parameter and its gradient each get storage of their own: add_param refuses a gradient that
+    // shares bytes with any parameter.
     auto const p = b.allocate_device(4096 * 4, 0);
-    opt.add_param({p, p, 4096, ps::dtype::f32, ps::dtype::f32, false});
+    auto const g = b.allocate_device(4096 * 4, 0);
+    opt.add_param({p, g, 4096, ps::dtype::f32, ps::dtype::f32, false});
   }
   ps::swap_config cfg;
   cfg.swap_times = 16;

@@ -484,8 +484,8 @@ std::size_t selftest_swap(cuda::backend& b, ps::transfer_engine<cuda::backend>& 
         }
         for (int step = 1; step <= steps; ++step) {
           auto const sc = ps::make_step_scalars(acfg, step);
-          ps::detail::adam_range_unchecked(sc, s.type, s.grad_type, param.data(), grad.data(), mm.data(), vv.data(),
-                                           amsgrad ? vmax.data() : nullptr, s.master ? master.data() : nullptr, n);
+          ps::adam_update_host(sc, s.type, s.grad_type, param.data(), grad.data(), mm.data(), vv.data(),
+                               amsgrad ? vmax.data() : nullptr, s.master ? master.data() : nullptr, n);
         }
         bool ok = std::memcmp(ref.params.data() + off, param.data(), n * ps::size_of(s.type)) == 0;
         ok = ok && std::memcmp(ref.slots[slot++].data(), mm.data(), n * 4) == 0;

@@ -15,6 +15,7 @@
 #include <pipeswap/backend/mock.hpp>
 
 #include "support/backends.hpp"
+#include "support/no_hazards.hpp"
 
 namespace ps = pipeswap;
 namespace mock = pipeswap::mock;
@@ -89,7 +90,7 @@ BOOST_AUTO_TEST_CASE(round_trip_frees_memory_and_restores_bytes) {
   r.m.release(c);
   BOOST_TEST(r.b.device_bytes_in_use() == base);
   BOOST_TEST(r.m.active_groups() == 0u);
-  BOOST_TEST(r.b.hazards().empty());
+  PIPESWAP_CHECK_NO_HAZARDS(r.b);
   BOOST_TEST(r.m.group_name(c) == "pp_swap_run1_s1_m2");
 }
 
@@ -127,7 +128,7 @@ BOOST_AUTO_TEST_CASE(registration_is_scoped_and_restored) {
   BOOST_TEST(r.m.group_bytes(f) == 128u);
   BOOST_TEST(r.m.group_bytes(g) == 64u);
   r.m.end_run();
-  BOOST_TEST(r.b.hazards().empty());
+  PIPESWAP_CHECK_NO_HAZARDS(r.b);
 }
 
 BOOST_AUTO_TEST_CASE(protected_aliases_stay_on_the_device) {
@@ -166,7 +167,7 @@ BOOST_AUTO_TEST_CASE(protected_aliases_stay_on_the_device) {
   r.m.wait_load(c);
   BOOST_TEST(r.holds(r.m.ptr(hout), 256, 0x55));
   r.m.release(c);
-  BOOST_TEST(r.b.hazards().empty());
+  PIPESWAP_CHECK_NO_HAZARDS(r.b);
 }
 
 BOOST_AUTO_TEST_CASE(runs_never_reuse_names_and_clean_up) {
@@ -185,7 +186,7 @@ BOOST_AUTO_TEST_CASE(runs_never_reuse_names_and_clean_up) {
   BOOST_TEST(!r.m.has_group(c));
   BOOST_TEST(r.b.device_bytes_in_use() == base);
   BOOST_TEST(r.x.pool().stats().used_bytes == 0u);
-  BOOST_TEST(r.b.hazards().empty());
+  PIPESWAP_CHECK_NO_HAZARDS(r.b);
 }
 
 BOOST_AUTO_TEST_CASE(misuse_is_rejected_and_the_manager_stays_usable) {
@@ -209,7 +210,7 @@ BOOST_AUTO_TEST_CASE(misuse_is_rejected_and_the_manager_stays_usable) {
   r.m.launch_load(c);
   r.m.wait_load(c);
   r.m.release(c);
-  BOOST_TEST(r.b.hazards().empty());
+  PIPESWAP_CHECK_NO_HAZARDS(r.b);
 }
 
 BOOST_AUTO_TEST_CASE(a_failed_offload_can_be_retried_or_aborted) {
@@ -237,7 +238,7 @@ BOOST_AUTO_TEST_CASE(a_failed_offload_can_be_retried_or_aborted) {
     }
     BOOST_TEST(r.b.device_bytes_in_use() == base);
     BOOST_TEST(r.x.pool().stats().used_bytes == 0u);
-    BOOST_TEST(r.b.hazards().empty());
+    PIPESWAP_CHECK_NO_HAZARDS(r.b);
   }
 }
 

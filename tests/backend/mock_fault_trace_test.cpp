@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <pipeswap/backend/mock.hpp>
+#include "support/no_hazards.hpp"
 
 namespace mock = pipeswap::mock;
 
@@ -111,8 +112,8 @@ BOOST_AUTO_TEST_CASE(traces_are_byte_identical_across_runs) {
   mock::backend b{rec};
   auto const second = run_program(b);
   BOOST_TEST(first == second);
-  BOOST_TEST(a.hazards().empty());
-  BOOST_TEST(b.hazards().empty());
+  PIPESWAP_CHECK_NO_HAZARDS(a);
+  PIPESWAP_CHECK_NO_HAZARDS(b);
   BOOST_TEST(first.find("prefetch") != std::string::npos);
 }
 
@@ -175,7 +176,7 @@ BOOST_AUTO_TEST_CASE(the_program_computes_the_right_bytes) {
     b.note_host_read(h, 16);
     if (wait) {
       BOOST_TEST(static_cast<int>(h[15]) == 6);
-      BOOST_TEST(b.hazards().empty());
+      PIPESWAP_CHECK_NO_HAZARDS(b);
     } else {
       BOOST_TEST_REQUIRE(!b.hazards().empty());
       BOOST_TEST(b.hazards().front().message.find("scale") != std::string::npos, b.hazards().front().message);

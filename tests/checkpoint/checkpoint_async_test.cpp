@@ -19,6 +19,7 @@
 
 #include "checkpoint/checkpoint_world.hpp"
 #include "io/io_support.hpp"
+#include "support/no_hazards.hpp"
 
 namespace ps = pipeswap;
 namespace io = pipeswap::io;
@@ -96,7 +97,7 @@ BOOST_AUTO_TEST_CASE(steps_during_an_async_save_do_not_reach_the_file) {
       ps::load_checkpoint(rr, path);
       r.train(rr, 2, 5);
       check_same(r.everything(rr), straight);
-      BOOST_TEST(w.b.hazards().empty());
+      PIPESWAP_CHECK_NO_HAZARDS(w.b);
     }
   }
 }

@@ -23,6 +23,7 @@
 
 #include "checkpoint/checkpoint_world.hpp"
 #include "io/io_support.hpp"
+#include "support/no_hazards.hpp"
 
 namespace ps = pipeswap;
 namespace io = pipeswap::io;
@@ -248,7 +249,7 @@ BOOST_AUTO_TEST_CASE(the_file_holds_every_slot_and_the_metadata) {
     BOOST_TEST((v.metadata() == expected));
     BOOST_TEST(v.metadata().at("steps") == "2,2,0,2,2,2,2,2,2"); // the empty parameter has no gradient
     BOOST_TEST(v.metadata().at("optimizer") == "AdamW");
-    BOOST_TEST(w.b.hazards().empty());
+    PIPESWAP_CHECK_NO_HAZARDS(w.b);
   }
 }
 
@@ -674,7 +675,7 @@ BOOST_AUTO_TEST_CASE(save_and_load_leave_no_hazard_and_release_what_they_borrow)
   BOOST_TEST(w.x.pool().stats().used_bytes == used);
   BOOST_TEST(w.b.device_bytes_in_use() == device);
   BOOST_TEST(rt.unswappable_bytes() > 0u);
-  BOOST_TEST(w.b.hazards().empty());
+  PIPESWAP_CHECK_NO_HAZARDS(w.b);
   w.train(rt, 2, 3);
 }
 

@@ -24,6 +24,7 @@
 
 #include "support/adam_ranges.hpp"
 #include "support/world.hpp"
+#include "support/no_hazards.hpp"
 
 BOOST_AUTO_TEST_SUITE(optim_adam_kernels)
 
@@ -89,7 +90,7 @@ void check_batch(B& b, std::vector<host_range>& rs, std::vector<host_range>& twi
     BOOST_TEST(ps::test::differs_from_reference(rs[i], twins[i], sc) == "",
                what << " range " << i << " numel " << rs[i].n);
   }
-  if constexpr (std::is_same_v<B, ps::mock::backend>) BOOST_TEST(b.hazards().empty());
+  PIPESWAP_CHECK_NO_HAZARDS(b);
 }
 
 // Around the vector group (4), the block chunk (16384) and, on the GPU, several blocks (the
@@ -151,7 +152,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(a_bad_batch_throws_before_any_tensor_changes, B, b
   ts[1].numel = 0;
   ts.erase(ts.begin());
   ps::adam_kernels<B>{}.update(b, b.current_stream(), ts, sc);
-  if constexpr (std::is_same_v<B, ps::mock::backend>) BOOST_TEST(b.hazards().empty());
+  PIPESWAP_CHECK_NO_HAZARDS(b);
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(init_master_widens_the_parameter, B, backends_under_test) {

@@ -24,6 +24,7 @@
 #include "support/adam_ranges.hpp"
 #include "support/sanitized.hpp"
 #include "support/world.hpp"
+#include "support/no_hazards.hpp"
 
 BOOST_AUTO_TEST_SUITE(optim_adam_swap)
 
@@ -161,7 +162,7 @@ std::vector<std::vector<std::byte>> run(spec const& s, ps::swap_config cfg, int 
       out.push_back(ps::test::download(w.b, rt.unswappable_device(i), slots[i].bytes()));
     }
   }
-  if constexpr (std::is_same_v<B, mock::backend>) BOOST_TEST(w.b.hazards().empty());
+  PIPESWAP_CHECK_NO_HAZARDS(w.b);
   return out;
 }
 

@@ -101,8 +101,8 @@ struct host_range {
   /// The host reference loop, applied in place.
   void reference(adam_step_scalars const& s) {
     auto f32 = [&](std::size_t a) { return reinterpret_cast<float*>(arrays[a].data()); };
-    detail::adam_range_unchecked(s, ptype, gtype, arrays[0].data(), arrays[1].data(), f32(2), f32(3),
-                                 amsgrad ? f32(4) : nullptr, master ? f32(5) : nullptr, n);
+    adam_update_host(s, ptype, gtype, arrays[0].data(), arrays[1].data(), f32(2), f32(3), amsgrad ? f32(4) : nullptr,
+                     master ? f32(5) : nullptr, n);
   }
 
   [[nodiscard]] std::vector<std::vector<unsigned char>> state() {

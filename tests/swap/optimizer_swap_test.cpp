@@ -20,6 +20,7 @@
 #include "support/step_error_check.hpp"
 #include "support/toy_optimizer.hpp"
 #include "support/world.hpp"
+#include "support/no_hazards.hpp"
 
 namespace ps = pipeswap;
 namespace mock = pipeswap::mock;
@@ -63,7 +64,7 @@ std::vector<std::vector<std::byte>> train(std::vector<std::size_t> const& sizes,
     m.set_grads(static_cast<std::uint64_t>(s));
     rt.step();
   }
-  BOOST_TEST(b.hazards().empty());
+  PIPESWAP_CHECK_NO_HAZARDS(b);
   return m.snapshot(rt);
 }
 
@@ -258,7 +259,7 @@ BOOST_AUTO_TEST_CASE(fault_at_every_copy_and_allocation_is_resumable_and_exact) 
           m.set_grads(2);
           rt.step();
           auto const got = m.snapshot(rt);
-          BOOST_TEST(b.hazards().empty());
+          PIPESWAP_CHECK_NO_HAZARDS(b);
           for (std::size_t t = 0; t < ref.size(); ++t) BOOST_TEST((got[t] == ref[t]), "tensor " << t);
         }
       }
@@ -295,7 +296,7 @@ BOOST_AUTO_TEST_CASE(a_failing_copy_back_strands_the_arena_and_the_next_step_rec
   m.set_grads(1);
   rt.step();
   auto const got = m.snapshot(rt);
-  BOOST_TEST(b.hazards().empty());
+  PIPESWAP_CHECK_NO_HAZARDS(b);
   for (std::size_t t = 0; t < ref.size(); ++t) BOOST_TEST((got[t] == ref[t]), "tensor " << t);
 }
 
@@ -345,7 +346,7 @@ BOOST_AUTO_TEST_CASE(parameters_without_gradients_are_skipped_and_slots_stay_hom
       for (auto const& r : batch) BOOST_TEST(r.end - r.begin != 200u);
     }
     for (std::size_t i = 0; i < m.opt.slots().size(); ++i) BOOST_TEST(rt.slot_in(i, ps::residency::host));
-    BOOST_TEST(b.hazards().empty());
+    PIPESWAP_CHECK_NO_HAZARDS(b);
   }
 }
 
@@ -362,7 +363,7 @@ BOOST_AUTO_TEST_CASE(plans_follow_the_parameters_that_have_gradients) {
       m.set_grads(s);
       rt.step();
     }
-    BOOST_TEST(b.hazards().empty());
+    PIPESWAP_CHECK_NO_HAZARDS(b);
     return m.snapshot(rt);
   };
   auto const ref = run(no_swap());
@@ -410,7 +411,7 @@ std::vector<std::vector<std::byte>> rebuilt(ps::swap_config first, ps::swap_conf
   } else {
     run_second(ps::balanced_partition{});
   }
-  BOOST_TEST(b.hazards().empty());
+  PIPESWAP_CHECK_NO_HAZARDS(b);
   return out;
 }
 
@@ -518,7 +519,7 @@ BOOST_AUTO_TEST_CASE(add_param_under_a_runtime_is_refused_and_works_after_it) {
     std::memcpy(&p, pbytes.data(), 4);
     BOOST_TEST(p == 1.0f - 0.125f * 0.5f / (1.0f + 0.25f));
   }
-  BOOST_TEST(b.hazards().empty());
+  PIPESWAP_CHECK_NO_HAZARDS(b);
   b.deallocate_device(extra_p, 2000 * 4, b.current_stream());
   b.deallocate_device(extra_g, 2000 * 4, b.current_stream());
 }
@@ -547,37 +548,22 @@ BOOST_AUTO_TEST_CASE(a_failing_listener_arrives_wrapped_and_the_step_resumes) {
       m.set_grads(1);
       rt.step();
       auto const got = m.snapshot(rt);
-      BOOST_TEST(b.hazards().empty());
+      PIPESWAP_CHECK_NO_HAZARDS(b);
       for (std::size_t t = 0; t < ref.size(); ++t) BOOST_TEST((got[t] == ref[t]), "tensor " << t);
     }
   }
 }
 
-BOOST_AUTO_TEST_CASE(the_former_names_still_compile_and_forward) {
-  // Renamed for one meaning per word; the old names stay, deprecated, for programs written against
-  // them: synchronize_cpu_mirrors, resident_bytes, resident_device, stage_layout::chunks.
+BOOST_AUTO_TEST_CASE(synchronize_host_mirrors_brings_the_runtime_to_rest) {
   mock::backend b;
   ps::transfer_engine<mock::backend> x(b, small_pool());
   mock_model m(b, mixed_sizes, 7, false);
   ps::optimizer_swap<toy_optimizer<mock::backend>> rt(x, m.opt, swap(3, false, 100));
   m.set_grads(0);
   rt.step();
-  ps::schedule::stage_layout const layout(2, 3);
-#if defined(__GNUC__)
-#  pragma GCC diagnostic push
-#  pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-#endif
-  rt.synchronize_cpu_mirrors();
-  BOOST_TEST(rt.resident_bytes() == rt.unswappable_bytes());
+  rt.synchronize_host_mirrors();
   BOOST_TEST(rt.unswappable_bytes() > 0u);
-  for (std::size_t i = 0; i < m.opt.slots().size(); ++i) {
-    if (!rt.is_swappable(i)) BOOST_TEST((rt.resident_device(i) == rt.unswappable_device(i)));
-  }
-  BOOST_TEST(layout.chunks() == layout.stages_per_rank());
-#if defined(__GNUC__)
-#  pragma GCC diagnostic pop
-#endif
-  BOOST_TEST(layout.stages_per_rank() == 3);
+  BOOST_TEST(ps::schedule::stage_layout(2, 3).stages_per_rank() == 3);
   BOOST_TEST(rt.at_rest());
 }
 

@@ -23,6 +23,7 @@
 #include "support/step_error_check.hpp"
 #include "support/toy_optimizer.hpp"
 #include "support/world.hpp"
+#include "support/no_hazards.hpp"
 
 namespace ps = pipeswap;
 namespace mock = pipeswap::mock;
@@ -299,7 +300,7 @@ struct fault_world {
   void next_step_is_exact(std::vector<std::vector<std::byte>> const& ref) {
     one_step(warm + 1);
     auto const got = m.snapshot(*rt);
-    BOOST_TEST(b.hazards().empty());
+    PIPESWAP_CHECK_NO_HAZARDS(b);
     BOOST_TEST(budget.used() == 0u);
     check_equal(got, ref);
   }
@@ -402,7 +403,7 @@ BOOST_AUTO_TEST_CASE(a_relayed_step_hands_its_arenas_to_the_next_prefetch) {
                     "prefetch:2:own ");
   w.rt->step();
   auto const got = w.m.snapshot(*w.rt);
-  BOOST_TEST(w.b.hazards().empty());
+  PIPESWAP_CHECK_NO_HAZARDS(w.b);
   BOOST_TEST(w.budget.used() == 0u);
   check_equal(got, ref.bytes);
 }
@@ -462,7 +463,7 @@ BOOST_AUTO_TEST_CASE(lifetime_misuse_fails_at_the_call) {
       rt.synchronize_host_mirrors();
       BOOST_TEST(rt.prefetched_batches() == 0u);
       BOOST_TEST(budget.used() == 0u);
-      BOOST_TEST(b.hazards().empty());
+      PIPESWAP_CHECK_NO_HAZARDS(b);
       b.deallocate_device(extra_p, 400, b.current_stream());
       b.deallocate_device(extra_g, 400, b.current_stream());
     }
@@ -506,7 +507,7 @@ BOOST_AUTO_TEST_CASE(a_budget_destroyed_under_its_engine_is_detected) {
     BOOST_TEST(fresh.high_water() > 0u);
   }
   BOOST_TEST(fresh.used() == 0u);
-  BOOST_TEST(b.hazards().empty());
+  PIPESWAP_CHECK_NO_HAZARDS(b);
 }
 
 BOOST_AUTO_TEST_CASE(budget_accounting_rules) {
@@ -613,7 +614,7 @@ BOOST_AUTO_TEST_CASE(a_strict_budget_refuses_before_allocating_and_the_step_resu
         got = m.snapshot(rt);
       }
       check_equal(got, ref.bytes);
-      BOOST_TEST(b.hazards().empty());
+      PIPESWAP_CHECK_NO_HAZARDS(b);
     }
   }
   // Activation loads: a load the strict budget cannot hold is refused with the group still
@@ -647,11 +648,17 @@ BOOST_AUTO_TEST_CASE(a_strict_budget_refuses_before_allocating_and_the_step_resu
   budget.set_capacity(8192);
   acts.launch_load(c);
   acts.wait_load(c);
-  BOOST_TEST((b.read_device(acts.ptr(h), data.size()) == data));
+  // Read back by a copy on the compute stream, so that the hazard check below sees a use of the
+  // loaded bytes (it fires when the use does not wait the load).
+  auto* back = b.allocate_host(data.size());
+  b.copy_d2h(back, acts.ptr(h), data.size(), b.current_stream());
+  b.synchronize(b.record_event(b.current_stream()));
+  BOOST_TEST((std::vector<std::byte>(back, back + data.size()) == data));
+  b.deallocate_host(back, data.size());
   acts.release(c);
   acts.end_run();
   BOOST_TEST(budget.used() == 0u);
-  BOOST_TEST(b.hazards().empty());
+  PIPESWAP_CHECK_NO_HAZARDS(b);
 }
 
 BOOST_AUTO_TEST_CASE(activation_loads_take_precedence_over_prefetch) {
@@ -702,7 +709,7 @@ BOOST_AUTO_TEST_CASE(activation_loads_take_precedence_over_prefetch) {
       BOOST_TEST(budget.high_water(ps::budget_client::activation) == act_bytes);
       rt.synchronize_host_mirrors();
       BOOST_TEST(budget.used() == 0u);
-      BOOST_TEST(b.hazards().empty());
+      PIPESWAP_CHECK_NO_HAZARDS(b);
     }
   }
 }

@@ -72,15 +72,6 @@ inline void master_from_param_host(void const* param, float* master, std::size_t
   });
 }
 
-namespace detail {
-/// The former name of adam_update_host.
-inline void adam_range_unchecked(adam_step_scalars const& s, dtype param_type, dtype grad_type, void* param,
-                                 void const* grad, float* exp_avg, float* exp_avg_sq, float* vmax, float* master,
-                                 std::size_t n) {
-  adam_update_host(s, param_type, grad_type, param, grad, exp_avg, exp_avg_sq, vmax, master, n);
-}
-} // namespace detail
-
 /// The adam_kernels policy of a backend whose device memory the host can address and whose calls
 /// complete at once: the update runs on the calling thread. Checks every batch (validate_adam_batch)
 /// before touching a byte.

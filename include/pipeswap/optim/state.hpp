@@ -23,6 +23,7 @@
 #include <vector>
 
 #include <pipeswap/backend/concepts.hpp>
+#include <pipeswap/detail/function_ref.hpp>
 #include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/detail/message.hpp>
@@ -124,15 +125,15 @@ struct unit_range {
 template <backend B>
 class state_view {
 public:
-  using resolve_fn = device_pointer_t<B> (*)(void const* self, std::size_t slot, std::size_t element);
-  state_view(void const* self, resolve_fn f) noexcept : self_(self), f_(f) {}
+  /// device_at(slot, element) calls `resolve`, which must outlive the view.
+  using resolve_fn = detail::function_ref<device_pointer_t<B>(std::size_t slot, std::size_t element)>;
+  explicit state_view(resolve_fn resolve) noexcept : resolve_(resolve) {}
   [[nodiscard]] device_pointer_t<B> device_at(std::size_t slot, std::size_t element) const {
-    return f_(self_, slot, element);
+    return resolve_(slot, element);
   }
 
 private:
-  void const* self_;
-  resolve_fn f_;
+  resolve_fn resolve_;
 };
 
 namespace detail {

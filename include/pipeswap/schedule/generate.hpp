@@ -127,7 +127,8 @@ inline rank_orders insert_p2p(rank_orders const& compute, stage_layout const& la
       if (t < slots[r].size() && slots[r][t].leaf <= 0) out[r].push_back(compute[r][slots[r][t].entry]);
     }
     // Within a column: every rank's own entry first, then the P2P of the even ranks, then the odd ones.
-    // (A views::concat of two strided iotas would name this order, at 1 s per including TU.)
+    // (A views::concat of two strided iotas would name this order, at a cost in every including TU:
+    // docs/compile-times.md, "Rules".)
     for (std::size_t parity = 0; parity < 2; ++parity) {
       for (std::size_t r = parity; r < compute.size(); r += 2) {
         if (t >= slots[r].size()) continue;

@@ -38,8 +38,6 @@ public:
 
   index_type ranks() const noexcept { return ranks_; }
   index_type stages_per_rank() const noexcept { return chunks_; }
-  /// The former name of stages_per_rank() (a schedule::chunk is one micro-batch of one stage).
-  [[deprecated("use stages_per_rank()")]] index_type chunks() const noexcept { return chunks_; }
   index_type stages() const noexcept { return ranks_ * chunks_; }
   placement style() const noexcept { return style_; }
   bool has_stage(index_type stage) const noexcept { return stage >= 0 && stage < stages(); }

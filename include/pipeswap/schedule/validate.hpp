@@ -191,7 +191,7 @@ public:
               lifecycle_names(st.state + 1, 7));
     }
     // std::stable_sort, not ranges::stable_sort(problems_, {}, &problem::position): range-v3's own merge
-    // sort, instantiated in this inline function, cost 0.8 s in every TU including this header.
+    // sort would be instantiated in every TU including this header (docs/compile-times.md, "Rules").
     std::stable_sort(problems_.begin(), problems_.end(),
                      [](problem const& a, problem const& b) { return a.position < b.position; });
     return std::move(problems_);

@@ -12,7 +12,6 @@
 //   carry_over.hpp           what one step leaves the next: the resident share, prefetched batches,
 //                            a deferred offload, their budget holds
 //   step_trace.hpp           the operation in progress (named by errors) and the listener
-//   former_names.hpp         the calls' former names, deprecated
 //
 // Phases around the step (docs/optimizer.md, "Phases") are all optional and off by default; with
 // them off the two pipelines run op for op as written in their headers.
@@ -50,7 +49,6 @@
 #include <pipeswap/optim/state.hpp>
 #include <pipeswap/swap/detail/attachment.hpp>
 #include <pipeswap/swap/detail/carry_over.hpp>
-#include <pipeswap/swap/detail/former_names.hpp>
 #include <pipeswap/swap/detail/packed_pipeline.hpp>
 #include <pipeswap/swap/detail/per_tensor_pipeline.hpp>
 #include <pipeswap/swap/detail/step_plan.hpp>
@@ -63,7 +61,7 @@
 namespace pipeswap {
 
 template <swap_optimizer O, partition_policy P = balanced_partition>
-class optimizer_swap : public detail::optimizer_swap_former_names<optimizer_swap<O, P>> {
+class optimizer_swap {
 public:
   using optimizer_type = O;
   using backend_type = typename O::backend_type;
@@ -185,10 +183,6 @@ private:
 
   // ----- attaching and handing back ----------------------------------------------------------------
 
-  static void initialize_slot(void* opt, std::size_t i, device_pointer_t<B> dst) {
-    static_cast<O*>(opt)->initialize(i, dst);
-  }
-
   /// Hands the state back to the optimizer (destructor). Never throws.
   void hand_back() noexcept {
     auto& home = opt_.swap_state();
@@ -236,19 +230,14 @@ private:
                           cfg_.packed, cfg_.resident_share);
   }
 
-  /// The device address of element e of slot i, for the optimizer's update() (state_view).
-  static device_pointer_t<B> resolve(void const* self, std::size_t i, std::size_t e) {
-    auto const& rt = *static_cast<optimizer_swap const*>(self);
-    return rt.attached_.device_address(i, e, rt.opt_.slots());
-  }
-
-  /// The update of batch n of the step in progress (the pipelines call it through update_call).
-  static void update_batch(void* self, std::size_t n) {
-    auto& rt = *static_cast<optimizer_swap*>(self);
-    auto& st = *rt.pending_;
-    rt.trace_.emit("update", n);
-    detail::scoped_label<B> l(rt.b_, detail::batch_label("update", n).c_str());
-    rt.opt_.update(detail::view(st.d->plan[n]), st.ctx, state_view<B>(&rt, &optimizer_swap::resolve));
+  /// The update of batch n of the step in progress (the pipelines call it through update_call); the
+  /// optimizer reads the device address of element e of slot i through its state_view.
+  void update_batch(std::size_t n) {
+    auto& st = *pending_;
+    trace_.emit("update", n);
+    detail::scoped_label<B> l(b_, detail::batch_label("update", n).c_str());
+    auto const resolve = [this](std::size_t i, std::size_t e) { return attached_.device_address(i, e, opt_.slots()); };
+    opt_.update(detail::view(st.d->plan[n]), st.ctx, state_view<B>(resolve));
   }
 
   /// A failed phase: a step_error naming the phase, its batch and what became of it.
@@ -308,7 +297,7 @@ optimizer_swap<O, P>::optimizer_swap(transfer_engine<B>& engine, O& opt, swap_co
   home.set_attached(access(), true);
   try {
     attached_.adopt(home, opt_.slots(), {cfg_.min_numel, key_mask},
-                    typename detail::attachment<B>::initializer{&opt_, &initialize_slot});
+                    [this](std::size_t i, device_pointer_t<B> dst) { opt_.initialize(i, dst); });
   } catch (...) {
     home.set_attached(access(), false);
     throw;
@@ -327,7 +316,8 @@ void optimizer_swap<O, P>::step() {
     if (!pending_) pending_.emplace(step_state{opt_.prepare_step(), {}, 0});
     auto& st = *pending_;
     if (!st.d) plan_step(st);
-    detail::update_call const update{this, &update_batch};
+    auto const update_fn = [this](std::size_t n) { update_batch(n); };
+    detail::update_call const update(update_fn);
     try { // each pipeline recovers from its own failures, leaving every state intact
       cfg_.packed ? packed_.run(st.d, st.next, update) : per_tensor_.run(st.d, st.next, update);
     } catch (...) {

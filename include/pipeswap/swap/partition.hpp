@@ -7,11 +7,9 @@
 //    (to within one element), for optimizers whose update is elementwise (Adam).
 //
 // Loops, not range-v3: optimizer_swap.hpp includes this header, so whatever it includes is compiled
-// by every TU that swaps an optimizer (scripts/compile_time/runtime_tu.cpp, target <= 4 s). Measured
-// (g++ 12 -O0, CPU s, docs/compile-times.md): including one range-v3 algorithm header here took that
-// TU from 6.85 to 7.56 s; writing the weights and costs below as transform | to<vector> and
-// accumulate took it to 8.69 s (its extern variant 2.33 -> 3.34 s). The greedy batch loop itself
-// reads no better as a range expression. No .cu includes this header.
+// by every TU that swaps an optimizer (scripts/compile_time/runtime_tu.cpp; the measured reason is in
+// docs/compile-times.md, "Rules"). The greedy batch loop itself reads no better as a range
+// expression. No .cu includes this header.
 #pragma once
 
 #include <algorithm>

@@ -11,8 +11,8 @@
 // types of the runtime's headers they were the largest share of what a translation unit that swaps
 // AdamW compiles (docs/compile-times.md).
 //
-// Measured (docs/compile-times.md): std::vector in its place takes the runtime TU from 2.0 to 2.7 s
-// of g++ -O0 CPU (least of three), so it stays, held to std::vector's guarantees:
+// std::vector in its place costs the runtime TU more (measured in docs/compile-times.md, "Rules"), so
+// it stays, held to std::vector's guarantees:
 //   - Semantics are std::vector's for what is provided. T must be nothrow move-constructible (growth
 //     relocates by move, so it never loses elements); its alignment is at most
 //     __STDCPP_DEFAULT_NEW_ALIGNMENT__. There is no allocator parameter.

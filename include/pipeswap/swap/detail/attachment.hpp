@@ -22,6 +22,7 @@
 #include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/event_handle.hpp>
 #include <pipeswap/core/transfer.hpp>
+#include <pipeswap/detail/function_ref.hpp>
 #include <pipeswap/detail/message.hpp>
 #include <pipeswap/detail/view.hpp>
 #include <pipeswap/error.hpp>
@@ -46,11 +47,7 @@ public:
   };
 
   /// Writes the initial value of slot i into device memory (the optimizer's initialize()).
-  struct initializer {
-    void* target = nullptr;
-    void (*fn)(void*, std::size_t, device_pointer_t<B>) = nullptr;
-    void operator()(std::size_t i, device_pointer_t<B> dst) const { fn(target, i, dst); }
-  };
+  using initializer = function_ref<void(std::size_t, device_pointer_t<B>)>;
 
   explicit attachment(transfer_engine<B>& engine) : engine_(engine), b_(engine.backend()) {}
 

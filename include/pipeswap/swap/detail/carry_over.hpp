@@ -10,7 +10,7 @@
 //                     next user behind them and releases it. After a relayed step, the own arenas it
 //                     leaves are handed to the next prefetch in D2H order (take_handoff()).
 //   a failed eviction    an eviction that threw part-way; every entry point retries it first.
-// state() names which of these hold. Every budget hold the carry-over takes is released by
+// kept(), offload_pending() and eviction_failed() say which of these hold. Every budget hold the carry-over takes is released by
 // finish_deferred(), by the per-tensor step's own waits (release_holds()), or on hand-back.
 // Depends on the backend only, not on the optimizer.
 #pragma once
@@ -40,17 +40,9 @@ public:
   using plan_ptr = plan_ref<B>;
   using stream_type = stream_t<B>;
 
-  /// What is carried (see the header comment); none, one or several at once.
-  struct state_type {
-    std::size_t kept = 0;           ///< batches of plan() in their own storage
-    bool offload_in_flight = false; ///< a deferred offload is pending
-    bool eviction_failed = false;   ///< the last eviction threw part-way
-  };
-
   carry_over(transfer_engine<B>& engine, step_trace& trace, lean_vector<slot_storage<B>>& slots, bool packed)
       : engine_(engine), b_(engine.backend()), trace_(trace), slots_(slots), packed_(packed) {}
 
-  [[nodiscard]] state_type state() const noexcept { return {kept_, deferred_, must_evict_}; }
   [[nodiscard]] std::size_t kept() const noexcept { return kept_; }
   [[nodiscard]] bool offload_pending() const noexcept { return deferred_; }
   [[nodiscard]] bool eviction_failed() const noexcept { return must_evict_; }

@@ -11,6 +11,7 @@
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/detail/mutation.hpp>
 #include <pipeswap/core/transfer.hpp>
+#include <pipeswap/detail/function_ref.hpp>
 #include <pipeswap/swap/detail/carry_over.hpp>
 #include <pipeswap/swap/detail/step_plan.hpp>
 #include <pipeswap/swap/detail/step_trace.hpp>
@@ -18,18 +19,7 @@
 namespace pipeswap::detail {
 
 /// Updates batch n of the step in progress (the optimizer's update over the batch's device views).
-struct update_call {
-  void* target = nullptr;
-  void (*fn)(void*, std::size_t) = nullptr;
-  void operator()(std::size_t n) const { fn(target, n); }
-};
-
-/// A step's progress: its plan, and the first batch not yet updated (a failed step resumes there).
-template <backend B>
-struct step_progress {
-  step_plan<B> const& plan;
-  std::size_t& next;
-};
+using update_call = function_ref<void(std::size_t)>;
 
 /// What both pipelines work with.
 template <backend B>

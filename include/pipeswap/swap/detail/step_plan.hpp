@@ -18,6 +18,7 @@
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/transfer.hpp>
+#include <pipeswap/detail/counted_ref.hpp>
 #include <pipeswap/detail/message.hpp>
 #include <pipeswap/detail/view.hpp>
 #include <pipeswap/error.hpp>
@@ -44,7 +45,6 @@ struct step_plan {
   lean_vector<std::size_t> batch_bytes; // per batch: its pieces' bytes
   std::size_t resident = 0;             // batches of the resident share (from the front)
   std::size_t resident_share_bytes = 0; // their device bytes (own arenas, packed)
-  std::size_t refs = 0;                 // the plan_refs that hold it
 
   [[nodiscard]] std::size_t size() const noexcept { return plan.size(); }
   /// The unique swappable pieces of batch n.
@@ -59,39 +59,9 @@ struct step_plan {
 
 /// Shared ownership of an immutable step plan: the last one is held by the planner, and a step in
 /// progress, the staging arenas and the batches kept between steps hold the plan they belong to,
-/// which may be an older one. A plan is shared only within one runtime, which one host thread uses
-/// at a time (docs/guarantees.md), so the count is a plain integer. Not std::shared_ptr: its
-/// control block and access bases are some 40 functions per plan type at -O0
-/// (docs/compile-times.md).
+/// which may be an older one.
 template <backend B>
-class plan_ref {
-public:
-  plan_ref() noexcept = default;
-  /// Takes ownership of `p`, a new plan (or null).
-  explicit plan_ref(step_plan<B>* p) noexcept : p_(p) {
-    if (p_) ++p_->refs;
-  }
-  plan_ref(plan_ref const& o) noexcept : plan_ref(o.p_) {}
-  plan_ref& operator=(plan_ref const& o) noexcept {
-    plan_ref copy(o);
-    std::swap(p_, copy.p_);
-    return *this;
-  }
-  ~plan_ref() { reset(); }
-
-  void reset() noexcept {
-    if (p_ && --p_->refs == 0) delete p_;
-    p_ = nullptr;
-  }
-  [[nodiscard]] step_plan<B> const* get() const noexcept { return p_; }
-  step_plan<B> const& operator*() const noexcept { return *p_; }
-  step_plan<B> const* operator->() const noexcept { return p_; }
-  explicit operator bool() const noexcept { return p_ != nullptr; }
-  friend bool operator==(plan_ref const& a, plan_ref const& b) noexcept { return a.p_ == b.p_; }
-
-private:
-  step_plan<B>* p_ = nullptr;
-};
+using plan_ref = counted_ref<step_plan<B>>;
 
 /// What a plan depends on: the partition's items (elements and swapped bytes per element of each
 /// unit), the units' parameters, and the sum of the slots' layout versions.
@@ -148,8 +118,8 @@ public:
   plan_ptr build(plan_key k, batch_plan batches, std::span<update_unit const> units, std::span<slot_desc const> descs,
                  lean_vector<slot_type>& slots, transfer_engine<B>& engine, bool packed, std::size_t resident_share) {
     // Owned by a plan_ptr from the start, built through `d`.
-    auto* const d = new step_plan<B>();
-    plan_ptr const owner(d);
+    auto owner = plan_ptr::make();
+    auto* const d = owner.get_mut();
     d->plan = std::move(batches);
     segment(units, d->plan, slots, engine);
     auto const N = d->plan.size();
