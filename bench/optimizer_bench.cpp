@@ -46,7 +46,7 @@ void BM_runtime_step_bookkeeping(benchmark::State& state) {
   ps::swap_config cfg;
   cfg.swap_times = 16;
   cfg.packed = packed;
-  cfg.min_numel = 0;
+  cfg.min_swap_numel = 0;
   ps::optimizer_swap<null_adam> rt(x, opt, cfg);
   for (auto _ : state) rt.step();
   auto const slots = static_cast<double>(params * 2);

@@ -101,7 +101,7 @@ figures run_loop(cuda::backend& b, options const& o, loop l, stand_in const& bwd
   ps::swap_config cfg;
   cfg.swap_times = o.swap_times;
   cfg.packed = o.packed;
-  cfg.min_numel = 0;
+  cfg.min_swap_numel = 0;
   if (l == loop::no_swap) cfg.state_keys = std::vector<std::string>{};
   if (l == loop::overlapped) {
     cfg.defer_offload = true;

@@ -2,7 +2,7 @@
 // activations and AdamW state swapped or not, checked byte for byte against single-process,
 // no-swap training of the same model on the same micro-batches.
 //
-//   mpirun -np N pipeline_train --schedule gpipe|1f1b|interleaved --chunks V --micro M
+//   mpirun -np N pipeline_train --schedule gpipe|1f1b|interleaved --stages-per-rank V --micro M
 //                               --swap none|activations|optimizer|both [--phases] --steps S [--seed X]
 //   pipeline_train --ranks N ...          every rank as a thread of this process (thread_comm)
 //
@@ -147,11 +147,12 @@ void print_verdict(pt::train_options const& o) {
 int report(pt::train_options const& o, std::vector<std::optional<pt::rank_outcome>> const& outs, char const* how) {
   auto const swap =
       o.swap_activations ? (o.swap_optimizer ? "both" : "activations") : (o.swap_optimizer ? "optimizer" : "none");
-  std::printf("pipeline_train: %s, %d ranks x %d chunks (%d stages of %d MLP blocks), %d micro-batches, swap %s%s, "
-              "%d steps, seed %llu (%s)\n",
-              kind_name(o.kind), o.ranks, o.chunks, o.ranks * o.chunks, o.model.blocks, o.model.micro, swap,
-              o.swap_optimizer && o.optimizer_phases ? " (phased)" : "", o.steps,
-              static_cast<unsigned long long>(o.model.seed), how);
+  std::printf(
+      "pipeline_train: %s, %d ranks x %d stages per rank (%d stages of %d MLP blocks), %d micro-batches, swap %s%s, "
+      "%d steps, seed %llu (%s)\n",
+      kind_name(o.kind), o.ranks, o.stages_per_rank, o.ranks * o.stages_per_rank, o.model.blocks, o.model.micro, swap,
+      o.swap_optimizer && o.optimizer_phases ? " (phased)" : "", o.steps, static_cast<unsigned long long>(o.model.seed),
+      how);
   std::vector<float> losses;
   std::size_t hazards = 0;
   for (auto const& r : outs) {
@@ -192,7 +193,7 @@ int main(int argc, char** argv) {
   long long timeout_ms = 60000;
   app.add_option("--schedule", kind, "gpipe, 1f1b or interleaved")
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
-  app.add_option("--chunks", o.chunks, "stages per rank (interleaved)")->check(CLI::Range(1, 64));
+  app.add_option("--stages-per-rank", o.stages_per_rank, "stages per rank (interleaved)")->check(CLI::Range(1, 64));
   app.add_option("--micro", o.model.micro, "micro-batches per step")->check(CLI::Range(1, 4096));
   app.add_option("--swap", swap, "none, activations, optimizer or both")
       ->check(CLI::IsMember({"none", "activations", "optimizer", "both"}));
@@ -241,13 +242,14 @@ int main(int argc, char** argv) {
     auto const k = it == kind_of_rank.end() ? kind : it->second;
     r.kind = kind_of(k);
     if (!r.orders) {
-      r.exec.schedule_label = k + " micro=" + std::to_string(r.model.micro) + " chunks=" + std::to_string(r.chunks) +
+      r.exec.schedule_label = k + " micro=" + std::to_string(r.model.micro) +
+                              " stages_per_rank=" + std::to_string(r.stages_per_rank) +
                               (r.overlap_b_f ? " overlap" : "");
     }
     return r;
   };
-  if (o.kind != pt::schedule_kind::interleaved && (o.chunks != 1 || o.overlap_b_f)) {
-    std::fprintf(stderr, "pipeline_train: --chunks and --overlap need --schedule interleaved\n");
+  if (o.kind != pt::schedule_kind::interleaved && (o.stages_per_rank != 1 || o.overlap_b_f)) {
+    std::fprintf(stderr, "pipeline_train: --stages-per-rank and --overlap need --schedule interleaved\n");
     return 2;
   }
   o.swap_activations = swap == "activations" || swap == "both";

@@ -35,7 +35,7 @@ enum class schedule_kind { gpipe, one_f_one_b, interleaved };
 struct train_options {
   schedule_kind kind = schedule_kind::one_f_one_b;
   int ranks = 2;
-  int chunks = 1; ///< stages per rank (interleaved only; 1 otherwise)
+  int stages_per_rank = 1; ///< stages per rank (interleaved only; 1 otherwise)
   int steps = 3;
   bool overlap_b_f = false; ///< interleaved: steady-state backward/forward pairs as OVERLAP_B_F
   bool swap_activations = false;
@@ -44,7 +44,7 @@ struct train_options {
   /// optimizer_phases): batches prefetched during each backward tail, the last offloads deferred
   /// into the next step's forward.
   bool optimizer_phases = false;
-  model_config model; ///< stages and micro are set from ranks, chunks and micro
+  model_config model; ///< stages and micro are set from ranks, stages_per_rank and micro
   ps::exec::executor_options exec;
   /// Orders to run instead of the generated schedule (one per rank, swap steps as given).
   std::optional<ps::schedule::rank_orders> orders;
@@ -58,13 +58,13 @@ struct train_options {
 };
 
 inline ps::schedule::stage_layout layout_of(train_options const& o) {
-  return ps::schedule::stage_layout(o.ranks, o.chunks, ps::schedule::placement::loop);
+  return ps::schedule::stage_layout(o.ranks, o.stages_per_rank, ps::schedule::placement::loop);
 }
 
 /// The model's stage count and micro-batches follow the schedule.
 inline model_config model_of(train_options const& o) {
   auto m = o.model;
-  m.stages = o.ranks * o.chunks;
+  m.stages = o.ranks * o.stages_per_rank;
   return m;
 }
 
@@ -76,7 +76,9 @@ inline ps::schedule::rank_orders orders_of(train_options const& o) {
   switch (o.kind) {
   case schedule_kind::gpipe: r = sch::gpipe(o.ranks, o.model.micro); break;
   case schedule_kind::one_f_one_b: r = sch::one_f_one_b(o.ranks, o.model.micro); break;
-  case schedule_kind::interleaved: r = sch::interleaved_1f1b({o.ranks, o.chunks, o.model.micro, o.overlap_b_f}); break;
+  case schedule_kind::interleaved:
+    r = sch::interleaved_1f1b({o.ranks, o.stages_per_rank, o.model.micro, o.overlap_b_f});
+    break;
   }
   if (o.swap_activations) {
     for (auto& x : r) x = sch::inject_swap_steps(x);
@@ -101,7 +103,7 @@ using opt_type = ps::adamw<mock::backend>;
 
 inline ps::swap_config swap_config_of(bool swap_optimizer, bool phases = false) {
   ps::swap_config sc;
-  sc.min_numel = 1;
+  sc.min_swap_numel = 1;
   if (swap_optimizer) {
     sc.swap_times = 8;
     sc.defer_offload = phases;

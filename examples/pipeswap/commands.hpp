@@ -38,7 +38,7 @@ struct schedule_args {
   std::string kind;
   std::int64_t ranks = 0;
   std::int64_t micro = 0;
-  std::int64_t chunks = 1;
+  std::int64_t stages_per_rank = 1;
   bool overlap_b_f = false;
   int indent = -1;
 };
@@ -53,7 +53,7 @@ int run_inject(inject_args const&);
 
 struct validate_args {
   std::string input;
-  std::optional<std::int64_t> chunks;
+  std::optional<std::int64_t> stages_per_rank;
   std::string placement = "loop";
   int indent = -1;
 };

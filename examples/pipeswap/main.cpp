@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
   schedule->add_option("--ranks", sh.ranks, "pipeline ranks")->required();
   schedule->add_option("--micro", sh.micro, "micro-batches")->required();
-  schedule->add_option("--chunks", sh.chunks, "model chunks per rank (interleaved)")->capture_default_str();
+  schedule->add_option("--stages-per-rank", sh.stages_per_rank, "stages per rank (interleaved)")->capture_default_str();
   schedule->add_flag("--overlap-b-f", sh.overlap_b_f, "interleaved: OVERLAP_B_F composites in the steady state");
   add_indent(schedule, sh.indent);
 
@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
   auto* validate = app.add_subcommand("validate", "read {\"ranks\": [...]} or one order; report problems and "
                                                   "deadlocks as JSON; exit 1 if any");
   validate->add_option("input", va.input, "JSON file ('-' or absent: stdin)");
-  validate->add_option("--chunks", va.chunks, "stages per rank (default: as many as the steps need)")
+  validate->add_option("--stages-per-rank", va.stages_per_rank, "stages per rank (default: as many as the steps need)")
       ->check(CLI::PositiveNumber);
   validate->add_option("--placement", va.placement, "stage placement: loop or v")
       ->check(CLI::IsMember({"loop", "v"}))

@@ -73,9 +73,10 @@ ojson problem_json(ps::problem const& p) {
 int run_schedule(schedule_args const& a) {
   auto const ranks = index_arg("ranks", a.ranks);
   auto const micro = index_arg("micro", a.micro);
-  auto const chunks = index_arg("chunks", a.chunks);
+  auto const stages_per_rank = index_arg("stages_per_rank", a.stages_per_rank);
   bool const interleaved = a.kind == "interleaved";
-  if (!interleaved && chunks != 1) throw bad_input("--chunks " + std::to_string(chunks) + " needs --kind interleaved");
+  if (!interleaved && stages_per_rank != 1)
+    throw bad_input("--stages-per-rank " + std::to_string(stages_per_rank) + " needs --kind interleaved");
   if (!interleaved && a.overlap_b_f) throw bad_input("--overlap-b-f needs --kind interleaved");
   ps::rank_orders orders;
   if (a.kind == "gpipe")
@@ -83,7 +84,7 @@ int run_schedule(schedule_args const& a) {
   else if (a.kind == "1f1b")
     orders = ps::one_f_one_b(ranks, micro);
   else if (interleaved)
-    orders = ps::interleaved_1f1b({ranks, chunks, micro, a.overlap_b_f});
+    orders = ps::interleaved_1f1b({ranks, stages_per_rank, micro, a.overlap_b_f});
   else
     throw bad_input("--kind must be gpipe, 1f1b or interleaved, got '" + a.kind + "'");
   ojson j = ojson::object();
@@ -118,18 +119,18 @@ int run_validate(validate_args const& a) {
   } else {
     if (in.orders.empty()) throw bad_input("input: 'ranks' holds no order");
     auto const ranks = index_arg("ranks", static_cast<std::int64_t>(in.orders.size()));
-    std::int64_t chunks = 1;
-    if (a.chunks) {
-      chunks = *a.chunks;
+    std::int64_t stages_per_rank = 1;
+    if (a.stages_per_rank) {
+      stages_per_rank = *a.stages_per_rank;
     } else { // as many stages per rank as the highest stage needs
       ps::index_type top = 0;
       for (auto const& o : in.orders)
         for (auto const& e : o)
           if (e)
             for (auto const& l : ps::leaves_of(*e)) top = std::max(top, l.stage);
-      chunks = std::max<std::int64_t>(1, (std::int64_t(top) + ranks) / ranks);
+      stages_per_rank = std::max<std::int64_t>(1, (std::int64_t(top) + ranks) / ranks);
     }
-    ps::stage_layout const layout(ranks, index_arg("chunks", chunks),
+    ps::stage_layout const layout(ranks, index_arg("stages_per_rank", stages_per_rank),
                                   a.placement == "v" ? ps::placement::v : ps::placement::loop);
     auto const report = ps::check_schedule(in.orders, layout);
     for (auto const& p : report.problems) problems.push_back(problem_json(p)), ++count;
@@ -143,7 +144,7 @@ int run_validate(validate_args const& a) {
       d["peer_step"] = b.peer_step;
       deadlock.push_back(std::move(d));
     }
-    j["chunks"] = chunks;
+    j["stages_per_rank"] = stages_per_rank;
     j["placement"] = a.placement;
   }
   bool const ok = problems.empty() && deadlock.empty();

@@ -85,13 +85,13 @@ public:
   }
 
   void configure(std::size_t swap_times, bool packed, std::size_t resident_share, bool defer_offload,
-                 std::size_t min_numel) {
+                 std::size_t min_swap_numel) {
     pipeswap::swap_config c;
     c.swap_times = swap_times;
     c.packed = packed;
     c.resident_share = resident_share;
     c.defer_offload = defer_offload;
-    c.min_numel = min_numel;
+    c.min_swap_numel = min_swap_numel;
     c.validate();
     detach();
     cfg_ = c;
@@ -393,14 +393,15 @@ py::list rank_orders_to_py(sch::rank_orders const& r) {
 }
 
 /// Every rank's order of a named schedule, with its point-to-point steps.
-py::list schedule_orders(std::string const& kind, int ranks, int micro, int chunks) {
-  if ((kind == "gpipe" || kind == "1f1b") && chunks != 1) {
-    throw pipeswap::invalid_argument("schedule: " + kind + " runs one stage per rank; chunks must be 1, got " +
-                                     std::to_string(chunks));
+py::list schedule_orders(std::string const& kind, int ranks, int micro, int stages_per_rank) {
+  if ((kind == "gpipe" || kind == "1f1b") && stages_per_rank != 1) {
+    throw pipeswap::invalid_argument("schedule: " + kind + " runs one stage per rank; stages_per_rank must be 1, got " +
+                                     std::to_string(stages_per_rank));
   }
   if (kind == "gpipe") return rank_orders_to_py(sch::gpipe(ranks, micro));
   if (kind == "1f1b") return rank_orders_to_py(sch::one_f_one_b(ranks, micro));
-  if (kind == "interleaved_1f1b") return rank_orders_to_py(sch::interleaved_1f1b({ranks, chunks, micro, false}));
+  if (kind == "interleaved_1f1b")
+    return rank_orders_to_py(sch::interleaved_1f1b({ranks, stages_per_rank, micro, false}));
   throw pipeswap::invalid_argument("schedule: unknown kind '" + kind + "' (gpipe, 1f1b, interleaved_1f1b)");
 }
 
@@ -422,7 +423,7 @@ std::string check_order(py::sequence const& order) {
 
 /// Every rank's order checked: each on its own (the swap life cycle included) and all together
 /// (every receive matched, no deadlock). An empty string when valid, else the problems.
-std::string check_orders(py::sequence const& orders, int chunks) {
+std::string check_orders(py::sequence const& orders, int stages_per_rank) {
   sch::rank_orders r;
   std::size_t i = 0;
   for (auto o : orders) {
@@ -434,7 +435,7 @@ std::string check_orders(py::sequence const& orders, int chunks) {
     auto const ps = sch::check_order(r[k]);
     for (auto const& p : ps) out += "rank " + std::to_string(k) + ", " + sch::to_string(p) + "\n";
   }
-  auto const rep = sch::check_schedule(r, sch::stage_layout(static_cast<sch::index_type>(r.size()), chunks));
+  auto const rep = sch::check_schedule(r, sch::stage_layout(static_cast<sch::index_type>(r.size()), stages_per_rank));
   if (!rep.ok()) out += sch::to_string(rep);
   return out;
 }
@@ -549,10 +550,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("_backend_selftest", &backend_selftest, py::arg("device"));
   m.def("check_param", &check_param, py::arg("param"), py::arg("who"));
   m.def("schedule_orders", &schedule_orders, py::arg("kind"), py::arg("ranks"), py::arg("micro"),
-        py::arg("chunks") = 1);
+        py::arg("stages_per_rank") = 1);
   m.def("inject_swap_steps", &inject_order, py::arg("order"), py::arg("load_lookahead") = 1,
         py::arg("offload_wait_delay") = 1);
-  m.def("check_orders", &check_orders, py::arg("orders"), py::arg("chunks") = 1);
+  m.def("check_orders", &check_orders, py::arg("orders"), py::arg("stages_per_rank") = 1);
   m.def("check_order", &check_order, py::arg("order"));
   m.attr("min_swap_gap") = sch::min_swap_gap;
 
@@ -613,7 +614,7 @@ torch.OutOfMemoryError, nothing changed. One budget per device at a time; set it
       .def(py::init<c10::Device, py::function>(), py::arg("device"), py::arg("update"))
       .def("add_param", &runtime::add_param, py::arg("param"), py::arg("keys"))
       .def("configure", &runtime::configure, py::arg("swap_times"), py::arg("packed"), py::arg("resident_share"),
-           py::arg("defer_offload"), py::arg("min_numel"))
+           py::arg("defer_offload"), py::arg("min_swap_numel"))
       .def("set_active", &runtime::set_active)
       .def("step", &runtime::step)
       .def("prefetch", &runtime::prefetch, py::arg("max_batches") = py::none())

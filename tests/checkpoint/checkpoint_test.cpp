@@ -162,8 +162,8 @@ BOOST_AUTO_TEST_CASE(a_checkpoint_resumes_under_any_runtime_configuration) {
   auto const params = train_and_save(s, checkpoint_swap(true, 3, 64), 3, path);
   for (auto const& cfg :
        {checkpoint_swap(false, 5, 0), checkpoint_swap(true, 1, 0), checkpoint_swap(false, 2, 2048), no_swap()}) {
-    BOOST_TEST_CONTEXT("packed " << cfg.packed << " swap_times " << cfg.swap_times << " min_numel " << cfg.min_numel
-                                 << " swap " << !cfg.state_keys) {
+    BOOST_TEST_CONTEXT("packed " << cfg.packed << " swap_times " << cfg.swap_times << " min_swap_numel "
+                                 << cfg.min_swap_numel << " swap " << !cfg.state_keys) {
       check_same(resume(s, cfg, params, path, 3, 5), ref);
     }
   }
@@ -264,7 +264,7 @@ BOOST_AUTO_TEST_CASE(after_a_load_swapped_state_rests_on_the_host_and_resident_s
     w.train(rt, 0, 1);
     auto const in_use = w.b.device_bytes_in_use();
     ps::load_checkpoint(rt, path, {io::load_mode::read});
-    BOOST_TEST(w.b.device_bytes_in_use() == in_use); // the old resident storage went, the new came
+    BOOST_TEST(w.b.device_bytes_in_use() == in_use); // the old unswappable storage went, the new came
     auto const f = io::safetensors_file::open(path);
     auto const slots = w.opt.slots();
     for (std::size_t i = 0; i < slots.size(); ++i) {
@@ -662,7 +662,7 @@ BOOST_AUTO_TEST_CASE(a_failed_save_keeps_the_previous_checkpoint) {
 }
 
 BOOST_AUTO_TEST_CASE(save_and_load_leave_no_hazard_and_release_what_they_borrow) {
-  // Resident state is copied through a pinned pool block that goes back to the pool; the device
+  // Unswappable state is copied through a pinned pool block that goes back to the pool; the device
   // holds exactly what it held before.
   adam_world w({}, ps::test::recording_hazards());
   rt_t rt(w.x, w.opt, checkpoint_swap(false));

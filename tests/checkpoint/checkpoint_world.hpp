@@ -27,14 +27,14 @@ namespace pipeswap::test {
 
 using bytes = std::vector<std::byte>;
 
-/// Parameter sizes: swappable ones, ones under min_numel 64 (they stay on the device), one empty.
+/// Parameter sizes: swappable ones, ones under min_swap_numel 64 (they stay on the device), one empty.
 inline std::vector<std::size_t> const checkpoint_sizes{3000, 1, 0, 65, 2048, 7, 4096, 100, 63};
 
-inline swap_config checkpoint_swap(bool packed, std::size_t swap_times = 3, std::size_t min_numel = 64) {
+inline swap_config checkpoint_swap(bool packed, std::size_t swap_times = 3, std::size_t min_swap_numel = 64) {
   swap_config c;
   c.swap_times = swap_times;
   c.packed = packed;
-  c.min_numel = min_numel;
+  c.min_swap_numel = min_swap_numel;
   return c;
 }
 

@@ -39,7 +39,7 @@ TINY = {
 
 
 def rank_params(model, ranks, rank):
-    """(parameters, parameters of tensors under 1024 elements) of `rank`, one chunk per rank, by the
+    """(parameters, parameters of tensors under 1024 elements) of `rank`, one stage per rank, by the
     formulas of docs/simulator.md: per layer q, o (h*h), k, v (h*h*kv/a), gate, up, down (h*f) and two
     norms (h); the embedding (vocab*h) on the first stage, the final norm (h) and the head (vocab*h)
     on the last; layers as even as possible, the first stages taking the remainder."""
@@ -96,9 +96,9 @@ class Help(unittest.TestCase):
             "simulate": ["--scenario", "--trace", "--svg", "--rank", "--json", "--progress"],
             "plan": ["--scenario", "--budget", "--json", "--progress"],
             "scenario": ["--scenario"],
-            "schedule": ["--kind", "--ranks", "--micro", "--chunks", "--overlap-b-f", "--indent"],
+            "schedule": ["--kind", "--ranks", "--micro", "--stages-per-rank", "--overlap-b-f", "--indent"],
             "inject": ["--min-gap", "--indent"],
-            "validate": ["--chunks", "--placement", "--indent"],
+            "validate": ["--stages-per-rank", "--placement", "--indent"],
             "partition": ["--policy", "--indent"],
         }
         for sub, options in expected.items():
@@ -151,7 +151,7 @@ class Schedule(unittest.TestCase):
         ])
 
     def test_interleaved_with_overlap_matches_the_documented_order(self):
-        ranks = self.schedule("--kind", "interleaved", "--ranks", "2", "--micro", "4", "--chunks", "2",
+        ranks = self.schedule("--kind", "interleaved", "--ranks", "2", "--micro", "4", "--stages-per-rank", "2",
                               "--overlap-b-f")
         self.assertEqual(len(ranks), 2)
         self.assertEqual(ranks[0], (
@@ -167,8 +167,8 @@ class Schedule(unittest.TestCase):
         self.assertGreater(pretty.count("\n"), 10)
 
     def test_generated_schedules_validate(self):
-        for kind, extra in [("gpipe", []), ("1f1b", []), ("interleaved", ["--chunks", "2"]),
-                            ("interleaved", ["--chunks", "3", "--overlap-b-f"])]:
+        for kind, extra in [("gpipe", []), ("1f1b", []), ("interleaved", ["--stages-per-rank", "2"]),
+                            ("interleaved", ["--stages-per-rank", "3", "--overlap-b-f"])]:
             _, out, _ = run("schedule", "--kind", kind, "--ranks", "4", "--micro", "8", *extra, check=0)
             _, report, err = run("validate", stdin=out, check=0)
             j = json.loads(report)
@@ -180,7 +180,7 @@ class Schedule(unittest.TestCase):
         for args, message in [
                 (("--kind", "1f1b", "--ranks", "0", "--micro", "2"), "--ranks must be between 1 and 2147483647, got 0"),
                 (("--kind", "gpipe", "--ranks", "2", "--micro", "-1"), "--micro must be between 1 and 2147483647, got -1"),
-                (("--kind", "1f1b", "--ranks", "2", "--micro", "2", "--chunks", "2"), "--chunks 2 needs --kind interleaved"),
+                (("--kind", "1f1b", "--ranks", "2", "--micro", "2", "--stages-per-rank", "2"), "--stages-per-rank 2 needs --kind interleaved"),
                 (("--kind", "gpipe", "--ranks", "2", "--micro", "2", "--overlap-b-f"), "--overlap-b-f needs --kind interleaved")]:
             status, out, err = run("schedule", *args)
             self.assertEqual(status, 2, args)
@@ -255,7 +255,7 @@ class Validate(unittest.TestCase):
             {"rank": 0, "position": 1, "step": "BR0.0", "peer_rank": 1, "peer_position": 3, "peer_step": "BS1.0"},
             {"rank": 1, "position": 0, "step": "FR1.0", "peer_rank": 0, "peer_position": 2, "peer_step": "FS0.0"},
         ])
-        self.assertEqual(j["chunks"], 1)
+        self.assertEqual(j["stages_per_rank"], 1)
         self.assertEqual(j["placement"], "loop")
 
     def test_label_cycle_that_runs_with_posted_sends_is_valid(self):
@@ -263,7 +263,7 @@ class Validate(unittest.TestCase):
                  order_json("FR1.0 F1.0 B1.0 BS1.0 FR1.1 F1.1 B1.1 BS1.1")]
         _, out, err = run("validate", stdin=json.dumps({"ranks": ranks}), check=0)
         self.assertEqual(err, "")
-        self.assertEqual(json.loads(out), {"chunks": 1, "placement": "loop", "valid": True, "problems": [],
+        self.assertEqual(json.loads(out), {"stages_per_rank": 1, "placement": "loop", "valid": True, "problems": [],
                                            "deadlock": []})
 
     def test_one_order_with_problems(self):
@@ -274,7 +274,7 @@ class Validate(unittest.TestCase):
         self.assertEqual([(p["rule"], p["position"], p["step"]) for p in j["problems"]],
                          [("duplicate", 1, "F0.0"), ("backward-before-forward", 2, "B0.1")])
         self.assertTrue(all(p["rank"] is None and p["message"] for p in j["problems"]))
-        self.assertNotIn("chunks", j)
+        self.assertNotIn("stages_per_rank", j)
 
     def test_unpaired_and_misplaced_steps(self):
         ranks = [order_json("F0.0 FS0.0"), order_json("F0.0")]  # rank 1 runs a stage of rank 0
@@ -284,9 +284,9 @@ class Validate(unittest.TestCase):
         self.assertEqual(rules, ["placement", "unpaired"])
 
     def test_chunks_and_placement(self):
-        _, out, _ = run("schedule", "--kind", "interleaved", "--ranks", "2", "--micro", "4", "--chunks", "2", check=0)
+        _, out, _ = run("schedule", "--kind", "interleaved", "--ranks", "2", "--micro", "4", "--stages-per-rank", "2", check=0)
         _, report, _ = run("validate", stdin=out, check=0)
-        self.assertEqual(json.loads(report)["chunks"], 2)  # inferred from the highest stage
+        self.assertEqual(json.loads(report)["stages_per_rank"], 2)  # inferred from the highest stage
         status, report, _ = run("validate", "--placement", "v", stdin=out)
         self.assertEqual(status, 1)  # the loop schedule breaks the v placement
         self.assertIn("placement", {p["rule"] for p in json.loads(report)["problems"]})
@@ -378,7 +378,7 @@ class ScenarioFiles(unittest.TestCase):
         self.assertEqual(j["model"]["layers"], 80)
         self.assertEqual(j["device"]["memory_bytes"], 141_000_000_000)
         self.assertEqual(j["device"]["h2d_gbps"], 55)
-        self.assertEqual(j["pipeline"], {"schedule": "1f1b", "ranks": 8, "micro_batches": 32, "chunks": 1,
+        self.assertEqual(j["pipeline"], {"schedule": "1f1b", "ranks": 8, "micro_batches": 32, "stages_per_rank": 1,
                                          "overlap_b_f": False})
         path = self.write("full.json", out)
         _, again, _ = run("scenario", "--scenario", path, check=0)

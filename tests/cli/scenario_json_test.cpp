@@ -49,7 +49,7 @@ json every_field() {
                "p2p_latency_us": 7, "tp_gbps": 200, "dp_gbps": 20, "collective_latency_us": 5},
     "node": {"gpus": 4, "host_gbps": 100, "cpu_adam_gbps": 50},
     "parallel": {"tp": 2, "sequence_parallel": true, "dp": 4, "distributed_optimizer": true, "ep": 2, "expert_tp": 1},
-    "pipeline": {"schedule": "interleaved", "ranks": 3, "micro_batches": 6, "chunks": 2, "overlap_b_f": true},
+    "pipeline": {"schedule": "interleaved", "ranks": 3, "micro_batches": 6, "stages_per_rank": 2, "overlap_b_f": true},
     "swap": {"swap_times": 5, "packed": false, "overlap": false},
     "plan": {"tolerance": 0.01}
   })");
@@ -112,7 +112,7 @@ BOOST_AUTO_TEST_CASE(every_field_is_read_into_its_member) {
   BOOST_TEST((p.schedule == sim::schedule_kind::interleaved));
   BOOST_TEST(p.ranks == 3u);
   BOOST_TEST(p.micro_batches == 6u);
-  BOOST_TEST(p.chunks == 2u);
+  BOOST_TEST(p.stages_per_rank == 2u);
   BOOST_TEST(p.overlap_b_f);
   BOOST_TEST(s.swap.swap_times == 5u);
   BOOST_TEST(!s.swap.packed);
@@ -208,6 +208,9 @@ BOOST_AUTO_TEST_CASE(unknown_keys_are_rejected_with_their_path) {
   expect_rejected(R"({"extra": 1})", "scenario: top level: unknown key 'extra'");
   expect_rejected(R"({"swap": {"overlaps": true}})",
                   "scenario: swap: unknown key 'overlaps' (did you mean 'overlap'?)");
+  // "chunks" meant stages per rank here; the word now means one (stage, micro-batch) pair only.
+  expect_rejected(R"({"pipeline": {"chunks": 2}})",
+                  "scenario: pipeline: unknown key 'chunks' (did you mean 'stages_per_rank'?)");
 }
 
 BOOST_AUTO_TEST_CASE(negative_and_fractional_sizes_are_rejected) {
@@ -299,9 +302,9 @@ BOOST_AUTO_TEST_CASE(inconsistent_scenarios_are_rejected) {
                   "scenario: model.heads (4) must be a multiple of model.kv_heads (3)");
   expect_rejected(with({{"model", {{"layers", 1}}}}),
                   "scenario: model.layers (1) must be at least the number of stages (pipeline.ranks × "
-                  "pipeline.chunks = 2)");
-  expect_rejected(with({{"pipeline", {{"chunks", 2}}}}),
-                  "scenario: pipeline.chunks > 1 needs the interleaved schedule");
+                  "pipeline.stages_per_rank = 2)");
+  expect_rejected(with({{"pipeline", {{"stages_per_rank", 2}}}}),
+                  "scenario: pipeline.stages_per_rank > 1 needs the interleaved schedule");
   expect_rejected(with({{"pipeline", {{"micro_batches", 0}}}}), "scenario: pipeline.micro_batches must be at least 1");
   expect_rejected(with({{"swap", {{"swap_times", 0}}}}), "scenario: swap.swap_times must be positive");
   expect_rejected(with({{"model", {{"param_dtype", "F32"}}}}), "scenario: model.fp32_master needs BF16 or F16 weights");

@@ -123,7 +123,7 @@ BOOST_AUTO_TEST_CASE(adam_and_optimizer_swap) {
   {
     ps::swap_config cfg;
     cfg.swap_times = 2;
-    cfg.min_numel = 1;
+    cfg.min_swap_numel = 1;
     ps::optimizer_swap<ps::adamw<B>> rt(x, opt, cfg);
     sweep({
         {"is_swappable",

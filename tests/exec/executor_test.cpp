@@ -1,5 +1,5 @@
 // The pipeline executor on thread_comm with the mock backend (hazard checker raising):
-//  * every schedule kind over 2-4 ranks, chunks 1-2, micro-batches 1-8, with each swap setting:
+//  * every schedule kind over 2-4 ranks, stages per rank 1-2, micro-batches 1-8, with each swap setting:
 //    bit-identical to single-process training, hazard-free, swap lowering each rank's peak where
 //    groups swap (activations) and on every rank (optimizer state);
 //  * randomized valid schedules (generated, then sends and receives moved at random, swap steps
@@ -40,18 +40,18 @@ namespace {
 
 constexpr bool sampled = pipeswap::test::sanitized_build;
 
-pt::train_options small(pt::schedule_kind k, int ranks, int chunks, int micro) {
+pt::train_options small(pt::schedule_kind k, int ranks, int stages_per_rank, int micro) {
   pt::train_options o;
   o.kind = k;
   o.ranks = ranks;
-  o.chunks = chunks;
+  o.stages_per_rank = stages_per_rank;
   o.steps = 2;
   o.model.dim = 16;
   o.model.hidden = 32;
   o.model.rows = 8;
   o.model.blocks = 1;
   o.model.micro = micro;
-  o.model.seed = 7 + static_cast<std::uint64_t>(ranks * 100 + chunks * 10 + micro);
+  o.model.seed = 7 + static_cast<std::uint64_t>(ranks * 100 + stages_per_rank * 10 + micro);
   o.exec.wait_timeout = 60s;
   return o;
 }
@@ -68,7 +68,7 @@ std::string name_of(pt::train_options const& o) {
   char const* k = o.kind == pt::schedule_kind::gpipe         ? "gpipe"
                   : o.kind == pt::schedule_kind::one_f_one_b ? "1f1b"
                                                              : "interleaved";
-  return std::string(k) + " R" + std::to_string(o.ranks) + " V" + std::to_string(o.chunks) + " M" +
+  return std::string(k) + " R" + std::to_string(o.ranks) + " V" + std::to_string(o.stages_per_rank) + " M" +
          std::to_string(o.model.micro) + (o.overlap_b_f ? " overlap" : "") + " swap " +
          (o.swap_activations ? "A" : "-") + (o.swap_optimizer ? "O" : "-");
 }
@@ -89,7 +89,7 @@ pt::model_config tiny_model(int stages, int micro) {
 BOOST_AUTO_TEST_CASE(schedule_matrix_is_bit_identical_and_swap_lowers_peaks) {
   struct shape {
     pt::schedule_kind kind;
-    int chunks;
+    int stages_per_rank;
     bool overlap = false;
   };
   std::vector<shape> const shapes{{pt::schedule_kind::gpipe, 1},
@@ -103,8 +103,9 @@ BOOST_AUTO_TEST_CASE(schedule_matrix_is_bit_identical_and_swap_lowers_peaks) {
     for (int ranks = 2; ranks <= 4; ++ranks) {
       for (int micro : micros) {
         // Sanitizers: every shape and rank count, a rotating micro-batch count.
-        if (sampled && micro != micros[std::size_t(ranks + sh.chunks + int(sh.kind)) % micros.size()]) continue;
-        auto base = small(sh.kind, ranks, sh.chunks, micro);
+        if (sampled && micro != micros[std::size_t(ranks + sh.stages_per_rank + int(sh.kind)) % micros.size()])
+          continue;
+        auto base = small(sh.kind, ranks, sh.stages_per_rank, micro);
         base.overlap_b_f = sh.overlap;
         auto const ref = pt::reference(base);
         std::map<std::pair<bool, bool>, pt::threaded_run> by_swap;
@@ -141,7 +142,8 @@ BOOST_AUTO_TEST_CASE(schedule_matrix_is_bit_identical_and_swap_lowers_peaks) {
               // backward, which swap cannot remove (the values are exact: the mock is deterministic).
               BOOST_TEST(a.pipeline_peak_bytes <= p.pipeline_peak_bytes);
               BOOST_TEST(a.peak_device_bytes <= p.peak_device_bytes);
-              bool const must_lower = a.swapped_chunks > 0 && (sh.kind == pt::schedule_kind::gpipe || sh.chunks == 2);
+              bool const must_lower =
+                  a.swapped_chunks > 0 && (sh.kind == pt::schedule_kind::gpipe || sh.stages_per_rank == 2);
               if (must_lower) BOOST_TEST(a.pipeline_peak_bytes < p.pipeline_peak_bytes);
               if (a.pipeline_peak_bytes < p.pipeline_peak_bytes) ++lowered_by_activations;
             }
@@ -190,8 +192,8 @@ BOOST_AUTO_TEST_CASE(random_schedules_run_exactly_when_the_validator_predicts_no
     int const ranks = std::uniform_int_distribution<int>(2, 4)(rng);
     int const micro = std::uniform_int_distribution<int>(1, 6)(rng);
     int const kind = std::uniform_int_distribution<int>(0, 2)(rng);
-    int const chunks = kind == 2 ? std::uniform_int_distribution<int>(1, 2)(rng) : 1;
-    auto o = small(pt::schedule_kind(kind), ranks, chunks, micro);
+    int const stages_per_rank = kind == 2 ? std::uniform_int_distribution<int>(1, 2)(rng) : 1;
+    auto o = small(pt::schedule_kind(kind), ranks, stages_per_rank, micro);
     o.steps = 1;
     auto orders = pt::orders_of(o);
     int const moves = std::uniform_int_distribution<int>(1, 3)(rng);
@@ -511,12 +513,12 @@ BOOST_AUTO_TEST_CASE(optimizer_phases_train_bit_identically_with_batches_prefetc
   static_assert(!ex::phased_finish<void (*)(), pipeswap::mock::backend>);
   struct shape {
     pt::schedule_kind kind;
-    int ranks, chunks, micro;
+    int ranks, stages_per_rank, micro;
   };
   for (auto const& sh : {shape{pt::schedule_kind::one_f_one_b, 3, 1, 4}, shape{pt::schedule_kind::interleaved, 2, 2, 4},
                          shape{pt::schedule_kind::gpipe, 2, 1, 3}}) {
     for (bool acts : {false, true}) {
-      auto o = small(sh.kind, sh.ranks, sh.chunks, sh.micro);
+      auto o = small(sh.kind, sh.ranks, sh.stages_per_rank, sh.micro);
       o.steps = 3;
       o.swap_optimizer = true;
       o.swap_activations = acts;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""pipeline_train under mpirun with 2, 3 and 4 processes: a sampled matrix of schedules, chunks,
+"""pipeline_train under mpirun with 2, 3 and 4 processes: a sampled matrix of schedules, stages per rank,
 micro-batches and swap settings must end `bit-identical: yes`; a fault on one rank must bring every
 process down naming the rank and the site; a deadlocking schedule must fail within its watchdog,
 each rank saying what it waited on, or at once at the executor's schedule check; ranks given
@@ -40,12 +40,12 @@ def run(np, args, timeout):
 # The sampled matrix: each (processes, schedule) pair once, swap settings and shapes rotating.
 matrix = [
     (2, ["--schedule", "gpipe", "--micro", "3", "--swap", "activations"]),
-    (2, ["--schedule", "interleaved", "--chunks", "2", "--micro", "2", "--swap", "optimizer"]),
+    (2, ["--schedule", "interleaved", "--stages-per-rank", "2", "--micro", "2", "--swap", "optimizer"]),
     (3, ["--schedule", "1f1b", "--micro", "5", "--swap", "both"]),
-    (3, ["--schedule", "interleaved", "--chunks", "1", "--micro", "8", "--swap", "none"]),
+    (3, ["--schedule", "interleaved", "--stages-per-rank", "1", "--micro", "8", "--swap", "none"]),
     (4, ["--schedule", "gpipe", "--micro", "1", "--swap", "optimizer"]),
     (4, ["--schedule", "1f1b", "--micro", "8", "--swap", "activations"]),
-    (4, ["--schedule", "interleaved", "--chunks", "2", "--micro", "8", "--swap", "both"]),  # the done-means run
+    (4, ["--schedule", "interleaved", "--stages-per-rank", "2", "--micro", "8", "--swap", "both"]),  # the done-means run
 ]
 small = ["--steps", "2", "--wait-timeout", "20000"]
 for np, args in matrix:
@@ -112,8 +112,8 @@ if rc is not None:
 # Ranks given different schedules (1F1B on ranks 0 and 2, GPipe on rank 1; then 4 ranks with GPipe on
 # rank 3): every process goes down at the first step, the error names the ranks and both schedules.
 for np, extra, words in [
-        (3, ["--rank-schedule", "1=gpipe"], ["'1f1b micro=4 chunks=1' against 'gpipe micro=4 chunks=1'", "ranks 0 and 1"]),
-        (4, ["--rank-schedule", "3=gpipe"], ["'1f1b micro=4 chunks=1' against 'gpipe micro=4 chunks=1'", "ranks 0 and 3"])]:
+        (3, ["--rank-schedule", "1=gpipe"], ["'1f1b micro=4 stages_per_rank=1' against 'gpipe micro=4 stages_per_rank=1'", "ranks 0 and 1"]),
+        (4, ["--rank-schedule", "3=gpipe"], ["'1f1b micro=4 stages_per_rank=1' against 'gpipe micro=4 stages_per_rank=1'", "ranks 0 and 3"])]:
     rc, out, err, took = run(np, ["--schedule", "1f1b", "--micro", "4", "--wait-timeout", "30000"] + extra, 60)
     if rc is None:
         continue

@@ -127,7 +127,7 @@ BOOST_AUTO_TEST_CASE(refused_calls_lose_nothing) {
   }
   ps::swap_config cfg;
   cfg.swap_times = 2;
-  cfg.min_numel = 1;
+  cfg.min_swap_numel = 1;
   std::vector<std::vector<std::byte>> a, c;
   {
     ps::optimizer_swap<adamw> rc(x, clean.opt, cfg);

@@ -133,7 +133,7 @@ ps::swap_config config(std::size_t k, bool packed, bool swap = true) {
   ps::swap_config c;
   c.swap_times = k;
   c.packed = packed;
-  c.min_numel = 64;
+  c.min_swap_numel = 64;
   if (!swap) c.state_keys = std::vector<std::string>{};
   return c;
 }

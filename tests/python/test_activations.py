@@ -334,7 +334,7 @@ def test_bad_arguments_name_the_rule():
         pt.ActivationSwap(DEVICE, [("BWD", 0, 0), ("FWD", 0, 0)])
     with pytest.raises(ValueError, match="unknown kind 'zb'"):
         pt.schedule_orders("zb", 2, 4)
-    with pytest.raises(ValueError, match="1f1b runs one stage per rank; chunks must be 1, got 2"):
+    with pytest.raises(ValueError, match="1f1b runs one stage per rank; stages_per_rank must be 1, got 2"):
         pt.schedule_orders("1f1b", 2, 4, 2)
     with pytest.raises(ValueError, match="'FWDX' is not a step kind"):
         pt.inject_swap_steps([("FWDX", 0, 0)])
@@ -399,12 +399,12 @@ def test_pipeswap_validate_accepts_the_orders_and_refuses_a_broken_one(tmp_path)
     swap = pt.ActivationSwap(DEVICE, orders[0], load_lookahead=2)
     good = tmp_path / "good.json"
     good.write_text(json.dumps(pt.orders_json([swap.order, orders[1]])))
-    r = subprocess.run([CLI, "validate", str(good), "--chunks", "2"], capture_output=True, text=True)
+    r = subprocess.run([CLI, "validate", str(good), "--stages-per-rank", "2"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     broken = [e for e in swap.order if e is None or e[0] != "SWAP_WAIT_OFFLOAD"]
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(pt.orders_json([broken, orders[1]])))
-    r = subprocess.run([CLI, "validate", str(bad), "--chunks", "2"], capture_output=True, text=True)
+    r = subprocess.run([CLI, "validate", str(bad), "--stages-per-rank", "2"], capture_output=True, text=True)
     assert r.returncode == 1 and "SWAP_WAIT_OFFLOAD" in r.stdout + r.stderr, r.stdout + r.stderr
     assert pt.check_orders([broken, orders[1]], 2)  # the same checks in Python
 

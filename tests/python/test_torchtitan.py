@@ -6,7 +6,7 @@ of it that touches the optimizer runs on the CPU, as the Trainer wires them:
 
 - the job's config from torchtitan's CLI (``ConfigManager.parse_args``, llama3_debugmodel) with the
   override in ``--override.imports``, applied by ``apply_overrides`` as the Trainer applies it;
-- the ``OptimizersContainer`` built from that config over two model parts (pipeline chunks): one
+- the ``OptimizersContainer`` built from that config over two model parts (pipeline stages_per_rank): one
   optimizer per part and optimizer name (AdamW and Adam groups), torchtitan's LR schedulers, its
   per-container step hooks;
 - its DCP checkpointer (``CheckpointManager``: model parts, the container's FQN-keyed flat optimizer

@@ -164,18 +164,18 @@ BOOST_AUTO_TEST_CASE(parameters_are_validated) {
   expect_error([] { ps::gpipe(0, 4); }, "gpipe: ranks must be >= 1, got 0");
   expect_error([] { ps::gpipe(2, -1); }, "gpipe: micro must be >= 1, got -1");
   expect_error([] { ps::one_f_one_b(4, 0); }, "1f1b: micro must be >= 1, got 0");
-  expect_error([] { ps::interleaved_1f1b({4, 0, 8, false}); }, "interleaved 1f1b: chunks must be >= 1, got 0");
+  expect_error([] { ps::interleaved_1f1b({4, 0, 8, false}); }, "interleaved 1f1b: stages_per_rank must be >= 1, got 0");
   expect_error([] { ps::interleaved_1f1b({0, 2, 8, false}); }, "interleaved 1f1b: ranks must be >= 1, got 0");
   expect_error(
       [] {
         ps::interleaved_1f1b({65536, 65536, 1, false});
       },
-      "stage layout: ranks * chunks (4294967296) exceeds the stage index range");
+      "stage layout: ranks * stages_per_rank (4294967296) exceeds the stage index range");
   expect_error(
       [] {
         ps::interleaved_1f1b({1, 4, 1 << 30, false});
       },
-      "interleaved 1f1b: micro * chunks (4294967296) exceeds the index range");
+      "interleaved 1f1b: micro * stages_per_rank (4294967296) exceeds the index range");
 }
 
 BOOST_AUTO_TEST_CASE(insert_p2p_rejects_misplaced_steps) {
@@ -216,7 +216,7 @@ BOOST_AUTO_TEST_CASE(stage_layouts) {
   BOOST_TEST(!v.has_stage(12));
   BOOST_TEST(!v.has_stage(-1));
   expect_error([] { ps::stage_layout(0); }, "stage layout: ranks must be >= 1, got 0");
-  expect_error([] { ps::stage_layout(2, 0); }, "stage layout: chunks must be >= 1, got 0");
+  expect_error([] { ps::stage_layout(2, 0); }, "stage layout: stages_per_rank must be >= 1, got 0");
 }
 
 BOOST_AUTO_TEST_SUITE_END()

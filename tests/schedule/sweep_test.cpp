@@ -1,4 +1,4 @@
-// Sweeps: GPipe and 1F1B for 1..8 ranks x 1..32 micro-batches, interleaved 1F1B also for 1..4 chunks,
+// Sweeps: GPipe and 1F1B for 1..8 ranks x 1..32 micro-batches, interleaved 1F1B also for 1..4 stages per rank,
 // with and without OVERLAP_B_F composites. Every schedule must be fully paired, deadlock-free and free
 // of label cycles; every injected order well-formed, with the original entries in their
 // order, exactly five swap steps per swapped chunk, each swapped chunk's backward at least four compute
@@ -115,20 +115,20 @@ std::string independent_check(ps::order const& original, ps::order const& inject
 // (they are the slow part under ASan); everything else runs on every combination.
 bool sampled(int micro) { return micro == 1 || micro == 3 || micro == 8 || micro == 13 || micro == 32; }
 
-void check_family(std::string const& family, std::function<ps::rank_orders(int, int)> const& make, int chunks,
+void check_family(std::string const& family, std::function<ps::rank_orders(int, int)> const& make, int stages_per_rank,
                   totals& sum, bool round_trip) {
   for (int ranks = 1; ranks <= 8; ++ranks) {
     for (int micro = 1; micro <= 32; ++micro) {
       if (pipeswap::test::sanitized_build && !sampled(micro)) continue; // the sample, under sanitizers
       auto const where = [&] {
         return family + " ranks=" + std::to_string(ranks) + " micro=" + std::to_string(micro) +
-               " chunks=" + std::to_string(chunks);
+               " stages_per_rank=" + std::to_string(stages_per_rank);
       };
       auto const orders = make(ranks, micro);
-      ps::stage_layout const layout(ranks, chunks);
+      ps::stage_layout const layout(ranks, stages_per_rank);
       auto const report = ps::check_schedule(orders, layout);
       if (!report.ok()) BOOST_ERROR(where() << ": " << to_string(report));
-      if (sampled(micro) && ps::find_label_cycle(ps::p2p_labels(orders, chunks)))
+      if (sampled(micro) && ps::find_label_cycle(ps::p2p_labels(orders, stages_per_rank)))
         BOOST_ERROR(where() << ": label cycle");
 
       ps::rank_orders injected;
@@ -139,7 +139,7 @@ void check_family(std::string const& family, std::function<ps::rank_orders(int, 
         if (auto const problems = ps::check_order(in); !problems.empty())
           BOOST_ERROR(where() << " rank " << r << ": " << to_string(problems.front()));
         std::size_t swapped = 0;
-        if (auto const why = independent_check(o, in, ranks * chunks, micro, swapped); !why.empty())
+        if (auto const why = independent_check(o, in, ranks * stages_per_rank, micro, swapped); !why.empty())
           BOOST_ERROR(where() << " rank " << r << ": " << why);
         if (in.size() != o.size() + 5 * swapped) BOOST_ERROR(where() << " rank " << r << ": not 5 steps per chunk");
         sum.entries += o.size();
@@ -220,7 +220,7 @@ BOOST_AUTO_TEST_CASE(load_lookahead_sweep) {
   };
   struct family {
     char const* name;
-    int chunks;
+    int stages_per_rank;
     std::function<ps::rank_orders(int, int)> make;
   };
   std::vector<family> const families{
@@ -253,13 +253,14 @@ BOOST_AUTO_TEST_CASE(load_lookahead_sweep) {
             if (auto const problems = ps::check_order(in); !problems.empty())
               BOOST_ERROR(where() << " rank " << r << ": " << to_string(problems.front()));
             std::size_t swapped = 0;
-            if (auto const why = independent_check(orders[r], in, ranks * f.chunks, micro, swapped, k); !why.empty())
+            if (auto const why = independent_check(orders[r], in, ranks * f.stages_per_rank, micro, swapped, k);
+                !why.empty())
               BOOST_ERROR(where() << " rank " << r << ": " << why);
             if (!(without_loads(in) == without_loads(reference)))
               BOOST_ERROR(where() << " rank " << r << ": a step other than LAUNCH_LOAD moved");
             if (!(in == reference)) ++moved;
           }
-          auto const after = ps::check_schedule(injected, ps::stage_layout(ranks, f.chunks));
+          auto const after = ps::check_schedule(injected, ps::stage_layout(ranks, f.stages_per_rank));
           if (!after.ok()) BOOST_ERROR(where() << " injected: " << to_string(after));
         }
       }
@@ -293,7 +294,7 @@ BOOST_AUTO_TEST_CASE(offload_wait_delay_sweep) {
   };
   std::size_t moved = 0;
   for (std::size_t f = 0; f < families.size(); ++f) {
-    int const chunks = f < 2 ? 1 : 2;
+    int const stages_per_rank = f < 2 ? 1 : 2;
     for (int ranks : {1, 2, 3, 4, 8}) {
       for (int micro : {3, 8, 13, 32}) {
         auto const orders = families[f].second(ranks, micro);
@@ -312,7 +313,8 @@ BOOST_AUTO_TEST_CASE(offload_wait_delay_sweep) {
             if (auto const problems = ps::check_order(in); !problems.empty())
               BOOST_ERROR(where() << " rank " << r << ": " << to_string(problems.front()));
             std::size_t swapped = 0;
-            if (auto const why = independent_check(orders[r], in, ranks * chunks, micro, swapped, k, d); !why.empty())
+            if (auto const why = independent_check(orders[r], in, ranks * stages_per_rank, micro, swapped, k, d);
+                !why.empty())
               BOOST_ERROR(where() << " rank " << r << ": " << why);
             if (!(without_moved(in) == without_moved(reference)))
               BOOST_ERROR(where() << " rank " << r << ": a step other than WAIT_OFFLOAD and LAUNCH_LOAD moved");
@@ -320,7 +322,7 @@ BOOST_AUTO_TEST_CASE(offload_wait_delay_sweep) {
             if (d > 1 && !(in == ps::inject_swap_steps(orders[r], ps::inject_options{k}))) ++moved;
           }
           if (pipeswap::test::sanitized_build && micro != 13) continue; // the whole-schedule check: a sample
-          auto const after = ps::check_schedule(injected, ps::stage_layout(ranks, chunks));
+          auto const after = ps::check_schedule(injected, ps::stage_layout(ranks, stages_per_rank));
           if (!after.ok()) BOOST_ERROR(where() << " injected: " << to_string(after));
         }
       }

@@ -331,7 +331,7 @@ BOOST_AUTO_TEST_CASE(validate_pipeline_execution) {
 }
 
 BOOST_AUTO_TEST_CASE(labels_count_per_peer_and_micro_batch) {
-  // Two ranks, two chunks: the forward message 0->1 (stage 0->1) and the backward one 0->1 (stage 2->1)
+  // Two ranks, two stages_per_rank: the forward message 0->1 (stage 0->1) and the backward one 0->1 (stage 2->1)
   // of micro-batch 0 share a counter.
   auto const ops = ps::p2p_labels(parse({"FS0.0 BS2.0 FR2.0 F9.0 _", "FR1.0 BR1.0 FS1.0 FS3.0"}), 2);
   BOOST_TEST((ops == lm{{"0",

@@ -143,7 +143,7 @@ BOOST_AUTO_TEST_CASE(the_distributed_optimizer_shards_what_the_rank_holds_and_sw
   auto const stages = sim::plan_stages(s); // a range-for over a temporary's member would dangle
   for (auto const& t : stages[0].tensors) {
     shards += (t.numel + 3) / 4;
-    if (t.numel >= 1024) swapped += (t.numel + 3) / 4; // smaller tensors stay (swap_config::min_numel)
+    if (t.numel >= 1024) swapped += (t.numel + 3) / 4; // smaller tensors stay (swap_config::min_swap_numel)
   }
   sim::sim_options o;
   auto const plain = sim::simulate(s, o).ranks.at(0);

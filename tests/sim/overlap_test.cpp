@@ -42,10 +42,10 @@ std::vector<std::pair<std::string, sim::scenario>> overlap_shapes() {
     auto s = tiny(2, 8);
     s.model.layers = 4;
     s.pipeline.schedule = sim::schedule_kind::interleaved;
-    s.pipeline.chunks = 2;
+    s.pipeline.stages_per_rank = 2;
     s.device.h2d_gbps = s.device.d2h_gbps = 0.5;
     s.device.memory_bytes = 6'000'000;
-    out.emplace_back("interleaved, 2 ranks x 2 chunks, 8 micro-batches", s);
+    out.emplace_back("interleaved, 2 ranks x 2 stages per rank, 8 micro-batches", s);
   }
   {
     auto s = tiny(2, 4);

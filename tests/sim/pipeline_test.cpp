@@ -135,19 +135,19 @@ BOOST_AUTO_TEST_CASE(sweep_every_schedule_hazard_free_with_data_intact) {
   for (auto kind : {sim::schedule_kind::gpipe, sim::schedule_kind::one_f_one_b, sim::schedule_kind::interleaved}) {
     for (std::uint32_t ranks : rank_list) {
       for (std::uint32_t micro : micro_list) {
-        for (std::uint32_t chunks : chunk_list) {
+        for (std::uint32_t stages_per_rank : chunk_list) {
           for (bool overlap : {false, true}) {
             bool const inter = kind == sim::schedule_kind::interleaved;
-            if (!inter && (chunks > 1 || overlap)) continue;
+            if (!inter && (stages_per_rank > 1 || overlap)) continue;
             if (micro == 32 && ranks < 8) continue;
             auto s = tiny(ranks, micro);
-            s.model.layers = ranks * chunks;
+            s.model.layers = ranks * stages_per_rank;
             s.model.activation_bytes_per_layer = 4096;
             s.pipeline.schedule = kind;
-            s.pipeline.chunks = chunks;
+            s.pipeline.stages_per_rank = stages_per_rank;
             s.pipeline.overlap_b_f = overlap;
-            BOOST_TEST_CONTEXT("kind " << int(kind) << " ranks " << ranks << " micro " << micro << " chunks " << chunks
-                                       << " overlap " << overlap) {
+            BOOST_TEST_CONTEXT("kind " << int(kind) << " ranks " << ranks << " micro " << micro << " stages_per_rank "
+                                       << stages_per_rank << " overlap " << overlap) {
               auto const plain = sim::simulate(s, opts(false, false));
               auto const both = sim::simulate(s, opts(true, true));
               ++runs;

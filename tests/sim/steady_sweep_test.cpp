@@ -55,10 +55,10 @@ drawn draw(std::mt19937_64& g) {
                         : kind == 1 || R == 1 ? sim::schedule_kind::one_f_one_b
                                               : sim::schedule_kind::interleaved;
   if (s.pipeline.schedule == sim::schedule_kind::interleaved) {
-    s.pipeline.chunks = 2;
+    s.pipeline.stages_per_rank = 2;
     s.pipeline.micro_batches = R * pick(1, 3);
   }
-  s.model.layers = s.pipeline.ranks * s.pipeline.chunks * pick(1, 3);
+  s.model.layers = s.pipeline.ranks * s.pipeline.stages_per_rank * pick(1, 3);
   static constexpr double gbps[] = {0.05, 0.1, 0.25, 0.5, 2, 55};
   s.device.h2d_gbps = gbps[pick(0, 5)];
   s.device.d2h_gbps = gbps[pick(0, 5)];

@@ -10,7 +10,7 @@ namespace pipeswap::test {
 
 /// One layer, hidden 64, 32 tokens: P = 128·64 (embedding) + 2·64 + 4·64² + 3·64·128 (the layer:
 /// two norms, q/k/v/o with kv = heads, gate/up/down) + 64 (final norm) + 128·64 (head) = 57 536
-/// parameters, of which 3·64 are norms (fewer than swap_config::min_numel elements: never swapped).
+/// parameters, of which 3·64 are norms (fewer than swap_config::min_swap_numel elements: never swapped).
 /// Saved activations: A = 1 MB per layer (override) plus the stage input D = 32·64·2 = 4096 bytes.
 /// The device computes 1 GFLOP/s. A forward multiplies by the weight matrices only (the layer's
 /// 4·64² + 3·64·128 = 40 960 and the head's 8 192: M = 49 152; the embedding is a lookup, norms are

@@ -78,7 +78,7 @@ BOOST_AUTO_TEST_CASE(a_step_of_the_extern_runtime_is_bit_exact_against_no_swap_a
   int const steps = 3;
   ps::swap_config swapped;
   swapped.swap_times = 2;
-  swapped.min_numel = 64;
+  swapped.min_swap_numel = 64;
   auto resident = swapped;
   resident.state_keys = std::vector<std::string>{};
 

@@ -58,7 +58,7 @@ outcome run(bool packed, std::initializer_list<wait_site> mutated) {
   ps::swap_config cfg;
   cfg.swap_times = 4;
   cfg.packed = packed;
-  cfg.min_numel = 0;
+  cfg.min_swap_numel = 0;
   outcome r;
   m.set_grads(0); // before the runtime: nothing synchronizes the host after construction
   {
@@ -82,7 +82,7 @@ std::size_t failed_prefetch(std::initializer_list<wait_site> mutated) {
   ps::test::model<mock::backend, toy> m(b, {4000, 4000, 4000, 4000}, 3, false);
   ps::swap_config cfg;
   cfg.swap_times = 4;
-  cfg.min_numel = 0;
+  cfg.min_swap_numel = 0;
   m.set_grads(0);
   std::size_t hazards = 0;
   {
@@ -96,7 +96,7 @@ std::size_t failed_prefetch(std::initializer_list<wait_site> mutated) {
   return hazards;
 }
 
-/// A checkpoint round trip of state that stays on the device (min_numel above every size): a save
+/// A checkpoint round trip of state that stays on the device (min_swap_numel above every size): a save
 /// right after a step (its D2H must wait the step's updates) and a load followed by a step (the step
 /// must wait the H2D of the loaded bytes).
 std::size_t checkpoint_round_trip(std::initializer_list<wait_site> mutated) {
@@ -104,7 +104,7 @@ std::size_t checkpoint_round_trip(std::initializer_list<wait_site> mutated) {
   ps::transfer_engine<mock::backend> x(b, {1 << 20, 1 << 18, 512});
   ps::test::model<mock::backend, toy> m(b, {4000, 4000}, 3, false);
   ps::swap_config cfg;
-  cfg.min_numel = 1 << 20; // nothing swaps: every slot is resident
+  cfg.min_swap_numel = 1 << 20; // nothing swaps: every slot is resident
   std::size_t hazards = 0;
   {
     ps::optimizer_swap<toy> rt(x, m.opt, cfg);
@@ -141,7 +141,7 @@ BOOST_AUTO_TEST_CASE(the_unmutated_runtimes_are_clean_and_reach_every_wait) {
   }
   reset_hits();
   BOOST_TEST(checkpoint_round_trip({}) == 0u);
-  BOOST_TEST(hits(wait_site::offload_after_compute) > 0u); // the save's D2H of resident state
+  BOOST_TEST(hits(wait_site::offload_after_compute) > 0u); // the save's D2H of unswappable state
   BOOST_TEST(hits(wait_site::use_after_load) > 0u);        // the load's H2D into fresh storage
   BOOST_TEST(failed_prefetch({}) == 0u);
 }
@@ -284,7 +284,7 @@ phased_outcome run_phased(bool packed, bool defer, std::size_t resident, std::in
   ps::swap_config cfg;
   cfg.swap_times = 4;
   cfg.packed = packed;
-  cfg.min_numel = 0;
+  cfg.min_swap_numel = 0;
   cfg.defer_offload = defer;
   cfg.resident_share = resident;
   m.set_grads(0);

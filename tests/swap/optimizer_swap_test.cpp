@@ -44,11 +44,11 @@ using ps::test::throws_step_error;
 
 using ps::test::no_swap;
 
-ps::swap_config swap(std::size_t times, bool packed, std::size_t min_numel = 0) {
+ps::swap_config swap(std::size_t times, bool packed, std::size_t min_swap_numel = 0) {
   ps::swap_config c;
   c.swap_times = times;
   c.packed = packed;
-  c.min_numel = min_numel;
+  c.min_swap_numel = min_swap_numel;
   return c;
 }
 
@@ -77,10 +77,10 @@ BOOST_AUTO_TEST_CASE(bit_exact_against_no_swap_for_both_pipelines) {
     auto const ref = train(mixed_sizes, no_swap(), 3, masters);
     for (bool packed : {false, true}) {
       for (std::size_t k : {1u, 2u, 3u, 7u, 16u, 100u}) {
-        for (std::size_t min_numel : {0u, 1024u}) {
-          BOOST_TEST_CONTEXT("packed " << packed << " swap_times " << k << " min_numel " << min_numel << " masters "
-                                       << masters) {
-            auto const got = train(mixed_sizes, swap(k, packed, min_numel), 3, masters);
+        for (std::size_t min_swap_numel : {0u, 1024u}) {
+          BOOST_TEST_CONTEXT("packed " << packed << " swap_times " << k << " min_swap_numel " << min_swap_numel
+                                       << " masters " << masters) {
+            auto const got = train(mixed_sizes, swap(k, packed, min_swap_numel), 3, masters);
             BOOST_TEST_REQUIRE(got.size() == ref.size());
             for (std::size_t i = 0; i < ref.size(); ++i) BOOST_TEST((got[i] == ref[i]), "tensor " << i);
           }
@@ -122,26 +122,24 @@ BOOST_AUTO_TEST_CASE(user_backend_gives_the_same_bits_as_the_mock) {
 
 BOOST_AUTO_TEST_CASE(reference_call_traces) {
   // One single-slot unit per batch, as in the reference tests.
-  std::vector<std::string> const per_tensor3{"prefetch:0", "wait_prefetch:0", "prefetch:1",      "update:0",
-                                             "offload:0",  "wait_prefetch:1", "wait_offload:0",  "prefetch:2",
-                                             "update:1",   "offload:1",       "wait_prefetch:2", "wait_offload:1",
-                                             "update:2",   "offload:2",       "wait_offload:2"};
-  std::vector<std::string> const packed3{"begin:3",          "prefetch:0:0",
-                                         "prefetch:1:1",     "wait_prefetch:0:0",
-                                         "activate:0:0",     "update:0",
-                                         "chain:0:2:0",      "wait_prefetch:1:1",
-                                         "activate:1:1",     "update:1",
-                                         "chain:1:-:1",      "wait_prefetch:2:0",
-                                         "wait_offload:0",   "finish_offload:0",
-                                         "activate:2:0",     "update:2",
-                                         "chain:2:-:0",      "wait_offload:1",
-                                         "finish_offload:1", "wait_offload:2",
-                                         "finish_offload:2", "end"};
-  std::vector<std::string> const per_tensor1{"prefetch:0", "wait_prefetch:0", "update:0", "offload:0",
-                                             "wait_offload:0"};
-  std::vector<std::string> const packed1{"begin:1",        "prefetch:0:0",     "wait_prefetch:0:0",
-                                         "activate:0:0",   "update:0",         "chain:0:-:0",
-                                         "wait_offload:0", "finish_offload:0", "end"};
+  std::vector<std::string> const per_tensor3{"load:0",    "wait_load:0", "load:1",         "update:0",
+                                             "offload:0", "wait_load:1", "wait_offload:0", "load:2",
+                                             "update:1",  "offload:1",   "wait_load:2",    "wait_offload:1",
+                                             "update:2",  "offload:2",   "wait_offload:2"};
+  std::vector<std::string> const packed3{"begin:3",        "load:0:0",
+                                         "load:1:1",       "wait_load:0:0",
+                                         "activate:0:0",   "update:0",
+                                         "chain:0:2:0",    "wait_load:1:1",
+                                         "activate:1:1",   "update:1",
+                                         "chain:1:-:1",    "wait_load:2:0",
+                                         "wait_offload:0", "free_staging:0",
+                                         "activate:2:0",   "update:2",
+                                         "chain:2:-:0",    "wait_offload:1",
+                                         "free_staging:1", "wait_offload:2",
+                                         "free_staging:2", "end"};
+  std::vector<std::string> const per_tensor1{"load:0", "wait_load:0", "update:0", "offload:0", "wait_offload:0"};
+  std::vector<std::string> const packed1{"begin:1",     "load:0:0",       "wait_load:0:0",  "activate:0:0", "update:0",
+                                         "chain:0:-:0", "wait_offload:0", "free_staging:0", "end"};
   for (bool packed : {false, true}) {
     for (std::size_t n : {0u, 1u, 2u, 3u}) {
       mock::backend b;
@@ -161,28 +159,29 @@ BOOST_AUTO_TEST_CASE(reference_call_traces) {
         if (n == 3 && packed) {
           using st = ps::swap_event::storage;
           auto const chain = [&](std::size_t batch) {
-            return *std::find_if(events.begin(), events.end(),
-                                 [&](auto const& e) { return e.op == "chain" && e.batch == batch; });
+            return *std::find_if(events.begin(), events.end(), [&](auto const& e) {
+              return e.op == ps::swap_event::kind::chain && e.batch == batch;
+            });
           };
-          BOOST_TEST((chain(0) == ps::swap_event{"chain", 0, 2, st::staging, 0, true}));
-          BOOST_TEST((chain(1) == ps::swap_event{"chain", 1, std::nullopt, st::staging, 1, true}));
-          BOOST_TEST((events.front() == ps::swap_event{"begin", 3, std::nullopt, st::unspecified, 0, false}));
+          BOOST_TEST((chain(0) == ps::swap_event{ps::swap_event::kind::chain, 0, 2, st::staging, 0, true}));
+          BOOST_TEST((chain(1) == ps::swap_event{ps::swap_event::kind::chain, 1, std::nullopt, st::staging, 1, true}));
+          BOOST_TEST((events.front() ==
+                      ps::swap_event{ps::swap_event::kind::begin, 3, std::nullopt, st::unspecified, 0, false}));
         }
         if (n == 0) BOOST_TEST(trace.empty());
         if (n == 1) BOOST_TEST((trace == (packed ? packed1 : per_tensor1)));
         if (n == 3) BOOST_TEST((trace == (packed ? packed3 : per_tensor3)));
         if (n == 2 && !packed) {
-          std::vector<std::string> const two{"prefetch:0", "wait_prefetch:0", "prefetch:1",     "update:0",
-                                             "offload:0",  "wait_prefetch:1", "wait_offload:0", "update:1",
-                                             "offload:1",  "wait_offload:1"};
+          std::vector<std::string> const two{"load:0",    "wait_load:0",   "load:1",         "update:0",
+                                             "offload:0", "wait_load:1",   "wait_offload:0", "update:1",
+                                             "offload:1", "wait_offload:1"};
           BOOST_TEST((trace == two));
         }
         if (n == 2 && packed) {
-          std::vector<std::string> const two{
-              "begin:2",          "prefetch:0:0",   "prefetch:1:1",     "wait_prefetch:0:0",
-              "activate:0:0",     "update:0",       "chain:0:-:0",      "wait_prefetch:1:1",
-              "activate:1:1",     "update:1",       "chain:1:-:1",      "wait_offload:0",
-              "finish_offload:0", "wait_offload:1", "finish_offload:1", "end"};
+          std::vector<std::string> const two{"begin:2",        "load:0:0",       "load:1:1",       "wait_load:0:0",
+                                             "activate:0:0",   "update:0",       "chain:0:-:0",    "wait_load:1:1",
+                                             "activate:1:1",   "update:1",       "chain:1:-:1",    "wait_offload:0",
+                                             "free_staging:0", "wait_offload:1", "free_staging:1", "end"};
           BOOST_TEST((trace == two));
         }
       }
@@ -206,7 +205,7 @@ BOOST_AUTO_TEST_CASE(device_memory_stays_within_resident_plus_two_batches) {
       auto const window = packed ? 2 * rt.arena_bytes() : 2 * rt.max_batch_bytes();
       BOOST_TEST_CONTEXT("packed " << packed << " swap_times " << k) {
         BOOST_TEST(rt.swappable_bytes() > 0u);
-        BOOST_TEST(rt.unswappable_bytes() > 0u); // small slots stay (min_numel 100)
+        BOOST_TEST(rt.unswappable_bytes() > 0u); // small slots stay (min_swap_numel 100)
         BOOST_TEST(b.peak_device_bytes() <= params_bytes + rt.unswappable_bytes() + window);
         // With three batches or more, swapping saves memory: the window is smaller than the state.
         if (k >= 3) BOOST_TEST(window < rt.swappable_bytes());
@@ -395,7 +394,7 @@ std::vector<std::vector<std::byte>> rebuilt(ps::swap_config first, ps::swap_conf
     }
   }
   BOOST_TEST(!m.opt.swap_state().attached());
-  // Between runtimes the resident state keeps its device storage, nothing else is on the device.
+  // Between runtimes the unswappable state keeps its device storage, nothing else is on the device.
   BOOST_TEST(b.device_bytes_in_use() >= params_bytes);
   std::vector<std::vector<std::byte>> out;
   auto run_second = [&](auto policy) {
@@ -435,7 +434,7 @@ BOOST_AUTO_TEST_CASE(a_rebuilt_runtime_continues_bit_exactly) {
       {"per tensor to packed", swap(4, false), swap(4, true), false},
       {"swap to no swap", swap(3, true), no_swap(), false},
       {"no swap to swap", no_swap(), swap(3, true), false},
-      {"min_numel 0 to 2048", swap(3, true), swap(3, true, 2048), false},
+      {"min_swap_numel 0 to 2048", swap(3, true), swap(3, true, 2048), false},
       {"exp_avg only to every key", keys(swap(3, false), {"exp_avg"}), swap(3, true), false},
       {"whole units to split units", swap(3, true), swap(5, true), true},
   };

@@ -62,7 +62,7 @@ ps::swap_config config(std::size_t times, bool packed, phases const& p) {
   ps::swap_config c;
   c.swap_times = times;
   c.packed = packed;
-  c.min_numel = 0;
+  c.min_swap_numel = 0;
   c.resident_share = p.resident_share;
   c.defer_offload = p.defer;
   return c;
@@ -84,7 +84,7 @@ struct result {
   std::size_t hazards = 0;
   std::uint64_t high_water = 0;
   std::uint64_t over_budget = 0;
-  std::size_t swap_peak = 0;  ///< the mock's device peak above parameters, gradients and resident state
+  std::size_t swap_peak = 0;  ///< the mock's device peak above parameters, gradients and unswappable state
   std::size_t prefetched = 0; ///< the largest prefetch() result
   std::size_t resident = 0;   ///< resident_share_bytes()
   std::size_t window = 0;     ///< the streaming window: two arenas (packed) or two batches
@@ -351,11 +351,11 @@ BOOST_AUTO_TEST_CASE(a_failure_at_every_phase_boundary_loses_nothing) {
     }
     std::vector<std::vector<std::string>> const wanted{
         {"finish_deferred", "keep:0", "defer:3"},
-        {"finish_deferred", "prefetch:2:own", "keep:0:own", "offload:2:own", "defer:3"},
+        {"finish_deferred", "load:2:own", "keep:0:own", "offload:2:own", "defer:3"},
         // after a relayed step, batch 0 takes batch 2's arena; the relay: prefetched batch 0 leaves
         // as soon as it is updated, batch 5 loads into the storage it frees; the other prefetched
         // batches and batch 5 leave with the deferred offload
-        {"finish_deferred:2", "finish_deferred", "offload:0:early", "prefetch:5:own", "activate:5:own", "offload:1:own",
+        {"finish_deferred:2", "finish_deferred", "offload:0:early", "load:5:own", "activate:5:own", "offload:1:own",
          "offload:5:own", "defer:5"}};
     for (auto const& want : wanted[static_cast<std::size_t>(mode)]) {
       BOOST_TEST((std::find(ops.begin(), ops.end(), want) != ops.end()), want);
@@ -399,8 +399,8 @@ BOOST_AUTO_TEST_CASE(a_relayed_step_hands_its_arenas_to_the_next_prefetch) {
   for (auto const& op : ops) all += op + " ";
   // Batch 0 waits its own early D2H, then takes batch 2's arena (batch 1's is too small); batch 1
   // reuses its own; batch 2 gets new storage: one D2H waited per batch, none of the whole offload.
-  BOOST_TEST(all == "finish_deferred:0 finish_deferred:2 prefetch:0:own finish_deferred:1 prefetch:1:own "
-                    "prefetch:2:own ");
+  BOOST_TEST(all == "finish_deferred:0 finish_deferred:2 load:0:own finish_deferred:1 load:1:own "
+                    "load:2:own ");
   w.rt->step();
   auto const got = w.m.snapshot(*w.rt);
   PIPESWAP_CHECK_NO_HAZARDS(w.b);
@@ -740,18 +740,18 @@ BOOST_AUTO_TEST_CASE(phased_call_traces) {
     // step finishes the rest of the deferred offload, takes the resident and prefetched batches
     // first, and offloads the prefetched ones behind the streamed ones.
     std::string const per_tensor =
-        "=> 0 prefetch:0 wait_prefetch:0 prefetch:1 update:0 keep:0 wait_prefetch:1 prefetch:2 update:1 "
-        "offload:1 wait_prefetch:2 wait_offload:1 prefetch:3 update:2 offload:2 wait_prefetch:3 "
-        "wait_offload:2 update:3 offload:3 defer:3 -- prefetch:1 => 2 finish_deferred wait_prefetch:0 "
-        "update:0 keep:0 wait_prefetch:1 prefetch:2 update:1 wait_prefetch:2 prefetch:3 update:2 offload:2 "
-        "wait_prefetch:3 wait_offload:2 update:3 offload:3 offload:1 defer:3 defer:1 -- ";
+        "=> 0 load:0 wait_load:0 load:1 update:0 keep:0 wait_load:1 load:2 update:1 "
+        "offload:1 wait_load:2 wait_offload:1 load:3 update:2 offload:2 wait_load:3 "
+        "wait_offload:2 update:3 offload:3 defer:3 -- load:1 => 2 finish_deferred wait_load:0 "
+        "update:0 keep:0 wait_load:1 load:2 update:1 wait_load:2 load:3 update:2 offload:2 "
+        "wait_load:3 wait_offload:2 update:3 offload:3 offload:1 defer:3 defer:1 -- ";
     std::string const packed_trace =
-        "=> 0 begin:4 prefetch:0:own prefetch:1:own prefetch:2:0 prefetch:3:1 wait_prefetch:0:own "
-        "activate:0:own update:0 keep:0:own wait_prefetch:1:own activate:1:own update:1 keep:1:own "
-        "wait_prefetch:2:0 activate:2:0 update:2 chain:2:-:0 wait_prefetch:3:1 activate:3:1 update:3 "
-        "chain:3:-:1 defer:2 defer:3 end -- finish_deferred:2 prefetch:2:own => 3 finish_deferred begin:4 "
-        "prefetch:3:1 wait_prefetch:0:own activate:0:own update:0 keep:0:own wait_prefetch:1:own "
-        "activate:1:own update:1 keep:1:own wait_prefetch:2:own activate:2:own update:2 wait_prefetch:3:1 "
+        "=> 0 begin:4 load:0:own load:1:own load:2:0 load:3:1 wait_load:0:own "
+        "activate:0:own update:0 keep:0:own wait_load:1:own activate:1:own update:1 keep:1:own "
+        "wait_load:2:0 activate:2:0 update:2 chain:2:-:0 wait_load:3:1 activate:3:1 update:3 "
+        "chain:3:-:1 defer:2 defer:3 end -- finish_deferred:2 load:2:own => 3 finish_deferred begin:4 "
+        "load:3:1 wait_load:0:own activate:0:own update:0 keep:0:own wait_load:1:own "
+        "activate:1:own update:1 keep:1:own wait_load:2:own activate:2:own update:2 wait_load:3:1 "
         "activate:3:1 update:3 chain:3:-:1 offload:2:own defer:2 defer:3 end -- ";
     BOOST_TEST(all == (packed ? packed_trace : per_tensor));
     // A 16-element slot is 64 bytes: per tensor a batch is 128 bytes, packed a 512-byte arena.

@@ -91,7 +91,7 @@ std::vector<phase_setup> phase_setups() {
     ps::swap_config c;
     c.swap_times = times;
     c.packed = packed;
-    c.min_numel = 0;
+    c.min_swap_numel = 0;
     return c;
   };
   out.push_back({"per tensor", base(4, false), 0});

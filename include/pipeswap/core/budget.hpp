@@ -5,7 +5,7 @@
 // batches, and the storage activation loads bring back. The engine reserves before every such
 // allocation and returns the bytes when it issues the stream-ordered release behind the copy that
 // reads the storage (so at every instant of the device timeline the live bytes are at most what the
-// budget counted when the later of the two calls was made). State that never swaps (below min_numel,
+// budget counted when the later of the two calls was made). State that never swaps (below min_swap_numel,
 // keys not swapped), parameters, gradients and the activations a forward allocates are not counted:
 // size the capacity as the room left once they are placed.
 //

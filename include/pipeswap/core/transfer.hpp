@@ -61,7 +61,7 @@
 
 namespace pipeswap {
 
-/// A device → host copy of bytes that stay on the device (checkpoints of resident state).
+/// A device → host copy of bytes that stay on the device (checkpoints of unswappable state).
 template <backend B>
 struct host_copy {
   std::byte* host = nullptr;
@@ -73,7 +73,6 @@ template <backend B>
 class transfer_engine : public detail::engine_budget {
 public:
   using buffer = swap_buffer<B>;
-  using stream_type = stream_t<B>;
 
   explicit transfer_engine(B& b, pinned_pool_options pool = {});
   transfer_engine(transfer_engine const&) = delete;
@@ -91,9 +90,9 @@ public:
 
   [[nodiscard]] B& backend() const noexcept { return b_; }
   [[nodiscard]] pinned_pool<B>& pool() noexcept { return pool_; }
-  [[nodiscard]] stream_type compute() const { return b_.current_stream(); }
-  [[nodiscard]] stream_type h2d() const noexcept { return h2d_; }
-  [[nodiscard]] stream_type d2h() const noexcept { return d2h_; }
+  [[nodiscard]] stream_t<B> compute() const { return b_.current_stream(); }
+  [[nodiscard]] stream_t<B> h2d() const noexcept { return h2d_; }
+  [[nodiscard]] stream_t<B> d2h() const noexcept { return d2h_; }
 
   // ----- setting buffers up and down --------------------------------------------------------------
 
@@ -108,7 +107,7 @@ public:
 
   /// Allocates device storage for a buffer without storage on `s` (contents undefined); it becomes
   /// device-resident.
-  void allocate(buffer& x, stream_type s) {
+  void allocate(buffer& x, stream_t<B> s) {
     require_empty(x, "allocate");
     check_budget("transfer_engine::allocate");
     x.reserved_ = false;
@@ -155,7 +154,7 @@ public:
   /// and leaves it in host state, its contents the mirror's (empty without a mirror); its device
   /// bytes are discarded. Buffers viewing an arena only drop
   /// the view. Copies in flight must be settled first.
-  void discard_device(buffer& x, stream_type s) {
+  void discard_device(buffer& x, stream_t<B> s) {
     if (!x.at_rest()) {
       throw state_error(detail::message(
           {"discard_device: swap buffer of ", x.bytes_, " bytes is ", to_string(x.state_), "; settle it first"}));
@@ -218,7 +217,7 @@ public:
   /// d2h → host for the buffers in `d2h` state: `next_user` (the stream that will use the freed
   /// memory next) waits the offload events (at `site`). The events stay on the buffers to guard
   /// their mirrors.
-  void wait_offload(std::span<buffer* const> bufs, stream_type next_user,
+  void wait_offload(std::span<buffer* const> bufs, stream_t<B> next_user,
                     detail::wait_site site = detail::wait_site::gate_after_offload) {
     detail::lean_vector<buffer*> targets;
     detail::lean_vector<event_handle<B>> events;
@@ -298,7 +297,7 @@ public:
   }
 
   /// h2d → device for the buffers in `h2d` state: `user` waits the load events.
-  void wait_load(std::span<buffer* const> bufs, stream_type user) {
+  void wait_load(std::span<buffer* const> bufs, stream_t<B> user) {
     detail::lean_vector<buffer*> targets;
     detail::lean_vector<event_handle<B>> events;
     for (auto* x : bufs) {
@@ -365,7 +364,7 @@ public:
   /// As release_arena(a), with `next_user` (the stream that reuses the memory next) ordered behind
   /// the release instead of the compute stream: a deferred offload finished from prefetch() orders
   /// the h2d stream and leaves the compute stream alone.
-  void release_arena(staging_arena<B>& a, stream_type next_user) {
+  void release_arena(staging_arena<B>& a, stream_t<B> next_user) {
     if (!a.base) return;
     detail::wait_at(detail::wait_site::arena_release, b_, d2h_, b_.record_event(h2d_));
     free_arena(a, next_user);
@@ -374,7 +373,7 @@ public:
   /// load into: the compute stream waited each load (wait_load) before the work whose D2Hs out of
   /// the arena the d2h stream enqueued last (offload_after_compute). The d2h stream does not wait
   /// the h2d stream's later loads, so offloads behind the release keep running beside them.
-  void release_offloaded_arena(staging_arena<B>& a, stream_type next_user) {
+  void release_offloaded_arena(staging_arena<B>& a, stream_t<B> next_user) {
     if (!a.base) return;
     free_arena(a, next_user);
   }
@@ -472,7 +471,7 @@ private:
     return out;
   }
 
-  event_handle<B> try_record(stream_type s) noexcept {
+  event_handle<B> try_record(stream_t<B> s) noexcept {
     try {
       return record(b_, s);
     } catch (...) {
@@ -481,7 +480,7 @@ private:
   }
 
   /// Records one event on `s` for the buffers of `bufs` that are in flight.
-  event_handle<B> guard(std::span<buffer* const> bufs, stream_type s) {
+  event_handle<B> guard(std::span<buffer* const> bufs, stream_t<B> s) {
     if (bufs.empty()) return {};
     event_handle<B> e;
     try {
@@ -496,14 +495,14 @@ private:
   }
 
   /// The release of an arena on the d2h stream, `next_user` ordered behind it.
-  void free_arena(staging_arena<B>& a, stream_type next_user) {
+  void free_arena(staging_arena<B>& a, stream_t<B> next_user) {
     b_.deallocate_device(a.base, a.bytes, d2h_);
     if (a.reserved) unreserve(budget_client::optimizer, a.reserved);
     a = staging_arena<B>{};
     detail::wait_at(detail::wait_site::gate_after_offload, b_, next_user, b_.record_event(d2h_));
   }
 
-  void release_storage(buffer& x, stream_type s) {
+  void release_storage(buffer& x, stream_t<B> s) {
     if (!x.device_) return;
     auto const d = x.device_;
     x.device_ = {};
@@ -519,7 +518,7 @@ private:
 
   /// Allocates `n` bytes on `s` (null for 0) and reserves them. Under a strict budget the
   /// reservation comes first, so its refusal allocates nothing, and a failed allocation returns it.
-  device_pointer_t<B> allocate_reserved(budget_client c, std::size_t n, stream_type s, bool& reserved) {
+  device_pointer_t<B> allocate_reserved(budget_client c, std::size_t n, stream_t<B> s, bool& reserved) {
     reserved = false;
     if (!link_.budget || link_.budget->policy() != budget_policy::strict) {
       auto const d = b_.allocate_device(n, s);
@@ -540,8 +539,8 @@ private:
 
   B& b_;
   pinned_pool<B> pool_;
-  stream_type h2d_;
-  stream_type d2h_;
+  stream_t<B> h2d_;
+  stream_t<B> d2h_;
 };
 
 // Defined out of the class, so not inline: a translation unit that declares the engine extern

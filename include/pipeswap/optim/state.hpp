@@ -150,7 +150,7 @@ struct runtime_access {
 /// An optimizer owns one (the Optimizer concept's swap_state()). optimizer_swap attaches on
 /// construction (a second live runtime is refused), adopts what a previous runtime handed back, and on
 /// destruction hands the state back: swapped slots stay in this object's pinned host stores, device-
-/// resident slots keep their device storage here. The next runtime adopts both, whatever its
+/// unswappable slots keep their device storage here. The next runtime adopts both, whatever its
 /// configuration, so rebuilding a runtime (other swap_times, packed or not, state_keys) loses nothing.
 /// The destructor releases what is held (device storage on the backend's current stream). It must be
 /// destroyed after every runtime over it and before its backend.
@@ -161,7 +161,7 @@ public:
   enum class where : std::uint8_t {
     none,   ///< never materialized: the next runtime initializes it (slot_init)
     host,   ///< in the host store of `host_type` at `host_offset`
-    device, ///< in `device` (resident storage handed over by a runtime)
+    device, ///< in `device` (unswappable storage handed over by a runtime)
   };
   struct record {
     where at = where::none;

@@ -3,7 +3,7 @@
 // The generators reproduce hyper-parallel's scheduler entry for entry (docs/conformance.md), bubbles included,
 // so that orders, swap injection and the upstream expectations carry over unchanged. Every generated
 // schedule is fully paired, deadlock-free under check_schedule() and free of label cycles (labels.hpp);
-// tests/schedule/sweep_test.cpp checks this for 1..8 ranks, 1..32 micro-batches and 1..4 chunks.
+// tests/schedule/sweep_test.cpp checks this for 1..8 ranks, 1..32 micro-batches and 1..4 stages per rank.
 #pragma once
 
 #include <algorithm>
@@ -207,19 +207,19 @@ inline rank_orders one_f_one_b(index_type ranks, index_type micro) {
   });
 }
 
-/// Parameters of interleaved 1F1B: `ranks` ranks each running `chunks` stages (rank r runs stages
+/// Parameters of interleaved 1F1B: `ranks` ranks each running `stages_per_rank` stages (rank r runs stages
 /// r, r+R, ..., `loop` placement), `micro` micro-batches, and whether steady-state backward/forward
 /// pairs become OVERLAP_B_F composites.
 struct interleaved_options {
   index_type ranks = 1;
-  index_type chunks = 1;
+  index_type stages_per_rank = 1;
   index_type micro = 1;
   bool overlap_b_f = false;
 };
 
 /// Interleaved 1F1B (ScheduleInterleaved1F1B), then insert_p2p.
 ///
-/// Micro-batches are processed in rounds of `R + base (+1)` per chunk; rank s runs
+/// Micro-batches are processed in rounds of `R + base (+1)` per local stage; rank s runs
 /// `warmup = min((V-1)*count[0] + 2*(R-1-s), M*V)` forwards, then (forward, backward) pairs — with
 /// overlap_b_f: `F, OVERLAP_B_F(B_i, F_i+1)..., B` — then `(bubble, backward)` pairs. Bubbles: s
 /// leading ones, `max(0, 2(R-s-1)-M) + R-1-s` before the steady state, and with M < R the padding of
@@ -228,16 +228,17 @@ struct interleaved_options {
 /// padding is the ported scheduler's later fix; with single padding a wrapped-around gradient for M < R-1 is
 /// consumed before it is received.
 ///
-/// Throws invalid_argument unless ranks, chunks, micro >= 1 and ranks*chunks and micro*chunks fit in
+/// Throws invalid_argument unless ranks, stages_per_rank, micro >= 1 and ranks*stages_per_rank and micro*stages_per_rank fit in
 /// index_type.
 inline rank_orders interleaved_1f1b(interleaved_options const& opt) {
   detail::require_at_least_one("interleaved 1f1b", "ranks", opt.ranks);
-  detail::require_at_least_one("interleaved 1f1b", "chunks", opt.chunks);
+  detail::require_at_least_one("interleaved 1f1b", "stages_per_rank", opt.stages_per_rank);
   detail::require_at_least_one("interleaved 1f1b", "micro", opt.micro);
-  stage_layout const layout(opt.ranks, opt.chunks, placement::loop);
-  std::int64_t const R = opt.ranks, V = opt.chunks, M = opt.micro;
+  stage_layout const layout(opt.ranks, opt.stages_per_rank, placement::loop);
+  std::int64_t const R = opt.ranks, V = opt.stages_per_rank, M = opt.micro;
   if (M * V > INT32_MAX)
-    throw invalid_argument("interleaved 1f1b: micro * chunks (" + std::to_string(M * V) + ") exceeds the index range");
+    throw invalid_argument("interleaved 1f1b: micro * stages_per_rank (" + std::to_string(M * V) +
+                           ") exceeds the index range");
 
   std::int64_t const rounds = std::max<std::int64_t>(1, M / R);
   std::int64_t base = 0, rem = 0;
@@ -253,7 +254,7 @@ inline rank_orders interleaved_1f1b(interleaved_options const& opt) {
     per_round[std::size_t(i)] = R + base + (i < rem ? 1 : 0);
     accu.push_back(accu.back() + per_round[std::size_t(i)] * V);
   }
-  auto local_chunk = [&](std::int64_t op) {
+  auto local_stage = [&](std::int64_t op) {
     auto const round = std::size_t(ranges::upper_bound(accu, op) - accu.begin() - 1);
     return (op - accu[round]) / per_round[round];
   };
@@ -267,11 +268,11 @@ inline rank_orders interleaved_1f1b(interleaved_options const& opt) {
     std::int64_t const steady = V * M - warmup;
     std::vector<index_type> next_fwd(std::size_t(R * V), 0), next_bwd(std::size_t(R * V), 0);
     auto forward = [&](std::int64_t op) {
-      auto const stage = index_type(local_chunk(op) * R + s);
+      auto const stage = index_type(local_stage(op) * R + s);
       return fwd(stage, next_fwd[std::size_t(stage)]++);
     };
     auto backward = [&](std::int64_t op) {
-      auto const stage = index_type((V - 1 - local_chunk(op - warmup)) * R + s);
+      auto const stage = index_type((V - 1 - local_stage(op - warmup)) * R + s);
       return bwd(stage, next_bwd[std::size_t(stage)]++);
     };
     auto last_micro = [&](step const& st) { return short_micro && st.micro == M - 1; };

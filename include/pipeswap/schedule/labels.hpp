@@ -38,13 +38,13 @@ struct label_cycle {
 };
 
 /// generate_operations: labels of the top-level sends and receives of each rank
-/// (`orders[r]` is rank r, named "r"; there are orders.size() * chunks stages placed by `style`).
+/// (`orders[r]` is rank r, named "r"; there are orders.size() * stages_per_rank stages placed by `style`).
 /// A send's target (receive's source) stage is s±1; messages to or from a stage outside the layout are
 /// dropped. Ranks without labels are absent. Bubbles and composites carry no labels.
-inline label_map p2p_labels(rank_orders const& orders, index_type chunks, placement style = placement::loop) {
+inline label_map p2p_labels(rank_orders const& orders, index_type stages_per_rank, placement style = placement::loop) {
   label_map out;
   if (orders.empty()) return out;
-  stage_layout const layout(index_type(orders.size()), chunks, style);
+  stage_layout const layout(index_type(orders.size()), stages_per_rank, style);
   for (std::size_t r = 0; r < orders.size(); ++r) {
     std::map<std::tuple<index_type, index_type, index_type>, int> count;
     std::vector<std::string> labels;
@@ -145,9 +145,9 @@ struct execution_report {
   bool has_cycle() const noexcept { return cycle.has_value(); }
 };
 
-inline execution_report validate_pipeline_execution(rank_orders const& orders, index_type chunks,
+inline execution_report validate_pipeline_execution(rank_orders const& orders, index_type stages_per_rank,
                                                     placement style = placement::loop) {
-  execution_report out{p2p_labels(orders, chunks, style), std::nullopt};
+  execution_report out{p2p_labels(orders, stages_per_rank, style), std::nullopt};
   out.cycle = find_label_cycle(out.operations);
   return out;
 }

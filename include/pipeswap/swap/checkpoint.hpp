@@ -364,7 +364,7 @@ void load_checkpoint_view(optimizer_swap<O, P>& rt, io::safetensors_view const& 
   }
   for (auto& u : uploads) {
     try { // the old storage is released stream-ordered behind the updates that used it
-      rt.replace_resident(runtime_access{}, u.index, u.fresh);
+      rt.replace_unswappable(runtime_access{}, u.index, u.fresh);
     } catch (...) { // a conforming backend does not fail here; a commit is never undone
     }
   }

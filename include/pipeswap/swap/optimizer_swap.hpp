@@ -22,7 +22,7 @@
 // settings continues from the same bytes. The optimizer refuses new parameters while attached.
 //
 // Guarantees (docs/guarantees.md): results are bit-identical to the same optimizer without swap;
-// device memory holds at most the resident (non-swappable) state plus two batches (per-tensor) or
+// device memory holds at most the unswappable state plus two batches (per-tensor) or
 // two arenas (packed), plus the resident share and what prefetch() admits; every release is
 // stream-ordered behind the copy that reads it. If step() throws, transfers in flight are drained,
 // no piece is left in d2h or h2d, every state is intact, and the next step() resumes the interrupted
@@ -71,7 +71,6 @@ public:
   using listener = detail::step_trace::listener;
   /// Receives every pipeline operation, in issue order, as a swap_event.
   using event_listener = detail::step_trace::event_listener;
-  using stream_type_t = stream_t<B>;
 
   /// Attaches to `opt`'s state and materializes it: adopts what an earlier runtime handed back,
   /// creates the rest (zeros on the host, masters written and offloaded). Throws state_error when
@@ -81,7 +80,7 @@ public:
   optimizer_swap(optimizer_swap const&) = delete;
   optimizer_swap& operator=(optimizer_swap const&) = delete;
 
-  /// Hands the state back to the optimizer (swapped slots in its host stores, resident slots with
+  /// Hands the state back to the optimizer (swapped slots in its host stores, unswappable slots with
   /// their device storage) and detaches. An interrupted step is abandoned. Never throws; if the
   /// backend fails here, the state is marked lost (optimizer_state::lost()) and released.
   ~optimizer_swap();
@@ -111,7 +110,7 @@ public:
   /// host; safe to call after every backward of the cool-down. Returns the batches resident or in
   /// flight for the next step (0 before the first step: no batch order is known yet). Throws
   /// state_error while an interrupted step is pending or from inside step(); a failing copy or
-  /// allocation throws step_error (operation "prefetch"), every batch it had kept back on the host.
+  /// allocation throws step_error (operation "load"), every batch it had kept back on the host.
   std::size_t prefetch(std::size_t max_batches = std::numeric_limits<std::size_t>::max());
 
   /// Finishes a deferred offload: the compute stream waits its D2Hs and its storage is released
@@ -120,7 +119,7 @@ public:
   /// As finish_offload(), with `next_user` waiting the D2Hs instead of the compute stream: e.g. the
   /// engine's h2d stream at a forward boundary, so the storage returns behind the copies while the
   /// compute stream's forward does not wait for them (the next prefetch orders after them anyway).
-  void finish_offload(stream_type_t next_user);
+  void finish_offload(stream_t<B> next_user);
   /// True while a deferred offload is in flight (step() with defer_offload returned).
   [[nodiscard]] bool offload_pending() const noexcept { return carry_.offload_pending(); }
   /// Batches resident or in flight for the next step (resident share included).
@@ -167,7 +166,7 @@ public:
 
   /// Checkpoint loads: gives non-swappable slot i the device storage `fresh` (same size, filled and
   /// ordered before the compute stream's next work); the old one is released stream-ordered.
-  void replace_resident(detail::runtime_access, std::size_t i, device_pointer_t<B> fresh) {
+  void replace_unswappable(detail::runtime_access, std::size_t i, device_pointer_t<B> fresh) {
     auto& s = attached_.slots().at(i);
     engine_.replace_device(s.pieces.at(0), fresh);
   }
@@ -234,7 +233,7 @@ private:
   /// optimizer reads the device address of element e of slot i through its state_view.
   void update_batch(std::size_t n) {
     auto& st = *pending_;
-    trace_.emit("update", n);
+    trace_.emit(swap_event::kind::update, n);
     detail::scoped_label<B> l(b_, detail::batch_label("update", n).c_str());
     auto const resolve = [this](std::size_t i, std::size_t e) { return attached_.device_address(i, e, opt_.slots()); };
     opt_.update(detail::view(st.d->plan[n]), st.ctx, state_view<B>(resolve));
@@ -296,7 +295,7 @@ optimizer_swap<O, P>::optimizer_swap(transfer_engine<B>& engine, O& opt, swap_co
   }
   home.set_attached(access(), true);
   try {
-    attached_.adopt(home, opt_.slots(), {cfg_.min_numel, key_mask},
+    attached_.adopt(home, opt_.slots(), {cfg_.min_swap_numel, key_mask},
                     [this](std::size_t i, device_pointer_t<B> dst) { opt_.initialize(i, dst); });
   } catch (...) {
     home.set_attached(access(), false);
@@ -375,7 +374,7 @@ std::size_t optimizer_swap<O, P>::prefetch(std::size_t max_batches) {
 }
 
 template <swap_optimizer O, partition_policy P>
-void optimizer_swap<O, P>::finish_offload(stream_type_t next_user) {
+void optimizer_swap<O, P>::finish_offload(stream_t<B> next_user) {
   detail::call_guard guard(busy_, "finish_offload");
   trace_.note("finish_offload");
   try {

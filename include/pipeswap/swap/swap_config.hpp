@@ -20,7 +20,7 @@ struct swap_config {
   /// State keys eligible for swap, by name, each once; empty optional = every supported key.
   std::optional<std::vector<std::string>> state_keys;
   /// Slots with fewer elements stay on the device.
-  std::size_t min_numel = 1024;
+  std::size_t min_swap_numel = 1024;
   /// Use the packed pipeline (two staging arenas) instead of per-tensor storage.
   bool packed = true;
   /// Bytes of swappable state (whole batches, from the front of the step's batch order) that stay on
@@ -43,7 +43,7 @@ class step_error : public error {
 public:
   step_error(std::string const& what, std::string op, std::optional<std::size_t> batch)
       : error(what), op_(std::move(op)), batch_(batch) {}
-  /// The pipeline operation that failed ("prefetch", "update", "offload", "wait_offload", ...).
+  /// The pipeline operation that failed ("load", "update", "offload", "wait_offload", ...).
   [[nodiscard]] std::string const& operation() const noexcept { return op_; }
   /// The batch it failed in (none for work outside a batch, e.g. the staging arenas).
   [[nodiscard]] std::optional<std::size_t> batch() const noexcept { return batch_; }

@@ -20,7 +20,7 @@
 // returns the tensor itself — it stays where it is — when
 //   * no forward scope is open, or it is on another device than the manager's;
 //   * its storage is smaller than min_bytes (a copy that small costs more in launch overhead than
-//     the memory it frees, as swap_config::min_numel keeps small optimizer tensors resident);
+//     the memory it frees, as swap_config::min_swap_numel keeps small optimizer tensors resident);
 //   * it is a parameter, or a view of one (its base is a leaf that requires grad);
 //   * its storage was marked with keep() (inputs the pipeline holds for the backward, for example);
 //   * its storage was saved in another group that still holds it (that group then sees it shared).

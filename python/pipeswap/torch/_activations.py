@@ -35,15 +35,15 @@ Order = Sequence[Step]
 DeviceLike = Union[torch.device, str, int]
 
 
-def schedule_orders(kind: str, ranks: int, micro: int, chunks: int = 1) -> list[list[Step]]:
+def schedule_orders(kind: str, ranks: int, micro: int, stages_per_rank: int = 1) -> list[list[Step]]:
     """Every rank's order of a pipeline schedule, point-to-point steps included.
 
-    ``kind`` is ``"gpipe"``, ``"1f1b"`` or ``"interleaved_1f1b"`` (``chunks`` stages per rank, loop
+    ``kind`` is ``"gpipe"``, ``"1f1b"`` or ``"interleaved_1f1b"`` (``stages_per_rank`` stages per rank, loop
     placement: rank r runs stages r, r + ranks, ...). An entry is ``None`` (a bubble) or a tuple
     ``(kind, stage, micro)``; the same orders as ``pipeswap schedule``. An unknown kind, or
-    ``chunks`` other than 1 for a one-stage-per-rank schedule, raises ``ValueError``.
+    ``stages_per_rank`` other than 1 for a one-stage-per-rank schedule, raises ``ValueError``.
     """
-    return _C.schedule_orders(kind, ranks, micro, chunks)
+    return _C.schedule_orders(kind, ranks, micro, stages_per_rank)
 
 
 def inject_swap_steps(order: Order, load_lookahead: int = 1, offload_wait_delay: int = 1) -> list[Step]:
@@ -51,10 +51,10 @@ def inject_swap_steps(order: Order, load_lookahead: int = 1, offload_wait_delay:
     return _C.inject_swap_steps(list(order), load_lookahead, offload_wait_delay)
 
 
-def check_orders(orders: Sequence[Order], chunks: int = 1) -> str:
+def check_orders(orders: Sequence[Order], stages_per_rank: int = 1) -> str:
     """Problems of several ranks' orders (swap life cycles, matched sends and receives, deadlock),
     as text; empty when the schedule is valid. The same checks as ``pipeswap validate``."""
-    return _C.check_orders([list(o) for o in orders], chunks)
+    return _C.check_orders([list(o) for o in orders], stages_per_rank)
 
 
 def orders_json(orders: Sequence[Order]) -> dict[str, list[list[dict[str, Any] | None]]]:

@@ -100,14 +100,14 @@ def rank_order(schedule: Any) -> tuple[int, list[list[Step] | None], str]:
     s0 = stages[0]
     rank, ranks = _attr(s0, "group_rank", "the stage"), _attr(s0, "group_size", "the stage")
     micro = _attr(schedule, "_n_microbatches", "the schedule")
-    chunks = len(stages)
+    stages_per_rank = len(stages)
     kind = _kind_of(schedule)
     # A multi-stage schedule executes its pipeline_order; a single-stage one runs its own loop (its
     # pipeline_order, where present, is a description that need not match what runs).
     multi = hasattr(schedule, "_stages")
     torch_order = _torch_order(schedule, rank) if multi and getattr(schedule, "pipeline_order", None) else None
     if kind is not None:
-        orders = schedule_orders(kind, ranks, micro, chunks)
+        orders = schedule_orders(kind, ranks, micro, stages_per_rank)
         ours = orders[rank]
         if torch_order is None or _compute(ours) == _compute(torch_order):
             return rank, orders, "pipeswap"

@@ -67,8 +67,8 @@ def micro_counts(kind, world):
 
 
 def run(kind, micro, opt_kind, offload, rank, world, fail=None):
-    chunks = 2 if kind == "interleaved_1f1b" else 1
-    n_stages = world * chunks
+    stages_per_rank = 2 if kind == "interleaved_1f1b" else 1
+    n_stages = world * stages_per_rank
     modules = gpt_stages(VOCAB, DIM, layers=n_stages, heads=HEADS, stages=n_stages, seed=1234)
     mine = [s for s in range(n_stages) if s % world == rank]
     stages = []
@@ -79,7 +79,7 @@ def run(kind, micro, opt_kind, offload, rank, world, fail=None):
     params = [p for s in mine for p in modules[s].parameters()]
     opt = pt.SwapAdamW(params, lr=1e-2, swap_times=2) if opt_kind == "swapadamw" else torch.optim.AdamW(params, lr=1e-2)
     cls = SCHEDULES[kind]
-    schedule = cls(stages if chunks > 1 else stages[0], n_microbatches=micro, loss_fn=loss_fn)
+    schedule = cls(stages if stages_per_rank > 1 else stages[0], n_microbatches=micro, loss_fn=loss_fn)
 
     checks = {"before_load": 0, "moved_groups": 0}
     swap = None
@@ -145,14 +145,14 @@ def run(kind, micro, opt_kind, offload, rank, world, fail=None):
 
 def check_eval(kind, rank, world):
     """Evaluation between two training steps, with and without offload_activations (see above)."""
-    chunks = 2 if kind == "interleaved_1f1b" else 1
-    n_stages, micro = world * chunks, 2 * world
+    stages_per_rank = 2 if kind == "interleaved_1f1b" else 1
+    n_stages, micro = world * stages_per_rank, 2 * world
     results, counted, swaps, steps = [], 0, False, []  # steps: the swap steps run (the offloaded schedule's)
     for offload in (False, True):
         modules = gpt_stages(VOCAB, DIM, layers=n_stages, heads=HEADS, stages=n_stages, seed=1234)
         mine = [s for s in range(n_stages) if s % world == rank]
         stages = [PipelineStage(modules[s], s, n_stages, torch.device("cpu")) for s in mine]
-        schedule = SCHEDULES[kind](stages if chunks > 1 else stages[0], n_microbatches=micro, loss_fn=loss_fn)
+        schedule = SCHEDULES[kind](stages if stages_per_rank > 1 else stages[0], n_microbatches=micro, loss_fn=loss_fn)
         swap = offload_activations(schedule, min_bytes=0, on_swap_step=lambda *e: steps.append(e)) if offload else None
         g = torch.Generator().manual_seed(7)
         out = []

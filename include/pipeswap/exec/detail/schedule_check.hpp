@@ -130,7 +130,7 @@ private:
     h_rank,
     h_stages,
     h_ranks,
-    h_chunks,
+    h_stages_per_rank,
     h_micro,
     h_label,
     h_text,
@@ -192,7 +192,7 @@ private:
     };
     for (std::size_t r = 1; r < n; ++r) {
       auto const &a = k.headers[0], &h = k.headers[r];
-      if (a[h_stages] != h[h_stages] || a[h_ranks] != h[h_ranks] || a[h_chunks] != h[h_chunks]) {
+      if (a[h_stages] != h[h_stages] || a[h_ranks] != h[h_ranks] || a[h_stages_per_rank] != h[h_stages_per_rank]) {
         fail(r, "layouts of " + std::to_string(a[h_stages]) + " stages on " + std::to_string(a[h_ranks]) +
                     " ranks against " + std::to_string(h[h_stages]) + " stages on " + std::to_string(h[h_ranks]) +
                     " ranks");

@@ -37,12 +37,12 @@ public:
   using buffer = swap_buffer<B>;
   using slot_type = slot_storage<B>;
 
-  /// Which slots are swapped: at least min_numel elements, a key whose bit is set in key_mask.
+  /// Which slots are swapped: at least min_swap_numel elements, a key whose bit is set in key_mask.
   struct eligibility {
-    std::size_t min_numel = 0;
+    std::size_t min_swap_numel = 0;
     unsigned key_mask = 0; ///< bit k: state_key k is eligible
     [[nodiscard]] bool admits(slot_desc const& s) const noexcept {
-      return s.numel > 0 && s.numel >= min_numel && (key_mask >> static_cast<unsigned>(s.key) & 1u) != 0;
+      return s.numel > 0 && s.numel >= min_swap_numel && (key_mask >> static_cast<unsigned>(s.key) & 1u) != 0;
     }
   };
 
@@ -159,7 +159,7 @@ public:
       slots_.reserve(descs.size());
       lean_vector<buffer*> cold;           // device-initialized swappable pieces to offload
       lean_vector<host_copy<B>> to_host;   // parked device bytes of now-swappable slots
-      lean_vector<host_copy<B>> to_device; // parked host bytes of now-resident slots
+      lean_vector<host_copy<B>> to_device; // parked host bytes of now-unswappable slots
       for (std::size_t i = 0; i < descs.size(); ++i) {
         auto const& d = descs[i];
         auto const& r = parked[i];

@@ -38,7 +38,6 @@ class carry_over {
 public:
   using buffer = swap_buffer<B>;
   using plan_ptr = plan_ref<B>;
-  using stream_type = stream_t<B>;
 
   carry_over(transfer_engine<B>& engine, step_trace& trace, lean_vector<slot_storage<B>>& slots, bool packed)
       : engine_(engine), b_(engine.backend()), trace_(trace), slots_(slots), packed_(packed) {}
@@ -68,10 +67,10 @@ public:
 
   /// Packed: the H2D of batch n into its own arena (allocated if it has none).
   void load_own(step_plan<B> const& d, std::size_t n) {
-    trace_.emit("prefetch", n, swap_event::storage::own);
+    trace_.emit(swap_event::kind::load, n, swap_event::storage::own);
     if (!own_[n].base) engine_.allocate_arena(own_[n], d.staging[n].bytes);
     arena_storage<B> s{own_[n], d.staging[n]};
-    engine_.launch_load(d.batch(n), s, batch_label("prefetch", n).c_str());
+    engine_.launch_load(d.batch(n), s, batch_label("load", n).c_str());
   }
 
   /// Per tensor: the budget keeps counting batch n's storage (released behind a D2H nothing has
@@ -152,17 +151,17 @@ public:
       if (packed_) {
         load_own(d, n);
       } else {
-        trace_.emit("prefetch", n);
-        engine_.launch_load(d.batch(n), batch_label("prefetch", n).c_str());
+        trace_.emit(swap_event::kind::load, n);
+        engine_.launch_load(d.batch(n), batch_label("load", n).c_str());
       }
     }
   }
 
   /// Finishes a deferred offload with `next_user` ordered behind its D2Hs, and releases what it
   /// held. Returns whether there was one.
-  bool finish_deferred(stream_type next_user) {
+  bool finish_deferred(stream_t<B> next_user) {
     if (!deferred_) return false;
-    trace_.emit("finish_deferred");
+    trace_.emit(swap_event::kind::finish_deferred);
     auto all = pieces_of(slots_, true); // only the pieces in d2h are touched
     engine_.wait_offload(detail::view(all), next_user, wait_site::finish_deferred);
     for (auto& a : held_arenas_) engine_.release_arena(a, next_user);
@@ -220,7 +219,7 @@ public:
 private:
   /// One batch of a deferred offload finished: the h2d stream waits its D2H only.
   void finish_deferred_batch(step_plan<B> const& d, std::size_t n) {
-    trace_.emit("finish_deferred", n);
+    trace_.emit(swap_event::kind::finish_deferred, n);
     engine_.wait_offload(d.batch(n), engine_.h2d(), wait_site::finish_deferred);
     unhold_batch(n); // per tensor: its storage's release is ordered before the h2d stream now
   }

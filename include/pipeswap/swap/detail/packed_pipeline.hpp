@@ -57,7 +57,7 @@ public:
     // Relay: batches [s0 + 2, N) load into the storage that prefetched batches, offloaded as soon as
     // they are updated, give back, instead of each waiting the D2H out of a staging arena.
     auto const relaying = relay_covers(d, resident, own, s0);
-    trace_.emit("begin", N - k);
+    trace_.emit(swap_event::kind::begin, N - k);
     env_.gate_step();
     auto bufs = [&](std::size_t n) { return d.batch(n); };
     carry_.begin_step(plan);
@@ -76,15 +76,16 @@ public:
     auto const in_own_arena = [&](std::size_t n) { return n < own || (relaying && n >= s0 + 2); };
     for (std::size_t n = k; n < N; ++n) {
       if (in_own_arena(n)) {
-        trace_.emit("wait_prefetch", n, swap_event::storage::own);
+        trace_.emit(swap_event::kind::wait_load, n, swap_event::storage::own);
         engine_.wait_load(bufs(n), engine_.compute());
-        trace_.emit("activate", n, swap_event::storage::own);
+        trace_.emit(swap_event::kind::activate, n, swap_event::storage::own);
         update(n);
         next = n + 1;
         if (n < resident) {
-          trace_.emit("keep", n, swap_event::storage::own); // others leave behind the streamed batches, below
+          trace_.emit(swap_event::kind::keep, n,
+                      swap_event::storage::own); // others leave behind the streamed batches, below
         } else if (relaying && n < own && relay < N) {
-          trace_.emit("offload", n, swap_event::storage::early);
+          trace_.emit(swap_event::kind::offload, n, swap_event::storage::early);
           arena_storage<B> s{carry_.own_arena(n), d.staging[n]};
           engine_.launch_offload(bufs(n), s, batch_label("offload", n).c_str());
           freed += d.staging[n].bytes;
@@ -96,10 +97,10 @@ public:
         }
         continue;
       }
-      trace_.emit("wait_prefetch", n, n % 2);
+      trace_.emit(swap_event::kind::wait_load, n, n % 2);
       engine_.wait_load(bufs(n), engine_.compute());
       if (n >= s0 + 2) drain(d, n - 2);
-      trace_.emit("activate", n, n % 2);
+      trace_.emit(swap_event::kind::activate, n, n % 2);
       update(n);
       next = n + 1;
       chain(d, n, !relaying && n + 2 < N ? std::optional<std::size_t>(n + 2) : std::nullopt);
@@ -111,17 +112,17 @@ public:
     for (std::size_t n = resident; n < N; ++n) {
       if (!away(n) || !carry_.has_own_arena(n)) continue; // (not offloaded early)
       if (relaying && defer_offload_) carry_.add_handoff(n);
-      trace_.emit("offload", n, swap_event::storage::own);
+      trace_.emit(swap_event::kind::offload, n, swap_event::storage::own);
       arena_storage<B> s{carry_.own_arena(n), d.staging[n]};
       engine_.launch_offload(bufs(n), s, batch_label("offload", n).c_str());
     }
     auto const [tail, tail_end] = unwaited_staging(N, s0, relaying);
     if (defer_offload_) {
       for (std::size_t n = resident; n < N; ++n) {
-        if (away(n)) trace_.emit("defer", n);
+        if (away(n)) trace_.emit(swap_event::kind::defer, n);
       }
-      for (std::size_t n = tail; n < tail_end; ++n) trace_.emit("defer", n);
-      trace_.emit("end");
+      for (std::size_t n = tail; n < tail_end; ++n) trace_.emit(swap_event::kind::defer, n);
+      trace_.emit(swap_event::kind::end);
       // Own arenas stay where they are: the next prefetch() loads the same batch into the same arena
       // behind its D2H (arena_reuse), or carry_.finish_deferred() releases them.
       for (auto& a : arenas_) carry_.defer(a);
@@ -133,12 +134,12 @@ public:
     for (std::size_t n = tail; n < tail_end; ++n) drain(d, n);
     for (std::size_t n = resident; n < N; ++n) {
       if (!away(n)) continue;
-      trace_.emit("wait_offload", n);
+      trace_.emit(swap_event::kind::wait_offload, n);
       engine_.wait_offload(bufs(n), engine_.compute());
       engine_.release_arena(carry_.own_arena(n));
     }
     carry_.keep_only(resident);
-    trace_.emit("end");
+    trace_.emit(swap_event::kind::end);
     release_arenas();
   }
 
@@ -148,7 +149,7 @@ public:
   /// next step.
   void abort() noexcept {
     auto const failed = trace_.where(); // the error names what failed, not the clean-up
-    trace_.emit_quietly("end");
+    trace_.emit_quietly(swap_event::kind::end);
     try {
       carry_.evict(); // own arenas first: evacuate() copies only out of the staging arenas
     } catch (...) {   // kept: carry_.evict() runs again first thing in the next call
@@ -195,18 +196,18 @@ private:
 
   arena_storage<B> in_arena(step_plan<B> const& d, std::size_t n) { return {arenas_[n % 2], d.staging[n]}; }
 
-  /// The H2D of batch n into its staging arena (announced as the "prefetch" event unless `announce`
+  /// The H2D of batch n into its staging arena (announced as the "load" event unless `announce`
   /// is false: a chain announces the load it ends with).
   void load(step_plan<B> const& d, std::size_t n, bool announce = true) {
-    if (announce) trace_.emit("prefetch", n, n % 2);
-    trace_.note("prefetch", n);
+    if (announce) trace_.emit(swap_event::kind::load, n, n % 2);
+    trace_.note("load", n);
     auto s = in_arena(d, n);
-    engine_.launch_load(d.batch(n), s, batch_label("prefetch", n).c_str());
+    engine_.launch_load(d.batch(n), s, batch_label("load", n).c_str());
   }
 
   /// D2H of batch n out of its arena, then the H2D of `next` into it (one chain per arena: the load reuses the arena behind the offload).
   void chain(step_plan<B> const& d, std::size_t n, std::optional<std::size_t> next) {
-    trace_.emit("chain", n, next, n % 2);
+    trace_.emit(swap_event::kind::chain, n, next, n % 2);
     auto s = in_arena(d, n);
     engine_.launch_offload(d.batch(n), s, batch_label("offload", n).c_str());
     if (next) load(d, *next, false);
@@ -225,9 +226,9 @@ private:
 
   /// The compute stream waits the D2H of batch n out of its staging arena, which is then free.
   void drain(step_plan<B> const& d, std::size_t n) {
-    trace_.emit("wait_offload", n);
+    trace_.emit(swap_event::kind::wait_offload, n);
     engine_.wait_offload(d.batch(n), engine_.compute());
-    trace_.emit("finish_offload", n);
+    trace_.emit(swap_event::kind::free_staging, n);
   }
 
   void release_arenas() {

@@ -45,39 +45,39 @@ public:
     carry_.begin_step(plan);
     for (std::size_t n = carry_.kept(); n < own; ++n) { // resident batches not on the device yet
       carry_.keep(n);
-      trace_.emit("prefetch", n);
-      engine_.launch_load(bufs(n), batch_label("prefetch", n).c_str());
+      trace_.emit(swap_event::kind::load, n);
+      engine_.launch_load(bufs(n), batch_label("load", n).c_str());
     }
     if (k >= own) {
-      trace_.emit("prefetch", k);
-      engine_.launch_load(bufs(k), batch_label("prefetch", k).c_str());
+      trace_.emit(swap_event::kind::load, k);
+      engine_.launch_load(bufs(k), batch_label("load", k).c_str());
     }
     for (std::size_t n = k; n < N; ++n) {
-      trace_.emit("wait_prefetch", n);
+      trace_.emit(swap_event::kind::wait_load, n);
       engine_.wait_load(bufs(n), engine_.compute());
       if (n > k && n - 1 >= own) { // the window's memory gate; own batches were reserved with the window
-        trace_.emit("wait_offload", n - 1);
+        trace_.emit(swap_event::kind::wait_offload, n - 1);
         engine_.wait_offload(bufs(n - 1), engine_.h2d());
       }
       if (n + 1 < N && n + 1 >= own) {
-        trace_.emit("prefetch", n + 1);
-        engine_.launch_load(bufs(n + 1), batch_label("prefetch", n + 1).c_str());
+        trace_.emit(swap_event::kind::load, n + 1);
+        engine_.launch_load(bufs(n + 1), batch_label("load", n + 1).c_str());
       }
       update(n);
       next = n + 1;
       if (n < resident) {
-        trace_.emit("keep", n);
+        trace_.emit(swap_event::kind::keep, n);
         continue;
       }
       if (n < own) continue; // offloaded behind the streamed batches, below
-      trace_.emit("offload", n);
+      trace_.emit(swap_event::kind::offload, n);
       engine_.launch_offload(bufs(n), batch_label("offload", n).c_str());
     }
     // The prefetched batches leave after the streamed ones: a streamed load waits the D2H that freed
     // its window, and copies of one direction run in enqueue order. Their storage is released behind
     // their D2Hs, which nothing waits before the step's end: the budget keeps counting it until then.
     for (std::size_t n = resident; n < own; ++n) {
-      trace_.emit("offload", n);
+      trace_.emit(swap_event::kind::offload, n);
       engine_.launch_offload(bufs(n), batch_label("offload", n).c_str());
       carry_.hold_batch(n, d.batch_bytes[n]);
     }
@@ -88,7 +88,7 @@ public:
     if (N - 1 >= std::max(resident, own)) open.insert(open.begin(), N - 1);
     if (open.empty()) return;
     if (defer_offload_) {
-      for (auto n : open) trace_.emit("defer", n);
+      for (auto n : open) trace_.emit(swap_event::kind::defer, n);
       carry_.defer();
       // The last batch's storage was released behind its D2H, before anything orders a reuse: the
       // budget keeps counting it until the deferred offload is finished.
@@ -98,7 +98,7 @@ public:
       return;
     }
     for (auto n : open) {
-      trace_.emit("wait_offload", n);
+      trace_.emit(swap_event::kind::wait_offload, n);
       engine_.wait_offload(bufs(n), engine_.compute());
     }
     carry_.release_holds();

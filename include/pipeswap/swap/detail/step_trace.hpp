@@ -44,25 +44,25 @@ public:
   void note(char const* op, std::optional<std::size_t> n = std::nullopt) noexcept { where_ = {op, n}; }
 
   /// "op"
-  void emit(char const* op) { announce({.op = op}); }
+  void emit(swap_event::kind op) { announce({.op = op}); }
   /// "op:batch"
-  void emit(char const* op, std::size_t n) { announce({.op = op, .batch = n}); }
+  void emit(swap_event::kind op, std::size_t n) { announce({.op = op, .batch = n}); }
   /// "op:batch:arena" (a staging arena, 0 or 1)
-  void emit(char const* op, std::size_t n, std::size_t arena) {
+  void emit(swap_event::kind op, std::size_t n, std::size_t arena) {
     announce({.op = op, .batch = n, .where = swap_event::storage::staging, .arena = arena});
   }
   /// "chain:batch:next:arena": the offload of batch n out of its arena, and the load that follows.
-  void emit(char const* op, std::size_t n, std::optional<std::size_t> next, std::size_t arena) {
+  void emit(swap_event::kind op, std::size_t n, std::optional<std::size_t> next, std::size_t arena) {
     announce(
         {.op = op, .batch = n, .next = next, .where = swap_event::storage::staging, .arena = arena, .chained = true});
   }
   /// "op:batch:own" or "op:batch:early" for a batch in its own storage.
-  void emit(char const* op, std::size_t n, swap_event::storage where) {
+  void emit(swap_event::kind op, std::size_t n, swap_event::storage where) {
     announce({.op = op, .batch = n, .where = where});
   }
 
   /// Announces without noting, and swallows what the listener throws (clean-up after a failure).
-  void emit_quietly(char const* op) noexcept {
+  void emit_quietly(swap_event::kind op) noexcept {
     try {
       send({.op = op});
     } catch (...) {}
@@ -70,7 +70,7 @@ public:
 
 private:
   void announce(swap_event const& e) {
-    where_ = {e.op.data(), e.batch};
+    where_ = {to_string(e.op).data(), e.batch};
     send(e);
   }
   void send(swap_event const& e) {

@@ -234,15 +234,15 @@ inline void validate(scenario const& s) {
   auto const& pl = s.pipeline;
   need(pl.ranks >= 1, "pipeline.ranks must be at least 1");
   need(pl.micro_batches >= 1, "pipeline.micro_batches must be at least 1");
-  need(pl.chunks >= 1, "pipeline.chunks must be at least 1");
-  need(pl.schedule == schedule_kind::interleaved || pl.chunks == 1,
-       "pipeline.chunks > 1 needs the interleaved schedule");
+  need(pl.stages_per_rank >= 1, "pipeline.stages_per_rank must be at least 1");
+  need(pl.schedule == schedule_kind::interleaved || pl.stages_per_rank == 1,
+       "pipeline.stages_per_rank > 1 needs the interleaved schedule");
   need(!pl.overlap_b_f || pl.schedule == schedule_kind::interleaved,
        "pipeline.overlap_b_f needs the interleaved schedule");
-  auto const stages = static_cast<std::uint64_t>(pl.ranks) * pl.chunks;
+  auto const stages = static_cast<std::uint64_t>(pl.ranks) * pl.stages_per_rank;
   need(m.layers >= stages, "model.layers (" + std::to_string(m.layers) +
                                ") must be at least the number of "
-                               "stages (pipeline.ranks × pipeline.chunks = " +
+                               "stages (pipeline.ranks × pipeline.stages_per_rank = " +
                                std::to_string(stages) + ")");
   need(s.swap.swap_times >= 1, "swap.swap_times must be positive");
   need(s.plan.tolerance >= 0 && s.plan.tolerance < 1, "plan.tolerance must be in [0, 1)");
@@ -332,7 +332,7 @@ inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recomp
   validate(s);
   auto const& m = s.model;
   auto const& par = s.parallel;
-  auto const stages = s.pipeline.ranks * s.pipeline.chunks;
+  auto const stages = s.pipeline.ranks * s.pipeline.stages_per_rank;
   if (!recompute.empty() && recompute.size() != stages)
     throw invalid_argument("plan_stages: " + std::to_string(recompute.size()) + " recomputation settings for " +
                            std::to_string(stages) + " stages");

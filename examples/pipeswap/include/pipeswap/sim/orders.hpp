@@ -25,7 +25,8 @@ namespace pipeswap::sim {
 /// How the scenario's stages map to ranks.
 inline schedule::stage_layout layout_of(scenario const& s) {
   return schedule::stage_layout(static_cast<schedule::index_type>(s.pipeline.ranks),
-                                static_cast<schedule::index_type>(s.pipeline.chunks), schedule::placement::loop);
+                                static_cast<schedule::index_type>(s.pipeline.stages_per_rank),
+                                schedule::placement::loop);
 }
 
 /// The scenario's schedule with its send/receive steps, one order per rank (no swap steps).
@@ -38,7 +39,7 @@ inline schedule::rank_orders schedule_of(scenario const& s) {
   case schedule_kind::one_f_one_b: return schedule::one_f_one_b(R, M);
   case schedule_kind::interleaved:
     return schedule::interleaved_1f1b(
-        {R, static_cast<schedule::index_type>(s.pipeline.chunks), M, s.pipeline.overlap_b_f});
+        {R, static_cast<schedule::index_type>(s.pipeline.stages_per_rank), M, s.pipeline.overlap_b_f});
   }
   throw invalid_argument("scenario: unknown pipeline.schedule");
 }
@@ -126,7 +127,7 @@ inline void set_load_lookaheads(sim_options& o, scenario const& s) {
       s, o.recompute.empty() ? std::vector<recompute_kind>{} : [&] {
         auto const layout = layout_of(s);
         std::vector<recompute_kind> per_stage;
-        for (std::uint32_t st = 0; st < s.pipeline.ranks * s.pipeline.chunks; ++st)
+        for (std::uint32_t st = 0; st < s.pipeline.ranks * s.pipeline.stages_per_rank; ++st)
           per_stage.push_back(
               o.recompute.at(static_cast<std::size_t>(layout.rank_of(static_cast<schedule::index_type>(st)))));
         return per_stage;

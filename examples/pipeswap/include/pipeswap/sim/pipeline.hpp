@@ -85,7 +85,7 @@ inline sim_result simulate_orders(scenario const& s, schedule::rank_orders const
   detail::require_per_rank(s, o.recompute.size(), "recomputation settings");
   std::vector<recompute_kind> per_stage;
   if (!o.recompute.empty()) {
-    for (std::uint32_t st = 0; st < s.pipeline.ranks * s.pipeline.chunks; ++st)
+    for (std::uint32_t st = 0; st < s.pipeline.ranks * s.pipeline.stages_per_rank; ++st)
       per_stage.push_back(o.recompute[static_cast<std::size_t>(layout.rank_of(static_cast<schedule::index_type>(st)))]);
   }
   auto const stages = plan_stages(s, per_stage);

@@ -36,7 +36,7 @@ inline schedule::rank_orders pipeline_orders(pipeline_spec const& p) {
   case schedule_kind::gpipe: return schedule::gpipe(R, M);
   case schedule_kind::one_f_one_b: return schedule::one_f_one_b(R, M);
   case schedule_kind::interleaved:
-    return schedule::interleaved_1f1b({R, static_cast<schedule::index_type>(p.chunks), M, p.overlap_b_f});
+    return schedule::interleaved_1f1b({R, static_cast<schedule::index_type>(p.stages_per_rank), M, p.overlap_b_f});
   }
   throw invalid_argument("pipeline.schedule is not a known kind");
 }

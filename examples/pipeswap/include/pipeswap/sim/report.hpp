@@ -206,9 +206,10 @@ inline std::string describe(scenario const& s) {
                          : std::string()) +
       (s.parallel.ep > 1 ? ", experts over ep " + std::to_string(s.parallel.ep) : std::string()) + " = " +
       std::to_string(devices_of(s)) + " devices, " +
-      (p.schedule == schedule_kind::gpipe         ? std::string("GPipe")
-       : p.schedule == schedule_kind::one_f_one_b ? std::string("1F1B")
-                                                  : "interleaved 1F1B (" + std::to_string(p.chunks) + " chunks)") +
+      (p.schedule == schedule_kind::gpipe ? std::string("GPipe")
+       : p.schedule == schedule_kind::one_f_one_b
+           ? std::string("1F1B")
+           : "interleaved 1F1B (" + std::to_string(p.stages_per_rank) + " stages per rank)") +
       ", " + std::to_string(p.micro_batches) + " micro-batches of " + std::to_string(s.model.micro_batch_size) + " x " +
       std::to_string(s.model.seq_len) + " tokens\ndevice: " + s.device.name + ", " + gb(s.device.memory_bytes) + " (" +
       gb(s.device.reserved_bytes) + " reserved), kernels at " + detail::fmt("%.0f", s.device.kernel_efficiency * 100) +

@@ -126,10 +126,10 @@ enum class schedule_kind : std::uint8_t { gpipe, one_f_one_b, interleaved };
 
 struct pipeline_spec {
   schedule_kind schedule = schedule_kind::one_f_one_b;
-  std::uint32_t ranks = 8;          ///< pipeline ranks
-  std::uint32_t micro_batches = 32; ///< per optimizer step (per data-parallel replica)
-  std::uint32_t chunks = 1;         ///< model chunks per rank (interleaved only)
-  bool overlap_b_f = false;         ///< interleaved: OVERLAP_B_F composites in the steady state
+  std::uint32_t ranks = 8;           ///< pipeline ranks
+  std::uint32_t micro_batches = 32;  ///< per optimizer step (per data-parallel replica)
+  std::uint32_t stages_per_rank = 1; ///< stages per rank (interleaved only)
+  bool overlap_b_f = false;          ///< interleaved: OVERLAP_B_F composites in the steady state
 };
 
 /// What the swapped configurations do.
@@ -180,7 +180,7 @@ struct saved_tensor {
   std::uint64_t bytes = 0;
 };
 
-/// Everything the simulator needs about one pipeline stage (a model chunk).
+/// Everything the simulator needs about one pipeline stage.
 struct stage_spec {
   std::uint32_t stage = 0;
   std::uint32_t first_layer = 0, layers = 0;

@@ -17,7 +17,7 @@
 //    "node":     {"gpus": 8, "host_gbps": 278, "cpu_adam_gbps": 146},
 //    "parallel": {"tp": 1, "sequence_parallel": false, "dp": 1, "distributed_optimizer": false, "ep": 1,
 //                 "expert_tp": null},
-//    "pipeline": {"schedule": "1f1b", "ranks": 8, "micro_batches": 32, "chunks": 1,
+//    "pipeline": {"schedule": "1f1b", "ranks": 8, "micro_batches": 32, "stages_per_rank": 1,
 //                 "overlap_b_f": false},
 //    "swap":     {"swap_times": 16, "packed": true, "overlap": true},
 //    "plan":     {"tolerance": 0.005}}
@@ -80,7 +80,7 @@ constexpr std::optional<schedule_kind> schedule_kind_from_name(std::string_view 
 struct scenario_limits {
   std::uint32_t max_ranks = 1024;
   std::uint32_t max_micro_batches = 65536;
-  std::uint32_t max_chunks = 64;
+  std::uint32_t max_stages_per_rank = 64;
   std::uint32_t max_tp = 64, max_dp = 65536;
   /// Stage parameters times 16 bytes, and activation bytes times micro-batches, must stay below this.
   double max_bytes = 0x1p62;
@@ -126,6 +126,10 @@ public:
       }
       if (!found) {
         std::string msg = "unknown key '" + std::string(key) + "'";
+        // A key whose word now means one thing only: say its new spelling, whatever its distance.
+        if (key == "chunks" &&
+            std::find(known.begin(), known.end(), std::string_view("stages_per_rank")) != known.end())
+          best = "stages_per_rank";
         if (!best.empty()) msg += " (did you mean '" + std::string(best) + "'?)";
         scenario_fail(where(), msg);
       }
@@ -214,8 +218,9 @@ inline void check_limits(scenario const& s, scenario_limits const& lim = {}) {
   need(p.micro_batches <= lim.max_micro_batches, "pipeline.micro_batches (" + std::to_string(p.micro_batches) +
                                                      ") is above the limit of " +
                                                      std::to_string(lim.max_micro_batches));
-  need(p.chunks <= lim.max_chunks,
-       "pipeline.chunks (" + std::to_string(p.chunks) + ") is above the limit of " + std::to_string(lim.max_chunks));
+  need(p.stages_per_rank <= lim.max_stages_per_rank, "pipeline.stages_per_rank (" + std::to_string(p.stages_per_rank) +
+                                                         ") is above the limit of " +
+                                                         std::to_string(lim.max_stages_per_rank));
   need(s.parallel.tp <= lim.max_tp,
        "parallel.tp (" + std::to_string(s.parallel.tp) + ") is above the limit of " + std::to_string(lim.max_tp));
   need(s.parallel.dp <= lim.max_dp,
@@ -423,7 +428,7 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     r.boolean("distributed_optimizer", s.parallel.distributed_optimizer);
   }
   if (auto const* v = top.find("pipeline")) {
-    reader const r(*v, "pipeline", {"schedule", "ranks", "micro_batches", "chunks", "overlap_b_f"});
+    reader const r(*v, "pipeline", {"schedule", "ranks", "micro_batches", "stages_per_rank", "overlap_b_f"});
     auto& p = s.pipeline;
     if (auto const* k = r.find("schedule")) {
       auto const kind = k->is_string() ? schedule_kind_from_name(k->template get<std::string>()) : std::nullopt;
@@ -434,7 +439,7 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     }
     r.u32("ranks", p.ranks);
     r.u32("micro_batches", p.micro_batches);
-    r.u32("chunks", p.chunks);
+    r.u32("stages_per_rank", p.stages_per_rank);
     r.boolean("overlap_b_f", p.overlap_b_f);
   }
   if (auto const* v = top.find("swap")) {
@@ -529,7 +534,7 @@ Json to_json(scenario const& s) {
   jp["schedule"] = schedule_kind_name(p.schedule);
   jp["ranks"] = p.ranks;
   jp["micro_batches"] = p.micro_batches;
-  jp["chunks"] = p.chunks;
+  jp["stages_per_rank"] = p.stages_per_rank;
   jp["overlap_b_f"] = p.overlap_b_f;
   Json& js = j["swap"] = Json::object();
   js["swap_times"] = s.swap.swap_times;
