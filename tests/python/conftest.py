@@ -9,6 +9,9 @@ torch's CUDA-only ones (capturable, tensor betas) and the foreach variants.
 """
 
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -69,3 +72,23 @@ def _groups_equal(a, b):
             elif u != v:
                 return False
     return True
+
+
+def torchrun(worker, nproc, env, deadline):
+    """Runs WORKER under torchrun with NPROC ranks (OMP_NUM_THREADS=1 and ENV added to this
+    environment) and returns (the completed process, its wall seconds). A run past DEADLINE seconds
+    fails the test with the tail of what the ranks printed (each rank's watchdog dumps its stacks)."""
+    e = dict(os.environ, OMP_NUM_THREADS="1", **env)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", worker]
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=deadline)
+    except subprocess.TimeoutExpired as x:
+        out = x.stdout.decode() if isinstance(x.stdout, bytes) else (x.stdout or "")
+        err = x.stderr.decode() if isinstance(x.stderr, bytes) else (x.stderr or "")
+        pytest.fail(f"torchrun with {nproc} ranks did not finish in {deadline} s:\n{out[-4000:]}\n{err[-8000:]}")
+    return r, time.monotonic() - t0
+
+
+def assert_torchrun_ok(r):
+    assert r.returncode == 0, f"torchrun failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}"

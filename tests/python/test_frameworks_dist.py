@@ -7,10 +7,9 @@ stacks, so a hang is reported with who waited on what.
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
+from conftest import assert_torchrun_ok, torchrun
 
 pytest.importorskip("accelerate")
 
@@ -22,18 +21,9 @@ DEADLINE = 300  # seconds, far above the 15-40 s each takes on two cores
 def test_two_ranks_bit_identical_and_resumed(tmp_path, framework):
     if framework == "torchtitan":
         pytest.importorskip("torchtitan")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PIPESWAP_TEST_DIR=str(tmp_path), PIPESWAP_TEST_FRAMEWORK=framework)
-    try:
-        r = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", WORKER],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=DEADLINE,
-        )
-    except subprocess.TimeoutExpired as x:
-        pytest.fail(f"torchrun did not finish in {DEADLINE} s:\n{x.stdout}\n{x.stderr}")
-    assert r.returncode == 0, f"torchrun failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}"
+    env = {"PIPESWAP_TEST_DIR": str(tmp_path), "PIPESWAP_TEST_FRAMEWORK": framework}
+    r, _ = torchrun(WORKER, 2, env, DEADLINE)
+    assert_torchrun_ok(r)
     ok = re.findall(r"OK rank (\d+): (\d+) tensors bit-identical", r.stdout)
     assert sorted(int(rank) for rank, _ in ok) == [0, 1], r.stdout
     # hf: 4 parameters x (swap, prepared, resumed, switched); torchtitan: 8 parameters x (swap, resumed);

@@ -15,11 +15,10 @@ Each torchrun has a deadline (subprocess timeout) and each rank a watchdog that 
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
-from conftest import DEVICE
+from conftest import DEVICE, assert_torchrun_ok
+from conftest import torchrun as run_torchrun
 
 # The ranks run on the CPU over gloo whatever the device; on a GPU machine
 # bench/gpu/torch_fsdp_check.py runs FSDP2 and DCP on CUDA instead.
@@ -33,20 +32,8 @@ DEADLINE = 300  # seconds per torchrun, far above the ~10-30 s each takes on two
 
 
 def torchrun(nproc, env):
-    e = dict(os.environ, OMP_NUM_THREADS="1", **env)
-    try:
-        r = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", WORKER],
-            env=e,
-            capture_output=True,
-            text=True,
-            timeout=DEADLINE,
-        )
-    except subprocess.TimeoutExpired as x:
-        out = x.stdout.decode() if isinstance(x.stdout, bytes) else (x.stdout or "")
-        err = x.stderr.decode() if isinstance(x.stderr, bytes) else (x.stderr or "")
-        pytest.fail(f"torchrun with {nproc} ranks did not finish in {DEADLINE} s:\n{out[-4000:]}\n{err[-8000:]}")
-    assert r.returncode == 0, f"torchrun failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}"
+    r, _ = run_torchrun(WORKER, nproc, env, DEADLINE)
+    assert_torchrun_ok(r)
     return r.stdout
 
 

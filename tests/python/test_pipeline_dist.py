@@ -9,32 +9,16 @@ hang is reported with who waited on what.
 
 import os
 import re
-import subprocess
-import sys
-import time
 
 import pytest
+from conftest import torchrun as run_torchrun
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist", "pipeline_worker.py")
 DEADLINE = 420  # seconds per torchrun, far above the ~20 s it takes on two cores
 
 
 def torchrun(nproc, env=None):
-    e = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
-    t0 = time.monotonic()
-    try:
-        r = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", WORKER],
-            env=e,
-            capture_output=True,
-            text=True,
-            timeout=DEADLINE,
-        )
-    except subprocess.TimeoutExpired as x:
-        out = (x.stdout or b"").decode() if isinstance(x.stdout, bytes) else (x.stdout or "")
-        err = (x.stderr or b"").decode() if isinstance(x.stderr, bytes) else (x.stderr or "")
-        pytest.fail(f"torchrun with {nproc} ranks did not finish in {DEADLINE} s:\n{out[-4000:]}\n{err[-8000:]}")
-    return r, time.monotonic() - t0
+    return run_torchrun(WORKER, nproc, env or {}, DEADLINE)
 
 
 @pytest.mark.parametrize("nproc", [2, 3, 4])
