@@ -9,6 +9,7 @@
 #include <cstddef>
 
 #include <pipeswap/backend/concepts.hpp>
+#include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/detail/mutation.hpp>
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/detail/function_ref.hpp>
@@ -26,7 +27,7 @@ template <backend B>
 struct pipeline_env {
   transfer_engine<B>& engine;
   step_trace& trace;
-  carry_over<B>& carry;
+  lean_vector<slot_storage<B>>& slots;
   bool defer_offload = false;
 
   /// Orders the step's first device allocation after the memory the previous step released: that
