@@ -16,9 +16,6 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <cstdint>
-#include <limits>
-#include <span>
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/budget.hpp>
@@ -39,7 +36,6 @@ namespace pipeswap::detail {
 template <backend B>
 class carry_over {
 public:
-  using buffer = swap_buffer<B>;
   using plan_ptr = plan_ref<B>;
 
   carry_over(carry_over const&) = delete;

@@ -132,14 +132,16 @@ private:
 };
 
 template <backend B>
-class packed_pipeline {
+class packed_pipeline : step_pipeline<B> {
+  using step_pipeline<B>::engine_;
+  using step_pipeline<B>::trace_;
+  using step_pipeline<B>::defer_offload_;
+
 public:
-  using buffer = swap_buffer<B>;
   using plan_ptr = plan_ref<B>;
 
-  explicit packed_pipeline(pipeline_env<B> env)
-      : env_(env), engine_(env.engine), trace_(env.trace), carry_(env.engine, env.trace, env.slots),
-        defer_offload_(env.defer_offload) {}
+  explicit packed_pipeline(pipeline_env<B> const& env)
+      : step_pipeline<B>(env), carry_(env.engine, env.trace, env.slots) {}
 
   /// What this pipeline carries from one step to the next.
   [[nodiscard]] packed_carry<B>& carry() noexcept { return carry_; }
@@ -164,7 +166,7 @@ public:
     // they are updated, give back, instead of each waiting the D2H out of a staging arena.
     auto const relaying = relay_covers(d, resident, own, s0);
     trace_.emit(swap_event::kind::begin, N - k);
-    env_.gate_step();
+    this->gate_step();
     auto bufs = [&](std::size_t n) { return d.batch(n); };
     carry_.begin_step(plan);
     for (std::size_t n = carry_.kept(); n < own; ++n) { // resident batches not on the device yet
@@ -342,11 +344,7 @@ private:
     arena_plan_.reset();
   }
 
-  pipeline_env<B> env_;
-  transfer_engine<B>& engine_;
-  step_trace& trace_;
   packed_carry<B> carry_;
-  bool defer_offload_;
   /// The staging arenas of the step in progress (or kept by a failed one) and its plan.
   std::array<staging_arena<B>, 2> arenas_{};
   plan_ptr arena_plan_;

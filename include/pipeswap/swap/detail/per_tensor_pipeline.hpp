@@ -79,14 +79,16 @@ private:
 };
 
 template <backend B>
-class per_tensor_pipeline {
+class per_tensor_pipeline : step_pipeline<B> {
+  using step_pipeline<B>::engine_;
+  using step_pipeline<B>::trace_;
+  using step_pipeline<B>::defer_offload_;
+
 public:
-  using buffer = swap_buffer<B>;
   using plan_ptr = plan_ref<B>;
 
-  explicit per_tensor_pipeline(pipeline_env<B> env)
-      : env_(env), engine_(env.engine), trace_(env.trace), carry_(env.engine, env.trace, env.slots),
-        defer_offload_(env.defer_offload) {}
+  explicit per_tensor_pipeline(pipeline_env<B> const& env)
+      : step_pipeline<B>(env), carry_(env.engine, env.trace, env.slots) {}
 
   /// What this pipeline carries from one step to the next.
   [[nodiscard]] per_tensor_carry<B>& carry() noexcept { return carry_; }
@@ -102,7 +104,7 @@ public:
     // Own batches [k, own): resident or prefetched, in their own storage; only a whole step keeps any.
     auto const resident = k == 0 ? d.resident : 0;
     auto const own = k == 0 ? std::max(carry_.kept(), resident) : 0;
-    env_.gate_step();
+    this->gate_step();
     carry_.begin_step(plan);
     for (std::size_t n = carry_.kept(); n < own; ++n) { // resident batches not on the device yet
       carry_.keep(n);
@@ -186,11 +188,7 @@ public:
   }
 
 private:
-  pipeline_env<B> env_;
-  transfer_engine<B>& engine_;
-  step_trace& trace_;
   per_tensor_carry<B> carry_;
-  bool defer_offload_;
 };
 
 } // namespace pipeswap::detail
