@@ -121,9 +121,9 @@ public:
   /// compute stream's forward does not wait for them (the next prefetch orders after them anyway).
   void finish_offload(stream_t<B> next_user);
   /// True while a deferred offload is in flight (step() with defer_offload returned).
-  [[nodiscard]] bool offload_pending() const noexcept { return carry_.offload_pending(); }
+  [[nodiscard]] bool offload_pending() const noexcept { return carry().offload_pending(); }
   /// Batches resident or in flight for the next step (resident share included).
-  [[nodiscard]] std::size_t prefetched_batches() const noexcept { return carry_.kept(); }
+  [[nodiscard]] std::size_t prefetched_batches() const noexcept { return carry().kept(); }
   /// Bytes of the resident share actually kept by the last plan (rounded down to whole batches).
   [[nodiscard]] std::size_t resident_share_bytes() const noexcept { return planner_.current().resident_share_bytes; }
   /// Batches of the resident share in the last plan.
@@ -180,6 +180,15 @@ private:
   };
   static detail::runtime_access access() noexcept { return detail::runtime_access{}; }
 
+  /// Kept batches, a deferred offload and their own storage, from one step to the next: the
+  /// pipeline's in use.
+  detail::carry_over<B>& carry() noexcept {
+    return cfg_.packed ? static_cast<detail::carry_over<B>&>(packed_.carry()) : per_tensor_.carry();
+  }
+  detail::carry_over<B> const& carry() const noexcept {
+    return cfg_.packed ? static_cast<detail::carry_over<B> const&>(packed_.carry()) : per_tensor_.carry();
+  }
+
   // ----- attaching and handing back ----------------------------------------------------------------
 
   /// Hands the state back to the optimizer (destructor). Never throws.
@@ -188,14 +197,14 @@ private:
     pending_.reset();
     trace_.clear_listener(); // nothing to trace any more, and nothing here may throw
     try {
-      carry_.finish_deferred(engine_.compute());
-      carry_.evict();
+      carry().finish_deferred(engine_.compute());
+      carry().evict();
       packed_.evacuate();
       attached_.park(home, opt_.slots());
     } catch (...) {
       home.set_lost(access());
       try {
-        carry_.release_all();
+        carry().release_all();
         attached_.discard();
       } catch (...) { // what could not be released stays with the backend
       }
@@ -223,7 +232,7 @@ private:
       st.d = std::move(hit);
       return;
     }
-    if (carry_.plan()) carry_.evict(); // the batch order changed: what was kept goes home first
+    if (carry().plan()) carry().evict(); // the batch order changed: what was kept goes home first
     auto batches = policy_(detail::view(key.items), cfg_.swap_times);
     st.d = planner_.build(std::move(key), std::move(batches), units, opt_.slots(), attached_.slots(), engine_,
                           cfg_.packed, cfg_.resident_share);
@@ -254,10 +263,8 @@ private:
   detail::step_planner<B> planner_; ///< the last plan, reused while the step's units do not change
   detail::step_trace trace_;        ///< the operation in progress, and the listener
   char const* busy_ = nullptr;      ///< the public call in progress (reentrancy)
-  /// Kept batches, a deferred offload and their budget holds, from one step to the next.
-  detail::carry_over<B> carry_{engine_, trace_, attached_.slots(), cfg_.packed};
-  detail::per_tensor_pipeline<B> per_tensor_{{engine_, trace_, carry_, cfg_.defer_offload}};
-  detail::packed_pipeline<B> packed_{{engine_, trace_, carry_, cfg_.defer_offload}};
+  detail::per_tensor_pipeline<B> per_tensor_{{engine_, trace_, attached_.slots(), cfg_.defer_offload}};
+  detail::packed_pipeline<B> packed_{{engine_, trace_, attached_.slots(), cfg_.defer_offload}};
 };
 
 // The entry points a program calls are defined out of the class: they are not inline, so a
@@ -309,8 +316,8 @@ void optimizer_swap<O, P>::step() {
   engine_.check_budget("optimizer_swap::step");
   trace_.note("step");
   try {
-    carry_.finish_deferred(engine_.h2d());
-    if (carry_.eviction_failed()) carry_.evict();
+    carry().finish_deferred(engine_.h2d());
+    if (carry().eviction_failed()) carry().evict();
     packed_.evacuate();
     if (!pending_) pending_.emplace(step_state{opt_.prepare_step(), {}, 0});
     auto& st = *pending_;
@@ -334,8 +341,8 @@ void optimizer_swap<O, P>::step() {
 template <swap_optimizer O, partition_policy P>
 void optimizer_swap<O, P>::synchronize_host_mirrors() {
   detail::call_guard guard(busy_, "synchronize_host_mirrors");
-  carry_.finish_deferred(engine_.compute());
-  carry_.evict();
+  carry().finish_deferred(engine_.compute());
+  carry().evict();
   packed_.evacuate();
   auto bufs = detail::pieces_of(attached_.slots(), true);
   engine_.synchronize_to_host(bufs);
@@ -352,20 +359,20 @@ std::size_t optimizer_swap<O, P>::prefetch(std::size_t max_batches) {
   trace_.note("prefetch");
   detail::plan_ref<B> plan;
   try {
-    if (carry_.eviction_failed()) carry_.evict();
+    if (carry().eviction_failed()) carry().evict();
     packed_.evacuate();
     if (!planner_.last()) {
-      carry_.finish_deferred(engine_.h2d());
-      return carry_.kept();
+      carry().finish_deferred(engine_.h2d());
+      return carry().kept();
     }
     plan = planner_.last();
-    if (carry_.plan() && carry_.plan() != plan) carry_.evict();
-    carry_.prefetch(plan, max_batches);
-    return carry_.kept();
+    if (carry().plan() && carry().plan() != plan) carry().evict();
+    carry().prefetch(plan, max_batches);
+    return carry().kept();
   } catch (...) {
     auto const failed = trace_.where();
     try {
-      carry_.evict();
+      carry().evict();
     } catch (...) { // kept: retried first thing in the next call
     }
     trace_.restore(failed);
@@ -378,7 +385,7 @@ void optimizer_swap<O, P>::finish_offload(stream_t<B> next_user) {
   detail::call_guard guard(busy_, "finish_offload");
   trace_.note("finish_offload");
   try {
-    carry_.finish_deferred(next_user);
+    carry().finish_deferred(next_user);
   } catch (...) {
     rethrow_phase("finish_offload", planner_.last().get(), "the offload stays pending; call finish_offload() again");
   }

@@ -2,24 +2,20 @@
 //
 // Between two steps the runtime may hold, for one plan:
 //   kept batches      batches [0, kept()) of plan() are on the device (or loading) in their own
-//                     storage: the resident share, and what prefetch() brought in. Packed: each in
-//                     its own arena (own_arena(n)); per tensor: in its pieces' own storage.
+//                     storage: the resident share, and what prefetch() brought in.
 //   a deferred offload   step() returned with D2Hs in flight (defer_offload): their storage is held
-//                     (staging arenas in held_arenas_, own arenas of the batches after kept(), and
-//                     per-tensor storage counted by budget holds) until finish_deferred() orders the
-//                     next user behind them and releases it. After a relayed step, the own arenas it
-//                     leaves are handed to the next prefetch in D2H order (take_handoff()).
+//                     until finish_deferred() orders the next user behind them and releases it.
 //   a failed eviction    an eviction that threw part-way; every entry point retries it first.
-// kept(), offload_pending() and eviction_failed() say which of these hold. Every budget hold the carry-over takes is released by
-// finish_deferred(), by the per-tensor step's own waits (release_holds()), or on hand-back.
-// Depends on the backend only, not on the optimizer.
+// kept(), offload_pending() and eviction_failed() say which of these hold.
+//
+// carry_over is what both pipelines share; what a batch's own storage is, and how a deferred offload
+// holds it, is the pipeline's: packed_carry (packed_pipeline.hpp) keeps each batch in its own arena
+// and holds staging arenas, per_tensor_carry (per_tensor_pipeline.hpp) keeps the pieces' own storage
+// and counts it by budget holds. Depends on the backend only, not on the optimizer.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
-#include <cstdint>
-#include <limits>
-#include <span>
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/budget.hpp>
@@ -33,27 +29,30 @@
 
 namespace pipeswap::detail {
 
+/// What both pipelines carry over (kept batches, a deferred offload, a failed eviction) and how it is
+/// prefetched, finished and evicted. What a batch's own storage is belongs to the pipeline:
+/// packed_carry (packed_pipeline.hpp) keeps own arenas, per_tensor_carry (per_tensor_pipeline.hpp)
+/// budget holds; they supply it through the hooks below.
 template <backend B>
 class carry_over {
 public:
-  using buffer = swap_buffer<B>;
   using plan_ptr = plan_ref<B>;
 
-  carry_over(transfer_engine<B>& engine, step_trace& trace, lean_vector<slot_storage<B>>& slots, bool packed)
-      : engine_(engine), b_(engine.backend()), trace_(trace), slots_(slots), packed_(packed) {}
+  carry_over(carry_over const&) = delete;
+  carry_over& operator=(carry_over const&) = delete;
 
   [[nodiscard]] std::size_t kept() const noexcept { return kept_; }
   [[nodiscard]] bool offload_pending() const noexcept { return deferred_; }
   [[nodiscard]] bool eviction_failed() const noexcept { return must_evict_; }
-  /// The plan the kept batches (and own arenas) belong to; null when none.
+  /// The plan the kept batches (and own storage) belong to; null when none.
   [[nodiscard]] plan_ptr const& plan() const noexcept { return plan_; }
 
   // ----- used by a step --------------------------------------------------------------------------
 
-  /// A step of `d` begins: the kept batches, own arenas and holds from now on belong to it.
+  /// A step of `d` begins: the kept batches, own storage and holds from now on belong to it.
   void begin_step(plan_ptr const& d) {
     plan_ = d;
-    if (packed_ && own_.size() != d->size()) own_.resize(d->size());
+    fit_to(*d);
   }
   /// Batch n of the step's plan is loading into its own storage, counted before its copies so that a
   /// failure brings it home.
@@ -61,47 +60,8 @@ public:
   /// The step offloaded its non-resident own batches: only the resident share stays kept.
   void keep_only(std::size_t resident) noexcept { kept_ = resident; }
 
-  /// Packed: the own arena of batch n of the step's plan.
-  [[nodiscard]] staging_arena<B>& own_arena(std::size_t n) { return own_[n]; }
-  [[nodiscard]] bool has_own_arena(std::size_t n) const noexcept { return n < own_.size() && own_[n].base; }
-
-  /// Packed: the H2D of batch n into its own arena (allocated if it has none).
-  void load_own(step_plan<B> const& d, std::size_t n) {
-    trace_.emit(swap_event::kind::load, n, swap_event::storage::own);
-    if (!own_[n].base) engine_.allocate_arena(own_[n], d.staging[n].bytes);
-    arena_storage<B> s{own_[n], d.staging[n]};
-    engine_.launch_load(d.batch(n), s, batch_label("load", n).c_str());
-  }
-
-  /// Per tensor: the budget keeps counting batch n's storage (released behind a D2H nothing has
-  /// waited yet) until the offload is finished.
-  void hold_batch(std::size_t n, std::uint64_t bytes) {
-    if (held_.size() <= n) held_.resize(n + 1, 0);
-    if (engine_.hold(budget_client::optimizer, bytes)) held_[n] += bytes;
-  }
-  /// Every hold ends (the D2Hs they cover were waited).
-  void release_holds() noexcept {
-    for (auto const bytes : held_) {
-      if (bytes) engine_.unhold(budget_client::optimizer, bytes);
-    }
-    held_.clear();
-  }
-
-  /// The step returns with D2Hs in flight: `staging` (a staging arena the offload reads) is held
-  /// until the offload is finished, and the offload becomes pending.
-  void defer(staging_arena<B>& staging) {
-    if (!staging.base) return;
-    held_arenas_.push_back(std::move(staging));
-    staging = staging_arena<B>{};
-    deferred_ = true;
-  }
-  /// The step returns with D2Hs in flight that it holds in no staging arena (own arenas, or
-  /// per-tensor storage counted by holds).
+  /// The step returns with D2Hs in flight; what they read stays held until finish_deferred().
   void defer() noexcept { deferred_ = true; }
-
-  /// After a relayed step, the batches whose own arenas the deferred offload leaves, in D2H order.
-  void clear_handoff() noexcept { handoff_.clear(); }
-  void add_handoff(std::size_t n) { handoff_.push_back(n); }
 
   // ----- between steps ---------------------------------------------------------------------------
 
@@ -116,7 +76,7 @@ public:
   void prefetch(plan_ptr const& plan, std::size_t max_batches) {
     auto const& d = *plan;
     auto const N = d.size();
-    auto const window_unit = packed_ ? d.arena_size : d.max_batch_bytes;
+    auto const unit = window_unit(d);
     bool gated = deferred_;
     for (std::size_t launched = 0; kept_ < N && launched < max_batches; ++launched) {
       auto const n = kept_;
@@ -126,19 +86,16 @@ public:
         for (auto* p : d.batch(n)) in_flight = in_flight || p->state() == residency::d2h;
         if (in_flight) finish_deferred_batch(d, n); // the rest of the deferred offload keeps running
       }
-      if (packed_ && n < own_.size() && !own_[n].base) take_handoff(d, n);
-      // An own arena the deferred offload left for this batch is reused (its bytes are counted), and
-      // the staging arenas it holds are the step's window (released before the step allocates).
-      std::size_t held_window = 0;
-      for (auto const& a : held_arenas_) held_window += a.bytes;
-      auto const full_window = std::min<std::size_t>(2, rest) * window_unit;
+      before_prefetch(d, n);
+      // Own storage the deferred offload left for this batch is reused (its bytes are counted), and
+      // the staging it holds is the step's window (released before the step allocates).
+      auto const held_window = deferred_window();
+      auto const full_window = std::min<std::size_t>(2, rest) * unit;
       auto const window = full_window > held_window ? full_window - held_window : 0;
-      bool reuse = packed_ && has_own_arena(n);
-      auto need = (reuse ? 0 : d.own_bytes(n, packed_)) + window;
+      auto need = own_need(d, n) + window;
       if (deferred_ && !engine_.fits_optional(need)) { // the room the deferred offload holds is needed
         finish_deferred(engine_.h2d());
-        reuse = packed_ && has_own_arena(n);
-        need = (reuse ? 0 : d.own_bytes(n, packed_)) + full_window;
+        need = own_need(d, n) + full_window;
       }
       if (!engine_.admits_optional(need)) break;
       if (!gated) { // the storage it takes may be what the d2h stream just released
@@ -146,14 +103,9 @@ public:
         gated = true;
       }
       plan_ = plan;
-      if (packed_ && own_.size() != N) own_.resize(N);
+      fit_to(d);
       keep(n);
-      if (packed_) {
-        load_own(d, n);
-      } else {
-        trace_.emit(swap_event::kind::load, n);
-        engine_.launch_load(d.batch(n), batch_label("load", n).c_str());
-      }
+      load_kept(d, n);
     }
   }
 
@@ -164,12 +116,7 @@ public:
     trace_.emit(swap_event::kind::finish_deferred);
     auto all = pieces_of(slots_, true); // only the pieces in d2h are touched
     engine_.wait_offload(detail::view(all), next_user, wait_site::finish_deferred);
-    for (auto& a : held_arenas_) engine_.release_arena(a, next_user);
-    held_arenas_.clear();
-    release_holds();
-    // Own arenas the deferred offload left and no prefetch took again.
-    for (std::size_t n = kept_; n < own_.size(); ++n) engine_.release_arena(own_[n], next_user);
-    handoff_.clear();
+    release_deferred(next_user);
     deferred_ = false;
     return true;
   }
@@ -185,81 +132,65 @@ public:
     auto const saved = trace_.where();
     trace_.note("evict");
     auto const& d = *plan_;
-    auto const upto = std::max(kept_, packed_ ? own_.size() : 0);
-    for (std::size_t n = 0; n < upto && n < d.size(); ++n) {
-      auto bs = d.batch(n);
-      if (packed_) {
-        if (n >= own_.size() || !own_[n].base) continue;
-        engine_.settle(bs);
-        arena_storage<B> s{own_[n], d.staging[n]};
-        engine_.launch_offload(bs, s, "evict");
-        engine_.settle(bs);
-        engine_.release_arena(own_[n]);
-      } else {
-        engine_.settle(bs);
-        engine_.launch_offload(bs, "evict");
-        engine_.settle(bs);
-      }
-    }
-    own_.clear();
-    handoff_.clear();
+    auto const upto = std::max(kept_, own_extent());
+    for (std::size_t n = 0; n < upto && n < d.size(); ++n) evict_batch(d, n);
+    forget_own();
     kept_ = 0;
     plan_.reset();
     must_evict_ = false;
     trace_.restore(saved);
   }
 
-  /// Hand-back after a failure: releases every arena and hold without copying.
-  void release_all() {
-    for (auto& a : own_) engine_.release_arena(a);
-    for (auto& a : held_arenas_) engine_.release_arena(a);
-    release_holds();
-  }
+  /// Hand-back after a failure: releases all own storage and every hold without copying.
+  virtual void release_all() = 0;
 
-private:
+protected:
+  carry_over(transfer_engine<B>& engine, step_trace& trace, lean_vector<slot_storage<B>>& slots)
+      : engine_(engine), b_(engine.backend()), trace_(trace), slots_(slots) {}
+  ~carry_over() = default;
+
   /// One batch of a deferred offload finished: the h2d stream waits its D2H only.
   void finish_deferred_batch(step_plan<B> const& d, std::size_t n) {
     trace_.emit(swap_event::kind::finish_deferred, n);
     engine_.wait_offload(d.batch(n), engine_.h2d(), wait_site::finish_deferred);
-    unhold_batch(n); // per tensor: its storage's release is ordered before the h2d stream now
+    batch_finished(n);
   }
 
-  void unhold_batch(std::size_t n) noexcept {
-    if (n >= held_.size() || held_[n] == 0) return;
-    engine_.unhold(budget_client::optimizer, held_[n]);
-    held_[n] = 0;
-  }
+  // ----- what the pipeline's own storage is --------------------------------------------------------
 
-  /// After a relayed step, batch n (offloaded early) has no own arena: it takes the first one the
-  /// deferred offload left, in the order of its D2Hs, that is large enough and belongs to a batch not
-  /// prefetched again yet, behind that batch's D2H only. So each prefetch waits one D2H, in D2H
-  /// order, as it does when every batch finds its own arena.
-  void take_handoff(step_plan<B> const& d, std::size_t n) {
-    for (auto it = handoff_.begin(); it != handoff_.end(); ++it) {
-      auto const m = *it;
-      if (m < n || m >= own_.size() || !own_[m].base || own_[m].bytes < d.staging[n].bytes) continue;
-      finish_deferred_batch(d, m);
-      own_[n] = std::move(own_[m]);
-      own_[m] = staging_arena<B>{};
-      handoff_.erase(it);
-      return;
-    }
-  }
+  /// The bookkeeping of own storage is sized for the batches of `d`.
+  virtual void fit_to(step_plan<B> const& d) = 0;
+  /// Bytes of the window a step of `d` streams through, per batch.
+  [[nodiscard]] virtual std::size_t window_unit(step_plan<B> const& d) const = 0;
+  /// Before batch n is prefetched (it may take storage the deferred offload left).
+  virtual void before_prefetch(step_plan<B> const& d, std::size_t n) = 0;
+  /// Bytes of the step's window the deferred offload already holds.
+  [[nodiscard]] virtual std::size_t deferred_window() const noexcept = 0;
+  /// Bytes batch n's own storage still needs from the budget.
+  [[nodiscard]] virtual std::size_t own_need(step_plan<B> const& d, std::size_t n) const = 0;
+  /// The H2D of kept batch n into its own storage.
+  virtual void load_kept(step_plan<B> const& d, std::size_t n) = 0;
+  /// Batch n of the deferred offload finished (its D2H is waited).
+  virtual void batch_finished(std::size_t n) noexcept = 0;
+  /// The whole deferred offload finished: what it held is released behind `next_user`.
+  virtual void release_deferred(stream_t<B> next_user) = 0;
+  /// Batches [0, own_extent()) may have own storage besides the kept ones.
+  [[nodiscard]] virtual std::size_t own_extent() const noexcept = 0;
+  /// Brings kept batch n home and releases its own storage.
+  virtual void evict_batch(step_plan<B> const& d, std::size_t n) = 0;
+  /// Every kept batch is home.
+  virtual void forget_own() noexcept = 0;
 
   transfer_engine<B>& engine_;
   B& b_;
   step_trace& trace_;
-  lean_vector<slot_storage<B>>& slots_;
-  bool packed_;
 
+private:
+  lean_vector<slot_storage<B>>& slots_;
   plan_ptr plan_;
   std::size_t kept_ = 0;
-  lean_vector<staging_arena<B>> own_; ///< packed: per batch of plan_, its own arena (or none)
   bool must_evict_ = false;
   bool deferred_ = false;
-  lean_vector<staging_arena<B>> held_arenas_; ///< staging arenas a deferred offload reads
-  lean_vector<std::size_t> handoff_;
-  lean_vector<std::uint64_t> held_; ///< per batch: budget bytes held (per tensor); 0 = none
 };
 
 } // namespace pipeswap::detail

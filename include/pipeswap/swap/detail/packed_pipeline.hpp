@@ -24,20 +24,128 @@
 #include <utility>
 
 #include <pipeswap/backend/concepts.hpp>
+#include <pipeswap/core/detail/lean_vector.hpp>
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/detail/view.hpp>
 #include <pipeswap/swap/detail/step_pipeline.hpp>
 
 namespace pipeswap::detail {
 
+/// What the packed pipeline carries over: each kept batch in its own arena, the staging arenas a
+/// deferred offload reads, and after a relayed step the own arenas it leaves to the next prefetch.
 template <backend B>
-class packed_pipeline {
+class packed_carry final : public carry_over<B> {
 public:
-  using buffer = swap_buffer<B>;
+  packed_carry(transfer_engine<B>& engine, step_trace& trace, lean_vector<slot_storage<B>>& slots)
+      : carry_over<B>(engine, trace, slots) {}
+
+  /// The own arena of batch n of the step's plan.
+  [[nodiscard]] staging_arena<B>& own_arena(std::size_t n) { return own_[n]; }
+  [[nodiscard]] bool has_own_arena(std::size_t n) const noexcept { return n < own_.size() && own_[n].base; }
+
+  /// The H2D of batch n into its own arena (allocated if it has none).
+  void load_own(step_plan<B> const& d, std::size_t n) {
+    this->trace_.emit(swap_event::kind::load, n, swap_event::storage::own);
+    if (!own_[n].base) this->engine_.allocate_arena(own_[n], d.staging[n].bytes);
+    arena_storage<B> s{own_[n], d.staging[n]};
+    this->engine_.launch_load(d.batch(n), s, batch_label("load", n).c_str());
+  }
+
+  /// The step returns with D2Hs in flight: `staging` (a staging arena the offload reads) is held
+  /// until the offload is finished, and the offload becomes pending.
+  void defer(staging_arena<B>& staging) {
+    if (!staging.base) return;
+    held_arenas_.push_back(std::move(staging));
+    staging = staging_arena<B>{};
+    carry_over<B>::defer();
+  }
+  using carry_over<B>::defer;
+
+  /// After a relayed step, the batches whose own arenas the deferred offload leaves, in D2H order.
+  void clear_handoff() noexcept { handoff_.clear(); }
+  void add_handoff(std::size_t n) { handoff_.push_back(n); }
+
+  void release_all() override {
+    for (auto& a : own_) this->engine_.release_arena(a);
+    for (auto& a : held_arenas_) this->engine_.release_arena(a);
+  }
+
+private:
+  void fit_to(step_plan<B> const& d) override {
+    if (own_.size() != d.size()) own_.resize(d.size());
+  }
+  [[nodiscard]] std::size_t window_unit(step_plan<B> const& d) const override { return d.arena_size; }
+  void before_prefetch(step_plan<B> const& d, std::size_t n) override {
+    if (n < own_.size() && !own_[n].base) take_handoff(d, n);
+  }
+  [[nodiscard]] std::size_t deferred_window() const noexcept override {
+    std::size_t bytes = 0;
+    for (auto const& a : held_arenas_) bytes += a.bytes;
+    return bytes;
+  }
+  [[nodiscard]] std::size_t own_need(step_plan<B> const& d, std::size_t n) const override {
+    return has_own_arena(n) ? 0 : d.own_bytes(n, true);
+  }
+  void load_kept(step_plan<B> const& d, std::size_t n) override { load_own(d, n); }
+  void batch_finished(std::size_t) noexcept override {}
+  void release_deferred(stream_t<B> next_user) override {
+    for (auto& a : held_arenas_) this->engine_.release_arena(a, next_user);
+    held_arenas_.clear();
+    // Own arenas the deferred offload left and no prefetch took again.
+    for (std::size_t n = this->kept(); n < own_.size(); ++n) this->engine_.release_arena(own_[n], next_user);
+    handoff_.clear();
+  }
+  [[nodiscard]] std::size_t own_extent() const noexcept override { return own_.size(); }
+  void evict_batch(step_plan<B> const& d, std::size_t n) override {
+    if (n >= own_.size() || !own_[n].base) return;
+    auto bs = d.batch(n);
+    this->engine_.settle(bs);
+    arena_storage<B> s{own_[n], d.staging[n]};
+    this->engine_.launch_offload(bs, s, "evict");
+    this->engine_.settle(bs);
+    this->engine_.release_arena(own_[n]);
+  }
+  void forget_own() noexcept override {
+    own_.clear();
+    handoff_.clear();
+  }
+
+  /// After a relayed step, batch n (offloaded early) has no own arena: it takes the first one the
+  /// deferred offload left, in the order of its D2Hs, that is large enough and belongs to a batch not
+  /// prefetched again yet, behind that batch's D2H only. So each prefetch waits one D2H, in D2H
+  /// order, as it does when every batch finds its own arena.
+  void take_handoff(step_plan<B> const& d, std::size_t n) {
+    for (auto it = handoff_.begin(); it != handoff_.end(); ++it) {
+      auto const m = *it;
+      if (m < n || m >= own_.size() || !own_[m].base || own_[m].bytes < d.staging[n].bytes) continue;
+      this->finish_deferred_batch(d, m);
+      own_[n] = std::move(own_[m]);
+      own_[m] = staging_arena<B>{};
+      handoff_.erase(it);
+      return;
+    }
+  }
+
+  lean_vector<staging_arena<B>> own_;         ///< per batch of plan(), its own arena (or none)
+  lean_vector<staging_arena<B>> held_arenas_; ///< staging arenas a deferred offload reads
+  lean_vector<std::size_t> handoff_;
+};
+
+template <backend B>
+class packed_pipeline : step_pipeline<B> {
+  using step_pipeline<B>::engine_;
+  using step_pipeline<B>::trace_;
+  using step_pipeline<B>::defer_offload_;
+
+public:
   using plan_ptr = plan_ref<B>;
 
-  explicit packed_pipeline(pipeline_env<B> env)
-      : env_(env), engine_(env.engine), trace_(env.trace), carry_(env.carry), defer_offload_(env.defer_offload) {}
+  explicit packed_pipeline(pipeline_env<B> const& env)
+      : step_pipeline<B>(env), carry_(env.engine, env.trace, env.slots) {}
+
+  /// What this pipeline carries from one step to the next.
+  [[nodiscard]] packed_carry<B>& carry() noexcept { return carry_; }
+  [[nodiscard]] packed_carry<B> const& carry() const noexcept { return carry_; }
 
   /// Bytes of the larger staging arena of the last step (0 before the first).
   [[nodiscard]] std::size_t arena_bytes() const noexcept { return arena_bytes_; }
@@ -58,7 +166,7 @@ public:
     // they are updated, give back, instead of each waiting the D2H out of a staging arena.
     auto const relaying = relay_covers(d, resident, own, s0);
     trace_.emit(swap_event::kind::begin, N - k);
-    env_.gate_step();
+    this->gate_step();
     auto bufs = [&](std::size_t n) { return d.batch(n); };
     carry_.begin_step(plan);
     for (std::size_t n = carry_.kept(); n < own; ++n) { // resident batches not on the device yet
@@ -236,11 +344,7 @@ private:
     arena_plan_.reset();
   }
 
-  pipeline_env<B> env_;
-  transfer_engine<B>& engine_;
-  step_trace& trace_;
-  carry_over<B>& carry_;
-  bool defer_offload_;
+  packed_carry<B> carry_;
   /// The staging arenas of the step in progress (or kept by a failed one) and its plan.
   std::array<staging_arena<B>, 2> arenas_{};
   plan_ptr arena_plan_;

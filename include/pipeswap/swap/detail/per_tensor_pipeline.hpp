@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 #include <pipeswap/backend/concepts.hpp>
@@ -22,14 +23,76 @@
 
 namespace pipeswap::detail {
 
+/// What the per-tensor pipeline carries over: each kept batch in its pieces' own storage, and the
+/// budget holds on storage released behind D2Hs nothing has waited yet.
 template <backend B>
-class per_tensor_pipeline {
+class per_tensor_carry final : public carry_over<B> {
 public:
-  using buffer = swap_buffer<B>;
+  per_tensor_carry(transfer_engine<B>& engine, step_trace& trace, lean_vector<slot_storage<B>>& slots)
+      : carry_over<B>(engine, trace, slots) {}
+
+  /// The budget keeps counting batch n's storage (released behind a D2H nothing has waited yet)
+  /// until the offload is finished.
+  void hold_batch(std::size_t n, std::uint64_t bytes) {
+    if (held_.size() <= n) held_.resize(n + 1, 0);
+    if (this->engine_.hold(budget_client::optimizer, bytes)) held_[n] += bytes;
+  }
+  /// Every hold ends (the D2Hs they cover were waited).
+  void release_holds() noexcept {
+    for (auto const bytes : held_) {
+      if (bytes) this->engine_.unhold(budget_client::optimizer, bytes);
+    }
+    held_.clear();
+  }
+
+  void release_all() override { release_holds(); }
+
+private:
+  void fit_to(step_plan<B> const&) override {}
+  [[nodiscard]] std::size_t window_unit(step_plan<B> const& d) const override { return d.max_batch_bytes; }
+  void before_prefetch(step_plan<B> const&, std::size_t) override {}
+  [[nodiscard]] std::size_t deferred_window() const noexcept override { return 0; }
+  [[nodiscard]] std::size_t own_need(step_plan<B> const& d, std::size_t n) const override {
+    return d.own_bytes(n, false);
+  }
+  void load_kept(step_plan<B> const& d, std::size_t n) override {
+    this->trace_.emit(swap_event::kind::load, n);
+    this->engine_.launch_load(d.batch(n), batch_label("load", n).c_str());
+  }
+  /// Its storage's release is ordered before the h2d stream now.
+  void batch_finished(std::size_t n) noexcept override {
+    if (n >= held_.size() || held_[n] == 0) return;
+    this->engine_.unhold(budget_client::optimizer, held_[n]);
+    held_[n] = 0;
+  }
+  void release_deferred(stream_t<B>) override { release_holds(); }
+  [[nodiscard]] std::size_t own_extent() const noexcept override { return 0; }
+  void evict_batch(step_plan<B> const& d, std::size_t n) override {
+    auto bs = d.batch(n);
+    this->engine_.settle(bs);
+    this->engine_.launch_offload(bs, "evict");
+    this->engine_.settle(bs);
+  }
+  void forget_own() noexcept override {}
+
+  lean_vector<std::uint64_t> held_; ///< per batch: budget bytes held; 0 = none
+};
+
+template <backend B>
+class per_tensor_pipeline : step_pipeline<B> {
+  using step_pipeline<B>::engine_;
+  using step_pipeline<B>::trace_;
+  using step_pipeline<B>::defer_offload_;
+
+public:
   using plan_ptr = plan_ref<B>;
 
-  explicit per_tensor_pipeline(pipeline_env<B> env)
-      : env_(env), engine_(env.engine), trace_(env.trace), carry_(env.carry), defer_offload_(env.defer_offload) {}
+  explicit per_tensor_pipeline(pipeline_env<B> const& env)
+      : step_pipeline<B>(env), carry_(env.engine, env.trace, env.slots) {}
+
+  /// What this pipeline carries from one step to the next.
+  [[nodiscard]] per_tensor_carry<B>& carry() noexcept { return carry_; }
+  [[nodiscard]] per_tensor_carry<B> const& carry() const noexcept { return carry_; }
 
   /// Runs the batches [next, N) of `plan`; `next` advances past each updated batch.
   void run(plan_ptr const& plan, std::size_t& next, update_call update) {
@@ -41,7 +104,7 @@ public:
     // Own batches [k, own): resident or prefetched, in their own storage; only a whole step keeps any.
     auto const resident = k == 0 ? d.resident : 0;
     auto const own = k == 0 ? std::max(carry_.kept(), resident) : 0;
-    env_.gate_step();
+    this->gate_step();
     carry_.begin_step(plan);
     for (std::size_t n = carry_.kept(); n < own; ++n) { // resident batches not on the device yet
       carry_.keep(n);
@@ -125,11 +188,7 @@ public:
   }
 
 private:
-  pipeline_env<B> env_;
-  transfer_engine<B>& engine_;
-  step_trace& trace_;
-  carry_over<B>& carry_;
-  bool defer_offload_;
+  per_tensor_carry<B> carry_;
 };
 
 } // namespace pipeswap::detail
