@@ -6,6 +6,8 @@
 //   -DPIPESWAP_TEST_TORCH_CUDA  std::tuple<torch_cuda_backend>   (on CUDA; skips without a GPU)
 //                          (python/meson.build builds both against torch, -Dtorch_backend_tests=true)
 //
+// test_backends (below) is the list the runtime suites run their bodies on, in every build.
+//
 // A test source written over backends_under_test is compiled once per list (tests/meson.build and
 // tests/cuda/meson.build), so the same bodies run on the oracle, on a user-written backend and on
 // the hardware, and the CUDA executable can skip as a whole. Usage:
@@ -21,9 +23,11 @@
 #pragma once
 
 #include <tuple>
+#include <type_traits>
 
 #include "support/backend_fixture.hpp"
 #include "support/backends.hpp"
+#include "support/threaded_backend.hpp"
 
 #if defined(PIPESWAP_TEST_CUDA)
 #  include "support/cuda_backend.hpp"
@@ -42,5 +46,20 @@ using backends_under_test = std::tuple<torch_cpu_backend>;
 #else
 using backends_under_test = std::tuple<mock::backend, sync_host_backend>;
 #endif
+
+/// The backends the runtime suites run their bodies on (BOOST_AUTO_TEST_CASE_TEMPLATE over it): the
+/// mock, the oracle with hazards, simulated time and faults, and the threaded backend, whose streams
+/// are real threads with random delays (support/threaded_backend.hpp). What only the mock can show
+/// sits behind `if constexpr (is_mock<B>)`.
+#if defined(PIPESWAP_MUTATION_TESTING)
+// The mutated build (tests/swap/meson.build) proves the mock's hazard checks can fire, once per wait
+// site: the threaded bodies would only add run time there.
+using test_backends = std::tuple<mock::backend>;
+#else
+using test_backends = std::tuple<mock::backend, threaded_backend>;
+#endif
+
+template <class B>
+inline constexpr bool is_mock = std::is_same_v<B, mock::backend>;
 
 } // namespace pipeswap::test

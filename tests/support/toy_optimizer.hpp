@@ -1,6 +1,6 @@
 // A small user-written optimizer that models pipeswap::swap_optimizer, and a kernel runner that
 // executes its host-math kernels on the mock backend (declared regions, simulated time) or directly
-// on the synchronous host backend. It shows what an optimizer must provide and lets the runtime be
+// on the synchronous host backend, or as work on the threaded backend's compute stream. It shows what an optimizer must provide and lets the runtime be
 // tested independently of Adam.
 #pragma once
 
@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include <pipeswap/optim/state.hpp>
 
 #include "support/backends.hpp"
+#include "support/threaded_backend.hpp"
 
 namespace pipeswap::test {
 
@@ -44,6 +46,15 @@ struct direct_view {
   template <class T>
   std::span<T> write(device_ptr p, std::size_t n) const {
     return {p.get<T>(), n};
+  }
+};
+
+/// On the threaded backend the body runs as work on the compute stream, in stream order.
+template <>
+struct host_kernel<threaded_backend> {
+  template <class F>
+  static void run(threaded_backend& b, std::string, std::vector<mock::region>, std::vector<mock::region>, F body) {
+    b.launch(b.current_stream(), [body = std::make_shared<F>(std::move(body))] { (*body)(direct_view{}); });
   }
 };
 

@@ -19,6 +19,7 @@
 #include <pipeswap/swap/optimizer_swap.hpp>
 
 #include "support/backend_fixture.hpp"
+#include "support/backend_list.hpp"
 #include "support/sanitized.hpp"
 #include "support/step_error_check.hpp"
 #include "support/toy_optimizer.hpp"
@@ -34,6 +35,8 @@ namespace {
 using toy = toy_optimizer<mock::backend>;
 using mock_model = ps::test::model<mock::backend, toy>;
 using runtime = ps::optimizer_swap<toy>;
+using ps::test::is_mock;
+using ps::test::test_backends;
 
 ps::pinned_pool_options small_pool() { return {1 << 20, 1 << 18, 512}; }
 
@@ -78,6 +81,35 @@ void stand_in(mock::backend& b, mock_model& m, char const* name, mock::sim_time 
   }
   b.launch(b.current_stream(), k);
 }
+/// On the threaded backend: work on the compute stream that reads every parameter byte. (Unused in
+/// the mutated build, whose backend list is the mock alone.)
+[[maybe_unused]] void
+stand_in(ps::test::threaded_backend& b,
+         ps::test::model<ps::test::threaded_backend, toy_optimizer<ps::test::threaded_backend>>& m, char const*,
+         mock::sim_time) {
+  std::vector<std::pair<ps::device_ptr, std::size_t>> regions;
+  for (std::size_t i = 0; i < m.sizes.size(); ++i) {
+    if (m.sizes[i]) regions.emplace_back(m.params[i], m.sizes[i] * 4);
+  }
+  b.launch(b.current_stream(), [regions] {
+    unsigned sum = 0;
+    for (auto const& [p, n] : regions) {
+      for (auto const* c = p.get<unsigned char const>(); c != p.get<unsigned char const>() + n; ++c) sum += *c;
+    }
+    static_cast<void>(sum);
+  });
+}
+
+/// The backend a run uses: the mock records hazards (and keeps simulated time); the threaded one
+/// has its default jitter.
+template <class B>
+auto backend_options() {
+  if constexpr (is_mock<B>) {
+    return recording();
+  } else {
+    return ps::test::threaded_backend_options{};
+  }
+}
 
 struct result {
   std::vector<std::vector<std::byte>> bytes;
@@ -93,20 +125,22 @@ struct result {
 
 /// `steps` steps of forward, backward (gradients written, prefetch() in its middle), step(): every
 /// parameter and state byte at the end.
+template <class B = mock::backend>
 result train(std::vector<std::size_t> const& sz, ps::swap_config cfg, phases const& p, int steps, bool masters = true) {
-  mock::backend b{recording()};
-  ps::transfer_engine<mock::backend> x(b, small_pool());
+  B b{backend_options<B>()};
+  ps::transfer_engine<B> x(b, small_pool());
   std::optional<ps::device_budget> budget;
   if (p.budget) {
     budget.emplace(*p.budget);
     x.set_budget(&*budget);
   }
-  mock_model m(b, sz, 7, masters);
+  ps::test::model<B, toy_optimizer<B>> m(b, sz, 7, masters);
   result r;
   {
-    runtime rt(x, m.opt, cfg);
+    ps::optimizer_swap<toy_optimizer<B>> rt(x, m.opt, cfg);
     rt.set_listener([&](std::string_view op) { r.relayed += op.ends_with(":early"); });
-    auto const base = b.device_bytes_in_use();
+    std::size_t base = 0;
+    if constexpr (is_mock<B>) base = b.device_bytes_in_use();
     for (int s = 0; s < steps; ++s) {
       stand_in(b, m, "forward", 20000);
       m.set_grads(static_cast<std::uint64_t>(s));
@@ -121,16 +155,18 @@ result train(std::vector<std::size_t> const& sz, ps::swap_config cfg, phases con
       if (p.finish == 2) (void)ps::checkpoint_to_bytes(rt);
       if (p.finish) BOOST_TEST(!rt.offload_pending());
     }
-    std::size_t peak = 0;
-    for (auto const& [t, live] : b.device_memory_timeline()) peak = std::max(peak, live);
-    r.swap_peak = peak > base ? peak - base : 0;
+    if constexpr (is_mock<B>) {
+      std::size_t peak = 0;
+      for (auto const& [t, live] : b.device_memory_timeline()) peak = std::max(peak, live);
+      r.swap_peak = peak > base ? peak - base : 0;
+    }
     r.resident = rt.resident_share_bytes();
     r.window = 2 * (cfg.packed ? rt.arena_bytes() : rt.max_batch_bytes());
     r.bytes = m.snapshot(rt);
     BOOST_TEST(!rt.offload_pending());
     BOOST_TEST(rt.prefetched_batches() == 0u); // the snapshot brought everything home
   }
-  r.hazards = b.hazards().size();
+  if constexpr (is_mock<B>) r.hazards = b.hazards().size();
   if (budget) {
     r.high_water = budget->high_water();
     r.over_budget = budget->over_budget_count();
@@ -148,9 +184,9 @@ void check_equal(std::vector<std::vector<std::byte>> const& got, std::vector<std
 
 BOOST_AUTO_TEST_SUITE(phased)
 
-BOOST_AUTO_TEST_CASE(every_phase_is_bit_exact_against_no_swap) {
-  auto const ref = train(sizes, no_swap(), {}, 4);
-  BOOST_TEST(ref.hazards == 0u);
+BOOST_AUTO_TEST_CASE_TEMPLATE(every_phase_is_bit_exact_against_no_swap, B, test_backends) {
+  auto const ref = train<B>(sizes, no_swap(), {}, 4);
+  if constexpr (is_mock<B>) BOOST_TEST(ref.hazards == 0u);
   std::vector<phases> const ps_list{
       {0, false, 0, std::nullopt, 0}, // prefetch(0): nothing
       {0, false, std::size_t{1}, std::nullopt, 0},
@@ -171,8 +207,8 @@ BOOST_AUTO_TEST_CASE(every_phase_is_bit_exact_against_no_swap) {
     for (std::size_t k : {1u, 3u, 7u}) {
       for (std::size_t i = 0; i < ps_list.size(); ++i) {
         BOOST_TEST_CONTEXT("packed " << packed << " swap_times " << k << " phases #" << i) {
-          auto const got = train(sizes, config(k, packed, ps_list[i]), ps_list[i], 4);
-          BOOST_TEST(got.hazards == 0u);
+          auto const got = train<B>(sizes, config(k, packed, ps_list[i]), ps_list[i], 4);
+          if constexpr (is_mock<B>) BOOST_TEST(got.hazards == 0u);
           check_equal(got.bytes, ref.bytes);
           relayed += got.relayed;
         }
@@ -186,8 +222,8 @@ BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(phased)
 
-BOOST_AUTO_TEST_CASE(the_budget_bounds_prefetch_and_matches_the_device_timeline) {
-  auto const ref = train(sizes, no_swap(), {}, 3);
+BOOST_AUTO_TEST_CASE_TEMPLATE(the_budget_bounds_prefetch_and_matches_the_device_timeline, B, test_backends) {
+  auto const ref = train<B>(sizes, no_swap(), {}, 3);
   std::vector<std::uint64_t> const capacities{0, 12000, 30000, 60000, 120000, 1u << 30};
   for (bool packed : {false, true}) {
     for (std::size_t k : {3u, 7u}) {
@@ -198,11 +234,11 @@ BOOST_AUTO_TEST_CASE(the_budget_bounds_prefetch_and_matches_the_device_timeline)
             BOOST_TEST_CONTEXT("packed " << packed << " swap_times " << k << " share " << share << " defer " << defer
                                          << " capacity " << cap) {
               phases p{share, defer, ~std::size_t{0}, cap, 0};
-              auto const got = train(sizes, config(k, packed, p), p, 3);
-              BOOST_TEST(got.hazards == 0u);
+              auto const got = train<B>(sizes, config(k, packed, p), p, 3);
+              if constexpr (is_mock<B>) BOOST_TEST(got.hazards == 0u);
               check_equal(got.bytes, ref.bytes);
               // What the budget counted bounds what the device held at every simulated instant.
-              BOOST_TEST(got.swap_peak <= got.high_water);
+              if constexpr (is_mock<B>) BOOST_TEST(got.swap_peak <= got.high_water);
               if (cap >= got.resident + got.window) { // the required part fits: so does everything
                 BOOST_TEST(got.over_budget == 0u);
                 BOOST_TEST(got.high_water <= cap);

@@ -38,13 +38,14 @@
 #include <pipeswap/swap/optimizer_swap.hpp>
 
 #include "support/backend_fixture.hpp"
+#include "support/backend_list.hpp"
 #include "support/threaded_backend.hpp"
 #include "support/world.hpp"
 
 namespace ps = pipeswap;
 namespace mock = pipeswap::mock;
 using ps::test::threaded_backend;
-using backends = std::tuple<mock::backend, threaded_backend>;
+using backends = ps::test::test_backends; // support/backend_list.hpp
 
 namespace {
 
