@@ -220,12 +220,13 @@ public:
   void wait_offload(std::span<buffer* const> bufs, stream_t<B> next_user,
                     detail::wait_site site = detail::wait_site::gate_after_offload) {
     detail::lean_vector<buffer*> targets;
+    targets.reserve(bufs.size());
     detail::lean_vector<event_handle<B>> events;
     for (auto* x : bufs) {
       if (x->state_ != residency::d2h) continue;
       if (!x->event_) x->event_ = record(b_, d2h_);
       if (x->device_) release_storage(*x, d2h_); // a release that failed at launch
-      detail::add_unique<B>(events, x->event_);
+      collect(events, x->event_);
       targets.push_back(x);
     }
     for (auto const& e : events) detail::wait_at(site, b_, next_user, *e);
@@ -264,7 +265,7 @@ public:
         for (auto* x : targets) x->device_ = allocate_reserved(x->client_, x->bytes_, h2d_, x->reserved_);
       }
       detail::lean_vector<event_handle<B>> events;
-      for (auto* x : targets) detail::add_unique<B>(events, x->event_);
+      for (auto* x : targets) collect(events, x->event_);
       for (auto const& e : events) detail::wait_at(detail::wait_site::load_after_mirror, b_, h2d_, *e);
       if constexpr (is_arena<Storage>) {
         if (storage.arena.fence) {
@@ -299,11 +300,12 @@ public:
   /// h2d → device for the buffers in `h2d` state: `user` waits the load events.
   void wait_load(std::span<buffer* const> bufs, stream_t<B> user) {
     detail::lean_vector<buffer*> targets;
+    targets.reserve(bufs.size());
     detail::lean_vector<event_handle<B>> events;
     for (auto* x : bufs) {
       if (x->state_ != residency::h2d) continue;
       if (!x->event_) x->event_ = record(b_, h2d_);
-      detail::add_unique<B>(events, x->event_);
+      collect(events, x->event_);
       targets.push_back(x);
     }
     for (auto const& e : events) detail::wait_at(detail::wait_site::use_after_load, b_, user, *e);
@@ -333,7 +335,7 @@ public:
   /// The host waits the last copy of each buffer at rest, so it may read (and write) their mirrors.
   void host_sync(std::span<buffer* const> bufs) {
     detail::lean_vector<event_handle<B>> events;
-    for (auto* x : bufs) detail::add_unique<B>(events, x->event_);
+    for (auto* x : bufs) collect(events, x->event_);
     for (auto const& e : events) b_.synchronize(*e);
     for (auto* x : bufs) {
       x->event_ = nullptr;
@@ -460,6 +462,7 @@ private:
   /// straight to `to` (nothing to copy).
   detail::lean_vector<buffer*> select(std::span<buffer* const> bufs, residency from, residency to) {
     detail::lean_vector<buffer*> out;
+    out.reserve(bufs.size());
     for (auto* x : bufs) {
       if (from == residency::empty ? !off_device(x->state_) : x->state_ != from) continue;
       if (x->bytes_ == 0) {
@@ -469,6 +472,13 @@ private:
       out.push_back(x);
     }
     return out;
+  }
+
+  /// Adds `e` to `out` unless null or already there (detail::add_unique), first seen first. The
+  /// buffers of a batch share one event, so the last one added is checked before the list.
+  static void collect(detail::lean_vector<event_handle<B>>& out, event_handle<B> const& e) {
+    if (!e || (!out.empty() && out.back() == e)) return;
+    detail::add_unique<B>(out, e);
   }
 
   event_handle<B> try_record(stream_t<B> s) noexcept {
@@ -522,7 +532,7 @@ private:
     reserved = false;
     if (!link_.budget || link_.budget->policy() != budget_policy::strict) {
       auto const d = b_.allocate_device(n, s);
-      reserved = d && reserve(c, n);
+      reserved = d && link_.budget && reserve(c, n); // no budget: nothing to count (callers checked the link)
       return d;
     }
     bool const r = reserve(c, n);

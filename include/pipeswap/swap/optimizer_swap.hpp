@@ -227,11 +227,11 @@ private:
   void plan_step(step_state& st) {
     trace_.note("plan");
     auto units = opt_.update_units(st.ctx);
-    auto key = planner_.key(units, detail::view(attached_.slots()));
-    if (auto hit = planner_.lookup(key)) {
+    if (auto hit = planner_.lookup(units, detail::view(attached_.slots()))) {
       st.d = std::move(hit);
       return;
     }
+    auto key = planner_.key(units, detail::view(attached_.slots()));
     if (carry().plan()) carry().evict(); // the batch order changed: what was kept goes home first
     auto batches = policy_(detail::view(key.items), cfg_.swap_times);
     st.d = planner_.build(std::move(key), std::move(batches), units, opt_.slots(), attached_.slots(), engine_,

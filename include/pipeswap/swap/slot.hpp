@@ -36,6 +36,7 @@ struct slot_storage {
 
   /// Index of the piece holding element `e`.
   [[nodiscard]] std::size_t piece_of(std::size_t e) const {
+    if (piece_begin.size() == 1) return 0; // an unsplit slot: its one piece starts at 0
     auto it = std::upper_bound(piece_begin.begin(), piece_begin.end(), e);
     return static_cast<std::size_t>(it - piece_begin.begin()) - 1;
   }

@@ -53,9 +53,11 @@ struct arena_copy {
       if (x->mirror_ == nullptr) throw state_error("swap buffer staged in an arena has no host mirror");
     }
     bool whole = true;
-    for (auto* x : bufs) whole = whole && (in_from(x->state_) || x->bytes_ == 0);
     for (std::size_t i = 0; i < bufs.size(); ++i) {
-      if (load && in_from(bufs[i]->state_)) bufs[i]->device_ = base + lay.offset(i);
+      auto* x = bufs[i];
+      bool const from = in_from(x->state_);
+      whole = whole && (from || x->bytes_ == 0);
+      if (load && from) x->device_ = base + lay.offset(i);
     }
     if (whole) {
       std::size_t k = 0;

@@ -85,26 +85,22 @@ public:
     k.items.resize(units.size());
     k.params.resize(units.size());
     for (std::size_t u = 0; u < units.size(); ++u) {
-      std::uint64_t bpe = 0;
-      for (auto si : units[u].slots) {
-        if (si >= slots.size()) {
-          throw invalid_argument(
-              message({"optimizer_swap: slot index ", si, " is out of range (", slots.size(), " slots)"}));
-        }
-        auto const& s = slots[si];
-        if (s.swappable) bpe += s.element_bytes;
-        k.layout += s.layout;
-      }
-      k.items[u] = {units[u].numel, bpe};
+      k.items[u] = item(units[u], slots, k.layout);
       k.params[u] = units[u].param;
     }
     return k;
   }
 
-  /// The last plan, if `k` is its key.
-  [[nodiscard]] plan_ptr lookup(plan_key const& k) const {
-    if (cached_ && k.layout == key_.layout && k.params == key_.params && k.items == key_.items) return cached_;
-    return {};
+  /// The last plan, if key(units, slots) is its key: compared unit by unit, without building the key.
+  /// Throws as key() does, or returns null before reaching a unit key() would refuse (key() refuses
+  /// it then).
+  [[nodiscard]] plan_ptr lookup(std::span<update_unit const> units, std::span<slot_type const> slots) const {
+    if (!cached_ || units.size() != key_.items.size()) return {};
+    std::uint64_t layout = 0;
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      if (item(units[u], slots, layout) != key_.items[u] || units[u].param != key_.params[u]) return {};
+    }
+    return layout == key_.layout ? cached_ : plan_ptr{};
   }
 
   /// The last plan built (null before the first step).
@@ -229,6 +225,21 @@ private:
     s.pieces = std::move(pieces);
     s.piece_begin = cuts;
     ++s.layout;
+  }
+
+  /// Unit `u`'s partition item over `slots`; adds its slots' layout versions to `layout`.
+  static partition_item item(update_unit const& u, std::span<slot_type const> slots, std::uint64_t& layout) {
+    std::uint64_t bpe = 0;
+    for (auto si : u.slots) {
+      if (si >= slots.size()) {
+        throw invalid_argument(
+            message({"optimizer_swap: slot index ", si, " is out of range (", slots.size(), " slots)"}));
+      }
+      auto const& s = slots[si];
+      if (s.swappable) bpe += s.element_bytes;
+      layout += s.layout;
+    }
+    return {u.numel, bpe};
   }
 
   plan_ptr cached_;
