@@ -41,6 +41,13 @@ using ps::test::momentum_world;
 using ps::test::test_backends;
 using rt_t = ps::optimizer_swap<adam_world::opt_t>;
 
+#if defined(PIPESWAP_TEST_CUDA)
+// cuda_checkpoint (tests/cuda/meson.build) runs the cases over test_backends on the device (and skips
+// as a whole without one).
+using gate = ps::test::skip_unless_available<test_backends>;
+BOOST_TEST_GLOBAL_FIXTURE(gate);
+#endif
+
 namespace {
 
 using ps::test::no_swap;

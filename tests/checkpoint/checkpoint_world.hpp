@@ -1,5 +1,5 @@
 // Training worlds for the checkpoint tests: Adam/AdamW (amsgrad, bf16 parameters with fp32 masters)
-// over any backend of support/backend_list.hpp (adam_world: over the mock), and a small momentum optimizer whose state slots are bf16, both with
+// over any backend of support/backend_list.hpp, CUDA's included (adam_world: over the mock), and a small momentum optimizer whose state slots are bf16, both with
 // deterministic parameters and gradients, and helpers that read every parameter and state byte
 // independently of the checkpoint code.
 #pragma once
@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <variant>
 #include <vector>
 
 #include <pipeswap/backend/mock.hpp>
@@ -20,8 +21,11 @@
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/optim/concepts.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
+#if defined(PIPESWAP_TEST_CUDA)
+#  include <pipeswap/optim/cuda/adam_kernels.hpp> // adam_kernels<cuda::backend>, defined by tests/cuda/adam_cuda.cu
+#endif
 
-#include "support/threaded_backend.hpp"
+#include "support/backend_list.hpp" // the test backends, their traits and upload()/download()
 #include "support/toy_optimizer.hpp"
 #include "support/world.hpp"
 
@@ -77,13 +81,25 @@ struct adam_spec {
 };
 
 /// The options adam_world<B> makes its backend with by default: the mock on unit time, raising
-/// hazards; the threaded backend with its default jitter.
+/// hazards; the threaded backend with its default jitter; another backend (CUDA) as its
+/// backend_traits make it (std::monostate).
 template <class B>
 auto default_options() {
   if constexpr (std::is_same_v<B, mock::backend>) {
     return mock::options{mock::timing_model::unit()};
+  } else if constexpr (std::is_same_v<B, threaded_backend>) {
+    return threaded_backend_options{};
   } else {
-    return typename B::options{};
+    return std::monostate{};
+  }
+}
+
+template <class B, class O>
+B make_world_backend(O const& o) {
+  if constexpr (std::is_same_v<O, std::monostate>) {
+    return backend_traits<B>::make();
+  } else {
+    return B(o);
   }
 }
 
@@ -95,7 +111,7 @@ struct basic_adam_world {
   using spec = adam_spec;
 
   explicit basic_adam_world(spec s = {}, decltype(default_options<B>()) o = default_options<B>())
-      : sp(std::move(s)), b(o), x(b, {1 << 20, 1 << 18, 512}), opt(b, config(sp)) {
+      : sp(std::move(s)), b(make_world_backend<B>(o)), x(b, {1 << 20, 1 << 18, 512}), opt(b, config(sp)) {
     auto cs = b.current_stream();
     for (std::size_t i = 0; i < sp.sizes.size(); ++i) {
       auto const n = sp.sizes[i];

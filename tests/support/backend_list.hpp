@@ -52,7 +52,11 @@ using backends_under_test = std::tuple<mock::backend, sync_host_backend>;
 /// are real threads with random delays (support/threaded_backend.hpp). What only the mock can show
 /// sits behind `if constexpr (is_mock<B>)`. Which suites use it: docs/backend.md, "Which tests run on
 /// which backend".
-#if defined(PIPESWAP_TEST_MOCK_ONLY)
+#if defined(PIPESWAP_TEST_CUDA)
+// The CUDA programs (tests/cuda/meson.build) run the same bodies on the device, each program
+// filtered to its CUDA cases; without a GPU they skip.
+using test_backends = std::tuple<cuda::backend>;
+#elif defined(PIPESWAP_TEST_MOCK_ONLY)
 // The mutated builds (support/hazard_checks_fire.py) prove the mock's hazard checks can fire, once
 // per wait site: the threaded bodies would only add run time there.
 using test_backends = std::tuple<mock::backend>;
