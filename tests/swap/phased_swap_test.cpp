@@ -7,6 +7,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <optional>
 #include <stdexcept>
@@ -193,6 +194,9 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(every_phase_is_bit_exact_against_no_swap, B, test_
   for (bool packed : {false, true}) {
     for (std::size_t k : {1u, 3u, 7u}) {
       for (std::size_t i = 0; i < ps_list.size(); ++i) {
+        // Sanitizers, threaded backend: each phase setting with one swap_times, rotating (#11, the
+        // relay, gets 7).
+        if (ps::test::sanitized_build && !is_mock<B> && k != std::array{1u, 3u, 7u}[i % 3]) continue;
         BOOST_TEST_CONTEXT("packed " << packed << " swap_times " << k << " phases #" << i) {
           auto const got = train<B>(sizes, config(k, packed, ps_list[i]), ps_list[i], 4);
           check_equal(got.bytes, ref.bytes);
@@ -216,7 +220,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(the_budget_bounds_prefetch_and_matches_the_device_
       for (std::size_t share : {0u, 16000u}) {
         for (bool defer : {false, true}) {
           for (auto cap : capacities) {
-            if (ps::test::sanitized_build && (k == 7 || cap == 12000 || cap == 60000)) continue; // sampled
+            if (ps::test::sanitized_build && (k == 7 || cap == 12000 || cap == 60000)) continue;      // sampled
+            if (ps::test::sanitized_build && !is_mock<B> && share != (defer ? 16000u : 0u)) continue; // and more
             BOOST_TEST_CONTEXT("packed " << packed << " swap_times " << k << " share " << share << " defer " << defer
                                          << " capacity " << cap) {
               phases p{share, defer, ~std::size_t{0}, cap, 0};
