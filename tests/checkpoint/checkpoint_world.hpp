@@ -64,7 +64,7 @@ std::vector<bytes> state_bytes(Runtime& rt, B& b) {
   return out;
 }
 
-/// Mock options that record hazards instead of throwing: for tests that assert hazards().empty().
+/// Mock options that record hazards instead of throwing, for tests that assert PIPESWAP_CHECK_NO_HAZARDS.
 inline mock::options recording_hazards() {
   mock::options o{mock::timing_model::unit()};
   o.hazards = mock::hazard_policy::record;

@@ -50,7 +50,7 @@ bool sampled_out(std::size_t swap_times) {
 /// Small pinned chunks keep the many tiny worlds of these tests cheap.
 ps::pinned_pool_options small_pool() { return {1 << 20, 1 << 18, 512}; }
 
-/// A mock that records hazards instead of throwing, so hazards().empty() checks something.
+/// A mock that records hazards instead of throwing, so that PIPESWAP_CHECK_NO_HAZARDS can fail.
 mock::options recording(mock::timing_model t = mock::timing_model::unit()) {
   mock::options o{t};
   o.hazards = mock::hazard_policy::record;
