@@ -36,7 +36,8 @@ BOOST_AUTO_TEST_CASE(a_gemm_is_the_slower_of_its_flops_and_its_bytes) {
   sim::device_spec d; // H200: 989 / 1979 TFLOP/s, 4.8 TB/s, ceiling 0.66
   double const n = 8192;
   double const big = sim::gemm_seconds(d, n, n, n, precision::bf16);
-  BOOST_TEST(big == 2 * n * n * n / (989e12 * sim::gemm_efficiency(n, n, n, d.kernel_efficiency)), tt::tolerance(1e-12));
+  BOOST_TEST(big == 2 * n * n * n / (989e12 * sim::gemm_efficiency(n, n, n, d.kernel_efficiency)),
+             tt::tolerance(1e-12));
   double const row = sim::gemm_seconds(d, 1, n, n, precision::bf16);
   double const bytes = 2 * (n + n * n) + 2 * n;
   BOOST_TEST(row == bytes / (4.8e12 * 0.8), tt::tolerance(1e-12));

@@ -160,7 +160,7 @@ inline op_times layer_op_times(model_spec const& m, parallel_spec const& p, devi
     double const scores = b * as * s * s, head_dim = double(head_dim_of(m));
     double const per_head = gemm_seconds(d, s, s, head_dim, precision::bf16) +
                             gemm_seconds(d, s, head_dim, s, precision::bf16); // scores, then over V
-    double const smem = scores * (2 * e + (m.dropout ? 2 * e + 1 : 0));     // softmax (and dropout)
+    double const smem = scores * (2 * e + (m.dropout ? 2 * e + 1 : 0));       // softmax (and dropout)
     o.attention_fwd = b * as * per_head + memory_seconds(d, smem);
     o.attention_bwd = 2 * b * as * per_head + memory_seconds(d, 2 * smem);
   }
