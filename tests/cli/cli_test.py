@@ -803,9 +803,10 @@ class MultiParallelScenario(unittest.TestCase):
         self.assertEqual((rs, ag), (162_924_304, 81_467_152))
         none = self.by["none"]["ranks"][0]
         self.assertGreater(none["step_ns"] - none["pipeline_ns"], rs + ag)
-        # MFU is end to end: below the kernel efficiency (0.45) by the bubble and the collectives.
-        self.assertLess(self.by["none"]["mfu"], 0.45)
-        self.assertGreater(self.by["none"]["mfu"], 0.2)
+        # MFU is end to end: below the GEMM ceiling (0.66) by the smaller kernels, the bubble and the
+        # collectives (docs/simulator.md: 36.0 %).
+        self.assertAlmostEqual(self.by["none"]["mfu"], 0.360, delta=0.001)
+        self.assertEqual(none["pipeline_ns"], 2_309_158_613)
 
 
 class Plan(unittest.TestCase):
@@ -884,10 +885,11 @@ class HonestPlanner(unittest.TestCase):
         for c in fitting:
             if c["outcome"]["step_ns"] > fastest * 1.005:
                 self.assertIn("slower than the chosen plan (beyond the 0.50 % tolerance)", c["verdict"])
-        # It swaps optimizer state only: tens of GB (36.0 GB in the steady state, where the resident
-        # shares sized on a second step gave 9.5 GB), where every eligible activation group moves hundreds.
+        # It swaps optimizer state only: tens of GB (54.5 GB in the steady state with the per-operation
+        # compute model, 36.0 GB at the old single efficiency, whose longer steps left room for larger
+        # resident shares), where every eligible activation group moves hundreds.
         self.assertEqual(chosen["swapped_chunks"], 0)
-        self.assertLess(moved(chosen), 40e9)
+        self.assertLess(moved(chosen), 60e9)
         self.assertEqual(j["chosen"]["changes"], [])
 
     def test_tolerance_comes_from_the_scenario_or_the_option(self):
@@ -975,7 +977,11 @@ class Gallery(unittest.TestCase):
             self.assertIn("alternatives chart: " + path, text)
             with open(path) as f:
                 svg = f.read()
-            self.assertEqual(svg.count("<circle"), 2 * 11)  # a point and a legend entry per alternative
+            # A point and a legend entry per alternative the text lists (ten here: the plan is the
+            # optimizer swap alternative itself, one row).
+            table = text.split("alternatives (", 1)[1].split("per rank (", 1)[0].splitlines()[2:]
+            self.assertEqual(len(table), 10)
+            self.assertEqual(svg.count("<circle"), 2 * len(table))
             self.assertIn("budget 80.0 GB", svg)
 
 
