@@ -163,6 +163,7 @@ public:
   void start(sim_time t0) {
     if (t0 > b_.now()) b_.host_compute(t0 - b_.now(), "wait for the other ranks");
     start_ = b_.now();
+    deferred_waited_ = 0;
     h2d0_ = b_.bytes_copied_h2d();
     d2h0_ = b_.bytes_copied_d2h();
     unwrapped([&] { ex_->begin_step(order_, end_); });
@@ -220,6 +221,7 @@ public:
       if (it->first <= tail_from_) before_tail = std::max<std::uint64_t>(before_tail, it->second);
     }
     r.peak_before_tail = before_tail + reserved;
+    r.deferred_waited_bytes = deferred_waited_;
     r.memory.emplace_back(r.step_ns, r.memory.back().second);
     r.peak_bytes = peak + reserved;
     r.fits = r.peak_bytes <= s_.device.memory_bytes;
@@ -410,7 +412,7 @@ private:
   void make_room(std::uint64_t bytes, mock::stream s) {
     if (!phased_ || !osw_->offload_pending()) return;
     update_budget();
-    engine_.make_room(bytes, s);
+    deferred_waited_ += engine_.make_room(bytes, s);
   }
 
   void prefetch_now() {
@@ -445,6 +447,7 @@ private:
   /// checker (and materialized bytes) only, their durations are the model's.
   bool declare_weights_ = true;
   std::uint64_t transient_ = 0;
+  std::uint64_t deferred_waited_ = 0; ///< this step: bytes make_room gave the forwards
   std::size_t prefetched_ = 0, batches_ = 0;
   sim_time start_ = 0, pipeline_end_ = 0, end_time_ = 0, tail_from_ = 0;
   std::size_t h2d0_ = 0, d2h0_ = 0;
