@@ -358,6 +358,128 @@ BOOST_AUTO_TEST_CASE(the_deferred_finish_orders_the_reuse_of_the_deferred_storag
   BOOST_TEST(run_phased(true, true, 0, {wait_site::finish_deferred, wait_site::arena_reuse}).hazards > 0u);
 }
 
+namespace {
+
+struct room_outcome {
+  std::size_t hazards = 0;
+  std::uint64_t capacity = 0;   ///< the budget's capacity: what the deferred offload held
+  std::uint64_t given = 0;      ///< make_room's answer
+  std::uint64_t used_after = 0; ///< the budget's count after make_room
+  std::size_t peak = 0;         ///< the device's peak above the state that never leaves it, from the forward on
+  unsigned long finish_waits = 0;
+};
+
+/// One deferred step (every batch prefetched first, offloads slow), the budget's capacity then set to
+/// what the deferred offload holds; a "forward" asks for room for `bytes` on the compute stream,
+/// allocates them there, writes them and frees them.
+room_outcome run_make_room(bool packed, std::uint64_t bytes, std::initializer_list<wait_site> mutated) {
+  mutate(mutated);
+  auto t = mock::timing_model::unit();
+  t.d2h = {100'000'000, 0};
+  mock::options o{t};
+  o.hazards = mock::hazard_policy::record;
+  mock::backend b{o};
+  ps::transfer_engine<mock::backend> x(b, {1 << 20, 1 << 18, 512});
+  ps::device_budget budget(1u << 30);
+  x.set_budget(&budget);
+  ps::test::model<mock::backend, toy> m(b, {4000, 4000, 4000, 4000}, 3, true);
+  ps::swap_config cfg;
+  cfg.swap_times = 4;
+  cfg.packed = packed;
+  cfg.min_swap_numel = 0;
+  cfg.defer_offload = true;
+  m.set_grads(0);
+  room_outcome r;
+  {
+    ps::optimizer_swap<toy> rt(x, m.opt, cfg);
+    auto const base = b.device_bytes_in_use();
+    (void)rt.prefetch();
+    rt.step();
+    (void)rt.prefetch(); // one step in, so the plan is known: every batch is prefetched
+    rt.step();           // and offloaded from its own storage, deferred
+    BOOST_TEST(rt.offload_pending());
+    r.capacity = budget.used();
+    budget.set_capacity(r.capacity);
+    reset_hits();
+    auto const cs = b.current_stream();
+    r.given = x.make_room(bytes, cs);
+    r.used_after = budget.used();
+    r.finish_waits = hits(wait_site::finish_deferred);
+    auto const from = b.ready_time(cs); // the forward allocates from here on
+    auto const p = b.allocate_device(bytes, cs);
+    b.launch(cs, mock::kernel_desc{"forward", {}, {{p, bytes}}, 10});
+    b.deallocate_device(p, bytes, cs);
+    rt.finish_offload();
+    b.synchronize_device();
+    // The device from the forward's allocation on (the step before it had its own, larger, peak).
+    std::size_t peak = 0, level = 0;
+    for (auto const& [at, live] : b.device_memory_timeline()) {
+      if (at < from)
+        level = live;
+      else
+        peak = std::max(peak, live);
+    }
+    r.peak = std::max(peak, level) - base;
+    r.hazards = b.hazards().size();
+    b.set_hazard_policy(mock::hazard_policy::ignore);
+  }
+  ps::detail::mutated_sites = 0;
+  return r;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(make_room_waits_the_deferred_offload_instead_of_exceeding_the_budget) {
+  for (bool packed : {false, true}) {
+    BOOST_TEST_CONTEXT("packed " << packed) {
+      // Nothing asked: nothing given, nothing waited.
+      auto const none = run_make_room(packed, 0, {});
+      BOOST_TEST(none.given == 0u);
+      BOOST_TEST(none.finish_waits == 0u);
+      BOOST_TEST(none.used_after == none.capacity);
+      // Half the held storage asked for: the forward waits as many deferred batches as free it, in
+      // step order, and the device never holds more than the budget's capacity.
+      auto const half = run_make_room(packed, none.capacity / 2, {});
+      // Four batches of 4 x 4000 elements, 10 bytes each (packed: each own arena rounded up to 256).
+      std::uint64_t const held = packed ? 4 * 40192 : 4 * 40000;
+      BOOST_TEST(none.capacity == held);
+      BOOST_TEST(half.hazards == 0u);
+      BOOST_TEST(half.given == held / 2); // two batches, the first two in step order
+      BOOST_TEST(half.used_after == held / 2);
+      BOOST_TEST(half.finish_waits == 2u);
+      BOOST_TEST(half.peak == held); // the forward's bytes exactly where the given batches were
+      BOOST_TEST(half.used_after + half.capacity / 2 <= half.capacity);
+      BOOST_TEST(half.given < half.capacity); // part of it: the rest keeps draining
+      BOOST_TEST(half.finish_waits >= 1u);
+      BOOST_TEST(half.peak <= half.capacity);
+      // All of it asked for: the whole offload is finished behind the compute stream.
+      auto const all = run_make_room(packed, none.capacity, {});
+      BOOST_TEST(all.hazards == 0u);
+      BOOST_TEST(all.given == all.capacity);
+      BOOST_TEST(all.used_after == 0u);
+      BOOST_TEST(all.peak <= all.capacity);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(make_room_needs_its_waits) {
+  // Per tensor, the deferred storage was released on the d2h stream behind its D2H: the compute
+  // stream's finish_deferred wait is the only order between that release and the forward's
+  // allocation. Without it the device holds the forward's bytes beside storage still draining.
+  auto const per_tensor = run_make_room(false, 0, {});
+  auto const r = run_make_room(false, per_tensor.capacity / 2, {wait_site::finish_deferred});
+  BOOST_TEST(r.hazards == 0u);
+  BOOST_TEST(r.peak > r.capacity);
+  // Packed, each own arena is released on the d2h stream behind its D2H and the compute stream
+  // waits that release (gate_after_offload): a second line behind finish_deferred; without both the
+  // device goes over.
+  auto const packed = run_make_room(true, 0, {});
+  auto const p1 = run_make_room(true, packed.capacity / 2, {wait_site::finish_deferred});
+  BOOST_TEST(p1.peak <= p1.capacity);
+  auto const p2 = run_make_room(true, packed.capacity / 2, {wait_site::finish_deferred, wait_site::gate_after_offload});
+  BOOST_TEST(p2.peak > p2.capacity);
+}
+
 BOOST_AUTO_TEST_CASE(every_data_wait_is_necessary_with_the_phases_on) {
   // Prefetched and resident batches are consumed through the same waits: without any one of them
   // the hazard checker fires.

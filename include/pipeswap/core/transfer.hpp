@@ -61,6 +61,26 @@
 
 namespace pipeswap {
 
+namespace detail {
+/// Something that holds device storage counted in the engine's budget and can give it back behind a
+/// stream: a deferred optimizer offload (swap/detail/carry_over.hpp). transfer_engine::make_room
+/// asks it for room.
+template <backend B>
+class room_source {
+public:
+  /// Gives back storage, `user` ordered behind what still reads it, until `bytes` fit beside what
+  /// the budget counts (transfer_engine::fits_required) or nothing is left to give. Returns the bytes
+  /// given back.
+  virtual std::uint64_t give_room(std::uint64_t bytes, stream_t<B> user) = 0;
+
+protected:
+  room_source() = default;
+  room_source(room_source const&) = default;
+  room_source& operator=(room_source const&) = default;
+  ~room_source() = default;
+};
+} // namespace detail
+
 /// A device → host copy of bytes that stay on the device (checkpoints of unswappable state).
 template <backend B>
 struct host_copy {
@@ -93,6 +113,46 @@ public:
   [[nodiscard]] stream_t<B> compute() const { return b_.current_stream(); }
   [[nodiscard]] stream_t<B> h2d() const noexcept { return h2d_; }
   [[nodiscard]] stream_t<B> d2h() const noexcept { return d2h_; }
+
+  // ----- room for the next allocation -------------------------------------------------------------
+
+  /// Before `user` allocates `bytes` of device memory under the budget, or beside it (a forward's
+  /// activations, which the budget does not count: the capacity is the room the rest leaves): when
+  /// the bytes do not fit beside what the budget counts, storage it counts that can be given back
+  /// behind `user` is (a deferred optimizer offload: `user` waits its D2Hs, batch by batch in step
+  /// order, each batch's storage released behind them) until they fit or none is left. So the
+  /// allocation that follows on `user` waits for (part of) the deferred offload instead of exceeding
+  /// the budget. Never blocks the host. Returns the bytes given back (0 without a budget, when the
+  /// bytes already fit, or when nothing counted can be given back). launch_load asks it for every
+  /// batch it allocates storage for (activation loads); optimizer prefetch finishes the deferred
+  /// offload itself.
+  std::uint64_t make_room(std::uint64_t bytes, stream_t<B> user) {
+    check_budget("transfer_engine::make_room");
+    if (fits_required(bytes) || giving_room_) return 0;
+    giving_room_ = true;
+    std::uint64_t given = 0;
+    try {
+      for (std::size_t i = 0; i < room_sources_.size() && !fits_required(bytes); ++i)
+        given += room_sources_[i]->give_room(bytes, user);
+    } catch (...) {
+      giving_room_ = false;
+      throw;
+    }
+    giving_room_ = false;
+    return given;
+  }
+  /// Registers `s` with make_room() (the optimizer-swap runtime registers its deferred offload);
+  /// unregistered with remove_room_source() before `s` goes away.
+  void add_room_source(detail::room_source<B>& s) {
+    if (std::find(room_sources_.begin(), room_sources_.end(), &s) == room_sources_.end()) room_sources_.push_back(&s);
+  }
+  void remove_room_source(detail::room_source<B>& s) noexcept {
+    room_sources_.erase(std::remove(room_sources_.begin(), room_sources_.end(), &s), room_sources_.end());
+  }
+  /// Stream-ordered releases of device storage the engine has issued so far (a count that only
+  /// grows): a caller that knows every release up to some count is ordered before a stream tells
+  /// whether one was issued since.
+  [[nodiscard]] std::uint64_t releases_issued() const noexcept { return releases_; }
 
   // ----- setting buffers up and down --------------------------------------------------------------
 
@@ -260,6 +320,7 @@ public:
         if (link_.budget && !targets.empty()) { // a strict budget refuses the batch before any allocation
           std::uint64_t total = 0;
           for (auto* x : targets) total += x->bytes_;
+          make_room(total, h2d_); // the h2d stream waits (part of) a deferred offload rather than going over
           link_.budget->require_room(targets.front()->client_, total);
         }
         for (auto* x : targets) x->device_ = allocate_reserved(x->client_, x->bytes_, h2d_, x->reserved_);
@@ -435,6 +496,7 @@ public:
   /// Releases storage from allocate_device behind the copies enqueued on the h2d stream.
   void deallocate_device(device_pointer_t<B> d, std::size_t bytes) {
     if (d) b_.deallocate_device(d, bytes, h2d_);
+    ++releases_;
   }
 
   /// Replaces a device-resident buffer's storage with `fresh` (same size); the old storage is
@@ -446,6 +508,7 @@ public:
     auto const old = x.device_;
     x.device_ = fresh;
     if (old) b_.deallocate_device(old, x.bytes_, compute());
+    ++releases_;
   }
 
 private:
@@ -507,6 +570,7 @@ private:
   /// The release of an arena on the d2h stream, `next_user` ordered behind it.
   void free_arena(staging_arena<B>& a, stream_t<B> next_user) {
     b_.deallocate_device(a.base, a.bytes, d2h_);
+    ++releases_;
     if (a.reserved) unreserve(budget_client::optimizer, a.reserved);
     a = staging_arena<B>{};
     detail::wait_at(detail::wait_site::gate_after_offload, b_, next_user, b_.record_event(d2h_));
@@ -518,6 +582,7 @@ private:
     x.device_ = {};
     try {
       b_.deallocate_device(d, x.bytes_, s);
+      ++releases_;
     } catch (...) {
       x.device_ = d;
       throw;
@@ -551,6 +616,9 @@ private:
   pinned_pool<B> pool_;
   stream_t<B> h2d_;
   stream_t<B> d2h_;
+  detail::lean_vector<detail::room_source<B>*> room_sources_;
+  bool giving_room_ = false; ///< make_room in progress (a source's own loads do not ask again)
+  std::uint64_t releases_ = 0;
 };
 
 // Defined out of the class, so not inline: a translation unit that declares the engine extern

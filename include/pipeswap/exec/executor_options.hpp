@@ -64,6 +64,12 @@ struct executor_options {
   /// the rank's last forward on, each compute entry is preceded by prefetch(prefetch_batches) (the
   /// backward tail gives memory back); step() ends the step. Pair it with settle_device = false.
   bool optimizer_phases = false;
+  /// With optimizer_phases: the deferred offload still pending at the start of a step is finished
+  /// there behind the h2d stream (true, as above), or left pending (false), still counted in the
+  /// device budget: then it is finished, batch by batch as room is needed, by whatever allocates
+  /// under the budget next on the stream that allocates (transfer_engine::make_room: activation loads
+  /// on the h2d stream, and forwards that ask before allocating), by the prefetch, or by step().
+  bool finish_offload_at_start = true;
   /// With optimizer_phases: the batches one prefetch() call may start.
   std::size_t prefetch_batches = std::numeric_limits<std::size_t>::max();
   /// The host synchronizes the compute stream before `finish` (the gradient-norm reduction of mixed

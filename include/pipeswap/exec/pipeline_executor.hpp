@@ -154,7 +154,7 @@ public:
         if (o_.optimizer_phases) {
           // The previous step's deferred offload drains into this step's forward: stream-ordered
           // behind the h2d stream (its storage returns behind the D2Hs), the compute stream goes on.
-          if (finish.offload_pending()) finish.finish_offload(engine_.h2d());
+          if (o_.finish_offload_at_start && finish.offload_pending()) finish.finish_offload(engine_.h2d());
           prefetch_ = [&finish, n = o_.prefetch_batches] { finish.prefetch(n); };
         }
       }

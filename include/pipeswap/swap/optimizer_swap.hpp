@@ -274,6 +274,7 @@ private:
 template <swap_optimizer O, partition_policy P>
 optimizer_swap<O, P>::~optimizer_swap() {
   hand_back();
+  engine_.remove_room_source(carry());
 }
 
 template <swap_optimizer O, partition_policy P>
@@ -306,6 +307,13 @@ optimizer_swap<O, P>::optimizer_swap(transfer_engine<B>& engine, O& opt, swap_co
                     [this](std::size_t i, device_pointer_t<B> dst) { opt_.initialize(i, dst); });
   } catch (...) {
     home.set_attached(access(), false);
+    throw;
+  }
+  // Allocations under the engine's budget (transfer_engine::make_room) may wait the deferred offload.
+  try {
+    engine_.add_room_source(carry());
+  } catch (...) {
+    hand_back();
     throw;
   }
 }

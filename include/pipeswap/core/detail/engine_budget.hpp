@@ -72,6 +72,12 @@ public:
     check_budget("transfer_engine::fits_optional");
     return !link_.budget || link_.budget->fits(bytes);
   }
+  /// Whether a required reservation (or an allocation beside the budget) of `bytes` fits now:
+  /// always without a budget; with one, when used() + bytes stays within its capacity.
+  [[nodiscard]] bool fits_required(std::uint64_t bytes) const {
+    check_budget("transfer_engine::fits_required");
+    return !link_.budget || bytes <= link_.budget->available();
+  }
   /// Reload demand of offloaded activations (device_budget::add_reload_demand), counted per engine.
   void add_reload_demand(std::uint64_t bytes) {
     check_budget("transfer_engine::add_reload_demand");

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/budget.hpp>
@@ -34,7 +35,7 @@ namespace pipeswap::detail {
 /// packed_carry (packed_pipeline.hpp) keeps own arenas, per_tensor_carry (per_tensor_pipeline.hpp)
 /// budget holds; they supply it through the hooks below.
 template <backend B>
-class carry_over {
+class carry_over : public room_source<B> {
 public:
   using plan_ptr = plan_ref<B>;
 
@@ -61,7 +62,10 @@ public:
   void keep_only(std::size_t resident) noexcept { kept_ = resident; }
 
   /// The step returns with D2Hs in flight; what they read stays held until finish_deferred().
-  void defer() noexcept { deferred_ = true; }
+  void defer() noexcept {
+    deferred_ = true;
+    releases_at_defer_ = engine_.releases_issued();
+  }
 
   // ----- between steps ---------------------------------------------------------------------------
 
@@ -77,7 +81,10 @@ public:
     auto const& d = *plan;
     auto const N = d.size();
     auto const unit = window_unit(d);
-    bool gated = deferred_;
+    // Releases issued since the step deferred (activation offloads of a step the deferred offload
+    // drained into, batches it gave back) are not ordered before the h2d stream yet: then the
+    // prefetch waits them like any other.
+    bool gated = deferred_ && engine_.releases_issued() == releases_at_defer_;
     for (std::size_t launched = 0; kept_ < N && launched < max_batches; ++launched) {
       auto const n = kept_;
       auto const rest = N - n - 1;
@@ -119,6 +126,27 @@ public:
     release_deferred(next_user);
     deferred_ = false;
     return true;
+  }
+
+  /// transfer_engine::make_room: the deferred offload gives its storage back behind `user`, batch by
+  /// batch in step order (`user` waits each batch's D2H, then the batch's own storage is released
+  /// behind it), until `bytes` fit in the budget; the staging it holds goes last, with the whole
+  /// offload finished (finish_deferred). Returns the budget bytes given back.
+  std::uint64_t give_room(std::uint64_t bytes, stream_t<B> user) override {
+    if (!deferred_ || !plan_) return 0;
+    auto const before = engine_.reserved_bytes(budget_client::optimizer);
+    auto const& d = *plan_;
+    for (std::size_t n = 0; n < d.size() && !engine_.fits_required(bytes); ++n) {
+      bool in_flight = false;
+      for (auto* p : d.batch(n)) in_flight = in_flight || p->state() == residency::d2h;
+      if (!in_flight) continue;
+      trace_.emit(swap_event::kind::finish_deferred, n);
+      engine_.wait_offload(d.batch(n), user, wait_site::finish_deferred);
+      give_batch(n, user);
+    }
+    if (!engine_.fits_required(bytes)) finish_deferred(user);
+    auto const after = engine_.reserved_bytes(budget_client::optimizer);
+    return before > after ? before - after : 0;
   }
 
   /// Brings every kept batch home and releases its own storage. Idempotent: if a copy fails, what is
@@ -172,6 +200,9 @@ protected:
   virtual void load_kept(step_plan<B> const& d, std::size_t n) = 0;
   /// Batch n of the deferred offload finished (its D2H is waited).
   virtual void batch_finished(std::size_t n) noexcept = 0;
+  /// Batch n of the deferred offload finished with `user` waiting its D2H (make_room): its own
+  /// storage is released behind `user`.
+  virtual void give_batch(std::size_t n, stream_t<B> user) = 0;
   /// The whole deferred offload finished: what it held is released behind `next_user`.
   virtual void release_deferred(stream_t<B> next_user) = 0;
   /// Batches [0, own_extent()) may have own storage besides the kept ones.
@@ -191,6 +222,7 @@ private:
   std::size_t kept_ = 0;
   bool must_evict_ = false;
   bool deferred_ = false;
+  std::uint64_t releases_at_defer_ = 0; ///< engine_.releases_issued() when the offload was deferred
 };
 
 } // namespace pipeswap::detail

@@ -88,6 +88,13 @@ private:
   }
   void load_kept(step_plan<B> const& d, std::size_t n) override { load_own(d, n); }
   void batch_finished(std::size_t) noexcept override {}
+  /// Its own arena (if it has one, not prefetched again) is released behind `user`; a batch the
+  /// deferred offload reads from staging keeps it until the whole offload finishes.
+  void give_batch(std::size_t n, stream_t<B> user) override {
+    if (n < this->kept() || n >= own_.size() || !own_[n].base) return;
+    this->engine_.release_arena(own_[n], user);
+    handoff_.erase(std::remove(handoff_.begin(), handoff_.end(), n), handoff_.end());
+  }
   void release_deferred(stream_t<B> next_user) override {
     for (auto& a : held_arenas_) this->engine_.release_arena(a, next_user);
     held_arenas_.clear();

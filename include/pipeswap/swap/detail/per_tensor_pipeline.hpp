@@ -65,6 +65,8 @@ private:
     this->engine_.unhold(budget_client::optimizer, held_[n]);
     held_[n] = 0;
   }
+  /// Its storage was released on the d2h stream behind its D2H, which `user` waited: the hold ends.
+  void give_batch(std::size_t n, stream_t<B>) override { batch_finished(n); }
   void release_deferred(stream_t<B>) override { release_holds(); }
   [[nodiscard]] std::size_t own_extent() const noexcept override { return 0; }
   void evict_batch(step_plan<B> const& d, std::size_t n) override {

@@ -124,6 +124,9 @@ struct rank_result {
   /// Peak device bytes (reserved included) from the step's start to the end of the rank's last
   /// forward: what the resident share must fit beside (the backward tail then only gives back).
   std::uint64_t peak_before_tail = 0;
+  /// With the phases: bytes of the previous step's deferred offload the step's forwards waited for
+  /// (transfer_engine::make_room gave them back behind the compute stream).
+  std::uint64_t deferred_waited_bytes = 0;
   /// The compute slots its activation loads went out ahead of their backward (simulate(); 1: the
   /// reference placement).
   std::size_t load_lookahead = 1;

@@ -24,7 +24,9 @@ namespace pipeswap::sim {
 ///    with no share left, its offload wait delay set back to 1, then its load lookahead halved (a later
 ///    wait or an earlier load holds its chunk longer), or
 ///    last its optimizer step run without the phases (rank_settings::phased), and the run is
-///    repeated, at most `refinements` times. When none of the runs fits every rank, a rank still over
+///    repeated, at most `refinements` times. A run that fits, where some ranks' forwards waited for
+///    the previous step's deferred offload, is compared with the same run with those ranks' phases
+///    off, and the faster of the two that fits is kept. When none of the runs fits every rank, a rank still over
 ///    with its phases off gets its sized settings back (one more run), and the result is the run
 ///    with the fewest ranks over the capacity (the fastest of those).
 /// `resolved`, when given, receives the options of the run returned: simulate(s, *resolved) repeats
@@ -70,6 +72,23 @@ inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t
     res = simulate(s, o);
     o.progress = {};
     if (res.fits) {
+      // Forwards that waited for the deferred offload's room may cost more than the step without
+      // the phases on those ranks (the D2Hs they wait share the link with the prefetch): the faster
+      // of the two that fits.
+      auto alt = o;
+      bool waited = false;
+      for (std::uint32_t r = 0; r < R; ++r) {
+        if (res.ranks[r].deferred_waited_bytes == 0 || alt.ranks[r].phased == false) continue;
+        alt.ranks[r].phased = false;
+        waited = true;
+      }
+      if (waited) {
+        auto other = simulate(s, alt);
+        if (other.fits && other.step_ns < res.step_ns) {
+          keep(alt);
+          return other;
+        }
+      }
       keep(o);
       return res;
     }

@@ -93,6 +93,10 @@ public:
     exec::executor_options eo;
     eo.host_waits_receives = true;
     eo.optimizer_phases = phased_;
+    // The previous step's deferred offload stays counted in the budget into this step: the forwards
+    // ask the engine for room before they allocate (make_room), so they wait (part of) it where the
+    // device would not hold both.
+    eo.finish_offload_at_start = false;
     eo.sync_before_finish = false;
     eo.settle_device = !overlap_;
     ex_.emplace(engine_, comm_, layout_, std::move(models), eo);
@@ -159,6 +163,7 @@ public:
   void start(sim_time t0) {
     if (t0 > b_.now()) b_.host_compute(t0 - b_.now(), "wait for the other ranks");
     start_ = b_.now();
+    deferred_waited_ = 0;
     h2d0_ = b_.bytes_copied_h2d();
     d2h0_ = b_.bytes_copied_d2h();
     unwrapped([&] { ex_->begin_step(order_, end_); });
@@ -216,6 +221,7 @@ public:
       if (it->first <= tail_from_) before_tail = std::max<std::uint64_t>(before_tail, it->second);
     }
     r.peak_before_tail = before_tail + reserved;
+    r.deferred_waited_bytes = deferred_waited_;
     r.memory.emplace_back(r.step_ns, r.memory.back().second);
     r.peak_bytes = peak + reserved;
     r.fits = r.peak_bytes <= s_.device.memory_bytes;
@@ -258,9 +264,10 @@ private:
       bool const last = static_cast<std::size_t>(f.stage) + 1 == r->stages_.size();
       // The stage input: received (or handed over by the previous stage on this rank), or for stage
       // 0 the embedding output this forward writes.
+      auto const layer_total = st->activation_bytes - st->boundary_bytes;
+      r->make_room(layer_total + (first ? st->boundary_bytes : 0), cs);
       owned in = first ? owned{b.allocate_device(st->boundary_bytes, cs), st->boundary_bytes}
                        : owned{f.input.ptr, f.input.bytes};
-      auto const layer_total = st->activation_bytes - st->boundary_bytes;
       auto const layers = std::max<std::uint32_t>(st->layers, 1);
       std::vector<owned> acts;
       for (std::uint32_t l = 0; l < layers; ++l) {
@@ -299,6 +306,7 @@ private:
       for (auto const& x : g.saved) bufs.push_back({x.ptr, x.bytes});
       // Full recomputation rebuilds one layer's activations at a time while the backward runs.
       owned work{};
+      if (st->backward_workspace_bytes) r->make_room(st->backward_workspace_bytes, cs);
       if (st->backward_workspace_bytes)
         work = {b.allocate_device(st->backward_workspace_bytes, cs), st->backward_workspace_bytes};
       mock::kernel_desc d{name_of("BWD", g.stage, g.micro), {}, {}, st->bwd_ns};
@@ -398,6 +406,15 @@ private:
     budget_.set_capacity(room > outside + transient_ ? room - outside - transient_ : 0);
   }
 
+  /// Before a compute entry allocates `bytes` outside the budget on `s`: with a deferred offload
+  /// still in flight, `s` waits as much of it as the device needs to hold them beside the rest
+  /// (transfer_engine::make_room, the budget's capacity first set to the room the step leaves).
+  void make_room(std::uint64_t bytes, mock::stream s) {
+    if (!phased_ || !osw_->offload_pending()) return;
+    update_budget();
+    deferred_waited_ += engine_.make_room(bytes, s);
+  }
+
   void prefetch_now() {
     update_budget();
     osw_->prefetch();
@@ -430,6 +447,7 @@ private:
   /// checker (and materialized bytes) only, their durations are the model's.
   bool declare_weights_ = true;
   std::uint64_t transient_ = 0;
+  std::uint64_t deferred_waited_ = 0; ///< this step: bytes make_room gave the forwards
   std::size_t prefetched_ = 0, batches_ = 0;
   sim_time start_ = 0, pipeline_end_ = 0, end_time_ = 0, tail_from_ = 0;
   std::size_t h2d0_ = 0, d2h0_ = 0;
