@@ -71,7 +71,9 @@ public:
   void erase_host(std::uintptr_t base) { host_.erase(base); }
 
   /// The device allocation holding `d` (live or released); mock_error naming `what` if none.
-  [[nodiscard]] alloc_ptr find_device(device_ptr d, call_site const& what) const {
+  [[nodiscard]] alloc_ptr find_device(device_ptr d, call_site const& what) const { return find_device_ref(d, what); }
+  /// The same, as a reference into the table (valid until the next add_device or device_released).
+  [[nodiscard]] alloc_ptr const& find_device_ref(device_ptr d, call_site const& what) const {
     for (auto const* list : {&live_device_, &device_}) {
       auto const it = find_in(*list, d.address());
       if (it != list->end() && d.address() < it->second->base + it->second->size) return it->second;

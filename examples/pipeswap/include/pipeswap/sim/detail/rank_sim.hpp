@@ -273,15 +273,19 @@ private:
       (first ? d.writes : d.reads).push_back({in.ptr, in.bytes});
       for (auto const& a : acts) d.writes.push_back({a.ptr, a.bytes});
       if (!last) d.writes.push_back({f.output.ptr, f.output.bytes});
-      std::vector<owned> written = acts;
-      if (first) written.insert(written.begin(), owned{in.ptr, in.bytes});
-      b.launch(cs, std::move(d), [written, st_ = f.stage, m = f.micro, first](mock::kernel_context const& ctx) {
-        for (std::size_t i = 0; i < written.size(); ++i) {
-          auto const idx = first ? i : i + 1;
-          auto span = ctx.write<std::byte>(written[i].ptr, written[i].bytes);
-          std::fill(span.begin(), span.end(), pattern_of(st_, m, idx));
-        }
-      });
+      if (b.holds_bytes()) { // the body runs only on materialized bytes
+        std::vector<owned> written = acts;
+        if (first) written.insert(written.begin(), owned{in.ptr, in.bytes});
+        b.launch(cs, std::move(d), [written, st_ = f.stage, m = f.micro, first](mock::kernel_context const& ctx) {
+          for (std::size_t i = 0; i < written.size(); ++i) {
+            auto const idx = first ? i : i + 1;
+            auto span = ctx.write<std::byte>(written[i].ptr, written[i].bytes);
+            std::fill(span.begin(), span.end(), pattern_of(st_, m, idx));
+          }
+        });
+      } else {
+        b.launch(cs, std::move(d));
+      }
       // The pipeline owns the stage input until the backward: it stays on the device.
       if (first) f.keep(in.ptr, in.bytes);
       for (auto const& a : acts) f.save(a.ptr, a.bytes);
@@ -314,14 +318,17 @@ private:
         for (auto const& x : w.grads) d.writes.push_back({x.ptr, x.bytes});
       if (g.grad_input.bytes) d.writes.push_back({g.grad_input.ptr, g.grad_input.bytes});
       // A received input's bytes are the sender's; what the forward wrote is checked.
-      b.launch(cs, std::move(d),
-               [bufs, first, st_ = g.stage, m = g.micro, bad = &r->corrupt_](mock::kernel_context const& ctx) {
-                 for (std::size_t i = first ? 0 : 1; i < bufs.size(); ++i) {
-                   auto span = ctx.read<std::byte>(bufs[i].ptr, bufs[i].bytes);
-                   auto const want = pattern_of(st_, m, i);
-                   if (std::any_of(span.begin(), span.end(), [&](std::byte v) { return v != want; })) ++*bad;
-                 }
-               });
+      if (b.holds_bytes())
+        b.launch(cs, std::move(d),
+                 [bufs, first, st_ = g.stage, m = g.micro, bad = &r->corrupt_](mock::kernel_context const& ctx) {
+                   for (std::size_t i = first ? 0 : 1; i < bufs.size(); ++i) {
+                     auto span = ctx.read<std::byte>(bufs[i].ptr, bufs[i].bytes);
+                     auto const want = pattern_of(st_, m, i);
+                     if (std::any_of(span.begin(), span.end(), [&](std::byte v) { return v != want; })) ++*bad;
+                   }
+                 });
+      else
+        b.launch(cs, std::move(d));
       if (work.bytes) g.release_after(work.ptr, work.bytes);
     }
   };
@@ -364,6 +371,8 @@ private:
     m.timing = timing_of(s.device, link);
     m.hazards = o.check_hazards ? mock::hazard_policy::raise : mock::hazard_policy::ignore;
     m.materialize = o.materialize;
+    // The operations' records are read only by the hazard reports and the trace.
+    m.keep_op_log = o.check_hazards || o.record_trace;
     return m;
   }
 
