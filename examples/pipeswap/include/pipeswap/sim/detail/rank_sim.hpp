@@ -268,11 +268,12 @@ private:
         acts.push_back({n ? b.allocate_device(n, cs) : device_ptr{}, n});
       }
       mock::kernel_desc d{name_of("FWD", f.stage, f.micro), {}, {}, st->fwd_ns};
-      if (r->declare_weights_)
+      if (r->declare_weights_) {
         for (auto const& p : r->weights_.at(st->stage).params) d.reads.push_back({p.ptr, p.bytes});
-      (first ? d.writes : d.reads).push_back({in.ptr, in.bytes});
-      for (auto const& a : acts) d.writes.push_back({a.ptr, a.bytes});
-      if (!last) d.writes.push_back({f.output.ptr, f.output.bytes});
+        (first ? d.writes : d.reads).push_back({in.ptr, in.bytes});
+        for (auto const& a : acts) d.writes.push_back({a.ptr, a.bytes});
+        if (!last) d.writes.push_back({f.output.ptr, f.output.bytes});
+      }
       if (b.holds_bytes()) { // the body runs only on materialized bytes
         std::vector<owned> written = acts;
         if (first) written.insert(written.begin(), owned{in.ptr, in.bytes});
@@ -306,17 +307,17 @@ private:
       if (st->backward_workspace_bytes)
         work = {b.allocate_device(st->backward_workspace_bytes, cs), st->backward_workspace_bytes};
       mock::kernel_desc d{name_of("BWD", g.stage, g.micro), {}, {}, st->bwd_ns};
-      if (work.bytes) d.writes.push_back({work.ptr, work.bytes});
-      auto const& w = r->weights_.at(st->stage);
-      if (r->declare_weights_)
+      if (r->declare_weights_) {
+        auto const& w = r->weights_.at(st->stage);
+        if (work.bytes) d.writes.push_back({work.ptr, work.bytes});
         for (auto const& p : w.params) d.reads.push_back({p.ptr, p.bytes});
-      for (auto const& x : bufs) {
-        if (x.bytes) d.reads.push_back({x.ptr, x.bytes});
-      }
-      if (!last) d.reads.push_back({g.grad_output.ptr, g.grad_output.bytes});
-      if (r->declare_weights_)
+        for (auto const& x : bufs) {
+          if (x.bytes) d.reads.push_back({x.ptr, x.bytes});
+        }
+        if (!last) d.reads.push_back({g.grad_output.ptr, g.grad_output.bytes});
         for (auto const& x : w.grads) d.writes.push_back({x.ptr, x.bytes});
-      if (g.grad_input.bytes) d.writes.push_back({g.grad_input.ptr, g.grad_input.bytes});
+        if (g.grad_input.bytes) d.writes.push_back({g.grad_input.ptr, g.grad_input.bytes});
+      }
       // A received input's bytes are the sender's; what the forward wrote is checked.
       if (b.holds_bytes())
         b.launch(cs, std::move(d),
@@ -435,8 +436,9 @@ private:
   std::optional<optimizer_swap<opt_type>> osw_;
   std::map<std::uint32_t, stage_weights> weights_;
   bool overlap_ = false, phased_ = false;
-  /// The stage kernels and collectives declare the weights and gradients they touch: for the hazard
-  /// checker (and materialized bytes) only, their durations are the model's.
+  /// The stage kernels and collectives declare the regions they touch (weights, gradients,
+  /// activations, stage boundaries): for the hazard checker (and materialized bytes) only, their
+  /// durations are the model's.
   bool declare_weights_ = true;
   std::uint64_t transient_ = 0;
   std::size_t prefetched_ = 0, batches_ = 0;
