@@ -27,6 +27,7 @@ namespace pipeswap::sim {
 ///    repeated, at most `refinements` times. When none of the runs fits every rank, a rank still over
 ///    with its phases off gets its sized settings back (one more run), and the result is the run
 ///    with the fewest ranks over the capacity (the fastest of those).
+/// A set of rank settings already run is not simulated again (its result is reused).
 /// `resolved`, when given, receives the options of the run returned: simulate(s, *resolved) repeats
 /// it exactly.
 inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t refinements = 4,
