@@ -3,7 +3,7 @@
 
 About 1 B fp32 parameters (--tensors T tensors of --numel N elements each) with fixed gradients:
   resident    torch.optim.AdamW(fused=True), the state on the device;
-  swap-K      pipeswap.torch.SwapAdamW(fused=True, pipeline="packed", swap_times=K) for each K of
+  swap-K      pipeswap.torch.SwapAdamW(fused=True, packed=True, swap_times=K) for each K of
               --swap-times (default 8 16), prefetch on: prefetch(--prefetch, default 1 batch) is
               issued before each step (in a training loop it runs under the backward), and the time
               measured is from prefetch() to the end of step(): the whole state crosses the link
@@ -151,7 +151,7 @@ def main():
     bad = []
     for k in a.swap_times:
         params = make_params(a.tensors, a.numel)
-        r = time_run(lambda ps: SwapAdamW(ps, lr=1e-4, fused=True, pipeline="packed", swap_times=k), params, grads,
+        r = time_run(lambda ps: SwapAdamW(ps, lr=1e-4, fused=True, packed=True, swap_times=k), params, grads,
                      a.steps, prefetch=a.prefetch)
         r["ratio_to_bound"] = r["ms"] / bound
         # Two staging arenas, the state that never swaps, and the per-parameter step scalars that

@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <string>
 #include <version>
+
+#include <pipeswap/detail/message.hpp>
 #if defined(__cpp_lib_source_location)
 #  include <source_location>
 #endif
@@ -37,7 +39,7 @@ public:
 #if defined(__cpp_lib_source_location)
 namespace detail {
 inline std::string where(std::source_location const& loc) {
-  return std::string(loc.file_name()) + ":" + std::to_string(loc.line());
+  return detail::message({loc.file_name(), ":", loc.line()});
 }
 } // namespace detail
 #endif

@@ -1,11 +1,15 @@
-// Optimizer checkpoints on the mock backend (hazard checker raising): resuming from a checkpoint
-// equals uninterrupted training bit for bit (both pipelines, non-swappable slots, bf16 masters,
-// amsgrad, a bf16-state optimizer, across runtime configurations); the file's names, dtypes, shapes
+// Optimizer checkpoints: resuming from a checkpoint equals uninterrupted training bit for bit (both
+// pipelines, non-swappable slots, bf16 masters, amsgrad, across runtime configurations) and the file
+// does not depend on the runtime, on every backend of support/backend_list.hpp (the mock, the
+// threaded backend); on the mock alone (hazard checker raising, or recording where a test asserts
+// that there was none; faults; its exact bytes): a bf16-state optimizer; the file's names, dtypes, shapes
 // and metadata; every class of bad file rejected with its message while the optimizer keeps every
 // byte and stays usable; failures injected at every allocation and copy of a load; interrupted
 // steps, timing-only backends and reentrant calls refused; a failed save keeps the previous file;
 // each stream wait the checkpoint code issues is necessary (removed, the hazard checker objects).
-#define PIPESWAP_MUTATION_TESTING
+#ifndef PIPESWAP_MUTATION_TESTING
+#  define PIPESWAP_MUTATION_TESTING
+#endif
 #define BOOST_TEST_MODULE checkpoint
 #include <boost/test/unit_test.hpp>
 
@@ -23,46 +27,59 @@
 
 #include "checkpoint/checkpoint_world.hpp"
 #include "io/io_support.hpp"
+#include "support/backend_list.hpp"
 #include "support/no_hazards.hpp"
 
 namespace ps = pipeswap;
 namespace io = pipeswap::io;
 namespace mock = pipeswap::mock;
 using ps::test::adam_world;
+using ps::test::basic_adam_world;
 using ps::test::bytes;
 using ps::test::checkpoint_swap;
 using ps::test::momentum_world;
+using ps::test::test_backends;
 using rt_t = ps::optimizer_swap<adam_world::opt_t>;
+
+#if defined(PIPESWAP_TEST_CUDA)
+// cuda_checkpoint (tests/cuda/meson.build) runs the cases over test_backends on the device (and skips
+// as a whole without one).
+using gate = ps::test::skip_unless_available<test_backends>;
+BOOST_TEST_GLOBAL_FIXTURE(gate);
+#endif
 
 namespace {
 
 using ps::test::no_swap;
 
-/// Parameters, state and step counts after `steps` uninterrupted steps.
+/// Parameters, state and step counts after `steps` uninterrupted steps on a B.
+template <class B>
 std::vector<bytes> straight(adam_world::spec const& s, ps::swap_config cfg, int steps) {
-  adam_world w(s);
-  rt_t rt(w.x, w.opt, cfg);
+  basic_adam_world<B> w(s);
+  ps::optimizer_swap<ps::adam<B>> rt(w.x, w.opt, cfg);
   w.train(rt, 0, steps);
   return w.everything(rt);
 }
 
-/// Trains `n` steps, saves to `path`, returns the parameters at that point.
+/// Trains `n` steps on a B, saves to `path`, returns the parameters at that point.
+template <class B>
 std::vector<bytes> train_and_save(adam_world::spec const& s, ps::swap_config cfg, int n,
                                   std::filesystem::path const& path) {
-  adam_world w(s);
-  rt_t rt(w.x, w.opt, cfg);
+  basic_adam_world<B> w(s);
+  ps::optimizer_swap<ps::adam<B>> rt(w.x, w.opt, cfg);
   w.train(rt, 0, n);
   ps::save_checkpoint(rt, path);
   return w.param_bytes();
 }
 
-/// A fresh world and runtime, the parameters of a model checkpoint, the optimizer checkpoint, then
-/// steps `from` .. `to`.
+/// A fresh world and runtime on a B, the parameters of a model checkpoint, the optimizer checkpoint,
+/// then steps `from` .. `to`.
+template <class B>
 std::vector<bytes> resume(adam_world::spec const& s, ps::swap_config cfg, std::vector<bytes> const& params,
                           std::filesystem::path const& path, int from, int to) {
-  adam_world w(s);
+  basic_adam_world<B> w(s);
   w.set_param_bytes(params);
-  rt_t rt(w.x, w.opt, cfg);
+  ps::optimizer_swap<ps::adam<B>> rt(w.x, w.opt, cfg);
   ps::load_checkpoint(rt, path);
   w.train(rt, from, to);
   return w.everything(rt);
@@ -136,45 +153,46 @@ std::string rejection(std::function<void()> const& f) {
 
 } // namespace
 
-BOOST_AUTO_TEST_CASE(resume_equals_uninterrupted_training_bit_for_bit) {
+BOOST_AUTO_TEST_CASE_TEMPLATE(resume_equals_uninterrupted_training_bit_for_bit, B, test_backends) {
   io_test::scratch_dir dir;
   auto const path = dir / "optimizer.safetensors";
   for (bool adamw : {true, false}) {
     adam_world::spec s;
     s.adamw = adamw;
-    auto const ref = straight(s, checkpoint_swap(true), 4);
+    auto const ref = straight<B>(s, checkpoint_swap(true), 4);
+    if constexpr (!ps::test::is_mock<B>) check_same(ref, straight<mock::backend>(s, checkpoint_swap(true), 4));
     for (bool packed : {false, true}) {
       BOOST_TEST_CONTEXT("adamw " << adamw << " packed " << packed) {
-        auto const params = train_and_save(s, checkpoint_swap(packed), 2, path);
-        check_same(resume(s, checkpoint_swap(packed), params, path, 2, 4), ref);
+        auto const params = train_and_save<B>(s, checkpoint_swap(packed), 2, path);
+        check_same(resume<B>(s, checkpoint_swap(packed), params, path, 2, 4), ref);
       }
     }
   }
 }
 
-BOOST_AUTO_TEST_CASE(a_checkpoint_resumes_under_any_runtime_configuration) {
+BOOST_AUTO_TEST_CASE_TEMPLATE(a_checkpoint_resumes_under_any_runtime_configuration, B, test_backends) {
   // The file does not depend on the pipeline, the batches or which slots are swapped: a checkpoint
   // of a packed run resumes a per-tensor run, a run that swaps everything, and one that swaps nothing.
   io_test::scratch_dir dir;
   auto const path = dir / "optimizer.safetensors";
   adam_world::spec const s;
-  auto const ref = straight(s, no_swap(), 5);
-  auto const params = train_and_save(s, checkpoint_swap(true, 3, 64), 3, path);
+  auto const ref = straight<B>(s, no_swap(), 5);
+  auto const params = train_and_save<B>(s, checkpoint_swap(true, 3, 64), 3, path);
   for (auto const& cfg :
        {checkpoint_swap(false, 5, 0), checkpoint_swap(true, 1, 0), checkpoint_swap(false, 2, 2048), no_swap()}) {
     BOOST_TEST_CONTEXT("packed " << cfg.packed << " swap_times " << cfg.swap_times << " min_swap_numel "
                                  << cfg.min_swap_numel << " swap " << !cfg.state_keys) {
-      check_same(resume(s, cfg, params, path, 3, 5), ref);
+      check_same(resume<B>(s, cfg, params, path, 3, 5), ref);
     }
   }
 }
 
-BOOST_AUTO_TEST_CASE(the_same_state_gives_the_same_file_whatever_the_runtime) {
+BOOST_AUTO_TEST_CASE_TEMPLATE(the_same_state_gives_the_same_file_whatever_the_runtime, B, test_backends) {
   adam_world::spec const s;
   bytes ref;
   for (auto const& cfg : {no_swap(), checkpoint_swap(false), checkpoint_swap(true), checkpoint_swap(true, 7, 0)}) {
-    adam_world w(s);
-    rt_t rt(w.x, w.opt, cfg);
+    basic_adam_world<B> w(s);
+    ps::optimizer_swap<ps::adam<B>> rt(w.x, w.opt, cfg);
     w.train(rt, 0, 2);
     auto const got = ps::checkpoint_to_bytes(rt);
     if (ref.empty()) ref = got;
@@ -257,7 +275,7 @@ BOOST_AUTO_TEST_CASE(after_a_load_swapped_state_rests_on_the_host_and_resident_s
   io_test::scratch_dir dir;
   auto const path = dir / "optimizer.safetensors";
   adam_world::spec const s;
-  train_and_save(s, checkpoint_swap(true), 2, path);
+  train_and_save<mock::backend>(s, checkpoint_swap(true), 2, path);
   for (bool packed : {false, true}) {
     adam_world w(s);
     rt_t rt(w.x, w.opt, checkpoint_swap(packed));
@@ -566,7 +584,7 @@ BOOST_AUTO_TEST_CASE(an_interrupted_step_blocks_checkpoints_until_it_is_resolved
   io_test::scratch_dir dir;
   auto const path = dir / "optimizer.safetensors";
   adam_world::spec const s;
-  auto const ref = straight(s, checkpoint_swap(true), 4);
+  auto const ref = straight<mock::backend>(s, checkpoint_swap(true), 4);
   std::string const save_msg =
       "checkpoint save: the runtime has an unfinished step (step() threw, or this call comes from inside "
       "step()); finish it with step() or give it up with discard_interrupted_step() first";

@@ -1,5 +1,5 @@
 // Training worlds for the checkpoint tests: Adam/AdamW (amsgrad, bf16 parameters with fp32 masters)
-// over the mock backend, and a small momentum optimizer whose state slots are bf16, both with
+// over any backend of support/backend_list.hpp, CUDA's included (adam_world: over the mock), and a small momentum optimizer whose state slots are bf16, both with
 // deterministic parameters and gradients, and helpers that read every parameter and state byte
 // independently of the checkpoint code.
 #pragma once
@@ -11,6 +11,8 @@
 #include <map>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include <pipeswap/backend/mock.hpp>
@@ -19,7 +21,11 @@
 #include <pipeswap/optim/adam.hpp>
 #include <pipeswap/optim/concepts.hpp>
 #include <pipeswap/swap/optimizer_swap.hpp>
+#if defined(PIPESWAP_TEST_CUDA)
+#  include <pipeswap/optim/cuda/adam_kernels.hpp> // adam_kernels<cuda::backend>, defined by tests/cuda/adam_cuda.cu
+#endif
 
+#include "support/backend_list.hpp" // the test backends, their traits and upload()/download()
 #include "support/toy_optimizer.hpp"
 #include "support/world.hpp"
 
@@ -39,8 +45,8 @@ inline swap_config checkpoint_swap(bool packed, std::size_t swap_times = 3, std:
 }
 
 /// Every slot's bytes (after a quiesce: mirrors of swappable slots, device bytes of the others).
-template <class Runtime>
-std::vector<bytes> state_bytes(Runtime& rt, mock::backend& b) {
+template <class Runtime, class B>
+std::vector<bytes> state_bytes(Runtime& rt, B& b) {
   rt.synchronize_host_mirrors();
   std::vector<bytes> out;
   auto const slots = rt.optimizer().slots();
@@ -49,16 +55,16 @@ std::vector<bytes> state_bytes(Runtime& rt, mock::backend& b) {
       out.emplace_back();
     } else if (rt.is_swappable(i)) {
       auto const m = rt.host_mirror(i);
-      b.note_host_read(m.data(), m.size());
+      detail::note_host_read(b, m.data(), m.size());
       out.emplace_back(m.begin(), m.end());
     } else {
-      out.push_back(b.read_device(rt.unswappable_device(i), slots[i].bytes()));
+      out.push_back(download(b, rt.unswappable_device(i), slots[i].bytes()));
     }
   }
   return out;
 }
 
-/// Mock options that record hazards instead of throwing: for tests that assert hazards().empty().
+/// Mock options that record hazards instead of throwing, for tests that assert PIPESWAP_CHECK_NO_HAZARDS.
 inline mock::options recording_hazards() {
   mock::options o{mock::timing_model::unit()};
   o.hazards = mock::hazard_policy::record;
@@ -74,14 +80,38 @@ struct adam_spec {
   double lr = 0.01;
 };
 
-/// Adam or AdamW over mock parameters; even-indexed parameters are bf16 with an fp32 master when
+/// The options adam_world<B> makes its backend with by default: the mock on unit time, raising
+/// hazards; the threaded backend with its default jitter; another backend (CUDA) as its
+/// backend_traits make it (std::monostate).
+template <class B>
+auto default_options() {
+  if constexpr (std::is_same_v<B, mock::backend>) {
+    return mock::options{mock::timing_model::unit()};
+  } else if constexpr (std::is_same_v<B, threaded_backend>) {
+    return threaded_backend_options{};
+  } else {
+    return std::monostate{};
+  }
+}
+
+template <class B, class O>
+B make_world_backend(O const& o) {
+  if constexpr (std::is_same_v<O, std::monostate>) {
+    return backend_traits<B>::make();
+  } else {
+    return B(o);
+  }
+}
+
+/// Adam or AdamW over parameters on a B; even-indexed parameters are bf16 with an fp32 master when
 /// `masters` is set.
-struct adam_world {
-  using opt_t = adam<mock::backend>;
+template <class B>
+struct basic_adam_world {
+  using opt_t = adam<B>;
   using spec = adam_spec;
 
-  explicit adam_world(spec s = {}, mock::options o = mock::options{mock::timing_model::unit()})
-      : sp(std::move(s)), b(o), x(b, {1 << 20, 1 << 18, 512}), opt(b, config(sp)) {
+  explicit basic_adam_world(spec s = {}, decltype(default_options<B>()) o = default_options<B>())
+      : sp(std::move(s)), b(make_world_backend<B>(o)), x(b, {1 << 20, 1 << 18, 512}), opt(b, config(sp)) {
     auto cs = b.current_stream();
     for (std::size_t i = 0; i < sp.sizes.size(); ++i) {
       auto const n = sp.sizes[i];
@@ -92,8 +122,8 @@ struct adam_world {
       opt.add_param({params[i], grads[i], n, half ? dtype::bf16 : dtype::f32, half ? dtype::bf16 : dtype::f32, half});
     }
   }
-  adam_world(adam_world const&) = delete;
-  ~adam_world() {
+  basic_adam_world(basic_adam_world const&) = delete;
+  ~basic_adam_world() {
     auto cs = b.current_stream();
     for (std::size_t i = 0; i < sp.sizes.size(); ++i) {
       b.deallocate_device(params[i], sp.sizes[i] * elem(i), cs);
@@ -139,7 +169,7 @@ struct adam_world {
   std::vector<bytes> param_bytes() {
     std::vector<bytes> out;
     for (std::size_t i = 0; i < sp.sizes.size(); ++i) {
-      out.push_back(b.read_device(params[i], sp.sizes[i] * elem(i)));
+      out.push_back(download(b, params[i], sp.sizes[i] * elem(i)));
     }
     return out;
   }
@@ -159,11 +189,13 @@ struct adam_world {
   }
 
   spec sp;
-  mock::backend b;
-  transfer_engine<mock::backend> x;
+  B b;
+  transfer_engine<B> x;
   opt_t opt;
   std::vector<device_ptr> params, grads;
 };
+
+using adam_world = basic_adam_world<mock::backend>;
 
 /// SGD with momentum whose momentum buffer (slot key exp_avg) is stored in bf16: m = bf16(μ·m + g),
 /// p -= lr·m. A second optimizer model with a non-fp32 slot dtype.

@@ -41,11 +41,11 @@ json every_field() {
     "model": {"name": "tiny", "layers": 12, "hidden": 512, "ffn_hidden": 1536, "heads": 8, "kv_heads": 4,
               "vocab": 1000, "seq_len": 256, "micro_batch_size": 3, "param_dtype": "F16", "grad_dtype": "BF16",
               "fp32_master": false, "flash_attention": false, "mlp": "gelu", "dropout": true,
-              "recompute": "selective", "activation_bytes_per_layer": 123456, "head_dim": 32,
+              "recompute": "selective", "activation_bytes_per_layer": 123456, "head_dim": 32, "precision": "FP8",
               "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 256, "shared_expert_ffn_hidden": 512}},
     "device": {"name": "toy", "memory_bytes": 8000000000, "reserved_bytes": 500000000, "h2d_gbps": 12.5,
                "d2h_gbps": 11, "duplex_factor": 0.8, "copy_latency_us": 3.5, "bf16_tflops": 100,
-               "kernel_efficiency": 0.3, "end_to_end_mfu": 0.25, "hbm_tbps": 1.5, "p2p_gbps": 25,
+               "fp8_tflops": 180, "compute": "flops", "kernel_efficiency": 0.3, "end_to_end_mfu": 0.25, "hbm_tbps": 1.5, "p2p_gbps": 25,
                "p2p_latency_us": 7, "tp_gbps": 200, "dp_gbps": 20, "collective_latency_us": 5},
     "node": {"gpus": 4, "host_gbps": 100, "cpu_adam_gbps": 50},
     "parallel": {"tp": 2, "sequence_parallel": true, "dp": 4, "distributed_optimizer": true, "ep": 2, "expert_tp": 1},
@@ -99,6 +99,9 @@ BOOST_AUTO_TEST_CASE(every_field_is_read_into_its_member) {
   BOOST_TEST(d.d2h_gbps == 11.0);
   BOOST_TEST(d.copy_latency_us == 3.5);
   BOOST_TEST(d.bf16_tflops == 100.0);
+  BOOST_TEST(d.fp8_tflops == 180.0);
+  BOOST_TEST((d.compute == sim::compute_kind::flops));
+  BOOST_TEST((m.precision == sim::precision::fp8));
   BOOST_TEST(d.kernel_efficiency == 0.3);
   BOOST_TEST(d.end_to_end_mfu.value_or(0) == 0.25);
   BOOST_TEST(d.duplex_factor == 0.8);
@@ -156,6 +159,8 @@ BOOST_AUTO_TEST_CASE(written_json_has_every_field_and_reads_back) {
   BOOST_TEST(d["model"]["activation_bytes_per_layer"].is_null());
   BOOST_TEST(d["model"]["param_dtype"] == "BF16");
   BOOST_TEST(d["pipeline"]["schedule"] == "1f1b");
+  BOOST_TEST(d["model"]["precision"] == "BF16");
+  BOOST_TEST(d["device"]["compute"] == "roofline");
   // The ordered form (what the command prints) keeps the section order of the documentation.
   auto const ordered = sim::to_json(sim::scenario{});
   BOOST_TEST(ordered.begin().key() == "model");
@@ -397,7 +402,7 @@ json& at_path(json& j, std::string const& path) {
 BOOST_AUTO_TEST_CASE(every_numeric_field_error_names_its_field) {
   std::vector<std::string> paths;
   numeric_paths(every_field(), "", paths);
-  BOOST_TEST(paths.size() == 41u); // every number of the schema (a new field is swept here too)
+  BOOST_TEST(paths.size() == 42u); // every number of the schema (a new field is swept here too)
   std::vector<std::string> zero_ok;
   for (auto const& path : paths) {
     for (json const& bad : {json(0), json(-1), json(-2.5), json("8")}) {
@@ -427,4 +432,43 @@ BOOST_AUTO_TEST_CASE(every_numeric_field_error_names_its_field) {
   BOOST_TEST(zero_ok == allowed, boost::test_tools::per_element());
   // The case the sweep was written for.
   expect_rejected(R"({"model": {"vocab": 0}})", "scenario: model.vocab must be at least 1");
+}
+
+// A device named from the table takes its published figures; the section's other fields override
+// them, whatever their order; an unknown name is refused with the table's names.
+BOOST_AUTO_TEST_CASE(a_device_preset_sets_the_published_figures) {
+  for (auto const& x : sim::device_presets) {
+    auto const s = sim::scenario_from_json(
+        json{{"device", {{"preset", std::string(x.name)}}}, {"model", {{"layers", 8}}}, {"pipeline", {{"ranks", 8}}}});
+    BOOST_TEST(s.device.name == std::string(x.name));
+    BOOST_TEST(s.device.bf16_tflops == x.bf16_tflops);
+    BOOST_TEST(s.device.fp8_tflops == x.fp8_tflops);
+    BOOST_TEST(s.device.hbm_tbps == x.hbm_tbps);
+    BOOST_TEST(s.device.memory_bytes == x.memory_bytes);
+    BOOST_TEST(s.device.tp_gbps == x.tp_gbps);
+  }
+  auto const h100 = sim::scenario_from_json_text(
+      R"({"device": {"hbm_tbps": 2.4, "preset": "H100 SXM", "name": "H100 96 GB", "memory_bytes": 96000000000},
+          "model": {"layers": 8}, "pipeline": {"ranks": 8}})");
+  BOOST_TEST(h100.device.hbm_tbps == 2.4);
+  BOOST_TEST(h100.device.name == "H100 96 GB");
+  BOOST_TEST(h100.device.memory_bytes == 96'000'000'000u);
+  BOOST_TEST(h100.device.fp8_tflops == 1979.0);
+  expect_rejected(R"({"device": {"preset": "A100"}})",
+                  "scenario: device.preset: expected one of \"H100 SXM\", \"H200\", \"B200\", got string \"A100\"");
+  expect_rejected(R"({"device": {"preset": 100}})",
+                  "scenario: device.preset: expected one of \"H100 SXM\", \"H200\", \"B200\", got number 100");
+}
+
+// The precision and the compute model are names; anything else is refused naming the field.
+BOOST_AUTO_TEST_CASE(precision_and_compute_errors_name_their_field) {
+  expect_rejected(R"({"model": {"precision": "FP16"}})",
+                  "scenario: model.precision: expected one of \"BF16\", \"FP8\", got string \"FP16\"");
+  expect_rejected(R"({"model": {"precision": 8}})",
+                  "scenario: model.precision: expected one of \"BF16\", \"FP8\", got number 8");
+  expect_rejected(R"({"device": {"compute": "measured"}})",
+                  "scenario: device.compute: expected one of \"roofline\", \"flops\", got string \"measured\"");
+  expect_rejected(R"({"device": {"fp8_tflops": 0}})", "scenario: device.fp8_tflops must be positive");
+  auto const fp8 = sim::scenario_from_json_text(R"({"model": {"precision": "FP8"}})");
+  BOOST_TEST((fp8.model.precision == sim::precision::fp8));
 }

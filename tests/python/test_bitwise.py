@@ -30,9 +30,9 @@ STEPS = 12
 SWAPS = {
     "packed-1": dict(swap_times=1),
     "packed-3": dict(swap_times=3),
-    "per_tensor-3": dict(swap_times=3, pipeline="per_tensor"),
+    "per_tensor-3": dict(swap_times=3, packed=False),
     "packed-16-phases": dict(swap_times=16, resident_share=40000, defer_offload=True),
-    "per_tensor-2-phases": dict(swap_times=2, pipeline="per_tensor", defer_offload=True),
+    "per_tensor-2-phases": dict(swap_times=2, packed=False, defer_offload=True),
 }
 
 

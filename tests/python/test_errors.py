@@ -215,8 +215,8 @@ def test_swap_settings():
         SwapAdamW(ps, swap_times=0)
     with pytest.raises(TypeError, match="swap_times must be an int"):
         SwapAdamW(ps, swap_times="4")
-    with pytest.raises(ValueError, match="pipeline must be one of"):
-        SwapAdamW(ps, pipeline="ring")
+    with pytest.raises(TypeError, match="packed must be a bool, got str"):
+        SwapAdamW(ps, packed="per_tensor")
     with pytest.raises(ValueError, match="resident_share must be at least 0"):
         SwapAdamW(ps, resident_share=-1)
     with pytest.raises(ValueError, match="differentiable=True is not supported"):
@@ -230,8 +230,8 @@ def test_configure_swap_keeps_the_state(pair):
         pair.opt.configure_swap(swaps=3)
     with pytest.raises(ValueError, match="swap_times must be at least 1"):
         pair.opt.configure_swap(swap_times=0)
-    pair.opt.configure_swap(swap_times=1, pipeline="per_tensor", defer_offload=True)
-    assert pair.opt.swap_settings["pipeline"] == "per_tensor"
+    pair.opt.configure_swap(swap_times=1, packed=False, defer_offload=True)
+    assert pair.opt.swap_settings["packed"] is False
 
 
 def test_group_amsgrad_changed(pair):

@@ -40,10 +40,10 @@ def test_prefetch_from_a_backward_hook_is_bit_identical():
     assert_same_state(opt.state_dict(), ref.state_dict())
 
 
-@pytest.mark.parametrize("pipeline", ["packed", "per_tensor"])
-def test_resident_share_and_prefetch_limit(pipeline):
+@pytest.mark.parametrize("packed", [True, False])
+def test_resident_share_and_prefetch_limit(packed):
     m = model()
-    opt = SwapAdamW(m.parameters(), swap_times=4, pipeline=pipeline, resident_share=1, min_swap_numel=8)
+    opt = SwapAdamW(m.parameters(), swap_times=4, packed=packed, resident_share=1, min_swap_numel=8)
     m(torch.randn(4, 32, device=DEVICE)).sum().backward()
     opt.step()
     assert opt.swap_stats()["resident_batches"] == 0  # 1 byte rounds down to no whole batch
@@ -101,9 +101,7 @@ def test_two_optimizers_share_a_device():
     ms, refs = [model(1), model(2)], [model(1), model(2)]
     opts = [
         SwapAdamW(ms[0].parameters(), lr=0.01, swap_times=3, min_swap_numel=8),
-        SwapAdamW(
-            ms[1].parameters(), lr=0.02, swap_times=2, pipeline="per_tensor", defer_offload=True, min_swap_numel=8
-        ),
+        SwapAdamW(ms[1].parameters(), lr=0.02, swap_times=2, packed=False, defer_offload=True, min_swap_numel=8),
     ]
     ref_opts = [torch.optim.AdamW(refs[0].parameters(), lr=0.01), torch.optim.AdamW(refs[1].parameters(), lr=0.02)]
     g = torch.Generator().manual_seed(5)

@@ -78,14 +78,14 @@ def test_torch_to_swap_and_back(torch_cls, swap_cls, kw):
     assert_same_state(t2.state_dict(), ref.state_dict())
 
 
-@pytest.mark.parametrize("pipeline", ["packed", "per_tensor"])
-def test_resume_swap_to_swap(pipeline):
+@pytest.mark.parametrize("packed", [True, False])
+def test_resume_swap_to_swap(packed):
     ref_ps = params()
     ref = torch.optim.AdamW(groups(ref_ps), lr=0.02, amsgrad=True)
     train(ref, ref_ps, 12)
 
     ps = params()
-    a = SwapAdamW(groups(ps), lr=0.02, amsgrad=True, swap_times=3, pipeline=pipeline, min_swap_numel=8)
+    a = SwapAdamW(groups(ps), lr=0.02, amsgrad=True, swap_times=3, packed=packed, min_swap_numel=8)
     train(a, ps, 6)
     saved = roundtrip(a.state_dict())
     del a
@@ -94,7 +94,7 @@ def test_resume_swap_to_swap(pipeline):
         lr=0.02,
         amsgrad=True,
         swap_times=2,
-        pipeline="per_tensor" if pipeline == "packed" else "packed",
+        packed=not packed,
         defer_offload=True,
     )
     b.load_state_dict(saved)

@@ -78,7 +78,7 @@ def test_threads_sharing_a_device_context_get_the_bits_of_one_thread():
 
     jobs = {
         1: lambda: train(1, pt.SwapAdamW, log, swap_times=3, min_swap_numel=1),
-        2: lambda: train(2, pt.SwapAdamW, log, swap_times=2, min_swap_numel=1, pipeline="per_tensor"),
+        2: lambda: train(2, pt.SwapAdamW, log, swap_times=2, min_swap_numel=1, packed=False),
         "activations": lambda: activations(True),
     }
     threads = [threading.Thread(target=run, args=(name, work), name=f"pipeswap-{name}") for name, work in jobs.items()]

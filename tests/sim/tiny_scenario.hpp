@@ -12,7 +12,7 @@ namespace pipeswap::test {
 /// two norms, q/k/v/o with kv = heads, gate/up/down) + 64 (final norm) + 128·64 (head) = 57 536
 /// parameters, of which 3·64 are norms (fewer than swap_config::min_swap_numel elements: never swapped).
 /// Saved activations: A = 1 MB per layer (override) plus the stage input D = 32·64·2 = 4096 bytes.
-/// The device computes 1 GFLOP/s. A forward multiplies by the weight matrices only (the layer's
+/// The device computes 1 GFLOP/s (device.compute "flops": every kernel at FLOPs / peak). A forward multiplies by the weight matrices only (the layer's
 /// 4·64² + 3·64·128 = 40 960 and the head's 8 192: M = 49 152; the embedding is a lookup, norms are
 /// not counted): f = 2·M·32 + 4·32²·64 = 3 407 872 ns, and a backward 2f, while a copy of A over the
 /// 55 GB/s link takes about 20 µs: copies hide entirely. duplex_factor 1 keeps the link at 55 GB/s.
@@ -36,6 +36,7 @@ inline pipeswap::sim::scenario tiny(std::uint32_t ranks = 1, std::uint32_t micro
   s.device.reserved_bytes = 1'000'000;
   s.device.bf16_tflops = 1e-3;
   s.device.kernel_efficiency = 1;
+  s.device.compute = pipeswap::sim::compute_kind::flops; // the hand-checked times: FLOPs at the peak
   s.device.duplex_factor = 1;
   s.pipeline.schedule = pipeswap::sim::schedule_kind::gpipe;
   s.pipeline.ranks = ranks;

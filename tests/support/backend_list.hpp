@@ -50,10 +50,15 @@ using backends_under_test = std::tuple<mock::backend, sync_host_backend>;
 /// The backends the runtime suites run their bodies on (BOOST_AUTO_TEST_CASE_TEMPLATE over it): the
 /// mock, the oracle with hazards, simulated time and faults, and the threaded backend, whose streams
 /// are real threads with random delays (support/threaded_backend.hpp). What only the mock can show
-/// sits behind `if constexpr (is_mock<B>)`.
-#if defined(PIPESWAP_MUTATION_TESTING)
-// The mutated build (tests/swap/meson.build) proves the mock's hazard checks can fire, once per wait
-// site: the threaded bodies would only add run time there.
+/// sits behind `if constexpr (is_mock<B>)`. Which suites use it: docs/backend.md, "Which tests run on
+/// which backend".
+#if defined(PIPESWAP_TEST_CUDA)
+// The CUDA programs (tests/cuda/meson.build) run the same bodies on the device, each program
+// filtered to its CUDA cases; without a GPU they skip.
+using test_backends = std::tuple<cuda::backend>;
+#elif defined(PIPESWAP_TEST_MOCK_ONLY)
+// The mutated builds (support/hazard_checks_fire.py) prove the mock's hazard checks can fire, once
+// per wait site: the threaded bodies would only add run time there.
 using test_backends = std::tuple<mock::backend>;
 #else
 using test_backends = std::tuple<mock::backend, threaded_backend>;
@@ -61,5 +66,19 @@ using test_backends = std::tuple<mock::backend, threaded_backend>;
 
 template <class B>
 inline constexpr bool is_mock = std::is_same_v<B, mock::backend>;
+
+/// The options a runtime test makes its backend with: the mock records hazards (so that
+/// PIPESWAP_CHECK_NO_HAZARDS can fail, support/no_hazards.hpp) on unit time; the threaded backend
+/// has its default jitter.
+template <class B>
+auto options_for() {
+  if constexpr (is_mock<B>) {
+    mock::options o{mock::timing_model::unit()};
+    o.hazards = mock::hazard_policy::record;
+    return o;
+  } else {
+    return threaded_backend_options{};
+  }
+}
 
 } // namespace pipeswap::test

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Shows that every PIPESWAP_CHECK_NO_HAZARDS in a test program can fail.
 
-    hazard_checks_fire.py PROGRAM MUTATION_HPP SOURCE...
+    hazard_checks_fire.py [ARG...] -- PROGRAM MUTATION_HPP SOURCE...
 
 PROGRAM is the test program built with PIPESWAP_MUTATION_TESTING and tests/support/mutate_from_env.cpp;
-SOURCE are its test files. The program runs once per wait site of MUTATION_HPP with that site's
+SOURCE are its test files; ARG are the program's arguments (--run_test=... to run only the cases that
+hold the checks). The program runs once per wait site of MUTATION_HPP with that site's
 waits skipped (PIPESWAP_MUTATE_SITE); each run's failing checks print `hazard check fired at
 FILE:LINE` (tests/support/no_hazards.hpp). Every check of the sources must fire under at least one
 site; the ones that do not are named, and the script exits 1. Without any mutation the program
@@ -15,7 +16,11 @@ import re
 import subprocess
 import sys
 
-program, mutation_hpp, *sources = sys.argv[1:]
+argv = sys.argv[1:]
+split = argv.index("--") if "--" in argv else -1
+program_args = argv[:split] if split >= 0 else []
+program, mutation_hpp, *sources = argv[split + 1:]
+sources = [s for s in sources if s.endswith((".cpp", ".hpp"))]
 sites = re.findall(r"^\s*(\w+),\s*///", pathlib.Path(mutation_hpp).read_text(), re.M)
 if not sites:
     sys.exit(f"no wait sites found in {mutation_hpp}")
@@ -29,14 +34,14 @@ if not checks:
     sys.exit("no PIPESWAP_CHECK_NO_HAZARDS in the sources")
 
 env = dict(os.environ, BOOST_TEST_COLOR_OUTPUT="no")
-clean = subprocess.run([program], env=env, capture_output=True, text=True)
+clean = subprocess.run([program, *program_args], env=env, capture_output=True, text=True)
 if clean.returncode != 0:
     print(clean.stdout[-3000:], clean.stderr[-3000:])
     sys.exit(f"{program} fails without a mutation (exit {clean.returncode})")
 
 fired = {}
 for site in sites:
-    r = subprocess.run([program], env=dict(env, PIPESWAP_MUTATE_SITE=site), capture_output=True, text=True,
+    r = subprocess.run([program, *program_args], env=dict(env, PIPESWAP_MUTATE_SITE=site), capture_output=True, text=True,
                        timeout=600)
     got = {(pathlib.Path(f).name, int(n)) for f, n in re.findall(r"hazard check fired at (\S+):(\d+)", r.stderr)}
     for c in got:

@@ -7,6 +7,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <optional>
 #include <stdexcept>
@@ -100,20 +101,8 @@ stand_in(ps::test::threaded_backend& b,
   });
 }
 
-/// The backend a run uses: the mock records hazards (and keeps simulated time); the threaded one
-/// has its default jitter.
-template <class B>
-auto backend_options() {
-  if constexpr (is_mock<B>) {
-    return recording();
-  } else {
-    return ps::test::threaded_backend_options{};
-  }
-}
-
 struct result {
   std::vector<std::vector<std::byte>> bytes;
-  std::size_t hazards = 0;
   std::uint64_t high_water = 0;
   std::uint64_t over_budget = 0;
   std::size_t swap_peak = 0;  ///< the mock's device peak above parameters, gradients and unswappable state
@@ -127,7 +116,7 @@ struct result {
 /// parameter and state byte at the end.
 template <class B = mock::backend>
 result train(std::vector<std::size_t> const& sz, ps::swap_config cfg, phases const& p, int steps, bool masters = true) {
-  B b{backend_options<B>()};
+  B b{ps::test::options_for<B>()};
   ps::transfer_engine<B> x(b, small_pool());
   std::optional<ps::device_budget> budget;
   if (p.budget) {
@@ -166,7 +155,7 @@ result train(std::vector<std::size_t> const& sz, ps::swap_config cfg, phases con
     BOOST_TEST(!rt.offload_pending());
     BOOST_TEST(rt.prefetched_batches() == 0u); // the snapshot brought everything home
   }
-  if constexpr (is_mock<B>) r.hazards = b.hazards().size();
+  PIPESWAP_CHECK_NO_HAZARDS(b); // the mock's checker; a no-op on the threaded backend
   if (budget) {
     r.high_water = budget->high_water();
     r.over_budget = budget->over_budget_count();
@@ -186,7 +175,6 @@ BOOST_AUTO_TEST_SUITE(phased)
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(every_phase_is_bit_exact_against_no_swap, B, test_backends) {
   auto const ref = train<B>(sizes, no_swap(), {}, 4);
-  if constexpr (is_mock<B>) BOOST_TEST(ref.hazards == 0u);
   std::vector<phases> const ps_list{
       {0, false, 0, std::nullopt, 0}, // prefetch(0): nothing
       {0, false, std::size_t{1}, std::nullopt, 0},
@@ -206,9 +194,11 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(every_phase_is_bit_exact_against_no_swap, B, test_
   for (bool packed : {false, true}) {
     for (std::size_t k : {1u, 3u, 7u}) {
       for (std::size_t i = 0; i < ps_list.size(); ++i) {
+        // Sanitizers, threaded backend: each phase setting with one swap_times, rotating (#11, the
+        // relay, gets 7).
+        if (ps::test::sanitized_build && !is_mock<B> && k != std::array{1u, 3u, 7u}[i % 3]) continue;
         BOOST_TEST_CONTEXT("packed " << packed << " swap_times " << k << " phases #" << i) {
           auto const got = train<B>(sizes, config(k, packed, ps_list[i]), ps_list[i], 4);
-          if constexpr (is_mock<B>) BOOST_TEST(got.hazards == 0u);
           check_equal(got.bytes, ref.bytes);
           relayed += got.relayed;
         }
@@ -230,12 +220,12 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(the_budget_bounds_prefetch_and_matches_the_device_
       for (std::size_t share : {0u, 16000u}) {
         for (bool defer : {false, true}) {
           for (auto cap : capacities) {
-            if (ps::test::sanitized_build && (k == 7 || cap == 12000 || cap == 60000)) continue; // sampled
+            if (ps::test::sanitized_build && (k == 7 || cap == 12000 || cap == 60000)) continue;      // sampled
+            if (ps::test::sanitized_build && !is_mock<B> && share != (defer ? 16000u : 0u)) continue; // and more
             BOOST_TEST_CONTEXT("packed " << packed << " swap_times " << k << " share " << share << " defer " << defer
                                          << " capacity " << cap) {
               phases p{share, defer, ~std::size_t{0}, cap, 0};
               auto const got = train<B>(sizes, config(k, packed, p), p, 3);
-              if constexpr (is_mock<B>) BOOST_TEST(got.hazards == 0u);
               check_equal(got.bytes, ref.bytes);
               // What the budget counted bounds what the device held at every simulated instant.
               if constexpr (is_mock<B>) BOOST_TEST(got.swap_peak <= got.high_water);

@@ -42,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/transfer.hpp>
 #include <pipeswap/error.hpp>
@@ -90,7 +91,7 @@ public:
 
   /// The hyper-parallel-compatible name of a chunk's group in this run: "pp_swap_run{g}_s{s}_m{m}".
   [[nodiscard]] std::string group_name(schedule::chunk c) const {
-    return "pp_swap_run" + std::to_string(run_) + "_s" + std::to_string(c.stage) + "_m" + std::to_string(c.micro);
+    return detail::message({"pp_swap_run", run_, "_s", c.stage, "_m", c.micro});
   }
 
   /// While alive, save() registers into the group of `c`. Scopes nest; the previous one is restored
@@ -138,10 +139,10 @@ public:
     }
     if (bytes > 0 && d) {
       if (auto const* o = overlapping(d, bytes)) {
-        throw state_error("activation_swap::save: " + std::to_string(bytes) + " bytes at device address " +
-                          describe(d) + " overlap activation " + std::to_string(o->index) + " of group '" +
-                          group_name(o->chunk) + "' (" + std::to_string(o->bytes) + " bytes at " + describe(o->at) +
-                          "), which the manager already owns; save each buffer once, whole");
+        throw state_error(detail::message({"activation_swap::save: ", bytes, " bytes at device address ", describe(d),
+                                           " overlap activation ", o->index, " of group '", group_name(o->chunk), "' (",
+                                           o->bytes, " bytes at ", describe(o->at),
+                                           "), which the manager already owns; save each buffer once, whole"}));
       }
     }
     auto& e = g.entries.emplace_back();
@@ -179,9 +180,9 @@ public:
   [[nodiscard]] device_pointer_t<B> ptr(activation_handle const& h) const {
     auto const& e = entry(h);
     if (e.buf->state() != residency::device) {
-      throw state_error("activation_swap::ptr: activation " + std::to_string(h.index) + " of group '" +
-                        group_name(h.chunk) + "' is " + std::string(pipeswap::to_string(e.buf->state())) +
-                        "; wait_load first");
+      throw state_error(
+          detail::message({"activation_swap::ptr: activation ", h.index, " of group '", group_name(h.chunk), "' is ",
+                           pipeswap::to_string(e.buf->state()), "; wait_load first"}));
     }
     return e.buf->device();
   }
@@ -349,14 +350,13 @@ private:
   }
   entry_t const& entry(activation_handle const& h) const {
     if (h.run != run_) {
-      throw state_error("activation_swap::ptr: a handle of run " + std::to_string(h.run) + " used in run " +
-                        std::to_string(run_));
+      throw state_error(detail::message({"activation_swap::ptr: a handle of run ", h.run, " used in run ", run_}));
     }
     auto const& g = cget(h.chunk, "ptr");
     if (h.index >= g.entries.size()) {
-      throw invalid_argument("activation_swap::ptr: handle index " + std::to_string(h.index) +
-                             " is out of range for group '" + group_name(h.chunk) + "' (" +
-                             std::to_string(g.entries.size()) + " activations)");
+      throw invalid_argument(
+          detail::message({"activation_swap::ptr: handle index ", h.index, " is out of range for group '",
+                           group_name(h.chunk), "' (", g.entries.size(), " activations)"}));
     }
     return g.entries[h.index];
   }

@@ -47,6 +47,7 @@
 #  include <thread>
 #  include <vector>
 
+#  include <pipeswap/detail/message.hpp>
 #  include <pipeswap/error.hpp>
 #  include <pipeswap/exec/comm.hpp>
 
@@ -56,7 +57,7 @@ namespace detail {
 inline std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
-  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return pipeswap::detail::message({"MPI error ", code});
   return std::string(text, static_cast<std::size_t>(len));
 }
 } // namespace detail
@@ -174,10 +175,9 @@ public:
     MPI_Status st;
     int const rc = MPI_Test(&r.r_, &flag, &st);
     if (rc != MPI_SUCCESS) {
-      throw comm_error("mpi_comm rank " + std::to_string(rank_) + ": " + (r.recv_ ? "receive of " : "send of ") +
-                       std::to_string(r.bytes_) + " bytes " + (r.recv_ ? "from" : "to") + " rank " +
-                       std::to_string(r.peer_) + " with tag " + std::to_string(r.tag_) +
-                       " failed: " + detail::mpi_error_text(rc));
+      throw comm_error(pipeswap::detail::message({"mpi_comm rank ", rank_, ": ", (r.recv_ ? "receive of " : "send of "),
+                                                  r.bytes_, " bytes ", (r.recv_ ? "from" : "to"), " rank ", r.peer_,
+                                                  " with tag ", r.tag_, " failed: ", detail::mpi_error_text(rc)}));
     }
     if (!flag) return false;
     r.done_ = true;
@@ -185,9 +185,9 @@ public:
       int count = 0;
       MPI_Get_count(&st, MPI_BYTE, &count);
       if (static_cast<std::size_t>(count) != r.bytes_) {
-        throw comm_error("mpi_comm rank " + std::to_string(rank_) + ": a receive of " + std::to_string(r.bytes_) +
-                         " bytes from rank " + std::to_string(r.peer_) + " with tag " + std::to_string(r.tag_) +
-                         " got " + std::to_string(count) + " bytes");
+        throw comm_error(
+            pipeswap::detail::message({"mpi_comm rank ", rank_, ": a receive of ", r.bytes_, " bytes from rank ",
+                                       r.peer_, " with tag ", r.tag_, " got ", count, " bytes"}));
       }
     }
     return true;
@@ -226,16 +226,17 @@ private:
   request_type prepare(std::size_t n, int peer, int tag, bool recv, char const* what) {
     poll_abort();
     if (peer < 0 || peer >= size_ || peer == rank_) {
-      throw comm_error("mpi_comm rank " + std::to_string(rank_) + ": " + what + " to peer " + std::to_string(peer) +
-                       " (ranks are 0.." + std::to_string(size_ - 1) + ", and a rank does not message itself)");
+      throw comm_error(
+          pipeswap::detail::message({"mpi_comm rank ", rank_, ": ", what, " to peer ", peer, " (ranks are 0..",
+                                     size_ - 1, ", and a rank does not message itself)"}));
     }
     if (tag < 0 || tag > max_tag()) {
-      throw comm_error("mpi_comm rank " + std::to_string(rank_) + ": " + what + " with tag " + std::to_string(tag) +
-                       " outside 0.." + std::to_string(max_tag()));
+      throw comm_error(pipeswap::detail::message(
+          {"mpi_comm rank ", rank_, ": ", what, " with tag ", tag, " outside 0..", max_tag()}));
     }
     if (n > static_cast<std::size_t>(INT_MAX)) {
-      throw comm_error("mpi_comm rank " + std::to_string(rank_) + ": " + what + " of " + std::to_string(n) +
-                       " bytes exceeds MPI's int count");
+      throw comm_error(pipeswap::detail::message(
+          {"mpi_comm rank ", rank_, ": ", what, " of ", n, " bytes exceeds MPI's int count"}));
     }
     request_type r;
     r.recv_ = recv;

@@ -48,6 +48,7 @@
 #  include <string_view>
 #  include <utility>
 
+#  include <pipeswap/detail/message.hpp>
 #  include <pipeswap/exec/comm.hpp>
 
 namespace pipeswap::exec {
@@ -146,10 +147,11 @@ private:
   cudaStream_t prepare(int peer, int tag, int dir, char const* what) {
     poll_abort();
     if (peer < 0 || peer >= size_ || peer == rank_) {
-      throw comm_error("nccl_comm rank " + std::to_string(rank_) + ": " + what + " to peer " + std::to_string(peer) +
-                       " (ranks are 0.." + std::to_string(size_ - 1) + ", and a rank does not message itself)");
+      throw comm_error(
+          pipeswap::detail::message({"nccl_comm rank ", rank_, ": ", what, " to peer ", peer, " (ranks are 0..",
+                                     size_ - 1, ", and a rank does not message itself)"}));
     }
-    if (tag < 0) throw comm_error("nccl_comm rank " + std::to_string(rank_) + ": negative tag " + std::to_string(tag));
+    if (tag < 0) throw comm_error(pipeswap::detail::message({"nccl_comm rank ", rank_, ": negative tag ", tag}));
     auto& s = streams_[{peer, dir}];
     if (!s) check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     return s;
@@ -166,8 +168,8 @@ private:
     if (aborted_) throw comm_aborted(*aborted_);
     ncclResult_t async = ncclSuccess;
     if (ncclCommGetAsyncError(c_, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
-      aborted_ = "nccl_comm rank " + std::to_string(rank_) + ": the communicator failed (" + ncclGetErrorString(async) +
-                 "), a peer aborted or died";
+      aborted_ = pipeswap::detail::message({"nccl_comm rank ", rank_, ": the communicator failed (",
+                                            ncclGetErrorString(async), "), a peer aborted or died"});
       throw comm_aborted(*aborted_);
     }
   }

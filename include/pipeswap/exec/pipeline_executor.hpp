@@ -37,6 +37,7 @@
 #include <utility>
 #include <vector>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/activation/activation_swap.hpp>
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/detail/mutation.hpp>
@@ -70,26 +71,26 @@ public:
       : engine_(x), b_(x.backend()), c_(c), layout_(layout), stages_(std::move(stages)), o_(o), acts_(x),
         io_(b_, c_, layout_, o_, checks_schedules()) {
     if (layout_.ranks() != c_.size()) {
-      throw invalid_argument("pipeline_executor: the layout has " + std::to_string(layout_.ranks()) +
-                             " ranks, the comm " + std::to_string(c_.size()));
+      throw invalid_argument(pipeswap::detail::message(
+          {"pipeline_executor: the layout has ", layout_.ranks(), " ranks, the comm ", c_.size()}));
     }
     for (index_type s = 0; s < layout_.stages(); ++s) {
       bool const mine = layout_.rank_of(s) == c_.rank();
       auto it = stages_.find(s);
       if (mine && (it == stages_.end() || !it->second)) {
-        throw invalid_argument("pipeline_executor: rank " + std::to_string(c_.rank()) + " runs stage " +
-                               std::to_string(s) + " but was given no stage object for it");
+        throw invalid_argument(pipeswap::detail::message(
+            {"pipeline_executor: rank ", c_.rank(), " runs stage ", s, " but was given no stage object for it"}));
       }
       if (!mine && it != stages_.end()) {
-        throw invalid_argument("pipeline_executor: stage " + std::to_string(s) + " runs on rank " +
-                               std::to_string(layout_.rank_of(s)) + ", not on rank " + std::to_string(c_.rank()));
+        throw invalid_argument(pipeswap::detail::message(
+            {"pipeline_executor: stage ", s, " runs on rank ", layout_.rank_of(s), ", not on rank ", c_.rank()}));
       }
     }
     if (stages_.size() != static_cast<std::size_t>(layout_.stages_per_rank()) ||
         (!stages_.empty() && stages_.rbegin()->first >= layout_.stages())) {
-      throw invalid_argument("pipeline_executor: rank " + std::to_string(c_.rank()) + " was given " +
-                             std::to_string(stages_.size()) + " stages, the layout has " +
-                             std::to_string(layout_.stages_per_rank()) + " stages per rank");
+      throw invalid_argument(
+          pipeswap::detail::message({"pipeline_executor: rank ", c_.rank(), " was given ", stages_.size(),
+                                     " stages, the layout has ", layout_.stages_per_rank(), " stages per rank"}));
     }
   }
 
@@ -124,11 +125,12 @@ public:
   template <class Finish>
   void begin_step(schedule::order const& o, Finish& finish) {
     if (in_step_)
-      throw state_error("pipeline_executor: rank " + std::to_string(c_.rank()) +
-                        ": begin_step while a step is running");
+      throw state_error(
+          pipeswap::detail::message({"pipeline_executor: rank ", c_.rank(), ": begin_step while a step is running"}));
     if (o_.fail_at && *o_.fail_at > o.size()) {
-      throw invalid_argument("pipeline_executor: fail_at " + std::to_string(*o_.fail_at) + " is past the order's " +
-                             std::to_string(o.size()) + " entries and its optimizer step");
+      throw invalid_argument(
+          pipeswap::detail::message({"pipeline_executor: fail_at ", *o_.fail_at, " is past the order's ", o.size(),
+                                     " entries and its optimizer step"}));
     }
     if (o_.optimizer_phases && !phased_finish<std::remove_cvref_t<Finish>, B>) {
       throw invalid_argument("pipeline_executor: executor_options::optimizer_phases needs a finish with prefetch(n), "
@@ -172,7 +174,8 @@ public:
   /// included).
   std::size_t advance() {
     if (!in_step_)
-      throw state_error("pipeline_executor: rank " + std::to_string(c_.rank()) + ": advance without begin_step");
+      throw state_error(
+          pipeswap::detail::message({"pipeline_executor: rank ", c_.rank(), ": advance without begin_step"}));
     std::size_t n = 0;
     guarded([&] { n = run_entries(false); });
     return n;
@@ -191,8 +194,8 @@ public:
   template <class Finish>
   void end_step(Finish&& finish) {
     if (!in_step_ || pc_ < order_.size()) {
-      throw state_error("pipeline_executor: rank " + std::to_string(c_.rank()) +
-                        ": end_step before every entry of the step ran");
+      throw state_error(pipeswap::detail::message(
+          {"pipeline_executor: rank ", c_.rank(), ": end_step before every entry of the step ran"}));
     }
     guarded([&] {
       phase_ = phase::end;
@@ -262,13 +265,14 @@ private:
       auto const pos = pc_;
       auto const entry = current();
       cleanup();
-      std::throw_with_nested(
-          rank_failure("rank " + std::to_string(c_.rank()) + " stopped at " + place(pos, entry) + ": " + e.what(),
-                       c_.rank(), pos, entry, true));
+      std::throw_with_nested(rank_failure(
+          pipeswap::detail::message({"rank ", c_.rank(), " stopped at ", place(pos, entry), ": ", e.what()}), c_.rank(),
+          pos, entry, true));
     } catch (std::exception const& e) {
       auto const pos = pc_;
       auto const entry = current();
-      std::string const msg = "rank " + std::to_string(c_.rank()) + " failed at " + place(pos, entry) + ": " + e.what();
+      std::string const msg =
+          pipeswap::detail::message({"rank ", c_.rank(), " failed at ", place(pos, entry), ": ", e.what()});
       try {
         c_.abort(msg);
       } catch (...) {}
@@ -294,7 +298,7 @@ private:
         entry == "optimizer step") {
       return entry;
     }
-    return "position " + std::to_string(pos) + " (" + entry + ")";
+    return pipeswap::detail::message({"position ", pos, " (", entry, ")"});
   }
   /// What the step is doing: the entry's text, or the phase around the entries.
   std::string current() const {
@@ -307,7 +311,7 @@ private:
     }
     return pc_ < order_.size() && order_[pc_] ? schedule::to_text(*order_[pc_]) : std::string("bubble");
   }
-  std::string where() const { return "rank " + std::to_string(c_.rank()) + ", " + place(pc_, current()); }
+  std::string where() const { return pipeswap::detail::message({"rank ", c_.rank(), ", ", place(pc_, current())}); }
   /// Where the step stands, computed only when a message needs it (for the boundary exchange).
   auto at() const {
     return [this] { return place(pc_, current()); };
@@ -324,9 +328,11 @@ private:
   S& stage_of(index_type s) const {
     auto it = stages_.find(s);
     if (it == stages_.end()) {
-      throw invalid_argument("pipeline_executor: " + where() + ": stage " + std::to_string(s) +
-                             (layout_.has_stage(s) ? " runs on rank " + std::to_string(layout_.rank_of(s))
-                                                   : std::string(" is outside the layout")));
+      if (!layout_.has_stage(s))
+        throw invalid_argument(
+            pipeswap::detail::message({"pipeline_executor: ", where(), ": stage ", s, " is outside the layout"}));
+      throw invalid_argument(pipeswap::detail::message(
+          {"pipeline_executor: ", where(), ": stage ", s, " runs on rank ", layout_.rank_of(s)}));
     }
     return *it->second;
   }

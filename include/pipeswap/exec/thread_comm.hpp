@@ -23,6 +23,7 @@
 #include <string_view>
 #include <tuple>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/exec/comm.hpp>
 
@@ -35,7 +36,7 @@ class thread_world {
 public:
   /// `size` ranks; throws invalid_argument unless size >= 1.
   explicit thread_world(int size) : size_(size) {
-    if (size < 1) throw invalid_argument("thread_world: size must be >= 1, got " + std::to_string(size));
+    if (size < 1) throw invalid_argument(pipeswap::detail::message({"thread_world: size must be >= 1, got ", size}));
   }
   thread_world(thread_world const&) = delete;
   thread_world& operator=(thread_world const&) = delete;
@@ -152,12 +153,13 @@ private:
 
   void check(int peer, int tag, char const* what) const {
     if (peer < 0 || peer >= w_->size_ || peer == rank_) {
-      throw comm_error("thread_comm rank " + std::to_string(rank_) + ": " + what + " to peer " + std::to_string(peer) +
-                       " (ranks are 0.." + std::to_string(w_->size_ - 1) + ", and a rank does not message itself)");
+      throw comm_error(
+          pipeswap::detail::message({"thread_comm rank ", rank_, ": ", what, " to peer ", peer, " (ranks are 0..",
+                                     w_->size_ - 1, ", and a rank does not message itself)"}));
     }
     if (tag < 0 || tag > max_tag()) {
-      throw comm_error("thread_comm rank " + std::to_string(rank_) + ": " + what + " with tag " + std::to_string(tag) +
-                       " outside 0.." + std::to_string(max_tag()));
+      throw comm_error(pipeswap::detail::message(
+          {"thread_comm rank ", rank_, ": ", what, " with tag ", tag, " outside 0..", max_tag()}));
     }
   }
 
@@ -168,8 +170,8 @@ private:
   // Called with the lock held. `to` names the receiving rank for the size-mismatch message.
   static void match(thread_world::op& s, thread_world::op& r, int to, int tag) {
     if (s.bytes != r.bytes) {
-      auto const what = "thread_comm: a send of " + std::to_string(s.bytes) + " bytes to rank " + std::to_string(to) +
-                        " with tag " + std::to_string(tag) + " met a receive of " + std::to_string(r.bytes) + " bytes";
+      auto const what = pipeswap::detail::message({"thread_comm: a send of ", s.bytes, " bytes to rank ", to,
+                                                   " with tag ", tag, " met a receive of ", r.bytes, " bytes"});
       s.failure = r.failure = what;
     } else if (s.bytes) {
       std::memcpy(r.dst, s.src, s.bytes);
@@ -191,7 +193,7 @@ private:
 
 inline thread_comm thread_world::comm(int rank) {
   if (rank < 0 || rank >= size_) {
-    throw invalid_argument("thread_world: rank " + std::to_string(rank) + " outside 0.." + std::to_string(size_ - 1));
+    throw invalid_argument(pipeswap::detail::message({"thread_world: rank ", rank, " outside 0..", size_ - 1}));
   }
   return thread_comm(*this, rank);
 }

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/io/detail/posix.hpp>
@@ -248,14 +249,16 @@ inline tensor_view parse_tensor_entry(std::string const& name, nlohmann::json co
   if (!sh.is_array()) report.tensor(name, "\"shape\" is " + json_kind(sh) + ", not an array");
   t.shape.reserve(sh.size());
   for (std::size_t i = 0; i < sh.size(); ++i) {
-    t.shape.push_back(header_uint(sh[i], name, "shape[" + std::to_string(i) + "]", report));
+    t.shape.push_back(header_uint(sh[i], name, pipeswap::detail::message({"shape[", i, "]"}), report));
   }
 
   auto const& off = v.at("data_offsets");
   if (!off.is_array() || off.size() != 2) {
-    report.tensor(name, "\"data_offsets\" is " +
-                            (off.is_array() ? "an array of " + std::to_string(off.size()) : json_kind(off)) +
-                            ", not [begin, end]");
+    if (off.is_array())
+      report.tensor(name,
+                    pipeswap::detail::message({"\"data_offsets\" is an array of ", off.size(), ", not [begin, end]"}));
+    else
+      report.tensor(name, pipeswap::detail::message({"\"data_offsets\" is ", json_kind(off), ", not [begin, end]"}));
   }
   t.begin = header_uint(off[0], name, "data_offsets[0]", report);
   t.end = header_uint(off[1], name, "data_offsets[1]", report);
@@ -270,12 +273,12 @@ inline tensor_view parse_tensor_entry(std::string const& name, nlohmann::json co
     report.tensor(name, describe(t.type, t.shape) + " needs more than 2^64 - 1 bytes");
   }
   if (t.end - t.begin != nbytes) {
-    report.tensor(name, offsets_text(t) + " hold " + std::to_string(t.end - t.begin) + " bytes but " +
-                            describe(t.type, t.shape) + " needs " + std::to_string(nbytes));
+    report.tensor(name, pipeswap::detail::message({offsets_text(t), " hold ", t.end - t.begin, " bytes but ",
+                                                   describe(t.type, t.shape), " needs ", nbytes}));
   }
   if (t.end > data_size) {
-    report.tensor(name,
-                  offsets_text(t) + " end past the data section, which holds " + std::to_string(data_size) + " bytes");
+    report.tensor(name, pipeswap::detail::message(
+                            {offsets_text(t), " end past the data section, which holds ", data_size, " bytes"}));
   }
   return t;
 }
@@ -304,30 +307,31 @@ inline safetensors_view::safetensors_view(std::span<std::byte const> file, read_
     : bytes_(file), source_(std::move(source)) {
   detail::format_reporter const report(source_);
   if (file.size() < header_length_bytes) {
-    report.header("file is " + std::to_string(file.size()) + " bytes, shorter than the 8-byte header length");
+    report.header(
+        pipeswap::detail::message({"file is ", file.size(), " bytes, shorter than the 8-byte header length"}));
   }
   std::uint64_t n = 0;
   for (std::size_t i = header_length_bytes; i-- > 0;) {
     n = (n << 8) | static_cast<std::uint64_t>(file[i]);
   }
   if (n > options.max_header_size) {
-    report.header("length " + std::to_string(n) + " exceeds the limit of " + std::to_string(options.max_header_size) +
-                  " bytes");
+    report.header(
+        pipeswap::detail::message({"length ", n, " exceeds the limit of ", options.max_header_size, " bytes"}));
   }
   std::uint64_t const after_length = file.size() - header_length_bytes;
   if (n > after_length) {
-    report.header("length " + std::to_string(n) + " runs past the end of the file (" + std::to_string(after_length) +
-                  " bytes follow the length field)");
+    report.header(pipeswap::detail::message(
+        {"length ", n, " runs past the end of the file (", after_length, " bytes follow the length field)"}));
   }
   header_size_ = n;
   std::string_view const text(reinterpret_cast<char const*>(file.data()) + header_length_bytes, n);
   // nlohmann's parser stops at a NUL byte as if the input ended there; JSON never contains a raw
   // NUL, so reject it here rather than ignore what follows it.
   if (auto p = text.find('\0'); p != text.npos) {
-    report.header("NUL byte at header offset " + std::to_string(p));
+    report.header(pipeswap::detail::message({"NUL byte at header offset ", p}));
   }
   if (auto p = detail::find_invalid_utf8(text); p != detail::no_error) {
-    report.header("not valid UTF-8 at header offset " + std::to_string(p));
+    report.header(pipeswap::detail::message({"not valid UTF-8 at header offset ", p}));
   }
   nlohmann::json const root = detail::parse_header_json(text, report);
   if (!root.is_object()) report.header("JSON is " + detail::json_kind(root) + ", not an object");
@@ -357,18 +361,18 @@ inline safetensors_view::safetensors_view(std::span<std::byte const> file, read_
                                 detail::format_list(std::vector{prev->begin, prev->end}));
     }
     if (t.begin > pos) {
-      report.tensor(t.name, detail::offsets_text(t) + " leave bytes [" + std::to_string(pos) + ", " +
-                                std::to_string(t.begin) + ") unused " +
-                                (prev ? "after tensor " + detail::quote(prev->name)
-                                      : std::string("at the start of the data section")) +
-                                "; the tensors must tile the data section");
+      report.tensor(
+          t.name, pipeswap::detail::message({detail::offsets_text(t), " leave bytes [", pos, ", ", t.begin, ") unused ",
+                                             (prev ? "after tensor " + detail::quote(prev->name)
+                                                   : std::string("at the start of the data section")),
+                                             "; the tensors must tile the data section"}));
     }
     pos = t.end;
     prev = &t;
   }
   if (pos != data_bytes) {
-    report.header("the tensors cover " + std::to_string(pos) + " bytes but the data section holds " +
-                  std::to_string(data_bytes) + " (" + std::to_string(data_bytes - pos) + " trailing bytes)");
+    report.header(pipeswap::detail::message({"the tensors cover ", pos, " bytes but the data section holds ",
+                                             data_bytes, " (", data_bytes - pos, " trailing bytes)"}));
   }
 
   auto const* data = file.data() + header_length_bytes + n;

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/io/atomic_file.hpp>
@@ -64,10 +65,11 @@ public:
       : tensors_(tensors) {
     for (auto const& [k, v] : metadata) {
       if (auto at = detail::find_invalid_utf8(k); at != detail::no_error) {
-        reject("metadata key " + detail::quote(k) + " is not valid UTF-8 (byte " + std::to_string(at) + ")");
+        reject(pipeswap::detail::message({"metadata key ", detail::quote(k), " is not valid UTF-8 (byte ", at, ")"}));
       }
       if (auto at = detail::find_invalid_utf8(v); at != detail::no_error) {
-        reject("metadata " + detail::quote(k) + ": value is not valid UTF-8 (byte " + std::to_string(at) + ")");
+        reject(
+            pipeswap::detail::message({"metadata ", detail::quote(k), ": value is not valid UTF-8 (byte ", at, ")"}));
       }
     }
     std::vector<std::string_view> names;
@@ -124,8 +126,8 @@ public:
     h += '}';
     h.resize((h.size() + 7) / 8 * 8, ' ');
     if (h.size() > options.max_header_size) {
-      reject("the header would be " + std::to_string(h.size()) + " bytes, over the limit of " +
-             std::to_string(options.max_header_size));
+      reject(pipeswap::detail::message(
+          {"the header would be ", h.size(), " bytes, over the limit of ", options.max_header_size}));
     }
     data_size_ = offset;
 
@@ -154,8 +156,8 @@ public:
   /// Writes the file into `out`, which must hold exactly total_size() bytes.
   void write_to(std::span<std::byte> out) const {
     if (out.size() != total_size()) {
-      throw invalid_argument("safetensors: write_to: the buffer holds " + std::to_string(out.size()) +
-                             " bytes but the file is " + std::to_string(total_size()));
+      throw invalid_argument(pipeswap::detail::message(
+          {"safetensors: write_to: the buffer holds ", out.size(), " bytes but the file is ", total_size()}));
     }
     std::memcpy(out.data(), prefix_.data(), prefix_.size());
     std::size_t at = prefix_.size();
@@ -193,7 +195,8 @@ private:
       reject("tensor name \"__metadata__\" is reserved for the metadata");
     }
     if (auto at = detail::find_invalid_utf8(t.name); at != detail::no_error) {
-      reject("tensor " + detail::quote(t.name) + ": name is not valid UTF-8 (byte " + std::to_string(at) + ")");
+      reject(
+          pipeswap::detail::message({"tensor ", detail::quote(t.name), ": name is not valid UTF-8 (byte ", at, ")"}));
     }
     std::uint64_t numel = 0;
     std::uint64_t bytes = 0;
@@ -202,8 +205,8 @@ private:
              " needs more than 2^64 - 1 bytes");
     }
     if (bytes != t.bytes.size()) {
-      reject("tensor " + detail::quote(t.name) + ": " + detail::describe(t.type, t.shape) + " needs " +
-             std::to_string(bytes) + " bytes but " + std::to_string(t.bytes.size()) + " were given");
+      reject(pipeswap::detail::message({"tensor ", detail::quote(t.name), ": ", detail::describe(t.type, t.shape),
+                                        " needs ", bytes, " bytes but ", t.bytes.size(), " were given"}));
     }
   }
 

@@ -15,6 +15,7 @@
 #include <range/v3/algorithm/max_element.hpp>
 #include <range/v3/algorithm/upper_bound.hpp>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/schedule/detail/shape.hpp>
 #include <pipeswap/schedule/layout.hpp>
@@ -26,7 +27,7 @@ namespace pipeswap::schedule {
 namespace detail {
 
 inline void require_at_least_one(char const* who, char const* what, index_type v) {
-  if (v < 1) throw invalid_argument(std::string(who) + ": " + what + " must be >= 1, got " + std::to_string(v));
+  if (v < 1) throw invalid_argument(pipeswap::detail::message({who, ": ", what, " must be >= 1, got ", v}));
 }
 
 // Orders of the schedules with one stage per rank: `fill(s, order)` writes rank s's order.
@@ -79,8 +80,8 @@ inline void add_p2p_for(step const& s, index_type rank, stage_layout const& layo
 /// malformed or names a stage outside the layout or on another rank.
 inline rank_orders insert_p2p(rank_orders const& compute, stage_layout const& layout) {
   if (compute.size() != std::size_t(layout.ranks()))
-    throw invalid_argument("insert_p2p: " + std::to_string(compute.size()) + " orders for " +
-                           std::to_string(layout.ranks()) + " ranks");
+    throw invalid_argument(
+        pipeswap::detail::message({"insert_p2p: ", compute.size(), " orders for ", layout.ranks(), " ranks"}));
   // One virtual slot per plain entry and per composite leaf; `leaf` is -1 for a plain entry.
   struct vslot {
     std::size_t entry;
@@ -92,16 +93,16 @@ inline rank_orders insert_p2p(rank_orders const& compute, stage_layout const& la
       entry const& e = compute[r][i];
       if (e) {
         auto fail = [&](std::string const& what) -> void {
-          throw invalid_argument("insert_p2p: rank " + std::to_string(r) + " entry " + std::to_string(i) + " (" +
-                                 to_text(*e) + "): " + what);
+          throw invalid_argument(
+              pipeswap::detail::message({"insert_p2p: rank ", r, " entry ", i, " (", to_text(*e), "): ", what}));
         };
         if (auto err = detail::shape_error(*e)) fail(*err);
         for (step const& l : leaves_of(*e)) {
           if (!layout.has_stage(l.stage))
-            fail("stage " + std::to_string(l.stage) + " is outside the layout's " + std::to_string(layout.stages()) +
-                 " stages");
+            fail(pipeswap::detail::message(
+                {"stage ", l.stage, " is outside the layout's ", layout.stages(), " stages"}));
           if (layout.rank_of(l.stage) != index_type(r))
-            fail("stage " + std::to_string(l.stage) + " runs on rank " + std::to_string(layout.rank_of(l.stage)));
+            fail(pipeswap::detail::message({"stage ", l.stage, " runs on rank ", layout.rank_of(l.stage)}));
         }
       }
       if (e && is_composite(e->kind)) {
@@ -237,8 +238,8 @@ inline rank_orders interleaved_1f1b(interleaved_options const& opt) {
   stage_layout const layout(opt.ranks, opt.stages_per_rank, placement::loop);
   std::int64_t const R = opt.ranks, V = opt.stages_per_rank, M = opt.micro;
   if (M * V > INT32_MAX)
-    throw invalid_argument("interleaved 1f1b: micro * stages_per_rank (" + std::to_string(M * V) +
-                           ") exceeds the index range");
+    throw invalid_argument(
+        pipeswap::detail::message({"interleaved 1f1b: micro * stages_per_rank (", M * V, ") exceeds the index range"}));
 
   std::int64_t const rounds = std::max<std::int64_t>(1, M / R);
   std::int64_t base = 0, rem = 0;

@@ -52,6 +52,7 @@
 #include <utility>
 #include <vector>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/schedule/detail/slots.hpp>
 #include <pipeswap/schedule/step.hpp>
@@ -231,8 +232,8 @@ inline order inject_swap_steps(order const& o) {
 /// _inject_local_pp_swap_actions). Throws invalid_argument if `rank` has no order.
 inline rank_orders inject_swap_steps_for_rank(rank_orders const& orders, index_type rank) {
   if (rank < 0 || std::size_t(rank) >= orders.size())
-    throw invalid_argument("inject_swap_steps_for_rank: no order for rank " + std::to_string(rank) + " among " +
-                           std::to_string(orders.size()));
+    throw invalid_argument(
+        pipeswap::detail::message({"inject_swap_steps_for_rank: no order for rank ", rank, " among ", orders.size()}));
   rank_orders out = orders;
   out[std::size_t(rank)] = inject_swap_steps(orders[std::size_t(rank)]);
   return out;

@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/schedule/detail/shape.hpp>
 #include <pipeswap/schedule/step.hpp>
@@ -94,7 +95,7 @@ step step_from_json(Json const& j, std::string const& where, bool is_leaf) {
   if (auto const sub = j.find("sub"); sub != j.end() && !sub->is_null()) {
     if (!sub->is_array()) json_fail(where, "'sub' must be an array, got " + sub->dump());
     for (std::size_t k = 0; k < sub->size(); ++k) {
-      std::string const at = where + ": sub-step " + std::to_string(k);
+      std::string const at = pipeswap::detail::message({where, ": sub-step ", k});
       if ((*sub)[k].is_null()) json_fail(at, "a bubble cannot be a leaf of a composite");
       s.sub.push_back(step_from_json((*sub)[k], at, true));
     }
@@ -114,7 +115,7 @@ order order_from_json_at(Json const& j, std::string const& rank) {
     if (j[i].is_null())
       out.emplace_back();
     else
-      out.emplace_back(step_from_json(j[i], prefix + "entry " + std::to_string(i), false));
+      out.emplace_back(step_from_json(j[i], pipeswap::detail::message({prefix, "entry ", i}), false));
   }
   return out;
 }
@@ -124,7 +125,7 @@ Json parse_json_text(std::string_view text) {
   try {
     return Json::parse(text.begin(), text.end());
   } catch (typename Json::parse_error const& e) {
-    throw invalid_argument(std::string("order JSON: malformed at byte ") + std::to_string(e.byte) + ": " + e.what());
+    throw invalid_argument(pipeswap::detail::message({"order JSON: malformed at byte ", e.byte, ": ", e.what()}));
   }
 }
 
@@ -167,7 +168,7 @@ rank_orders rank_orders_from_json(Json const& j) {
   rank_orders out;
   out.reserve(j.size());
   for (std::size_t r = 0; r < j.size(); ++r)
-    out.push_back(detail::order_from_json_at(j[r], "rank " + std::to_string(r)));
+    out.push_back(detail::order_from_json_at(j[r], pipeswap::detail::message({"rank ", r})));
   return out;
 }
 

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/schedule/layout.hpp>
 #include <pipeswap/schedule/step.hpp>
 
@@ -57,8 +58,8 @@ inline label_map p2p_labels(rank_orders const& orders, index_type stages_per_ran
       index_type const src = send ? index_type(r) : layout.rank_of(other);
       index_type const dst = send ? layout.rank_of(other) : index_type(r);
       int const k = ++count[{src, dst, e->micro}];
-      labels.push_back("Send_Receive_(" + std::to_string(src) + ")->(" + std::to_string(dst) + ")_micro" +
-                       std::to_string(e->micro) + "_" + std::to_string(k) + "th");
+      labels.push_back(
+          pipeswap::detail::message({"Send_Receive_(", src, ")->(", dst, ")_micro", e->micro, "_", k, "th"}));
     }
     if (!labels.empty()) out.emplace_back(std::to_string(r), std::move(labels));
   }

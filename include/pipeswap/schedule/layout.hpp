@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/schedule/step.hpp>
 
@@ -29,12 +30,14 @@ public:
   /// Throws invalid_argument unless ranks >= 1, stages_per_rank >= 1 and ranks * stages_per_rank fits in index_type.
   stage_layout(index_type ranks, index_type stages_per_rank = 1, placement style = placement::loop)
       : ranks_(ranks), stages_per_rank_(stages_per_rank), style_(style) {
-    if (ranks < 1) throw invalid_argument("stage layout: ranks must be >= 1, got " + std::to_string(ranks));
+    if (ranks < 1) throw invalid_argument(pipeswap::detail::message({"stage layout: ranks must be >= 1, got ", ranks}));
     if (stages_per_rank < 1)
-      throw invalid_argument("stage layout: stages_per_rank must be >= 1, got " + std::to_string(stages_per_rank));
+      throw invalid_argument(
+          pipeswap::detail::message({"stage layout: stages_per_rank must be >= 1, got ", stages_per_rank}));
     if (std::int64_t(ranks) * stages_per_rank > INT32_MAX)
-      throw invalid_argument("stage layout: ranks * stages_per_rank (" +
-                             std::to_string(std::int64_t(ranks) * stages_per_rank) + ") exceeds the stage index range");
+      throw invalid_argument(
+          pipeswap::detail::message({"stage layout: ranks * stages_per_rank (", std::int64_t(ranks) * stages_per_rank,
+                                     ") exceeds the stage index range"}));
   }
 
   index_type ranks() const noexcept { return ranks_; }

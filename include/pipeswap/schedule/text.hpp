@@ -28,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/schedule/detail/shape.hpp>
 #include <pipeswap/schedule/step.hpp>
@@ -132,8 +133,8 @@ private:
   char peek() const { return pos_ < text_.size() ? text_[pos_] : '\0'; }
 
   [[noreturn]] void fail(std::size_t entry_index, std::string const& what) const {
-    throw invalid_argument("order text: entry " + std::to_string(entry_index) + " (column " + std::to_string(pos_ + 1) +
-                           "): " + what);
+    throw invalid_argument(
+        pipeswap::detail::message({"order text: entry ", entry_index, " (column ", pos_ + 1, "): ", what}));
   }
 
   std::string_view word() {

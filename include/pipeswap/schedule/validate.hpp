@@ -44,6 +44,7 @@
 #include <range/v3/algorithm/min_element.hpp>
 #include <range/v3/algorithm/rotate.hpp>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/schedule/detail/chunk_table.hpp>
 #include <pipeswap/schedule/detail/shape.hpp>
@@ -96,20 +97,19 @@ struct problem {
 /// "rank 1, position 12 (LO0.3): swap-lifecycle: ..." (no rank part from check_order).
 inline std::string to_string(problem const& p) {
   std::string out;
-  if (p.rank != no_index) out += "rank " + std::to_string(p.rank) + ", ";
-  out += "position " + std::to_string(p.position) + " (" + p.step + "): " + std::string(rule_name(p.broken)) + ": " +
-         p.message;
+  if (p.rank != no_index) pipeswap::detail::append(out, {"rank ", p.rank, ", "});
+  pipeswap::detail::append(out, {"position ", p.position, " (", p.step, "): ", rule_name(p.broken), ": ", p.message});
   return out;
 }
 
 namespace detail {
 
-inline std::string chunk_text(chunk c) { return "(" + std::to_string(c.stage) + "," + std::to_string(c.micro) + ")"; }
+inline std::string chunk_text(chunk c) { return pipeswap::detail::message({"(", c.stage, ",", c.micro, ")"}); }
 
 inline std::string problems_text(std::vector<problem> const& ps, std::size_t most = 20) {
   std::string out;
   for (std::size_t i = 0; i < ps.size() && i < most; ++i) out += "\n  " + to_string(ps[i]);
-  if (ps.size() > most) out += "\n  ... and " + std::to_string(ps.size() - most) + " more";
+  if (ps.size() > most) pipeswap::detail::append(out, {"\n  ... and ", ps.size() - most, " more"});
   return out;
 }
 
@@ -179,9 +179,9 @@ public:
     for (auto const& [key, pos, bwd_leaf] : early_bwd_) {
       std::size_t const f = fwd_.get(key);
       add(rule::backward_before_forward, pos, *bwd_leaf,
-          f == no_position
-              ? "BWD of chunk " + chunk_text(key) + " has no FWD"
-              : "BWD of chunk " + chunk_text(key) + " runs before its FWD (position " + std::to_string(f) + ")");
+          f == no_position ? "BWD of chunk " + chunk_text(key) + " has no FWD"
+                           : pipeswap::detail::message(
+                                 {"BWD of chunk ", chunk_text(key), " runs before its FWD (position ", f, ")"}));
     }
     for (chunk key : swapped_list_) {
       cycle_state const st = cycle_.get(key);
@@ -241,8 +241,8 @@ private:
       return;
     }
     add(rule::duplicate, i, l,
-        "second " + std::string(step_kind_name(l.kind)) + " of chunk " + chunk_text(key) +
-            "; the first is at position " + std::to_string(first));
+        pipeswap::detail::message(
+            {"second ", step_kind_name(l.kind), " of chunk ", chunk_text(key), "; the first is at position ", first}));
   }
 
   void advance(chunk key, int event, std::size_t i, step const& l) {
@@ -253,9 +253,10 @@ private:
           name + " of chunk " + chunk_text(key) + " comes before " + lifecycle_names(st.state + 1, event));
     } else if (event <= st.state) {
       add(rule::swap_lifecycle, i, l,
-          name + " of chunk " + chunk_text(key) + (event == st.state ? " is repeated" : " is out of order") +
-              ": its life cycle already reached " + std::string(step_kind_name(lifecycle[st.state])) + " at position " +
-              std::to_string(st.position));
+          pipeswap::detail::message({name, " of chunk ", chunk_text(key),
+                                     (event == st.state ? " is repeated" : " is out of order"),
+                                     ": its life cycle already reached ", step_kind_name(lifecycle[st.state]),
+                                     " at position ", st.position}));
       return;
     }
     st = {event, i, &l};
@@ -281,8 +282,8 @@ inline std::vector<problem> check_order(order const& o) { return detail::order_c
 inline void require_well_formed(order const& o) {
   auto const ps = check_order(o);
   if (!ps.empty())
-    throw invalid_argument("order is not well-formed (" + std::to_string(ps.size()) +
-                           " problems):" + detail::problems_text(ps));
+    throw invalid_argument(
+        pipeswap::detail::message({"order is not well-formed (", ps.size(), " problems):", detail::problems_text(ps)}));
 }
 
 /// A rank blocked at a receive in a deadlock, and the send it waits for.
@@ -309,14 +310,15 @@ struct schedule_report {
 
 inline std::string to_string(schedule_report const& r) {
   if (r.ok()) return "schedule is valid";
-  std::string out = "schedule has " + std::to_string(r.problems.size()) + " problems" +
-                    (r.deadlock.empty() ? "" : " and deadlocks") + ":" + detail::problems_text(r.problems);
+  std::string out =
+      pipeswap::detail::message({"schedule has ", r.problems.size(), " problems",
+                                 (r.deadlock.empty() ? "" : " and deadlocks"), ":", detail::problems_text(r.problems)});
   if (!r.deadlock.empty()) {
     out += "\n  deadlock:";
     for (blocked_receive const& b : r.deadlock)
-      out += "\n    rank " + std::to_string(b.rank) + " blocks at position " + std::to_string(b.position) + " (" +
-             b.step + ") waiting for rank " + std::to_string(b.peer_rank) + " position " +
-             std::to_string(b.peer_position) + " (" + b.peer_step + ")";
+      pipeswap::detail::append(out, {"\n    rank ", b.rank, " blocks at position ", b.position, " (", b.step,
+                                     ") waiting for rank ", b.peer_rank, " position ", b.peer_position, " (",
+                                     b.peer_step, ")"});
   }
   return out;
 }
@@ -343,8 +345,8 @@ public:
       : orders_(orders), layout_(layout), box_(box_of(orders, layout)), done_(box_, 0), forward_ids_(box_, no_id),
         backward_ids_(box_, no_id) {
     if (orders.size() != std::size_t(layout.ranks()))
-      throw invalid_argument("check_schedule: " + std::to_string(orders.size()) + " orders for a layout of " +
-                             std::to_string(layout.ranks()) + " ranks");
+      throw invalid_argument(pipeswap::detail::message(
+          {"check_schedule: ", orders.size(), " orders for a layout of ", layout.ranks(), " ranks"}));
   }
 
   schedule_report run() {
@@ -404,7 +406,7 @@ private:
   }
 
   std::string on_rank_of(index_type stage) const {
-    return layout_.has_stage(stage) ? " on rank " + std::to_string(layout_.rank_of(stage)) : std::string();
+    return layout_.has_stage(stage) ? pipeswap::detail::message({" on rank ", layout_.rank_of(stage)}) : std::string();
   }
 
   // Placement, peers and dataflow of one rank; collects its P2P leaves. Each (stage, micro) of a
@@ -419,13 +421,12 @@ private:
       for (step const& l : leaves_of(*o[i])) {
         if (!layout_.has_stage(l.stage)) {
           add(rule::placement, r, i, l,
-              "stage " + std::to_string(l.stage) + " is outside the layout's " + std::to_string(layout_.stages()) +
-                  " stages");
+              pipeswap::detail::message({"stage ", l.stage, " is outside the layout's ", layout_.stages(), " stages"}));
           continue;
         }
         if (layout_.rank_of(l.stage) != r) {
           add(rule::placement, r, i, l,
-              "stage " + std::to_string(l.stage) + " runs on rank " + std::to_string(layout_.rank_of(l.stage)));
+              pipeswap::detail::message({"stage ", l.stage, " runs on rank ", layout_.rank_of(l.stage)}));
           continue;
         }
         check_dataflow(r, i, l);
@@ -441,7 +442,7 @@ private:
     auto need = [&](std::uint8_t bit, step_kind k, index_type stage, char const* what) {
       if (!(done_.get({stage, m}) & bit))
         add(rule::dataflow, r, i, l,
-            std::string(what) + ": no " + to_text(leaf(k, stage, m)) + " before it on rank " + std::to_string(r));
+            pipeswap::detail::message({what, ": no ", to_text(leaf(k, stage, m)), " before it on rank ", r}));
     };
     if (l.kind == step_kind::fwd && s > 0) {
       if (layout_.rank_of(s - 1) == r)
@@ -466,8 +467,8 @@ private:
     index_type const peer = l.kind == step_kind::fwd_send || l.kind == step_kind::bwd_recv ? l.stage + 1 : l.stage - 1;
     if (!layout_.has_stage(peer)) {
       add(rule::no_peer, r, i, l,
-          std::string(step_kind_name(l.kind)) + (is_send(l.kind) ? " to" : " from") + " stage " + std::to_string(peer) +
-              ", which does not exist");
+          pipeswap::detail::message({step_kind_name(l.kind), (is_send(l.kind) ? " to" : " from"), " stage ", peer,
+                                     ", which does not exist"}));
       return;
     }
     chunk const to{is_send(l.kind) ? peer : l.stage, l.micro};

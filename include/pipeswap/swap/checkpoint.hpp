@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/event_handle.hpp>
 #include <pipeswap/core/pinned_pool.hpp>
@@ -54,7 +55,7 @@ namespace pipeswap {
 
 /// The tensor name of a state slot in a checkpoint: "state.{param}.{key}", e.g. "state.3.exp_avg".
 inline std::string checkpoint_tensor_name(std::size_t param, state_key key) {
-  return "state." + std::to_string(param) + "." + std::string(name_of(key));
+  return detail::message({"state.", param, ".", name_of(key)});
 }
 
 /// Runtime knobs of save_checkpoint and save_checkpoint_async.

@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include <pipeswap/detail/message.hpp>
+
 namespace pipeswap {
 
 /// An operation the runtime issues, in issue order (optimizer_swap::set_event_listener): `op` says
@@ -74,10 +76,11 @@ constexpr std::string_view to_string(swap_event::kind k) noexcept {
 inline std::string to_string(swap_event const& e) {
   std::string s(to_string(e.op));
   if (!e.batch) return s;
-  s += ':' + std::to_string(*e.batch);
-  if (e.chained) s += ':' + (e.next ? std::to_string(*e.next) : std::string("-"));
+  detail::append(s, {":", *e.batch});
+  if (e.chained && e.next) detail::append(s, {":", *e.next});
+  if (e.chained && !e.next) s += ":-";
   switch (e.where) {
-  case swap_event::storage::staging: s += ':' + std::to_string(e.arena); break;
+  case swap_event::storage::staging: detail::append(s, {":", e.arena}); break;
   case swap_event::storage::own: s += ":own"; break;
   case swap_event::storage::early: s += ":early"; break;
   case swap_event::storage::unspecified: break;

@@ -38,6 +38,7 @@
 #include <c10/core/TensorOptions.h>
 #include <c10/util/ArrayRef.h>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/backend/torch/backend.hpp>
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/error.hpp>
@@ -116,7 +117,7 @@ public:
                         std::vector<state_key> const& keys) {
     state_.require_detached("pipeswap::torch::tensor_optimizer::add_param");
     auto const i = params_.size();
-    auto const who = "parameter " + std::to_string(i);
+    auto const who = pipeswap::detail::message({"parameter ", i});
     // Dense and non-overlapping, so a slot of numel elements holds the view.
     auto const dt = check_slot_layout(sizes, strides, type, who);
     std::size_t numel = 1;
@@ -141,10 +142,11 @@ public:
     units.reserve(active.size());
     for (auto i : active) {
       if (i >= params_.size()) {
-        throw invalid_argument("tensor_optimizer::set_active: parameter " + std::to_string(i) + " is not registered (" +
-                               std::to_string(params_.size()) + " are)");
+        throw invalid_argument(pipeswap::detail::message(
+            {"tensor_optimizer::set_active: parameter ", i, " is not registered (", params_.size(), " are)"}));
       }
-      if (seen[i]) throw invalid_argument("tensor_optimizer::set_active: parameter " + std::to_string(i) + " twice");
+      if (seen[i])
+        throw invalid_argument(pipeswap::detail::message({"tensor_optimizer::set_active: parameter ", i, " twice"}));
       seen[i] = true;
       units.push_back(all_units_[i]);
     }
@@ -191,9 +193,9 @@ public:
   void load_metadata(std::map<std::string, std::string> const& m) {
     auto it = m.find("params");
     if (it == m.end() || it->second != std::to_string(params_.size())) {
-      throw invalid_argument("tensor_optimizer: checkpoint metadata 'params' is '" +
-                             (it == m.end() ? std::string("(missing)") : it->second) + "' but this optimizer has " +
-                             std::to_string(params_.size()));
+      throw invalid_argument(pipeswap::detail::message({"tensor_optimizer: checkpoint metadata 'params' is '",
+                                                        (it == m.end() ? std::string("(missing)") : it->second),
+                                                        "' but this optimizer has ", params_.size()}));
     }
   }
 

@@ -72,7 +72,6 @@ def _no_trace(fn: _F) -> _F:
         return fn
 
 
-_PIPELINES = ("packed", "per_tensor")
 _STATE_KEYS = ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
 
@@ -259,7 +258,7 @@ class _SwapAdamBase(Optimizer):
         params: ParamsT,
         torch_kwargs: dict[str, Any],
         swap_times: int,
-        pipeline: str,
+        packed: bool,
         resident_share: int,
         defer_offload: bool,
         min_swap_numel: int,
@@ -271,7 +270,7 @@ class _SwapAdamBase(Optimizer):
                 f"{name}: differentiable=True is not supported: the state leaves the device after every "
                 "step, so no autograd graph can run through the update"
             )
-        self._swap = self._check_swap(swap_times, pipeline, resident_share, defer_offload, min_swap_numel)
+        self._swap = self._check_swap(swap_times, packed, resident_share, defer_offload, min_swap_numel)
         # torch's own class validates the hyper-parameters and gives the defaults (the same group
         # keys as torch, so state dicts move both ways). It is also the object that runs the update,
         # through its step without torch's hook wrapper (hooks fire once per step of this object).
@@ -297,7 +296,7 @@ class _SwapAdamBase(Optimizer):
     # ----- swap settings -------------------------------------------------------------------------
 
     def _check_swap(
-        self, swap_times: int, pipeline: str, resident_share: int, defer_offload: bool, min_swap_numel: int
+        self, swap_times: int, packed: bool, resident_share: int, defer_offload: bool, min_swap_numel: int
     ) -> dict[str, Any]:
         name = self._name
 
@@ -308,28 +307,27 @@ class _SwapAdamBase(Optimizer):
                 raise ValueError(f"{name}: {key} must be at least {least}, got {value}")
             return value
 
-        if pipeline not in _PIPELINES:
-            raise ValueError(f"{name}: pipeline must be one of {_PIPELINES}, got {pipeline!r}")
-        if not isinstance(defer_offload, bool):
-            raise TypeError(f"{name}: defer_offload must be a bool, got {type(defer_offload).__name__}")
+        def flag(key: str, value: object) -> bool:
+            if not isinstance(value, bool):
+                raise TypeError(f"{name}: {key} must be a bool, got {type(value).__name__}")
+            return value
+
         return {
             "swap_times": count("swap_times", swap_times, 1),
-            "pipeline": pipeline,
+            "packed": flag("packed", packed),
             "resident_share": count("resident_share", resident_share, 0),
-            "defer_offload": defer_offload,
+            "defer_offload": flag("defer_offload", defer_offload),
             "min_swap_numel": count("min_swap_numel", min_swap_numel, 0),
         }
 
     def _configure(self) -> None:
         s = self._swap
         self._orphan_views()
-        self._rt.configure(
-            s["swap_times"], s["pipeline"] == "packed", s["resident_share"], s["defer_offload"], s["min_swap_numel"]
-        )
+        self._rt.configure(s["swap_times"], s["packed"], s["resident_share"], s["defer_offload"], s["min_swap_numel"])
 
     @property
     def swap_settings(self) -> dict[str, Any]:
-        """The swap settings (swap_times, pipeline, resident_share, defer_offload, min_swap_numel)."""
+        """The swap settings (swap_times, packed, resident_share, defer_offload, min_swap_numel)."""
         return dict(self._swap)
 
     def configure_swap(self, **settings: Any) -> None:
@@ -964,8 +962,9 @@ class SwapAdamW(_SwapAdamBase):
 
     Swap settings (keyword-only):
       swap_times      batches a step is split into (1 = the whole state at once); default 16
-      pipeline        "packed" (two reusable device staging arenas, one large copy per batch and
-                      direction) or "per_tensor" (each state tensor its own device storage)
+      packed          True (default): the packed pipeline, two reusable device staging arenas and
+                      one large copy per batch and direction; False: the per-tensor pipeline, each
+                      state tensor in its own device storage
       resident_share  bytes of state (whole batches, from the front) that stay on the device
       defer_offload   step() returns with the last batches' copies to the host still in flight;
                       finish_offload(), the next step() or prefetch() finish them
@@ -990,7 +989,7 @@ class SwapAdamW(_SwapAdamBase):
         differentiable: bool = False,
         fused: bool | None = None,
         swap_times: int = 16,
-        pipeline: str = "packed",
+        packed: bool = True,
         resident_share: int = 0,
         defer_offload: bool = False,
         min_swap_numel: int = 1024,
@@ -1010,7 +1009,7 @@ class SwapAdamW(_SwapAdamBase):
                 fused=fused,
             ),
             swap_times,
-            pipeline,
+            packed,
             resident_share,
             defer_offload,
             min_swap_numel,
@@ -1039,7 +1038,7 @@ class SwapAdam(_SwapAdamBase):
         differentiable: bool = False,
         fused: bool | None = None,
         swap_times: int = 16,
-        pipeline: str = "packed",
+        packed: bool = True,
         resident_share: int = 0,
         defer_offload: bool = False,
         min_swap_numel: int = 1024,
@@ -1061,7 +1060,7 @@ class SwapAdam(_SwapAdamBase):
                 **torch_kwargs,
             ),
             swap_times,
-            pipeline,
+            packed,
             resident_share,
             defer_offload,
             min_swap_numel,

@@ -25,7 +25,7 @@ from ._optim import SwapAdam, SwapAdamW
 __all__ = ["SwapOptimizersContainer", "swap_adamw"]
 
 _SWAPPED = {"AdamW": SwapAdamW, "Adam": SwapAdam}
-_SETTINGS = ("swap_times", "pipeline", "resident_share", "defer_offload", "min_swap_numel")
+_SETTINGS = ("swap_times", "packed", "resident_share", "defer_offload", "min_swap_numel")
 
 
 def _check(swap: dict[str, Any], implementation: str) -> None:
@@ -48,7 +48,7 @@ class SwapOptimizersContainer(OptimizersContainer):
     class Config(OptimizersContainer.Config):
         swap: dict[str, Any] = field(default_factory=dict)
         """pipeswap's swap settings for every SwapAdamW/SwapAdam this container builds
-        (swap_times, pipeline, resident_share, defer_offload, min_swap_numel); empty: the defaults."""
+        (swap_times, packed, resident_share, defer_offload, min_swap_numel); empty: the defaults."""
 
     def __init__(self, config: Config, *, model_parts: list[torch.nn.Module]) -> None:
         _check(config.swap, config.implementation)

@@ -60,6 +60,7 @@
 #include <string_view>
 #include <vector>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/backend/cuda/detail/nvtx.hpp>
 #include <pipeswap/backend/cuda/detail/runtime.hpp>
@@ -94,7 +95,7 @@ public:
   using device_pointer = pipeswap::device_ptr;
 
   explicit backend(int device = 0, backend_options const& options = {})
-      : device_(device), setup_(device, "pipeswap::cuda::backend(device " + std::to_string(device) + ")"),
+      : device_(device), setup_(device, pipeswap::detail::message({"pipeswap::cuda::backend(device ", device, ")"})),
         device_pool_(options.device_pool != nullptr ? memory_pool::borrow(options.device_pool)
                                                     : memory_pool::create_device(device_, options.release_threshold)),
         host_(device_, options.host_memory), events_(device_), priority_(options.stream_priority) {
@@ -216,12 +217,12 @@ public:
 
 private:
   [[nodiscard]] std::string describe(char const* op) const {
-    std::string m = "pipeswap::cuda::backend(device " + std::to_string(device_) + ")::" + op;
+    std::string m = pipeswap::detail::message({"pipeswap::cuda::backend(device ", device_, ")::", op});
     if (!label_.text().empty()) m.append(" during '").append(label_.text()).append("'");
     return m;
   }
   [[nodiscard]] std::string describe(char const* op, std::size_t n) const {
-    return describe((std::string(op) + "(" + std::to_string(n) + " bytes)").c_str());
+    return describe((pipeswap::detail::message({op, "(", n, " bytes)"})).c_str());
   }
 
   [[nodiscard]] cudaEvent_t checked(event const& e, char const* call, char const* op) const {

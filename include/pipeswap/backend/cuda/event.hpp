@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/backend/cuda/detail/runtime.hpp>
 #include <pipeswap/backend/cuda/device.hpp>
 #include <pipeswap/backend/cuda/error.hpp>
@@ -55,7 +56,7 @@ struct event_cache {
     device_guard const g(device);
     cudaEvent_t e = nullptr;
     PIPESWAP_CUDA_TRY_WHAT(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
-                           "pipeswap::cuda::event_pool(device " + std::to_string(device) + ")");
+                           pipeswap::detail::message({"pipeswap::cuda::event_pool(device ", device, ")"}));
     std::lock_guard const lock(mutex);
     ++created;
     return e;

@@ -36,6 +36,7 @@
 #include <string>
 #include <utility>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/backend/cuda/detail/runtime.hpp>
 #include <pipeswap/backend/cuda/device.hpp>
 #include <pipeswap/backend/cuda/error.hpp>
@@ -99,7 +100,7 @@ public:
     if (n == 0) return nullptr;
     void* p = nullptr;
     PIPESWAP_CUDA_TRY_WHAT(cudaMallocFromPoolAsync(&p, n, pool_, s.get()),
-                           "pipeswap::cuda::memory_pool::allocate(" + std::to_string(n) + " bytes)");
+                           pipeswap::detail::message({"pipeswap::cuda::memory_pool::allocate(", n, " bytes)"}));
     return p;
   }
 
@@ -141,7 +142,7 @@ private:
   }
 
   static std::string describe(char const* op, int where) {
-    return std::string("pipeswap::cuda::memory_pool::") + op + "(" + std::to_string(where) + ")";
+    return pipeswap::detail::message({"pipeswap::cuda::memory_pool::", op, "(", where, ")"});
   }
 
   [[nodiscard]] std::uint64_t attribute(cudaMemPoolAttr a) const {
@@ -194,7 +195,7 @@ public:
     device_guard const g(device_);
     void* p = nullptr;
     PIPESWAP_CUDA_TRY_WHAT(cudaHostAlloc(&p, n, cudaHostAllocPortable),
-                           "pipeswap::cuda::pinned_allocator::allocate(" + std::to_string(n) + " bytes)");
+                           pipeswap::detail::message({"pipeswap::cuda::pinned_allocator::allocate(", n, " bytes)"}));
     return static_cast<std::byte*>(p);
   }
 
@@ -253,7 +254,7 @@ private:
 inline void register_host(void* p, std::size_t n) {
   if (n == 0) return;
   PIPESWAP_CUDA_TRY_WHAT(cudaHostRegister(p, n, cudaHostRegisterPortable),
-                         "pipeswap::cuda::register_host(" + std::to_string(n) + " bytes)");
+                         pipeswap::detail::message({"pipeswap::cuda::register_host(", n, " bytes)"}));
 }
 
 /// Undoes register_host(p, n). nullptr is a no-op. The caller has synchronized with every copy

@@ -18,6 +18,7 @@
 #include <string>
 #include <utility>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/backend/cuda/detail/runtime.hpp>
 #include <pipeswap/backend/cuda/device.hpp>
 #include <pipeswap/backend/cuda/error.hpp>
@@ -72,7 +73,7 @@ public:
   explicit stream(int device, int priority = 0) : device_(device) {
     device_guard const g(device);
     PIPESWAP_CUDA_TRY_WHAT(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, priority),
-                           "pipeswap::cuda::stream(device " + std::to_string(device) + ")");
+                           pipeswap::detail::message({"pipeswap::cuda::stream(device ", device, ")"}));
   }
 
   /// Takes ownership of `s`, a stream created on `device`.

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/backend/device_ptr.hpp>
 #include <pipeswap/backend/mock/checker.hpp>
@@ -68,7 +69,7 @@ public:
 
   [[nodiscard]] stream current_stream() const noexcept { return current_; }
 
-  stream new_stream() { return new_stream("stream " + std::to_string(streams_.size())); }
+  stream new_stream() { return new_stream(pipeswap::detail::message({"stream ", streams_.size()})); }
 
   event record_event(stream s) {
     auto& st = state_of(s, "record_event");
@@ -78,8 +79,9 @@ public:
     e.time = std::max(st.ready, host_now_);
     e.clock = st.clock;
     e.clock.join(host_clock_);
-    log_op(op_kind::record, agent_of(s), st.seq, e.time, e.time, 0, engine::none,
-           named([&] { return "record event " + std::to_string(e.id); }));
+    log_op(op_kind::record, agent_of(s), st.seq, e.time, e.time, 0, engine::none, named([&] {
+             return pipeswap::detail::message({"record event ", e.id});
+           }));
     return e;
   }
 
@@ -89,13 +91,14 @@ public:
     st.ready = std::max(st.ready, e.time);
     st.clock.join(e.clock);
     log_op(op_kind::wait, agent_of(s), st.seq, std::max(st.ready, host_now_), std::max(st.ready, host_now_), 0,
-           engine::none,
-           named([&] { return "wait event " + std::to_string(e.id) + " (" + log_.stream_lane(e.stream) + ")"; }));
+           engine::none, named([&] {
+             return pipeswap::detail::message({"wait event ", e.id, " (", log_.stream_lane(e.stream), ")"});
+           }));
   }
 
   void synchronize(event const& e) {
     if (!e.recorded()) throw mock_error("mock::backend::synchronize: the event was never recorded");
-    host_wait(e.time, e.clock, named([&] { return "synchronize event " + std::to_string(e.id); }));
+    host_wait(e.time, e.clock, named([&] { return pipeswap::detail::message({"synchronize event ", e.id}); }));
   }
 
   device_ptr allocate_device(std::size_t n, stream s) {
@@ -106,9 +109,9 @@ public:
     if (opts_.device_capacity != std::numeric_limits<std::size_t>::max()) {
       auto const live = memory_.live_at(p.start);
       if (live + n > opts_.device_capacity) {
-        throw mock_error("mock::backend::allocate_device: out of device memory allocating " + std::to_string(n) +
-                         " bytes on " + log_.stream_lane(s.id) + " (" + std::to_string(live) + " of " +
-                         std::to_string(opts_.device_capacity) + " bytes live)");
+        throw mock_error(pipeswap::detail::message({"mock::backend::allocate_device: out of device memory allocating ",
+                                                    n, " bytes on ", log_.stream_lane(s.id), " (", live, " of ",
+                                                    opts_.device_capacity, " bytes live)"}));
       }
     }
     auto a = std::make_shared<allocation>();
@@ -133,9 +136,9 @@ public:
     if (!d) return;
     auto a = allocs_.find_device(d, "deallocate_device");
     if (a->base != d.address() || a->size != n) {
-      throw mock_error("mock::backend::deallocate_device: " + detail::describe_ptr(d) + " with " + std::to_string(n) +
-                       " bytes does not name a whole allocation (allocation #" + std::to_string(a->id) + " has " +
-                       std::to_string(a->size) + " bytes)");
+      throw mock_error(pipeswap::detail::message({"mock::backend::deallocate_device: ", detail::describe_ptr(d),
+                                                  " with ", n, " bytes does not name a whole allocation (allocation #",
+                                                  a->id, " has ", a->size, " bytes)"}));
     }
     auto const p = plan(s, 0, engine::none);
     touches t;
@@ -183,9 +186,9 @@ public:
     if (h == nullptr) return;
     auto a = allocs_.find_host(h, "deallocate_host");
     if (a->base != reinterpret_cast<std::uintptr_t>(h) || a->size != n) {
-      throw mock_error("mock::backend::deallocate_host: the pointer with " + std::to_string(n) +
-                       " bytes does not name a whole pinned allocation (allocation #" + std::to_string(a->id) +
-                       " has " + std::to_string(a->size) + " bytes)");
+      throw mock_error(pipeswap::detail::message({"mock::backend::deallocate_host: the pointer with ", n,
+                                                  " bytes does not name a whole pinned allocation (allocation #", a->id,
+                                                  " has ", a->size, " bytes)"}));
     }
     effects_.drain(host_now_);
     auto c = host_clock_;
@@ -418,7 +421,7 @@ private:
   using mem_event = detail::mem_event;
 
   static std::uint32_t agent_of(stream s) noexcept { return s.id + 1; }
-  static std::string bytes_text(std::size_t n) { return std::to_string(n) + " B"; }
+  static std::string bytes_text(std::size_t n) { return pipeswap::detail::message({n, " B"}); }
 
   std::string label(std::string what) const { return label_.empty() ? what : what + " · " + label_; }
   /// An operation's name, formatted only when the log records it (options::keep_op_log).
@@ -429,7 +432,7 @@ private:
 
   stream_state& state_of(stream s, char const* call) {
     if (s.id >= streams_.size()) {
-      throw mock_error(std::string("mock::backend::") + call + ": unknown stream " + std::to_string(s.id));
+      throw mock_error(pipeswap::detail::message({"mock::backend::", call, ": unknown stream ", s.id}));
     }
     return streams_[s.id];
   }

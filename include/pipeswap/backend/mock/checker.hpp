@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/backend/mock/detail/op_log.hpp>
 #include <pipeswap/backend/mock/detail/shadow.hpp>
 #include <pipeswap/backend/mock/detail/storage.hpp>
@@ -24,8 +25,8 @@
 namespace pipeswap::mock::detail {
 
 inline std::string storage_text(allocation const& a, std::size_t lo, std::size_t hi) {
-  return std::string(a.device ? "device" : "pinned host") + " allocation #" + std::to_string(a.id) + " bytes [" +
-         std::to_string(lo) + ", " + std::to_string(hi) + ")";
+  return pipeswap::detail::message(
+      {a.device ? "device" : "pinned host", " allocation #", a.id, " bytes [", lo, ", ", hi, ")"});
 }
 
 /// The hazard, if any, of one touch of operation `op` (not yet logged) of kind `k` named `name`.
@@ -51,8 +52,9 @@ inline std::optional<hazard> find_hazard(touches::one const& x, planned const& p
   std::string rule;
   if (x.mode == access_mode::release) {
     kind = hazard_kind::release_while_in_use;
-    rule = " releases " + storage_text(*x.a, 0, x.a->size) + " while " + other + " still uses bytes [" +
-           std::to_string(c->lo) + ", " + std::to_string(c->hi) + ") and is not ordered before the release";
+    rule = pipeswap::detail::message({" releases ", storage_text(*x.a, 0, x.a->size), " while ", other,
+                                      " still uses bytes [", c->lo, ", ", c->hi,
+                                      ") and is not ordered before the release"});
   } else if (r.kind == op_kind::allocate) {
     kind = hazard_kind::read_before_write;
     rule = " uses " + storage_text(*x.a, c->lo, c->hi) + " allocated by " + other +

@@ -7,6 +7,7 @@
 #include <string>
 #include <type_traits>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/backend/mock/hazard.hpp>
 #include <pipeswap/backend/mock/types.hpp>
 
@@ -34,8 +35,11 @@ public:
         name = what();
       else
         name = what;
-      throw mock_error("mock::backend: injected fault in " + name + " (" + names[i] + " #" + std::to_string(nth) +
-                       (n ? ", " + std::to_string(n) + " bytes" : "") + ")");
+      if (n == 0)
+        throw mock_error(
+            pipeswap::detail::message({"mock::backend: injected fault in ", name, " (", names[i], " #", nth, ")"}));
+      throw mock_error(pipeswap::detail::message(
+          {"mock::backend: injected fault in ", name, " (", names[i], " #", nth, ", ", n, " bytes)"}));
     }
   }
 

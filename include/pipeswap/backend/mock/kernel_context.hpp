@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/backend/device_ptr.hpp>
 #include <pipeswap/backend/mock/types.hpp>
 
@@ -52,8 +53,8 @@ inline std::byte* kernel_context::bytes(device_ptr p, std::size_t n, bool writab
       return r.data + (p.address() - r.ptr.address());
     }
   }
-  throw mock_error("mock kernel '" + name_ + "' touches " + std::to_string(n) +
-                   " bytes outside the regions its launch declared");
+  throw mock_error(pipeswap::detail::message(
+      {"mock kernel '", name_, "' touches ", n, " bytes outside the regions its launch declared"}));
 }
 
 } // namespace pipeswap::mock

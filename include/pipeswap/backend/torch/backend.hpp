@@ -68,6 +68,7 @@
 
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/backend/device_ptr.hpp>
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/error.hpp>
 
 #if !defined(PIPESWAP_TORCH_CUDA)
@@ -322,8 +323,8 @@ private:
         auto const count = c10::cuda::device_count();
         auto const index = d.has_index() ? d.index() : c10::cuda::current_device();
         if (index < 0 || index >= count) {
-          throw torch_error("pipeswap::torch::backend(" + d.str() + "): this machine has " + std::to_string(count) +
-                            " CUDA device(s)");
+          throw torch_error(pipeswap::detail::message(
+              {"pipeswap::torch::backend(", d.str(), "): this machine has ", count, " CUDA device(s)"}));
         }
         return c10::Device(c10::kCUDA, index);
       } catch (c10::Error const& e) {
@@ -339,8 +340,8 @@ private:
   }
 
   [[nodiscard]] std::string describe(char const* op, std::size_t n) const {
-    std::string s = "pipeswap::torch::backend(" + device_.str() + ")::" + op;
-    if (n) s += "(" + std::to_string(n) + " bytes)";
+    auto s = pipeswap::detail::message({"pipeswap::torch::backend(", device_.str(), ")::", op});
+    if (n) pipeswap::detail::append(s, {"(", n, " bytes)"});
     return s;
   }
 

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/core/detail/mutation.hpp>
 #include <pipeswap/error.hpp>
@@ -91,13 +92,13 @@ public:
       std::size_t const n = bytes(dir, e->stage);
       index_type const from = dir == 0 ? e->stage - 1 : e->stage + 1;
       if (!layout_.has_stage(from)) {
-        throw invalid_argument("pipeline_executor: rank " + std::to_string(c_.rank()) + ": " + schedule::to_text(*e) +
-                               " has no peer stage " + std::to_string(from));
+        throw invalid_argument(pipeswap::detail::message(
+            {"pipeline_executor: rank ", c_.rank(), ": ", schedule::to_text(*e), " has no peer stage ", from}));
       }
       mkey const k{dir, e->stage, e->micro};
       if (posted_.count(k)) {
-        throw invalid_argument("pipeline_executor: rank " + std::to_string(c_.rank()) + ": " + schedule::to_text(*e) +
-                               " appears twice in the order");
+        throw invalid_argument(pipeswap::detail::message(
+            {"pipeline_executor: rank ", c_.rank(), ": ", schedule::to_text(*e), " appears twice in the order"}));
       }
       posted_recv p;
       p.bytes = n;
@@ -125,8 +126,8 @@ public:
   template <class At>
   void await(request_t<C>& r, std::string const& what, At const& at) {
     if (!c_.wait_for(r, o_.wait_timeout)) {
-      throw comm_timeout("rank " + std::to_string(c_.rank()) + " waited " + std::to_string(o_.wait_timeout.count()) +
-                         " ms at " + at() + " for " + what);
+      throw comm_timeout(pipeswap::detail::message(
+          {"rank ", c_.rank(), " waited ", o_.wait_timeout.count(), " ms at ", at(), " for ", what}));
     }
   }
 
@@ -187,10 +188,7 @@ public:
       }
     }
     if (blocking) {
-      await(p.req,
-            std::to_string(p.bytes) + " bytes from rank " + std::to_string(p.peer) + " (tag " + std::to_string(p.tag) +
-                ")",
-            at);
+      await(p.req, pipeswap::detail::message({p.bytes, " bytes from rank ", p.peer, " (tag ", p.tag, ")"}), at);
     } else if (!c_.test(p.req)) {
       return std::nullopt;
     }
@@ -218,8 +216,8 @@ public:
   void finish_sends(At const& at) {
     for (auto& s : sends_) {
       await(s.req,
-            "the send " + s.entry + " of " + std::to_string(s.bytes) + " bytes to rank " + std::to_string(s.peer) +
-                " to complete (tag " + std::to_string(s.tag) + ")",
+            pipeswap::detail::message(
+                {"the send ", s.entry, " of ", s.bytes, " bytes to rank ", s.peer, " to complete (tag ", s.tag, ")"}),
             at);
       if constexpr (C::reads_device_memory) free_dev(s.dev, b_.current_stream());
     }
@@ -231,9 +229,9 @@ public:
   void check_drained(std::size_t others) const {
     auto const left = others + outbox_.size() + posted_.size();
     if (left) {
-      throw invalid_argument(
-          "pipeline_executor: rank " + std::to_string(c_.rank()) + " ended its order with " + std::to_string(left) +
-          " boundaries or saved chunks not consumed (an unmatched send, receive, forward or backward)");
+      throw invalid_argument(pipeswap::detail::message(
+          {"pipeline_executor: rank ", c_.rank(), " ended its order with ", left,
+           " boundaries or saved chunks not consumed (an unmatched send, receive, forward or backward)"}));
     }
   }
 
@@ -283,17 +281,17 @@ private:
 
   template <class At>
   std::string where(At const& at) const {
-    return "rank " + std::to_string(c_.rank()) + ", " + at();
+    return pipeswap::detail::message({"rank ", c_.rank(), ", ", at()});
   }
 
   int tag_of(int dir, index_type stage, index_type micro) const {
     auto const t = boundary_tag({dir, stage, micro}, layout_.stages());
     long long const most = check_tag_ ? c_.max_tag() - 1LL : c_.max_tag(); // the check's tag
     if (t > most) {
-      throw invalid_argument("pipeline_executor: message tag " + std::to_string(t) + " (stage " +
-                             std::to_string(stage) + ", micro " + std::to_string(micro) +
-                             ") exceeds the largest boundary tag " + std::to_string(most) +
-                             (check_tag_ ? " (the comm's largest tag is the schedule check's)" : ""));
+      throw invalid_argument(
+          pipeswap::detail::message({"pipeline_executor: message tag ", t, " (stage ", stage, ", micro ", micro,
+                                     ") exceeds the largest boundary tag ", most,
+                                     (check_tag_ ? " (the comm's largest tag is the schedule check's)" : "")}));
     }
     return static_cast<int>(t);
   }

@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/exec/comm.hpp>
 #include <pipeswap/schedule/layout.hpp>
@@ -84,8 +85,9 @@ public:
         auto const& h = k.headers[p];
         if (h[h_magic] != header_magic || h[h_rank] != static_cast<std::int64_t>(p) || h[h_label] < 0 ||
             h[h_text] < 0 || h[h_label] + h[h_text] > (std::int64_t{1} << 32)) {
-          throw invalid_argument("pipeline_executor: schedule check: rank " + std::to_string(p) +
-                                 " sent no schedule header (is its executor_options::check_schedule on?)");
+          throw invalid_argument(
+              pipeswap::detail::message({"pipeline_executor: schedule check: rank ", p,
+                                         " sent no schedule header (is its executor_options::check_schedule on?)"}));
         }
       }
       // Every rank holds the same digests and the same record of the last check: all decide alike.
@@ -171,7 +173,7 @@ private:
     for (std::size_t p = 0; p < rs.size(); ++p) {
       if (x_.done[p]) continue;
       if (blocking) {
-        await(rs[p], std::string("the schedule check's ") + what + " of rank " + std::to_string(p));
+        await(rs[p], pipeswap::detail::message({"the schedule check's ", what, " of rank ", p}));
       } else if (!c.test(rs[p])) {
         return false;
       }
@@ -187,18 +189,17 @@ private:
     auto const n = k.headers.size();
     auto label = [&](std::size_t r) { return k.bodies[r].substr(0, static_cast<std::size_t>(k.headers[r][h_label])); };
     auto fail = [&](std::size_t r, std::string const& what) {
-      throw invalid_argument("pipeline_executor: schedule check: ranks 0 and " + std::to_string(r) +
-                             " do not run the same schedule: " + what);
+      throw invalid_argument(pipeswap::detail::message(
+          {"pipeline_executor: schedule check: ranks 0 and ", r, " do not run the same schedule: ", what}));
     };
     for (std::size_t r = 1; r < n; ++r) {
       auto const &a = k.headers[0], &h = k.headers[r];
       if (a[h_stages] != h[h_stages] || a[h_ranks] != h[h_ranks] || a[h_stages_per_rank] != h[h_stages_per_rank]) {
-        fail(r, "layouts of " + std::to_string(a[h_stages]) + " stages on " + std::to_string(a[h_ranks]) +
-                    " ranks against " + std::to_string(h[h_stages]) + " stages on " + std::to_string(h[h_ranks]) +
-                    " ranks");
+        fail(r, pipeswap::detail::message({"layouts of ", a[h_stages], " stages on ", a[h_ranks], " ranks against ",
+                                           h[h_stages], " stages on ", h[h_ranks], " ranks"}));
       }
       if (a[h_micro] != h[h_micro]) {
-        fail(r, std::to_string(a[h_micro]) + " against " + std::to_string(h[h_micro]) + " micro-batches");
+        fail(r, pipeswap::detail::message({a[h_micro], " against ", h[h_micro], " micro-batches"}));
       }
       if (label(0) != label(r)) fail(r, "schedule_label '" + label(0) + "' against '" + label(r) + "'");
     }
@@ -214,11 +215,11 @@ private:
       for (std::size_t r = 0; r < n; ++r) {
         char hex[20];
         std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(k.headers[r][h_digest]));
-        digests += (r ? ", rank " : "rank ") + std::to_string(r) + " " + hex;
+        pipeswap::detail::append(digests, {(r ? ", rank " : "rank "), r, " ", hex});
       }
-      throw invalid_argument("pipeline_executor: schedule check: the orders of the " + std::to_string(n) +
-                             " ranks do not form one schedule (order digests: " + digests +
-                             "): " + schedule::to_string(report));
+      throw invalid_argument(pipeswap::detail::message({"pipeline_executor: schedule check: the orders of the ", n,
+                                                        " ranks do not form one schedule (order digests: ", digests,
+                                                        "): ", schedule::to_string(report)}));
     }
   }
 

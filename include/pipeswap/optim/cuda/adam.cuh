@@ -64,6 +64,7 @@ nvcc. Host code uses <pipeswap/optim/cuda/adam_kernels.hpp>."
 #include <utility>
 
 #include <pipeswap/backend/cuda/backend.hpp>
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/backend/cuda/device.hpp>
 #include <pipeswap/backend/cuda/error.hpp>
 #include <pipeswap/detail/round.hpp>
@@ -141,7 +142,7 @@ inline void enqueue_adam(backend& b, stream_ref s, std::span<adam_tensor<backend
   if (t.ranges == 0) return;
   auto const grid = static_cast<unsigned>(t.blocks);
   std::string const what =
-      "pipeswap::cuda::enqueue_adam(" + std::to_string(t.ranges) + " ranges, " + std::to_string(t.blocks) + " blocks)";
+      pipeswap::detail::message({"pipeswap::cuda::enqueue_adam(", t.ranges, " ranges, ", t.blocks, " blocks)"});
   device_guard const g(b.device(), what);
 
   if (t.bytes.size() <= param_table_bytes) {
@@ -181,7 +182,7 @@ inline void enqueue_init_master(backend& b, stream_ref s, device_ptr param, devi
   if (!param || !master) throw invalid_argument("pipeswap::cuda::enqueue_init_master: null pointer");
   auto const blocks = static_cast<unsigned>(std::min<std::uint64_t>(
       pipeswap::detail::ceil_div(std::uint64_t{numel}, std::uint64_t{block_threads}), std::uint64_t{1} << 16));
-  std::string const what = "pipeswap::cuda::enqueue_init_master(" + std::to_string(numel) + " elements)";
+  std::string const what = pipeswap::detail::message({"pipeswap::cuda::enqueue_init_master(", numel, " elements)"});
   device_guard const g(b.device(), what);
   std::uint64_t const n = numel;
   float* const out = master.get<float>();

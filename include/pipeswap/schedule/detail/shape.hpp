@@ -4,12 +4,14 @@
 #include <optional>
 #include <string>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/schedule/step.hpp>
 
 namespace pipeswap::schedule::detail {
 
 inline std::string describe_index(char const* what, index_type v) {
-  return v == no_index ? std::string("no ") + what : std::string("a negative ") + what + " (" + std::to_string(v) + ")";
+  return v == no_index ? pipeswap::detail::message({"no ", what})
+                       : pipeswap::detail::message({"a negative ", what, " (", v, ")"});
 }
 
 inline bool leaf_shape_ok(step const& s) noexcept {
@@ -19,12 +21,12 @@ inline bool leaf_shape_ok(step const& s) noexcept {
 
 inline std::optional<std::string> leaf_shape_error(step const& s) {
   if (leaf_shape_ok(s)) return std::nullopt;
-  if (s.kind > step_kind::fsdp_wait_reduce_grad) return "unknown step kind " + std::to_string(int(s.kind));
+  if (s.kind > step_kind::fsdp_wait_reduce_grad) return pipeswap::detail::message({"unknown step kind ", int(s.kind)});
   std::string const name(step_kind_name(s.kind));
-  if (!s.sub.empty()) return name + " is not a composite but has " + std::to_string(s.sub.size()) + " leaves";
+  if (!s.sub.empty()) return pipeswap::detail::message({name, " is not a composite but has ", s.sub.size(), " leaves"});
   if (s.stage < 0) return name + " has " + describe_index("stage", s.stage);
   if (has_micro(s.kind)) return name + " has " + describe_index("micro-batch", s.micro);
-  return name + " carries a micro-batch (" + std::to_string(s.micro) + "); FSDP steps act on a whole stage";
+  return pipeswap::detail::message({name, " carries a micro-batch (", s.micro, "); FSDP steps act on a whole stage"});
 }
 
 /// Whether `s` obeys the rules of shape_error (cheap; no message).
@@ -47,10 +49,11 @@ inline std::optional<std::string> shape_error(step const& s) {
   if (s.stage != no_index || s.micro != no_index)
     return name + " carries a stage or micro-batch; a composite's stages and micro-batches belong to its leaves";
   if (s.sub.empty()) return name + " has no leaves";
-  if (s.sub.size() > 2) return name + " has " + std::to_string(s.sub.size()) + " leaves; a composite holds one or two";
+  if (s.sub.size() > 2)
+    return pipeswap::detail::message({name, " has ", s.sub.size(), " leaves; a composite holds one or two"});
   for (std::size_t i = 0; i < s.sub.size(); ++i) {
-    if (is_composite(s.sub[i].kind)) return name + " leaf " + std::to_string(i) + " is itself a composite";
-    if (auto e = leaf_shape_error(s.sub[i])) return name + " leaf " + std::to_string(i) + ": " + *e;
+    if (is_composite(s.sub[i].kind)) return pipeswap::detail::message({name, " leaf ", i, " is itself a composite"});
+    if (auto e = leaf_shape_error(s.sub[i])) return pipeswap::detail::message({name, " leaf ", i, ": ", *e});
   }
   return std::nullopt;
 }

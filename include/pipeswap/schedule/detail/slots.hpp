@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/error.hpp>
 #include <pipeswap/schedule/detail/chunk_table.hpp>
 #include <pipeswap/schedule/detail/shape.hpp>
@@ -50,7 +51,7 @@ inline void require_shapes(order const& o, char const* who) {
   for (std::size_t i = 0; i < o.size(); ++i) {
     if (!o[i]) continue;
     if (auto e = shape_error(*o[i]))
-      throw invalid_argument(std::string(who) + ": entry " + std::to_string(i) + " (" + to_text(*o[i]) + "): " + *e);
+      throw invalid_argument(pipeswap::detail::message({who, ": entry ", i, " (", to_text(*o[i]), "): ", *e}));
   }
 }
 

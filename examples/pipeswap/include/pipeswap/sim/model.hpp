@@ -16,6 +16,7 @@
 #include <pipeswap/core/dtype.hpp>
 #include <pipeswap/error.hpp>
 
+#include <pipeswap/sim/compute.hpp>
 #include <pipeswap/sim/moe.hpp>
 #include <pipeswap/sim/scenario.hpp>
 namespace pipeswap::sim {
@@ -215,6 +216,7 @@ inline void validate(scenario const& s) {
   for (auto [v, n] : {std::pair{d.h2d_gbps, "h2d_gbps"},
                       {d.d2h_gbps, "d2h_gbps"},
                       {d.bf16_tflops, "bf16_tflops"},
+                      {d.fp8_tflops, "fp8_tflops"},
                       {d.hbm_tbps, "hbm_tbps"},
                       {d.p2p_gbps, "p2p_gbps"},
                       {d.tp_gbps, "tp_gbps"},
@@ -322,12 +324,15 @@ inline mock::sim_time dp_param_gather_ns(scenario const& s, std::uint64_t params
 /// parameters, saved activations and compute time per micro-batch on one device. `recompute` gives
 /// the recomputation of each stage (empty: model.recompute everywhere).
 ///
-/// Compute (Narayanan et al. 2021, §5.1): forward FLOPs per micro-batch = 2·T·(the stage's weight
+/// FLOPs (Narayanan et al. 2021, §5.1): forward FLOPs per micro-batch = 2·T·(the stage's weight
 /// matrices on this device) + 4·b·s²·h/t per layer (attention scores and attention over V). The
 /// embedding is a lookup, not a matmul, and norms are not counted. Backward = 2 × forward; full
 /// recomputation adds the layers' forward (not the output layer's), selective adds the attention
-/// core's 4·b·s²·h/t per layer. Time = FLOPs / (peak · kernel_efficiency) + the tensor-parallel
-/// collectives (tp_layer_comm_ns per layer each way, once more for a full recomputation).
+/// core's 4·b·s²·h/t per layer. These are the model FLOPs an MFU divides by.
+/// Time (sim/compute.hpp): per layer, layer_op_times() (GEMMs by shape, attention, memory-bound
+/// kernels), the head's head_op_times(); the backward adds a full recomputation's layer forward or a
+/// selective recomputation's attention forward; plus the tensor-parallel collectives
+/// (tp_layer_comm_ns per layer each way, once more for a full recomputation) and the MoE all-to-alls.
 inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recompute_kind> const& recompute = {}) {
   validate(s);
   auto const& m = s.model;
@@ -341,7 +346,8 @@ inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recomp
   auto const tokens = static_cast<double>(m.seq_len * m.micro_batch_size);
   std::uint64_t const T = m.seq_len * m.micro_batch_size;
   auto const e = size_of(m.param_dtype);
-  double const flops_per_s = s.device.bf16_tflops * 1e12 * s.device.kernel_efficiency;
+  auto const layer_t = layer_op_times(m, par, s.device);
+  auto const head_t = head_op_times(m, par, s.device);
   auto const comm = tp_layer_comm_ns(s) + moe_layer_a2a_ns(s);
   auto const head_acts = head_activations(m, par);
   std::vector<stage_spec> out(stages);
@@ -390,8 +396,13 @@ inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recomp
                                                                                   : 0.0);
     o.fwd_comm_ns = comm * o.layers;
     o.bwd_comm_ns = comm * o.layers * (o.recompute == recompute_kind::full ? 2 : 1);
-    o.fwd_ns = static_cast<mock::sim_time>(std::llround(o.fwd_flops / flops_per_s * 1e9)) + o.fwd_comm_ns;
-    o.bwd_ns = static_cast<mock::sim_time>(std::llround(o.bwd_flops / flops_per_s * 1e9)) + o.bwd_comm_ns;
+    double const recomputed = o.recompute == recompute_kind::full        ? layer_t.fwd()
+                              : o.recompute == recompute_kind::selective ? layer_t.attention_fwd
+                                                                         : 0.0;
+    double fwd_s = layer_t.fwd() * o.layers, bwd_s = (layer_t.bwd() + recomputed) * o.layers;
+    if (o.head) fwd_s += head_t.fwd(), bwd_s += head_t.bwd();
+    o.fwd_ns = static_cast<mock::sim_time>(std::llround(fwd_s * 1e9)) + o.fwd_comm_ns;
+    o.bwd_ns = static_cast<mock::sim_time>(std::llround(bwd_s * 1e9)) + o.bwd_comm_ns;
   }
   return out;
 }

@@ -212,11 +212,17 @@ inline std::string describe(scenario const& s) {
            : "interleaved 1F1B (" + std::to_string(p.stages_per_rank) + " stages per rank)") +
       ", " + std::to_string(p.micro_batches) + " micro-batches of " + std::to_string(s.model.micro_batch_size) + " x " +
       std::to_string(s.model.seq_len) + " tokens\ndevice: " + s.device.name + ", " + gb(s.device.memory_bytes) + " (" +
-      gb(s.device.reserved_bytes) + " reserved), kernels at " + detail::fmt("%.0f", s.device.kernel_efficiency * 100) +
-      " % of " + detail::fmt("%g", s.device.bf16_tflops) + " TFLOP/s, host link " +
-      detail::fmt("%g", s.device.h2d_gbps) + " GB/s to the device, " + detail::fmt("%g", s.device.d2h_gbps) +
-      " GB/s back (x" + detail::fmt("%g", s.device.duplex_factor) + " both ways at once; " +
-      std::to_string(s.node.gpus) + " devices share " + detail::fmt("%g", s.node.host_gbps) +
+      gb(s.device.reserved_bytes) + " reserved), " +
+      (s.device.compute == compute_kind::flops
+           ? "kernels at " + detail::fmt("%.0f", s.device.kernel_efficiency * 100) + " % of " +
+                 detail::fmt("%g", s.device.bf16_tflops) + " TFLOP/s"
+           : "GEMMs up to " + detail::fmt("%.0f", s.device.kernel_efficiency * 100) + " % of " +
+                 detail::fmt("%g", s.model.precision == precision::fp8 ? s.device.fp8_tflops : s.device.bf16_tflops) +
+                 " TFLOP/s (" + (s.model.precision == precision::fp8 ? "FP8" : "BF16") + "), HBM " +
+                 detail::fmt("%g", s.device.hbm_tbps) + " TB/s") +
+      ", host link " + detail::fmt("%g", s.device.h2d_gbps) + " GB/s to the device, " +
+      detail::fmt("%g", s.device.d2h_gbps) + " GB/s back (x" + detail::fmt("%g", s.device.duplex_factor) +
+      " both ways at once; " + std::to_string(s.node.gpus) + " devices share " + detail::fmt("%g", s.node.host_gbps) +
       " GB/s per node); optimizer swap in " + std::to_string(s.swap.swap_times) + " batches, " +
       (s.swap.packed ? "packed" : "per tensor") +
       (s.swap.overlap ? "; overlapped (the steady-state step is reported)" : "; not overlapped");

@@ -26,6 +26,17 @@ enum class recompute_kind : std::uint8_t {
   full,      ///< only each layer's input is kept; the backward re-runs the layer's forward
 };
 
+/// The precision of the layers' GEMMs (model.precision). FP8 (Transformer Engine's recipe) covers the
+/// attention projections and the MLP or experts, forward and backward; the output layer, the router,
+/// the attention core and the memory-bound kernels stay 16-bit.
+enum class precision : std::uint8_t { bf16, fp8 };
+
+/// How the simulator times compute (device.compute).
+enum class compute_kind : std::uint8_t {
+  roofline, ///< per operation: GEMMs by shape, attention and memory-bound kernels (sim/compute.hpp)
+  flops,    ///< FLOPs / (bf16 peak · kernel_efficiency) for every kernel: the one-efficiency model
+};
+
 /// Mixture-of-experts MLPs (Megatron-Core's MoE layer): every layer's MLP is `experts` routed experts
 /// of width `expert_ffn_hidden`, each token sent to `top_k` of them by a router (an h×E matrix), plus
 /// optionally a shared expert of width `shared_expert_ffn_hidden` that every token passes.
@@ -64,6 +75,8 @@ struct model_spec {
   /// attention probabilities.
   bool dropout = false;
   recompute_kind recompute = recompute_kind::none;
+  /// The GEMMs' precision: BF16, or FP8 for the layers' projections and MLPs (at device.fp8_tflops).
+  sim::precision precision = sim::precision::bf16;
   /// Overrides the derived activations: saved bytes per layer per micro-batch (per device).
   std::optional<std::uint64_t> activation_bytes_per_layer;
   moe_spec moe;
@@ -96,10 +109,16 @@ struct device_spec {
   /// Share of each direction's rate left when both directions copy at once.
   double duplex_factor = 0.7;
   double copy_latency_us = 2;
-  double bf16_tflops = 989; ///< dense peak
-  /// Fraction of the peak the compute kernels reach while they run. Excludes the pipeline bubble,
-  /// communication and swap stalls, which the simulator adds: this is not an end-to-end MFU.
-  double kernel_efficiency = 0.45;
+  double bf16_tflops = 989; ///< dense peak, 16-bit
+  double fp8_tflops = 1979; ///< dense peak, FP8
+  /// The compute model: per operation (roofline, the default) or FLOPs at one efficiency.
+  compute_kind compute = compute_kind::roofline;
+  /// The GEMM efficiency ceiling: the fraction of the peak the largest GEMMs reach while they run
+  /// (smaller ones reach less, gemm_efficiency() in sim/compute.hpp); with compute "flops", the
+  /// fraction every kernel reaches. Excludes the pipeline bubble, communication and swap stalls,
+  /// which the simulator adds: this is not an end-to-end MFU. The default is fitted on the
+  /// calibration set of docs/simulator.md.
+  double kernel_efficiency = 0.66;
   /// A published end-to-end MFU (model FLOPs over step time and peak, bubble included). When set,
   /// kernel_efficiency is derived so that the simulated no-swap step reaches it (calibrated()).
   std::optional<double> end_to_end_mfu;

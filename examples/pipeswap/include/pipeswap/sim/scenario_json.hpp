@@ -7,11 +7,12 @@
 //                 "kv_heads": 8, "vocab": 32000, "seq_len": 4096, "micro_batch_size": 1,
 //                 "param_dtype": "BF16", "grad_dtype": null, "fp32_master": true,
 //                 "flash_attention": true, "mlp": "swiglu", "dropout": false, "recompute": "none",
-//                 "activation_bytes_per_layer": null, "head_dim": null,
+//                 "activation_bytes_per_layer": null, "head_dim": null, "precision": "BF16",
 //                 "moe": {"experts": 0, "top_k": 1, "expert_ffn_hidden": 0, "shared_expert_ffn_hidden": 0}},
 //    "device":   {"name": "H200", "memory_bytes": 141000000000, "reserved_bytes": 6000000000,
 //                 "h2d_gbps": 55, "d2h_gbps": 55, "duplex_factor": 0.7, "copy_latency_us": 2,
-//                 "bf16_tflops": 989, "kernel_efficiency": 0.45, "end_to_end_mfu": null,
+//                 "bf16_tflops": 989, "fp8_tflops": 1979, "compute": "roofline",
+//                 "kernel_efficiency": 0.66, "end_to_end_mfu": null,
 //                 "hbm_tbps": 4.8, "p2p_gbps": 100, "p2p_latency_us": 10, "tp_gbps": 360,
 //                 "dp_gbps": 40, "collective_latency_us": 10},
 //    "node":     {"gpus": 8, "host_gbps": 278, "cpu_adam_gbps": 146},
@@ -25,6 +26,8 @@
 // A top-level "comment" (a string: the configuration's source) is kept and written back first when
 // it is not empty.
 // grad_dtype null means F32 with fp32_master, else the parameter type.
+// "device": {"preset": "H100 SXM"} (or "H200", "B200") starts the device from the table of
+// sim/compute.hpp (name, peaks, memory, HBM and NVLink rates); the section's other fields override it.
 //
 // docs/cli.md describes every field. Reading rejects, naming the field by its path
 // ("model.layers"): malformed JSON (with the byte offset), unknown keys (with a close known name when
@@ -270,6 +273,10 @@ E enum_field(auto const& v, char const* path, std::array<std::pair<std::string_v
 
 inline constexpr std::array<std::pair<std::string_view, mlp_kind>, 2> mlp_names{
     {{"swiglu", mlp_kind::swiglu}, {"gelu", mlp_kind::gelu}}};
+inline constexpr std::array<std::pair<std::string_view, precision>, 2> precision_names{
+    {{"BF16", precision::bf16}, {"FP8", precision::fp8}}};
+inline constexpr std::array<std::pair<std::string_view, compute_kind>, 2> compute_names{
+    {{"roofline", compute_kind::roofline}, {"flops", compute_kind::flops}}};
 inline constexpr std::array<std::pair<std::string_view, recompute_kind>, 3> recompute_names{
     {{"none", recompute_kind::none}, {"selective", recompute_kind::selective}, {"full", recompute_kind::full}}};
 
@@ -286,6 +293,10 @@ constexpr std::string_view enum_name(E e, std::array<std::pair<std::string_view,
 constexpr std::string_view recompute_name(recompute_kind k) { return detail::enum_name(k, detail::recompute_names); }
 /// "swiglu", "gelu".
 constexpr std::string_view mlp_name(mlp_kind k) { return detail::enum_name(k, detail::mlp_names); }
+/// "BF16", "FP8".
+constexpr std::string_view precision_name(precision k) { return detail::enum_name(k, detail::precision_names); }
+/// "roofline", "flops".
+constexpr std::string_view compute_name(compute_kind k) { return detail::enum_name(k, detail::compute_names); }
 
 /// Rejects a scenario that cannot fit its device whatever is swapped (unswappable_bytes() of some
 /// rank above device.memory_bytes); throws invalid_argument naming the field and the rank.
@@ -310,9 +321,26 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
   top.string("comment", s.comment);
   if (auto const* v = top.find("model")) {
     reader const r(*v, "model",
-                   {"name", "layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "seq_len",
-                    "micro_batch_size", "param_dtype", "grad_dtype", "fp32_master", "flash_attention", "mlp", "dropout",
-                    "recompute", "activation_bytes_per_layer", "head_dim", "moe"});
+                   {"name",
+                    "layers",
+                    "hidden",
+                    "ffn_hidden",
+                    "heads",
+                    "kv_heads",
+                    "vocab",
+                    "seq_len",
+                    "micro_batch_size",
+                    "param_dtype",
+                    "grad_dtype",
+                    "fp32_master",
+                    "flash_attention",
+                    "mlp",
+                    "dropout",
+                    "recompute",
+                    "activation_bytes_per_layer",
+                    "head_dim",
+                    "moe",
+                    "precision"});
     auto& m = s.model;
     r.string("name", m.name);
     r.u64("layers", m.layers);
@@ -364,6 +392,8 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     r.boolean("dropout", m.dropout);
     if (auto const* v2 = r.find("recompute"))
       m.recompute = detail::enum_field(*v2, "model.recompute", detail::recompute_names);
+    if (auto const* v2 = r.find("precision"))
+      m.precision = detail::enum_field(*v2, "model.precision", detail::precision_names);
     if (auto const* a = r.find("activation_bytes_per_layer")) {
       if (a->is_null())
         m.activation_bytes_per_layer.reset();
@@ -379,9 +409,18 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
                                           "MFU (bubble included)");
     reader const r(*v, "device",
                    {"name", "memory_bytes", "reserved_bytes", "h2d_gbps", "d2h_gbps", "duplex_factor",
-                    "copy_latency_us", "bf16_tflops", "kernel_efficiency", "end_to_end_mfu", "hbm_tbps", "p2p_gbps",
-                    "p2p_latency_us", "tp_gbps", "dp_gbps", "collective_latency_us"});
+                    "copy_latency_us", "bf16_tflops", "fp8_tflops", "compute", "kernel_efficiency", "end_to_end_mfu",
+                    "hbm_tbps", "p2p_gbps", "p2p_latency_us", "tp_gbps", "dp_gbps", "collective_latency_us", "preset"});
     auto& d = s.device;
+    if (auto const* x = r.find("preset")) {
+      auto const preset = x->is_string() ? find_device_preset(x->template get<std::string>()) : std::nullopt;
+      if (!preset) {
+        std::string list;
+        for (auto const& p : device_presets) list += (list.empty() ? "\"" : ", \"") + std::string(p.name) + "\"";
+        detail::scenario_fail("device.preset", "expected one of " + list + ", got " + reader::describe(*x));
+      }
+      d = with_preset(d, *preset);
+    }
     r.string("name", d.name);
     r.u64("memory_bytes", d.memory_bytes);
     r.u64("reserved_bytes", d.reserved_bytes);
@@ -389,6 +428,8 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     r.number("d2h_gbps", d.d2h_gbps);
     r.number("copy_latency_us", d.copy_latency_us);
     r.number("bf16_tflops", d.bf16_tflops);
+    r.number("fp8_tflops", d.fp8_tflops);
+    if (auto const* x = r.find("compute")) d.compute = detail::enum_field(*x, "device.compute", detail::compute_names);
     r.number("duplex_factor", d.duplex_factor);
     r.number("kernel_efficiency", d.kernel_efficiency);
     if (auto const* x = r.find("end_to_end_mfu")) {
@@ -495,6 +536,7 @@ Json to_json(scenario const& s) {
   jm["recompute"] = recompute_name(m.recompute);
   jm["activation_bytes_per_layer"] = m.activation_bytes_per_layer ? Json(*m.activation_bytes_per_layer) : Json(nullptr);
   jm["head_dim"] = m.head_dim ? Json(*m.head_dim) : Json(nullptr);
+  jm["precision"] = precision_name(m.precision);
   Json& je = jm["moe"] = Json::object();
   je["experts"] = m.moe.experts;
   je["top_k"] = m.moe.top_k;
@@ -510,6 +552,8 @@ Json to_json(scenario const& s) {
   jd["duplex_factor"] = d.duplex_factor;
   jd["copy_latency_us"] = d.copy_latency_us;
   jd["bf16_tflops"] = d.bf16_tflops;
+  jd["fp8_tflops"] = d.fp8_tflops;
+  jd["compute"] = compute_name(d.compute);
   jd["kernel_efficiency"] = d.kernel_efficiency;
   jd["end_to_end_mfu"] = d.end_to_end_mfu ? Json(*d.end_to_end_mfu) : Json(nullptr);
   jd["hbm_tbps"] = d.hbm_tbps;

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/backend/device_ptr.hpp>
 #include <pipeswap/backend/mock/detail/storage.hpp>
 #include <pipeswap/backend/mock/hazard.hpp>
@@ -47,9 +48,9 @@ inline std::string describe_ptr(device_ptr d) {
 inline std::size_t range_in(allocation const& a, std::uintptr_t addr, std::size_t n, call_site const& what) {
   auto const off = static_cast<std::size_t>(addr - a.base);
   if (off + n > a.size) {
-    throw mock_error("mock::backend::" + what.text() + ": bytes [" + std::to_string(off) + ", " +
-                     std::to_string(off + n) + ") exceed " + (a.device ? "device" : "pinned") + " allocation #" +
-                     std::to_string(a.id) + " of " + std::to_string(a.size) + " bytes");
+    throw mock_error(
+        pipeswap::detail::message({"mock::backend::", what.text(), ": bytes [", off, ", ", off + n, ") exceed ",
+                                   (a.device ? "device" : "pinned"), " allocation #", a.id, " of ", a.size, " bytes"}));
   }
   return off;
 }

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include <pipeswap/detail/message.hpp>
 #include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/backend/device_ptr.hpp>
 #include <pipeswap/config.hpp>
@@ -109,7 +110,7 @@ requires std::same_as<device_pointer_t<B>, device_ptr> table build_table(std::sp
     auto const& t = tensors[r];
     if (t.numel == 0) continue;
     auto const fail = [r](std::string const& why) {
-      throw invalid_argument("pipeswap::cuda::enqueue_adam: batch range " + std::to_string(r) + " " + why);
+      throw invalid_argument(pipeswap::detail::message({"pipeswap::cuda::enqueue_adam: batch range ", r, " ", why}));
     };
     desc d{};
     d.param = t.param.get();
@@ -142,7 +143,7 @@ requires std::same_as<device_pointer_t<B>, device_ptr> table build_table(std::sp
       if (a.p == nullptr) continue;
       int const off = group_offset(a.p, a.esize);
       if (off < 0) {
-        fail(std::string("has ") + a.name + " not aligned to its " + std::to_string(a.esize) + "-byte elements");
+        fail(pipeswap::detail::message({"has ", a.name, " not aligned to its ", a.esize, "-byte elements"}));
       }
       common = common == -2 || common == off ? off : -1;
     }
@@ -151,7 +152,7 @@ requires std::same_as<device_pointer_t<B>, device_ptr> table build_table(std::sp
 
     blocks += pipeswap::detail::ceil_div(std::uint64_t{t.numel}, chunk_elements);
     if (blocks > static_cast<std::uint64_t>(std::numeric_limits<int>::max())) {
-      fail("brings the batch over 2^31 - 1 blocks of " + std::to_string(chunk_elements) + " elements");
+      fail(pipeswap::detail::message({"brings the batch over 2^31 - 1 blocks of ", chunk_elements, " elements"}));
     }
     descs.push_back(d);
   }

@@ -1,0 +1,219 @@
+// pipeswap — the simulator's compute model: the time of one layer's forward and backward kernels on
+// one device, operation by operation. Every GEMM is timed from its shape (m, n, k) by a roofline of
+// the device's peak rate at its precision and its HBM bandwidth, at an efficiency that rises with the
+// GEMM's dimensions toward a ceiling (gemm_efficiency); flash attention by a roofline of its FLOPs
+// (causal, with the backward's recomputation of the scores) and its bytes; norms, activations,
+// residual adds, rotary embeddings, the MoE permutation and FP8 casts as memory-bound kernels.
+// docs/simulator.md ("Compute") states every formula and constant and the calibration that fixed them.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <pipeswap/core/dtype.hpp>
+#include <pipeswap/sim/moe.hpp>
+#include <pipeswap/sim/scenario.hpp>
+
+namespace pipeswap::sim {
+
+/// The model's constants that are not fitted (docs/simulator.md, "Compute", gives their sources).
+/// The one fitted constant is the GEMM ceiling, device.kernel_efficiency (its default).
+/// A GEMM dimension of this size runs at half the ceiling on that dimension's account (one tile of
+/// 128 at 2/3): gemm_efficiency() = ceiling · Π x/(x + gemm_half_dim) over m, n and k.
+inline constexpr double gemm_half_dim = 64;
+/// The fraction of the HBM bandwidth streaming kernels (norms, activations, copies) reach.
+inline constexpr double memory_efficiency = 0.8;
+/// The fraction of the 16-bit peak flash attention reaches, forward and backward.
+inline constexpr double attention_efficiency = 0.45;
+
+/// The efficiency of an m×k by k×n GEMM: device.kernel_efficiency (the ceiling) times
+/// x/(x + gemm_half_dim) for each of m, n and k. Large GEMMs approach the ceiling; narrow ones (a
+/// small expert's few tokens, a thin projection) fall well below it.
+inline double gemm_efficiency(double m, double n, double k, double ceiling) {
+  auto g = [](double x) { return x / (x + gemm_half_dim); };
+  return ceiling * g(m) * g(n) * g(k);
+}
+
+/// Peak FLOP/s at a precision: device.fp8_tflops for FP8, else device.bf16_tflops.
+inline double peak_flops(device_spec const& d, precision p) {
+  return (p == precision::fp8 ? d.fp8_tflops : d.bf16_tflops) * 1e12;
+}
+
+/// Seconds of an m×k by k×n GEMM at precision p with 16-bit results: the roofline
+/// max(2·m·n·k / (peak · gemm_efficiency), bytes / (HBM · memory_efficiency)), bytes = the two
+/// operands at the precision's element size (1 for FP8, 2 for BF16) and the 2-byte result.
+/// device.compute "flops": 2·m·n·k / (bf16 peak · kernel_efficiency), the one-efficiency model.
+inline double gemm_seconds(device_spec const& d, double m, double n, double k, precision p) {
+  if (m <= 0 || n <= 0 || k <= 0) return 0;
+  double const flops = 2.0 * m * n * k;
+  if (d.compute == compute_kind::flops) return flops / (d.bf16_tflops * 1e12 * d.kernel_efficiency);
+  double const in = p == precision::fp8 ? 1.0 : 2.0;
+  double const bytes = in * (m * k + k * n) + 2.0 * m * n;
+  return std::max(flops / (peak_flops(d, p) * gemm_efficiency(m, n, k, d.kernel_efficiency)),
+                  bytes / (d.hbm_tbps * 1e12 * memory_efficiency));
+}
+
+/// Seconds of a GEMM's forward (m, n, k), or of its backward: the input gradient (m, k, n) and the
+/// weight gradient (k, n, m).
+inline double gemm_fwd_seconds(device_spec const& d, double m, double n, double k, precision p) {
+  return gemm_seconds(d, m, n, k, p);
+}
+inline double gemm_bwd_seconds(device_spec const& d, double m, double n, double k, precision p) {
+  return gemm_seconds(d, m, k, n, p) + gemm_seconds(d, k, n, m, p);
+}
+
+/// Seconds of a memory-bound kernel moving `bytes`: bytes / (HBM · memory_efficiency); 0 with
+/// device.compute "flops".
+inline double memory_seconds(device_spec const& d, double bytes) {
+  if (d.compute == compute_kind::flops || bytes <= 0) return 0;
+  return bytes / (d.hbm_tbps * 1e12 * memory_efficiency);
+}
+
+/// One layer's (or the head's) kernel time per micro-batch on one device, by kind.
+struct op_times {
+  double gemm_fwd = 0, gemm_bwd = 0;           ///< the GEMMs
+  double attention_fwd = 0, attention_bwd = 0; ///< the attention core (bwd: flash's recomputation included)
+  double memory_fwd = 0, memory_bwd = 0;       ///< norms, activations, adds, rotary, permutation, casts
+  [[nodiscard]] double fwd() const { return gemm_fwd + attention_fwd + memory_fwd; }
+  [[nodiscard]] double bwd() const { return gemm_bwd + attention_bwd + memory_bwd; }
+};
+
+/// The kernels of one transformer layer per micro-batch on one device (T = s·b tokens, T' = T/t with
+/// sequence parallelism, h' = a·d/t, kv' = kv_heads·d/t, f' = f/t, e = 2 bytes):
+/// - GEMMs at model.precision: the fused q/k/v projection (T, h'+2kv', h), the output projection
+///   (T, h, h'), the MLP (SwiGLU: gate and up (T, 2f', h), down (T, h, f'); GeLU: fc1 (T, f', h), fc2
+///   (T, h, f')); with MoE the router (T', E, h) in BF16, each of the device's E/ep experts on its
+///   P/(E/ep) tokens ((·, 2f_e/etp, h) and (·, h, f_e/etp) for SwiGLU) and the shared expert as a dense
+///   MLP. Backward: both gradient GEMMs of each.
+/// - Attention (16-bit): flash attention's forward 2·b·s²·h' FLOPs (causal: half of 4·b·s²·h'), its
+///   backward 2.5× that (the scores recomputed, then four GEMMs), each against the bytes of Q, K, V, O
+///   and their gradients; without flash attention the GEMMs of the scores (4·b·s²·h', none skipped)
+///   and the softmax (and dropout) over the b·a'·s² scores as memory-bound kernels.
+/// - Memory-bound kernels (16-bit): two norms (read and write e·T'·h each), two residual adds (three
+///   e·T'·h), the rotary embedding of q and k (read and write e·T·(h'+kv')), the MLP's activation
+///   (SwiGLU: reads 2·e·T·f', writes e·T·f'; GeLU: reads and writes e·T·f'), with dropout two
+///   (2e + 1)·T'·h, with MoE the permutation and unpermutation (read and write e·P·h each) and the
+///   experts' activation over P tokens. The backward moves twice the forward's bytes (it reads the
+///   saved input and the incoming gradient and writes the outgoing one). With FP8, Transformer
+///   Engine's cast-transpose of each FP8 GEMM's input in the forward (read e, write 2 bytes per
+///   element of m×k) and of its output gradient in the backward (m×n).
+/// Selective or full recomputation adds forward time to the backward in plan_stages().
+inline op_times layer_op_times(model_spec const& m, parallel_spec const& p, device_spec const& d) {
+  op_times o;
+  precision const pr = m.precision;
+  double const t = p.tp, T = double(m.seq_len) * double(m.micro_batch_size);
+  double const Tr = p.sequence_parallel ? T / t : T;
+  double const h = double(m.hidden), hs = double(attention_width(m)) / t;
+  double const kvs = double(head_dim_of(m)) * double(m.kv_heads) / t;
+  double const e = 2.0, b = double(m.micro_batch_size), s = double(m.seq_len), as = double(m.heads) / t;
+  // FP8 casts (Transformer Engine's cast-transpose): the forward reads each FP8 GEMM's 16-bit input
+  // and writes it in FP8 and transposed (e + 2 bytes per element of m×k); the backward does the same
+  // for the output gradient (m×n).
+  double cast_fwd = 0, cast_bwd = 0;
+  auto gemm = [&](double mm, double nn, double kk, precision q, double count = 1) {
+    o.gemm_fwd += count * gemm_fwd_seconds(d, mm, nn, kk, q);
+    o.gemm_bwd += count * gemm_bwd_seconds(d, mm, nn, kk, q);
+    if (q == precision::fp8) cast_fwd += count * (e + 2) * mm * kk, cast_bwd += count * (e + 2) * mm * nn;
+  };
+  gemm(T, hs + 2 * kvs, h, pr);
+  gemm(T, h, hs, pr);
+  double mem = 2 * 2 * e * Tr * h + 2 * 3 * e * Tr * h + 2 * e * T * (hs + kvs);
+  if (m.dropout) mem += 2 * (2 * e + 1) * Tr * h;
+  auto mlp = [&](double tokens, double width, double count = 1) {
+    if (m.mlp == mlp_kind::gelu) {
+      gemm(tokens, width, h, pr, count);
+      gemm(tokens, h, width, pr, count);
+      mem += count * 2 * e * tokens * width;
+    } else {
+      gemm(tokens, 2 * width, h, pr, count);
+      gemm(tokens, h, width, pr, count);
+      mem += count * 3 * e * tokens * width;
+    }
+  };
+  if (m.moe.enabled()) {
+    double const local = double(m.moe.experts / p.ep), P = double(moe_pairs(m, p));
+    gemm(double(moe_tokens_routed(m, p)), double(m.moe.experts), h, precision::bf16);
+    mlp(P / local, double(m.moe.expert_ffn_hidden / expert_tp_of(p)), local);
+    mem += 2 * 2 * e * P * h;
+    if (m.moe.shared_expert_ffn_hidden > 0) mlp(T, double(m.moe.shared_expert_ffn_hidden) / t);
+  } else {
+    mlp(T, double(m.ffn_hidden) / t);
+  }
+  o.memory_fwd = memory_seconds(d, mem + cast_fwd);
+  o.memory_bwd = memory_seconds(d, 2 * mem + cast_bwd);
+  // The attention core.
+  double const qkvo = e * T * (2 * hs + 2 * kvs);
+  if (d.compute == compute_kind::flops) {
+    double const flops = 4.0 * b * s * s * hs;
+    o.attention_fwd = flops / (d.bf16_tflops * 1e12 * d.kernel_efficiency);
+    o.attention_bwd = 2 * o.attention_fwd;
+  } else if (m.flash_attention) {
+    double const flops = 2.0 * b * s * s * hs, rate = d.bf16_tflops * 1e12 * attention_efficiency;
+    o.attention_fwd = std::max(flops / rate, memory_seconds(d, qkvo));
+    o.attention_bwd = std::max(2.5 * flops / rate, memory_seconds(d, 2 * qkvo));
+  } else {
+    double const scores = b * as * s * s, head_dim = double(head_dim_of(m));
+    double const per_head = gemm_seconds(d, s, s, head_dim, precision::bf16) +
+                            gemm_seconds(d, s, head_dim, s, precision::bf16); // scores, then over V
+    double const smem = scores * (2 * e + (m.dropout ? 2 * e + 1 : 0));       // softmax (and dropout)
+    o.attention_fwd = b * as * per_head + memory_seconds(d, smem);
+    o.attention_bwd = 2 * b * as * per_head + memory_seconds(d, 2 * smem);
+  }
+  return o;
+}
+
+/// The last stage's head per micro-batch: the final norm (read and write e·T'·h), the output layer's
+/// GEMM (T, V/t, h) in BF16, the cross entropy over the fp32 logits (write e, read e and write 4, read
+/// 4 per element of T·V/t); the backward twice the bytes.
+inline op_times head_op_times(model_spec const& m, parallel_spec const& p, device_spec const& d) {
+  op_times o;
+  double const t = p.tp, T = double(m.seq_len) * double(m.micro_batch_size);
+  double const Tr = p.sequence_parallel ? T / t : T, h = double(m.hidden);
+  double const V = double((m.vocab + p.tp - 1) / p.tp);
+  o.gemm_fwd = gemm_fwd_seconds(d, T, V, h, precision::bf16);
+  o.gemm_bwd = gemm_bwd_seconds(d, T, V, h, precision::bf16);
+  double const mem = 2 * 2 * Tr * h + (2 + 2 + 4 + 4) * T * V;
+  o.memory_fwd = memory_seconds(d, mem);
+  o.memory_bwd = memory_seconds(d, 2 * mem);
+  return o;
+}
+
+/// A device of the built-in table: its published dense peaks, memory and bandwidth.
+struct device_preset {
+  std::string_view name;
+  double bf16_tflops, fp8_tflops, hbm_tbps;
+  std::uint64_t memory_bytes;
+  double tp_gbps; ///< NVLink one way at an assumed 80 %
+};
+
+/// The device table (docs/simulator.md, "Devices", cites each datasheet).
+inline constexpr std::array<device_preset, 3> device_presets{{
+    {"H100 SXM", 989, 1979, 3.35, 80'000'000'000, 360},
+    {"H200", 989, 1979, 4.8, 141'000'000'000, 360},
+    {"B200", 2250, 4500, 7.7, 180'000'000'000, 720},
+}};
+
+/// The table's entry named `name`, if any.
+inline std::optional<device_preset> find_device_preset(std::string_view name) {
+  for (auto const& x : device_presets)
+    if (x.name == name) return x;
+  return std::nullopt;
+}
+
+/// `d` with the preset's name, peaks, memory and NVLink rate.
+inline device_spec with_preset(device_spec d, device_preset const& x) {
+  d.name = std::string(x.name);
+  d.bf16_tflops = x.bf16_tflops;
+  d.fp8_tflops = x.fp8_tflops;
+  d.hbm_tbps = x.hbm_tbps;
+  d.memory_bytes = x.memory_bytes;
+  d.tp_gbps = x.tp_gbps;
+  return d;
+}
+
+} // namespace pipeswap::sim
