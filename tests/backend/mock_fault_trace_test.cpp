@@ -117,6 +117,40 @@ BOOST_AUTO_TEST_CASE(traces_are_byte_identical_across_runs) {
   BOOST_TEST(first.find("prefetch") != std::string::npos);
 }
 
+BOOST_AUTO_TEST_CASE(without_the_op_log_the_times_and_bytes_are_the_same) {
+  // keep_op_log off, hazards ignored (as the planner's candidates run; the program writes its
+  // pinned bytes, so they are held): operations are counted, not recorded, and every time, byte
+  // count and peak is the logged run's.
+  mock::options on;
+  on.hazards = mock::hazard_policy::ignore;
+  auto off = on;
+  off.keep_op_log = false;
+  mock::backend a{on}, b{off};
+  auto const ta = run_program(a);
+  auto const tb = run_program(b);
+  BOOST_TEST(!a.ops().empty());
+  BOOST_TEST(b.ops().empty());
+  BOOST_TEST(a.makespan() == b.makespan());
+  BOOST_TEST(a.now() == b.now());
+  BOOST_TEST(a.peak_device_bytes() == b.peak_device_bytes());
+  BOOST_TEST(a.bytes_copied_h2d() == b.bytes_copied_h2d());
+  BOOST_TEST(a.bytes_copied_d2h() == b.bytes_copied_d2h());
+  BOOST_TEST(a.device_memory_timeline() == b.device_memory_timeline());
+  // The trace keeps its lanes and the memory counters, and no operation.
+  auto const j = nlohmann::json::parse(tb);
+  std::size_t slices = 0, counters = 0;
+  for (auto const& e : j.at("traceEvents")) {
+    if (e.at("ph") == "X" || e.at("ph") == "i") ++slices;
+    if (e.at("ph") == "C") ++counters;
+  }
+  BOOST_TEST(slices == 0u);
+  BOOST_TEST(counters == 2u);
+  // A bad pointer is still named.
+  auto const s = b.current_stream();
+  BOOST_CHECK_THROW(b.launch(s, {"stray", {{pipeswap::device_ptr(std::uintptr_t{1} << 20), 64}}, {}, 10}),
+                    mock::mock_error);
+}
+
 BOOST_AUTO_TEST_CASE(trace_is_valid_chrome_json_with_a_lane_per_stream_and_engine) {
   mock::backend b;
   auto const text = run_program(b);

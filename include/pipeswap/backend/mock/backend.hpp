@@ -50,7 +50,10 @@ public:
   using event_type = event;
   using device_pointer = device_ptr;
 
-  explicit backend(options opts = {}) : opts_(opts) { new_stream("stream 0 (compute)"); }
+  explicit backend(options opts = {}) : opts_(opts) {
+    log_.keep(opts_.keep_op_log);
+    new_stream("stream 0 (compute)");
+  }
   backend(backend const&) = delete;
   backend& operator=(backend const&) = delete;
   ~backend() {
@@ -76,8 +79,9 @@ public:
     e.time = std::max(st.ready, host_now_);
     e.clock = st.clock;
     e.clock.join(host_clock_);
-    log_op(op_kind::record, agent_of(s), st.seq, e.time, e.time, 0, engine::none,
-           pipeswap::detail::message({"record event ", e.id}));
+    log_op(op_kind::record, agent_of(s), st.seq, e.time, e.time, 0, engine::none, named([&] {
+             return pipeswap::detail::message({"record event ", e.id});
+           }));
     return e;
   }
 
@@ -87,12 +91,14 @@ public:
     st.ready = std::max(st.ready, e.time);
     st.clock.join(e.clock);
     log_op(op_kind::wait, agent_of(s), st.seq, std::max(st.ready, host_now_), std::max(st.ready, host_now_), 0,
-           engine::none, pipeswap::detail::message({"wait event ", e.id, " (", log_.stream_lane(e.stream), ")"}));
+           engine::none, named([&] {
+             return pipeswap::detail::message({"wait event ", e.id, " (", log_.stream_lane(e.stream), ")"});
+           }));
   }
 
   void synchronize(event const& e) {
     if (!e.recorded()) throw mock_error("mock::backend::synchronize: the event was never recorded");
-    host_wait(e.time, e.clock, pipeswap::detail::message({"synchronize event ", e.id}));
+    host_wait(e.time, e.clock, named([&] { return pipeswap::detail::message({"synchronize event ", e.id}); }));
   }
 
   device_ptr allocate_device(std::size_t n, stream s) {
@@ -116,8 +122,8 @@ public:
     // A gap of one alignment unit catches off-by-one neighbours.
     next_device_address_ += pipeswap::detail::round_up(n, detail::allocation_alignment) + detail::allocation_alignment;
     if (opts_.materialize) a->fill_poison();
-    auto const op = commit(s, p, op_kind::allocate, n, engine::none, label("allocate"));
-    a->shadow.emplace(n, detail::access_ref{p.agent, p.seq, op});
+    auto const op = commit(s, p, op_kind::allocate, n, engine::none, named([&] { return label("allocate"); }));
+    new_shadow(*a, detail::access_ref{p.agent, p.seq, op});
     allocs_.add_device(a);
     memory_.add({p.start, static_cast<std::int64_t>(n), op});
     device_live_ += n;
@@ -137,7 +143,7 @@ public:
     auto const p = plan(s, 0, engine::none);
     touches t;
     t.add(a, 0, n, detail::access_mode::release);
-    auto name = label("release");
+    auto name = named([&] { return label("release"); });
     detail::check_touches(t, p, op_kind::release, name, log_, opts_, hazards_);
     auto const op = commit(s, p, op_kind::release, n, engine::none, std::move(name));
     a->released = true;
@@ -169,7 +175,7 @@ public:
       next_host_address_ += pipeswap::detail::round_up(n, detail::allocation_alignment) + detail::allocation_alignment;
     }
     auto const op = host_op(op_kind::host_allocate, n, label("allocate pinned"));
-    a->shadow.emplace(n, detail::access_ref{0, host_clock_.get(0), op});
+    new_shadow(*a, detail::access_ref{0, host_clock_.get(0), op});
     allocs_.add_host(a);
     host_live_ += n;
     host_peak_ = std::max(host_peak_, host_live_);
@@ -241,7 +247,7 @@ public:
     auto& st = state_of(s, "wait_until");
     st.ready = std::max(st.ready, t);
     log_op(op_kind::wait, agent_of(s), st.seq, std::max(st.ready, host_now_), std::max(st.ready, host_now_), 0,
-           engine::none, std::string(what));
+           engine::none, named([&] { return std::string(what); }));
   }
 
   /// A new stream with a name for traces and reports.
@@ -269,17 +275,18 @@ public:
     auto bind = [&](region const& r, bool writable) {
       if (r.bytes == 0) return;
       detail::call_site const where{"launch '", desc.name, "' region"};
-      auto a = allocs_.find_device(r.ptr, where);
+      auto const& a = allocs_.find_device_ref(r.ptr, where);
       auto const off = detail::range_in(*a, r.ptr.address(), r.bytes, where);
+      touched += r.bytes;
+      if (!tracks_touches()) return; // the region is checked; nothing reads the touch
       t.add(a, off, off + r.bytes, writable ? detail::access_mode::read_write : detail::access_mode::read);
       ctx.regions_.push_back({r.ptr, r.bytes, writable, nullptr});
-      touched += r.bytes;
     };
     for (auto const& r : desc.reads) bind(r, false);
     for (auto const& r : desc.writes) bind(r, true);
     auto const cost = desc.cost ? *desc.cost : opts_.timing.kernel_duration(touched);
     auto const p = plan(s, cost, opts_.timing.concurrent_kernels ? engine::none : engine::compute);
-    auto name = label(desc.name);
+    auto name = log_.keeps() ? label(desc.name) : std::string();
     detail::check_touches(t, p, op_kind::kernel, name, log_, opts_, hazards_);
     auto const op = commit(s, p, op_kind::kernel, touched,
                            opts_.timing.concurrent_kernels ? engine::none : engine::compute, std::move(name));
@@ -417,6 +424,11 @@ private:
   static std::string bytes_text(std::size_t n) { return pipeswap::detail::message({n, " B"}); }
 
   std::string label(std::string what) const { return label_.empty() ? what : what + " · " + label_; }
+  /// An operation's name, formatted only when the log records it (options::keep_op_log).
+  template <class F>
+  std::string named(F&& f) const {
+    return log_.keeps() ? std::string(f()) : std::string();
+  }
 
   stream_state& state_of(stream s, char const* call) {
     if (s.id >= streams_.size()) {
@@ -451,9 +463,11 @@ private:
       p.end = detail::shared_copy_end(link, opts_.timing.duplex_factor, p.start, n, planned_[up ? 1 : 0], shares);
     }
     touches t;
-    t.add(src, so, so + n, detail::access_mode::read);
-    t.add(dst, dof, dof + n, detail::access_mode::write);
-    auto const name = label((up ? "H2D " : "D2H ") + bytes_text(n));
+    if (tracks_touches()) {
+      t.add(src, so, so + n, detail::access_mode::read);
+      t.add(dst, dof, dof + n, detail::access_mode::write);
+    }
+    auto const name = log_.keeps() ? label((up ? "H2D " : "D2H ") + bytes_text(n)) : std::string();
     detail::check_touches(t, p, dir, name, log_, opts_, hazards_);
     auto const op = commit(s, p, dir, n, eng, name);
     planned_[up ? 0 : 1].append(shares);
@@ -525,6 +539,23 @@ private:
     host_clock_ = c;
     auto const op = log_op(kind, 0, c.get(0), host_now_, host_now_, n, engine::none, std::move(name));
     record_touches(t, p, op);
+  }
+
+  /// Whether operations list their touches: for the checker, or for the data effects of a
+  /// materialized run. Neither under hazard_policy::ignore without bytes: then the regions and
+  /// copies are only checked against their allocations.
+  [[nodiscard]] bool tracks_touches() const noexcept {
+    return opts_.hazards != hazard_policy::ignore || opts_.materialize;
+  }
+
+  /// A new allocation's shadow map, written by `by`; none under hazard_policy::ignore (nothing reads
+  /// it until set_hazard_policy gives every allocation a fresh one).
+  void new_shadow(allocation& a, detail::access_ref by) {
+    if (opts_.hazards == hazard_policy::ignore) {
+      shadows_behind_ = true;
+      return;
+    }
+    a.shadow.emplace(a.size, by);
   }
 
   /// Records a committed operation's touches for the checker (not under hazard_policy::ignore: then

@@ -87,8 +87,8 @@ inline void write_trace_events(std::ostream& os, op_log const& log, std::vector<
     }
     os << R"(,"pid":)" << pid << R"(,"tid":)" << tid << R"(,"args":{"op":)" << i << R"(,"bytes":)" << r.bytes << "}}";
   };
-  for (std::uint64_t i = 0; i < log.size(); ++i) {
-    auto const& r = log.at(i);
+  for (std::uint64_t i = 0; i < log.ops().size(); ++i) { // the recorded operations
+    auto const& r = log.ops()[i];
     event(r, i, static_cast<int>(r.agent));
     if (r.eng != engine::none) event(r, i, engine_tid_base + static_cast<int>(r.eng));
   }

@@ -101,6 +101,11 @@ struct options {
   std::size_t device_capacity = std::numeric_limits<std::size_t>::max();
   /// Number of preceding operations quoted in a hazard report.
   std::size_t trace_context = 12;
+  /// Keep a record of every operation (ops(), the traces, the op trace and the names a hazard
+  /// report quotes). Off: operations are counted, not recorded, and their names are not formatted;
+  /// ops() is empty, the traces hold no operations and a report names operations by number only.
+  /// For runs that read only times and bytes (the planner's candidates).
+  bool keep_op_log = true;
 };
 
 } // namespace pipeswap::mock

@@ -29,6 +29,7 @@ namespace pipeswap::sim {
 ///    off, and the faster of the two that fits is kept. When none of the runs fits every rank, a rank still over
 ///    with its phases off gets its sized settings back (one more run), and the result is the run
 ///    with the fewest ranks over the capacity (the fastest of those).
+/// A set of rank settings already run is not simulated again (its result is reused).
 /// `resolved`, when given, receives the options of the run returned: simulate(s, *resolved) repeats
 /// it exactly.
 inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t refinements = 4,
@@ -45,6 +46,17 @@ inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t
   if (o.ranks.empty()) o.ranks.resize(R);
   auto const progress = o.progress;
   o.progress = {};
+  // Only the rank settings change from run to run below, and a run is a function of its inputs: a
+  // setting run before (the sized run when every share came out 0, the sized settings given back
+  // after the refinements) is not simulated again.
+  std::vector<std::pair<std::vector<sim_options::rank_settings>, sim_result>> ran;
+  auto const run = [&](sim_options const& x) -> sim_result {
+    for (auto const& [settings, r] : ran)
+      if (settings == x.ranks) return r;
+    auto r = simulate(s, x);
+    ran.emplace_back(x.ranks, r);
+    return r;
+  };
   std::vector<std::uint32_t> sized;
   for (std::uint32_t r = 0; r < R; ++r)
     if (o.swaps_optimizer(r) && !o.ranks[r].resident_share) sized.push_back(r);
@@ -52,7 +64,7 @@ inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t
   auto const capacity = s.device.memory_bytes, margin = capacity / 200;
   sim_result res;
   if (!sized.empty()) {
-    res = simulate(s, o);
+    res = run(o);
     for (auto r : sized) {
       auto const peak = res.ranks[r].peak_before_tail;
       o.ranks[r].resident_share = capacity > peak + margin ? capacity - peak - margin : 0;
@@ -69,7 +81,7 @@ inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t
   auto const as_sized = o.ranks;
   for (std::uint32_t k = 0;; ++k) {
     if (k == 0) o.progress = progress;
-    res = simulate(s, o);
+    res = run(o);
     o.progress = {};
     if (res.fits) {
       // Forwards that waited for the deferred offload's room may cost more than the step without
@@ -129,7 +141,7 @@ inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t
     }
   }
   if (reverted) {
-    res = simulate(s, o);
+    res = run(o);
     if (over(res) <= over(*best)) {
       keep(o);
       return res;

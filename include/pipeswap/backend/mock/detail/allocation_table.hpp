@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -72,10 +73,20 @@ public:
   void erase_host(std::uintptr_t base) { host_.erase(base); }
 
   /// The device allocation holding `d` (live or released); mock_error naming `what` if none.
-  [[nodiscard]] alloc_ptr find_device(device_ptr d, call_site const& what) const {
+  [[nodiscard]] alloc_ptr find_device(device_ptr d, call_site const& what) const { return find_device_ref(d, what); }
+  /// The same, as a reference into the table (valid until the next add_device or device_released).
+  [[nodiscard]] alloc_ptr const& find_device_ref(device_ptr d, call_site const& what) const {
+    auto const addr = d.address();
+    // Device ranges never overlap and are never reused: an allocation found before for the same
+    // address slot, if it holds the address, is the one the lists would find.
+    auto& hit = recent_[(addr / allocation_alignment) % recent_.size()];
+    if (hit && addr >= hit->base && addr < hit->base + hit->size) return hit;
     for (auto const* list : {&live_device_, &device_}) {
-      auto const it = find_in(*list, d.address());
-      if (it != list->end() && d.address() < it->second->base + it->second->size) return it->second;
+      auto const it = find_in(*list, addr);
+      if (it != list->end() && addr < it->second->base + it->second->size) {
+        hit = it->second;
+        return hit;
+      }
     }
     throw mock_error("mock::backend::" + what.text() + ": " + describe_ptr(d) +
                      " is not device memory allocated by this backend");
@@ -113,6 +124,8 @@ private:
   alloc_list device_;                ///< every device allocation, by base address
   alloc_list live_device_;           ///< those not released (and a few released), by base address
   std::size_t released_in_live_ = 0; ///< releases since live_device_ was last pruned
+  /// Device allocations found before, by address slot (a direct-mapped cache of the lookups).
+  mutable std::array<alloc_ptr, 512> recent_{};
   std::map<std::uintptr_t, alloc_ptr> host_;
 };
 

@@ -29,13 +29,23 @@ public:
   [[nodiscard]] std::string const& lane(std::uint32_t agent) const { return lanes_.at(agent); }
   [[nodiscard]] std::string const& stream_lane(std::uint32_t stream) const { return lanes_.at(stream + 1); }
 
+  /// Whether push() records operations (else it only counts them: options::keep_op_log).
+  void keep(bool k) noexcept { keep_ = k; }
+  [[nodiscard]] bool keeps() const noexcept { return keep_; }
+
   std::uint64_t push(op_record r) {
-    ops_.push_back(std::move(r));
-    return ops_.size() - 1;
+    if (keep_ && ops_.size() == count_) ops_.push_back(std::move(r));
+    return count_++;
   }
+  /// The recorded operations (those pushed while keep() was on and every earlier one was recorded).
   [[nodiscard]] std::vector<op_record> const& ops() const noexcept { return ops_; }
-  [[nodiscard]] op_record const& at(std::uint64_t i) const { return ops_.at(i); }
-  [[nodiscard]] std::uint64_t size() const noexcept { return ops_.size(); }
+  /// Operation `i`; one that was counted but not recorded reads as a nameless record.
+  [[nodiscard]] op_record const& at(std::uint64_t i) const {
+    if (i < ops_.size()) return ops_[i];
+    if (i < count_) return unrecorded_;
+    return ops_.at(i); // out of range
+  }
+  [[nodiscard]] std::uint64_t size() const noexcept { return count_; }
 
   /// `kind 'name' (op #i on lane, t=[start,end))`: one operation as a hazard report quotes it.
   [[nodiscard]] std::string op_text(std::uint64_t op, op_kind k, std::string const& name, std::uint32_t agent,
@@ -63,13 +73,16 @@ public:
   [[nodiscard]] std::string format_trace(std::uint64_t op, std::size_t count) const {
     std::ostringstream os;
     std::uint64_t const first = op + 1 > count ? op + 1 - count : 0;
-    for (std::uint64_t i = first; i <= op && i < ops_.size(); ++i) os << "  " << describe(i) << "\n";
+    for (std::uint64_t i = first; i <= op && i < count_; ++i) os << "  " << describe(i) << "\n";
     return os.str();
   }
 
 private:
   std::vector<std::string> lanes_;
   std::vector<op_record> ops_;
+  std::uint64_t count_ = 0;
+  bool keep_ = true;
+  op_record unrecorded_{op_kind{}, 0, 0, 0, 0, 0, engine::none, "(not recorded)"};
 };
 
 } // namespace pipeswap::mock::detail

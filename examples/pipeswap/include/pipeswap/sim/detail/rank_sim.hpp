@@ -275,20 +275,25 @@ private:
         acts.push_back({n ? b.allocate_device(n, cs) : device_ptr{}, n});
       }
       mock::kernel_desc d{name_of("FWD", f.stage, f.micro), {}, {}, st->fwd_ns};
-      if (r->declare_weights_)
+      if (r->declare_weights_) {
         for (auto const& p : r->weights_.at(st->stage).params) d.reads.push_back({p.ptr, p.bytes});
-      (first ? d.writes : d.reads).push_back({in.ptr, in.bytes});
-      for (auto const& a : acts) d.writes.push_back({a.ptr, a.bytes});
-      if (!last) d.writes.push_back({f.output.ptr, f.output.bytes});
-      std::vector<owned> written = acts;
-      if (first) written.insert(written.begin(), owned{in.ptr, in.bytes});
-      b.launch(cs, std::move(d), [written, st_ = f.stage, m = f.micro, first](mock::kernel_context const& ctx) {
-        for (std::size_t i = 0; i < written.size(); ++i) {
-          auto const idx = first ? i : i + 1;
-          auto span = ctx.write<std::byte>(written[i].ptr, written[i].bytes);
-          std::fill(span.begin(), span.end(), pattern_of(st_, m, idx));
-        }
-      });
+        (first ? d.writes : d.reads).push_back({in.ptr, in.bytes});
+        for (auto const& a : acts) d.writes.push_back({a.ptr, a.bytes});
+        if (!last) d.writes.push_back({f.output.ptr, f.output.bytes});
+      }
+      if (b.holds_bytes()) { // the body runs only on materialized bytes
+        std::vector<owned> written = acts;
+        if (first) written.insert(written.begin(), owned{in.ptr, in.bytes});
+        b.launch(cs, std::move(d), [written, st_ = f.stage, m = f.micro, first](mock::kernel_context const& ctx) {
+          for (std::size_t i = 0; i < written.size(); ++i) {
+            auto const idx = first ? i : i + 1;
+            auto span = ctx.write<std::byte>(written[i].ptr, written[i].bytes);
+            std::fill(span.begin(), span.end(), pattern_of(st_, m, idx));
+          }
+        });
+      } else {
+        b.launch(cs, std::move(d));
+      }
       // The pipeline owns the stage input until the backward: it stays on the device.
       if (first) f.keep(in.ptr, in.bytes);
       for (auto const& a : acts) f.save(a.ptr, a.bytes);
@@ -310,26 +315,29 @@ private:
       if (st->backward_workspace_bytes)
         work = {b.allocate_device(st->backward_workspace_bytes, cs), st->backward_workspace_bytes};
       mock::kernel_desc d{name_of("BWD", g.stage, g.micro), {}, {}, st->bwd_ns};
-      if (work.bytes) d.writes.push_back({work.ptr, work.bytes});
-      auto const& w = r->weights_.at(st->stage);
-      if (r->declare_weights_)
+      if (r->declare_weights_) {
+        auto const& w = r->weights_.at(st->stage);
+        if (work.bytes) d.writes.push_back({work.ptr, work.bytes});
         for (auto const& p : w.params) d.reads.push_back({p.ptr, p.bytes});
-      for (auto const& x : bufs) {
-        if (x.bytes) d.reads.push_back({x.ptr, x.bytes});
-      }
-      if (!last) d.reads.push_back({g.grad_output.ptr, g.grad_output.bytes});
-      if (r->declare_weights_)
+        for (auto const& x : bufs) {
+          if (x.bytes) d.reads.push_back({x.ptr, x.bytes});
+        }
+        if (!last) d.reads.push_back({g.grad_output.ptr, g.grad_output.bytes});
         for (auto const& x : w.grads) d.writes.push_back({x.ptr, x.bytes});
-      if (g.grad_input.bytes) d.writes.push_back({g.grad_input.ptr, g.grad_input.bytes});
+        if (g.grad_input.bytes) d.writes.push_back({g.grad_input.ptr, g.grad_input.bytes});
+      }
       // A received input's bytes are the sender's; what the forward wrote is checked.
-      b.launch(cs, std::move(d),
-               [bufs, first, st_ = g.stage, m = g.micro, bad = &r->corrupt_](mock::kernel_context const& ctx) {
-                 for (std::size_t i = first ? 0 : 1; i < bufs.size(); ++i) {
-                   auto span = ctx.read<std::byte>(bufs[i].ptr, bufs[i].bytes);
-                   auto const want = pattern_of(st_, m, i);
-                   if (std::any_of(span.begin(), span.end(), [&](std::byte v) { return v != want; })) ++*bad;
-                 }
-               });
+      if (b.holds_bytes())
+        b.launch(cs, std::move(d),
+                 [bufs, first, st_ = g.stage, m = g.micro, bad = &r->corrupt_](mock::kernel_context const& ctx) {
+                   for (std::size_t i = first ? 0 : 1; i < bufs.size(); ++i) {
+                     auto span = ctx.read<std::byte>(bufs[i].ptr, bufs[i].bytes);
+                     auto const want = pattern_of(st_, m, i);
+                     if (std::any_of(span.begin(), span.end(), [&](std::byte v) { return v != want; })) ++*bad;
+                   }
+                 });
+      else
+        b.launch(cs, std::move(d));
       if (work.bytes) g.release_after(work.ptr, work.bytes);
     }
   };
@@ -372,6 +380,8 @@ private:
     m.timing = timing_of(s.device, link);
     m.hazards = o.check_hazards ? mock::hazard_policy::raise : mock::hazard_policy::ignore;
     m.materialize = o.materialize;
+    // The operations' records are read only by the hazard reports and the trace.
+    m.keep_op_log = o.check_hazards || o.record_trace;
     return m;
   }
 
@@ -443,8 +453,9 @@ private:
   std::optional<optimizer_swap<opt_type>> osw_;
   std::map<std::uint32_t, stage_weights> weights_;
   bool overlap_ = false, phased_ = false;
-  /// The stage kernels and collectives declare the weights and gradients they touch: for the hazard
-  /// checker (and materialized bytes) only, their durations are the model's.
+  /// The stage kernels and collectives declare the regions they touch (weights, gradients,
+  /// activations, stage boundaries): for the hazard checker (and materialized bytes) only, their
+  /// durations are the model's.
   bool declare_weights_ = true;
   std::uint64_t transient_ = 0;
   std::uint64_t deferred_waited_ = 0; ///< this step: bytes make_room gave the forwards
