@@ -143,7 +143,9 @@ requires std::same_as<device_pointer_t<B>, device_ptr> table build_table(std::sp
       if (a.p == nullptr) continue;
       int const off = group_offset(a.p, a.esize);
       if (off < 0) {
-        fail(pipeswap::detail::message({"has ", a.name, " not aligned to its ", a.esize, "-byte elements"}));
+        // A chain, not detail::message: nvcc 13's front end turns this braced list (a member of a local
+        // struct in it) into a comma expression.
+        fail(std::string("has ") + a.name + " not aligned to its " + std::to_string(a.esize) + "-byte elements");
       }
       common = common == -2 || common == off ? off : -1;
     }
