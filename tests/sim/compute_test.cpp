@@ -15,6 +15,8 @@ namespace sim = pipeswap::sim;
 namespace tt = boost::test_tools;
 using sim::precision;
 
+BOOST_AUTO_TEST_SUITE(sim_compute)
+
 // gemm_efficiency = ceiling · Π x/(x + 64): a 64-wide dimension halves it, large ones approach it.
 BOOST_AUTO_TEST_CASE(gemm_efficiency_rises_with_each_dimension_toward_the_ceiling) {
   BOOST_TEST(sim::gemm_efficiency(64, 64, 64, 0.8) == 0.1, tt::tolerance(1e-12));
@@ -184,3 +186,5 @@ BOOST_AUTO_TEST_CASE(the_device_table_holds_the_published_figures) {
   BOOST_TEST(t.memory_bytes == d.memory_bytes);
   BOOST_TEST(t.tp_gbps == d.tp_gbps);
 }
+
+BOOST_AUTO_TEST_SUITE_END() // sim_compute
