@@ -234,7 +234,8 @@ void add_alternatives(plan_result& res, scenario const& s, plan_space const& spa
                                                              : std::string(recompute_name(rc)) + " recomputation",
                                   r, outcome(r), B));
   }
-  res.verdict_line = decide(alts, res.alternative_none, B, res.tolerance);
+  auto const* err = error_of(s);
+  res.verdict_line = decide(alts, res.alternative_none, B, res.tolerance, err ? err->step_error() : 0.0);
 }
 
 /// The scenario and options a candidate of plan() runs with: the candidate's settings, the device's

@@ -49,8 +49,11 @@ inline std::optional<std::size_t> best_alternative(std::vector<alternative> cons
 } // namespace detail
 
 /// The verdict over `alts`; `none` is the index of the no-swap alternative (the reference of
-/// "saves" and "costs"), `budget` the device budget, `tolerance` the planner's.
-inline verdict decide(std::vector<alternative> const& alts, std::size_t none, std::uint64_t budget, double tolerance) {
+/// "saves" and "costs"), `budget` the device budget, `tolerance` the planner's, `step_error` the
+/// fraction a simulated step time may be off by (sim/accuracy.hpp; 0: not known). A next best that
+/// loses on step time by less than that error is said to lose inside the model's error.
+inline verdict decide(std::vector<alternative> const& alts, std::size_t none, std::uint64_t budget, double tolerance,
+                      double step_error = 0) {
   verdict v;
   auto const gb = [](std::uint64_t b) { return detail::gb(b); };
   auto const tol = detail::fmt("%.2f %%", tolerance * 100);
@@ -88,10 +91,13 @@ inline verdict decide(std::vector<alternative> const& alts, std::size_t none, st
     auto const& n = alts[*v.next_best];
     if (!n.fits)
       v.reason = "over the budget by " + gb(n.peak_bytes - budget) + " on rank " + std::to_string(n.peak_rank);
-    else if (static_cast<double>(n.step_ns) > static_cast<double>(fastest) * (1 + tolerance))
+    else if (static_cast<double>(n.step_ns) > static_cast<double>(fastest) * (1 + tolerance)) {
       v.reason = "step " + detail::secs(n.step_ns) + ", " + detail::percent(overhead(n.step_ns, c.step_ns)) +
                  " against this one, beyond the " + tol + " tolerance of the fastest";
-    else if (n.host_bytes > c.host_bytes)
+      if (overhead(n.step_ns, c.step_ns) < step_error)
+        v.reason += ", but inside the model's step-time error of " + detail::fmt("%.0f %%", step_error * 100) +
+                    ": the simulation alone does not settle which is faster";
+    } else if (n.host_bytes > c.host_bytes)
       v.reason = "as fast within the " + tol + " tolerance, but moves " + gb(n.host_bytes - c.host_bytes) +
                  " more over the host link";
     else if (n.peak_bytes > c.peak_bytes)

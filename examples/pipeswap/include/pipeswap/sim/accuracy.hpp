@@ -1,0 +1,62 @@
+// pipeswap — what a simulated step time is worth: the model's error on published runs that were held
+// out of its fit (docs/simulator.md, "Calibration"), printed beside every step time by `pipeswap
+// simulate` and `pipeswap plan`, so that a verdict whose margin is inside it says so.
+#pragma once
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include <pipeswap/sim/scenario.hpp>
+
+namespace pipeswap::sim {
+
+/// Predicted / published tokens/s per GPU over the held-out runs of examples/calibration: the lowest
+/// and the highest ratio, and how many runs. tests/cli/cli_test.py (`Calibration`) recomputes the
+/// ratios and checks that these are their extremes, so the figures cannot drift from the runs.
+struct model_error {
+  double low = 0;
+  double high = 0;
+  int runs = 0;
+
+  /// How far a simulated step time may be from the real one, as a fraction of it: a throughput
+  /// ratio r is a step time 1/r of the real one.
+  [[nodiscard]] double step_error() const noexcept { return std::max(1.0 / low - 1.0, 1.0 - 1.0 / high); }
+};
+
+/// The per-operation compute model's (device.compute "roofline"); the one-efficiency model has no
+/// measured error.
+inline constexpr model_error held_out_error{0.84, 1.81, 7};
+
+/// The error that applies to `s`'s figures, if one was measured for its compute model.
+inline model_error const* error_of(scenario const& s) noexcept {
+  return s.device.compute == compute_kind::roofline ? &held_out_error : nullptr;
+}
+
+/// The line the reports print under the scenario.
+inline std::string error_line(scenario const& s) {
+  auto const* e = error_of(s);
+  if (!e) return "model error: not measured for device.compute \"flops\" (docs/simulator.md, Calibration)";
+  char buf[200];
+  std::snprintf(buf, sizeof buf,
+                "model error: on %d published runs held out of the fit, predicted tokens/s %.2f-%.2fx the "
+                "published: a step time may be off by up to %.0f %% (docs/simulator.md, Calibration)",
+                e->runs, e->low, e->high, e->step_error() * 100);
+  return buf;
+}
+
+/// The error as JSON: {"throughput_low", "throughput_high", "held_out_runs", "step_time_error"}, or
+/// null when none was measured.
+template <class Json>
+Json error_json(scenario const& s) {
+  auto const* e = error_of(s);
+  if (!e) return Json(nullptr);
+  Json j = Json::object();
+  j["throughput_low"] = e->low;
+  j["throughput_high"] = e->high;
+  j["held_out_runs"] = e->runs;
+  j["step_time_error"] = e->step_error();
+  return j;
+}
+
+} // namespace pipeswap::sim
