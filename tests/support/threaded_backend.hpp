@@ -252,12 +252,14 @@ static_assert(!pipeswap::device_synchronizing<threaded_backend>);
 /// Bytes into and out of the threaded backend's device memory, as work on its compute stream with
 /// the host synchronized behind it (the upload() and download() of support/world.hpp's model).
 inline void upload(threaded_backend& b, device_ptr d, void const* src, std::size_t n) {
+  if (n == 0) return; // nothing to copy, and memcpy may not be given the null a zero-size buffer has
   std::vector<std::byte> v(static_cast<std::byte const*>(src), static_cast<std::byte const*>(src) + n);
   auto s = b.current_stream();
   b.launch(s, [d, v = std::move(v)] { std::memcpy(d.get<std::byte>(), v.data(), v.size()); });
   b.synchronize(b.record_event(s));
 }
 inline std::vector<std::byte> download(threaded_backend& b, device_ptr d, std::size_t n) {
+  if (n == 0) return {};
   auto out = std::make_shared<std::vector<std::byte>>(n);
   auto s = b.current_stream();
   b.launch(s, [d, out, n] { std::memcpy(out->data(), d.get<std::byte const>(), n); });
