@@ -260,6 +260,39 @@ BOOST_AUTO_TEST_CASE(activation_data_waits_are_necessary) {
 
 namespace {
 
+/// The runtime's world for the phased and make_room cases: a recording mock whose offloads are ten
+/// times slower than its loads (a release on the d2h stream lands long after the h2d stream could
+/// allocate again, so a missing order shows in the device timeline), an engine with a budget large
+/// enough to count everything and refuse nothing, four parameters with their gradients uploaded
+/// once, and swap in four batches.
+struct slow_offload_rig {
+  mock::backend b;
+  ps::transfer_engine<mock::backend> x;
+  ps::device_budget budget;
+  ps::test::model<mock::backend, toy> m;
+  ps::swap_config cfg;
+
+  slow_offload_rig(bool packed, bool defer, std::size_t resident)
+      : b(options()), x(b, {1 << 20, 1 << 18, 512}), budget(1u << 30), m(b, {4000, 4000, 4000, 4000}, 3, true) {
+    x.set_budget(&budget);
+    cfg.swap_times = 4;
+    cfg.packed = packed;
+    cfg.min_swap_numel = 0;
+    cfg.defer_offload = defer;
+    cfg.resident_share = resident;
+    m.set_grads(0);
+  }
+
+private:
+  static mock::options options() {
+    auto t = mock::timing_model::unit();
+    t.d2h = {100'000'000, 0};
+    mock::options o{t};
+    o.hazards = mock::hazard_policy::record;
+    return o;
+  }
+};
+
 struct phased_outcome {
   std::size_t hazards = 0;
   std::size_t swap_peak = 0; ///< the mock's device peak above parameters and gradients
@@ -270,24 +303,8 @@ struct phased_outcome {
 /// everything and refuse nothing. The gradients are uploaded once, as in run().
 phased_outcome run_phased(bool packed, bool defer, std::size_t resident, std::initializer_list<wait_site> mutated) {
   mutate(mutated);
-  // Offloads ten times slower than loads: a release on the d2h stream lands long after the h2d
-  // stream could allocate again, so a missing order shows in the device timeline.
-  auto t = mock::timing_model::unit();
-  t.d2h = {100'000'000, 0};
-  mock::options o{t};
-  o.hazards = mock::hazard_policy::record;
-  mock::backend b{o};
-  ps::transfer_engine<mock::backend> x(b, {1 << 20, 1 << 18, 512});
-  ps::device_budget budget(1u << 30);
-  x.set_budget(&budget);
-  ps::test::model<mock::backend, toy> m(b, {4000, 4000, 4000, 4000}, 3, true);
-  ps::swap_config cfg;
-  cfg.swap_times = 4;
-  cfg.packed = packed;
-  cfg.min_swap_numel = 0;
-  cfg.defer_offload = defer;
-  cfg.resident_share = resident;
-  m.set_grads(0);
+  slow_offload_rig rig(packed, defer, resident);
+  auto& [b, x, budget, m, cfg] = rig;
   phased_outcome r;
   {
     ps::optimizer_swap<toy> rt(x, m.opt, cfg);
@@ -374,21 +391,8 @@ struct room_outcome {
 /// allocates them there, writes them and frees them.
 room_outcome run_make_room(bool packed, std::uint64_t bytes, std::initializer_list<wait_site> mutated) {
   mutate(mutated);
-  auto t = mock::timing_model::unit();
-  t.d2h = {100'000'000, 0};
-  mock::options o{t};
-  o.hazards = mock::hazard_policy::record;
-  mock::backend b{o};
-  ps::transfer_engine<mock::backend> x(b, {1 << 20, 1 << 18, 512});
-  ps::device_budget budget(1u << 30);
-  x.set_budget(&budget);
-  ps::test::model<mock::backend, toy> m(b, {4000, 4000, 4000, 4000}, 3, true);
-  ps::swap_config cfg;
-  cfg.swap_times = 4;
-  cfg.packed = packed;
-  cfg.min_swap_numel = 0;
-  cfg.defer_offload = true;
-  m.set_grads(0);
+  slow_offload_rig rig(packed, true, 0);
+  auto& [b, x, budget, m, cfg] = rig;
   room_outcome r;
   {
     ps::optimizer_swap<toy> rt(x, m.opt, cfg);
