@@ -46,9 +46,12 @@ json every_field() {
     "device": {"name": "toy", "memory_bytes": 8000000000, "reserved_bytes": 500000000, "h2d_gbps": 12.5,
                "d2h_gbps": 11, "duplex_factor": 0.8, "copy_latency_us": 3.5, "bf16_tflops": 100,
                "fp8_tflops": 180, "compute": "flops", "kernel_efficiency": 0.3, "end_to_end_mfu": 0.25, "hbm_tbps": 1.5, "p2p_gbps": 25,
-               "p2p_latency_us": 7, "tp_gbps": 200, "dp_gbps": 20, "collective_latency_us": 5},
+               "p2p_latency_us": 7, "nvlink_gbps": 200, "network_gbps": 20, "nvlink_latency_us": 5,
+               "network_latency_us": 9},
     "node": {"gpus": 4, "host_gbps": 100, "cpu_adam_gbps": 50},
-    "parallel": {"tp": 2, "sequence_parallel": true, "dp": 4, "distributed_optimizer": true, "ep": 2, "expert_tp": 1},
+    "parallel": {"tp": 2, "sequence_parallel": true, "dp": 4, "distributed_optimizer": true, "ep": 2, "expert_tp": 1,
+                 "overlap_grad_reduce": false, "overlap_param_gather": false, "tp_comm_overlap": false,
+                 "overlap_moe_expert_parallel_comm": false},
     "pipeline": {"schedule": "interleaved", "ranks": 3, "micro_batches": 6, "stages_per_rank": 2, "overlap_b_f": true},
     "swap": {"swap_times": 5, "packed": false, "overlap": false},
     "plan": {"tolerance": 0.01}
@@ -105,9 +108,14 @@ BOOST_AUTO_TEST_CASE(every_field_is_read_into_its_member) {
   BOOST_TEST(d.kernel_efficiency == 0.3);
   BOOST_TEST(d.end_to_end_mfu.value_or(0) == 0.25);
   BOOST_TEST(d.duplex_factor == 0.8);
-  BOOST_TEST(d.tp_gbps == 200.0);
-  BOOST_TEST(d.dp_gbps == 20.0);
-  BOOST_TEST(d.collective_latency_us == 5.0);
+  BOOST_TEST(d.nvlink_gbps == 200.0);
+  BOOST_TEST(d.network_gbps == 20.0);
+  BOOST_TEST(d.nvlink_latency_us == 5.0);
+  BOOST_TEST(d.network_latency_us == 9.0);
+  BOOST_TEST(!s.parallel.overlap_grad_reduce);
+  BOOST_TEST(!s.parallel.overlap_param_gather);
+  BOOST_TEST(!s.parallel.tp_comm_overlap);
+  BOOST_TEST(!s.parallel.overlap_moe_expert_parallel_comm);
   BOOST_TEST(d.hbm_tbps == 1.5);
   BOOST_TEST(d.p2p_gbps == 25.0);
   BOOST_TEST(d.p2p_latency_us == 7.0);
@@ -237,14 +245,14 @@ BOOST_AUTO_TEST_CASE(negative_and_fractional_sizes_are_rejected) {
   expect_rejected(R"({"device": {"duplex_factor": 0.4}})",
                   "scenario: device.duplex_factor must be in [0.5, 1] (0.5: the two directions share one rate; 1: "
                   "full duplex)");
-  expect_rejected(R"({"device": {"tp_gbps": 0}})", "scenario: device.tp_gbps must be positive");
-  expect_rejected(R"({"device": {"dp_gbps": -1}})", "scenario: device.dp_gbps must be positive");
+  expect_rejected(R"({"device": {"nvlink_gbps": 0}})", "scenario: device.nvlink_gbps must be positive");
+  expect_rejected(R"({"device": {"network_gbps": -1}})", "scenario: device.network_gbps must be positive");
   expect_rejected(R"({"node": {"host_gbps": 0}})", "scenario: node.host_gbps must be positive");
   expect_rejected(R"({"node": {"gpus": 0}})", "scenario: node.gpus must be at least 1");
   expect_rejected(R"({"parallel": {"tp": -2}})", "scenario: parallel.tp: must not be negative, got -2");
   expect_rejected(R"({"parallel": {"dp": 0}})", "scenario: parallel.dp must be at least 1");
-  expect_rejected(R"({"device": {"collective_latency_us": -1}})",
-                  "scenario: device.collective_latency_us must not be negative");
+  expect_rejected(R"({"device": {"network_latency_us": -1}})",
+                  "scenario: device.network_latency_us must not be negative");
   // The old name is refused with what replaced it.
   expect_rejected(R"({"device": {"mfu": 0.45}})",
                   "scenario: device.mfu: was renamed: device.kernel_efficiency is the fraction of the peak the "
@@ -402,7 +410,7 @@ json& at_path(json& j, std::string const& path) {
 BOOST_AUTO_TEST_CASE(every_numeric_field_error_names_its_field) {
   std::vector<std::string> paths;
   numeric_paths(every_field(), "", paths);
-  BOOST_TEST(paths.size() == 42u); // every number of the schema (a new field is swept here too)
+  BOOST_TEST(paths.size() == 43u); // every number of the schema (a new field is swept here too)
   std::vector<std::string> zero_ok;
   for (auto const& path : paths) {
     for (json const& bad : {json(0), json(-1), json(-2.5), json("8")}) {
@@ -422,8 +430,9 @@ BOOST_AUTO_TEST_CASE(every_numeric_field_error_names_its_field) {
   }
   // In the order of the sweep (nlohmann::json sorts keys); an activation override of 0 models a
   // stage that saves nothing.
-  std::vector<std::string> const allowed{"device.collective_latency_us",
-                                         "device.copy_latency_us",
+  std::vector<std::string> const allowed{"device.copy_latency_us",
+                                         "device.network_latency_us",
+                                         "device.nvlink_latency_us",
                                          "device.p2p_latency_us",
                                          "device.reserved_bytes",
                                          "model.activation_bytes_per_layer",
@@ -445,7 +454,7 @@ BOOST_AUTO_TEST_CASE(a_device_preset_sets_the_published_figures) {
     BOOST_TEST(s.device.fp8_tflops == x.fp8_tflops);
     BOOST_TEST(s.device.hbm_tbps == x.hbm_tbps);
     BOOST_TEST(s.device.memory_bytes == x.memory_bytes);
-    BOOST_TEST(s.device.tp_gbps == x.tp_gbps);
+    BOOST_TEST(s.device.nvlink_gbps == x.nvlink_gbps);
   }
   auto const h100 = sim::scenario_from_json_text(
       R"({"device": {"hbm_tbps": 2.4, "preset": "H100 SXM", "name": "H100 96 GB", "memory_bytes": 96000000000},

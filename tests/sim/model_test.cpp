@@ -5,6 +5,8 @@
 // host-link sharing the simulator charges, each pinned to its formula in docs/simulator.md.
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -227,50 +229,180 @@ BOOST_AUTO_TEST_CASE(tensor_parallelism_shards_the_matrices_and_the_logits) {
 
 // Tensor-parallel collectives: two all-reduces of e·T·h per layer each way (2·(t−1)/t·bytes over the
 // bus bandwidth, plus a latency each); with sequence parallelism two all-gathers and two
-// reduce-scatters, the same bytes. A full recomputation runs the forward's again in the backward.
+// reduce-scatters, the same bytes, each hidden under its paired GEMM with tp_comm_overlap (what
+// exceeds the GEMM, at least 1/t of it, delays the layer). A full recomputation runs the forward's
+// again in the backward.
 BOOST_AUTO_TEST_CASE(tensor_parallel_collectives_are_charged_on_nvlink) {
   sim::scenario s;
   s.parallel.tp = 4;
   double const bytes = 2.0 * 4096 * 8192;
   auto const ar = static_cast<std::int64_t>(std::llround(10e3 + 2 * 0.75 * bytes / 360e9 * 1e9));
-  BOOST_TEST(sim::collective_ns(sim::collective::all_reduce, bytes, 4, 360, 10) == ar);
-  BOOST_TEST(sim::tp_layer_comm_ns(s) == 2 * ar);
+  auto const tp = sim::tp_span(s);
+  BOOST_TEST(tp.in_node());
+  BOOST_TEST(sim::collective_ns(sim::collective::all_reduce, bytes, tp, s.device) == ar);
+  auto const ops = sim::layer_op_times(s.model, s.parallel, s.device);
+  BOOST_TEST(sim::tp_layer_comm(s, ops).fwd == 2 * ar);
+  BOOST_TEST(sim::tp_layer_comm(s, ops).bwd == 2 * ar);
   auto const st = sim::plan_stages(s).front();
   BOOST_TEST(st.fwd_comm_ns == 10 * 2 * ar);
   BOOST_TEST(st.bwd_comm_ns == 10 * 2 * ar);
   // The kernels: ten layers' op times (sim/compute.hpp), then the collectives.
-  auto const ops = sim::layer_op_times(s.model, s.parallel, s.device);
   BOOST_TEST(st.fwd_ns == std::llround(10 * ops.fwd() * 1e9) + st.fwd_comm_ns);
   BOOST_TEST(st.bwd_ns == std::llround(10 * ops.bwd() * 1e9) + st.bwd_comm_ns);
   s.parallel.sequence_parallel = true;
-  auto const ag = sim::collective_ns(sim::collective::all_gather, bytes, 4, 360, 10);
-  BOOST_TEST(sim::tp_layer_comm_ns(s) == 4 * ag);
+  auto const ag = sim::collective_ns(sim::collective::all_gather, bytes, tp, s.device);
+  auto const sp_ops = sim::layer_op_times(s.model, s.parallel, s.device);
+  auto exposed = [&](std::array<double, 4> const& gemms) {
+    std::int64_t t = 0;
+    for (double const g : gemms)
+      t += std::max<std::int64_t>(ag / 4, ag - std::min<std::int64_t>(ag, std::llround(g * 1e9)));
+    return t;
+  };
+  // Every paired GEMM is there (the dense MLP's too).
+  for (double const g : sp_ops.tp_paired_fwd) BOOST_TEST(g > 0);
+  auto const hidden = sim::tp_layer_comm(s, sp_ops);
+  BOOST_TEST(hidden.fwd == exposed(sp_ops.tp_paired_fwd));
+  BOOST_TEST(hidden.bwd == exposed(sp_ops.tp_paired_bwd));
+  BOOST_TEST(hidden.fwd < 4 * ag);
+  BOOST_TEST(hidden.bwd <= hidden.fwd); // the backward's GEMMs are longer
   s.model.recompute = recompute_kind::full;
+  BOOST_TEST(sim::plan_stages(s).front().bwd_comm_ns == 10 * (hidden.fwd + hidden.bwd));
+  s.parallel.tp_comm_overlap = false;
+  BOOST_TEST(sim::tp_layer_comm(s, sp_ops).fwd == 4 * ag);
   BOOST_TEST(sim::plan_stages(s).front().bwd_comm_ns == 2 * 10 * 4 * ag);
   s.parallel = {};
-  BOOST_TEST(sim::tp_layer_comm_ns(s) == 0);
+  BOOST_TEST(sim::tp_layer_comm(s, ops).fwd == 0);
+}
+
+// The topology: devices numbered tp, then dp, then pp, node.gpus to a node. A group's devices on one
+// node, the nodes it spans, the ring's bus bandwidth (NVLink inside a node, per_node NICs across) and
+// its latency.
+BOOST_AUTO_TEST_CASE(groups_are_placed_in_megatron_order) {
+  sim::scenario s;
+  s.node.gpus = 8;
+  s.pipeline.ranks = 4;
+  s.parallel.tp = 4;
+  s.parallel.dp = 4;
+  auto const dp = sim::dp_span(s); // stride 4: two of the four on each of two nodes
+  BOOST_TEST(dp.per_node == 2u);
+  BOOST_TEST(dp.nodes == 2u);
+  BOOST_TEST(sim::ring_gbps(dp, s.device) == 2 * 40.0);
+  BOOST_TEST(sim::group_latency_us(dp, s.device) == s.device.network_latency_us);
+  auto const pp = sim::pp_span(s); // stride 16: one per node
+  BOOST_TEST(pp.per_node == 1u);
+  BOOST_TEST(pp.nodes == 4u);
+  BOOST_TEST(sim::p2p_crosses_nodes(s, 0, 1));
+  s.parallel.tp = 1;
+  s.parallel.dp = 2; // stride 2: ranks 0..3 of the pipeline on the first node
+  BOOST_TEST(!sim::p2p_crosses_nodes(s, 0, 1));
+  BOOST_TEST(!sim::p2p_crosses_nodes(s, 2, 3));
+  BOOST_TEST(sim::p2p_crosses_nodes(s, 3, 0) == false);
+  s.pipeline.ranks = 8;
+  BOOST_TEST(sim::p2p_crosses_nodes(s, 3, 4));
+  BOOST_TEST(sim::dp_span(s).in_node());
+  BOOST_TEST(sim::ring_gbps(sim::dp_span(s), s.device) == s.device.nvlink_gbps);
+  // Eight per node over many nodes: the ring's traffic leaves through eight NICs, NVLink the cap.
+  auto const wide = sim::span_of(1, 64, 8);
+  BOOST_TEST(wide.per_node == 8u);
+  BOOST_TEST(wide.nodes == 8u);
+  BOOST_TEST(sim::ring_gbps(wide, s.device) == std::min(360.0, 8 * 40.0));
+  s.device.network_gbps = 50;
+  BOOST_TEST(sim::ring_gbps(wide, s.device) == 360.0);
+  // A ring of n: 2·(n−1)/n·bytes for an all-reduce, (n−1)/n for the others, plus its latency.
+  double const bytes = 1e9;
+  BOOST_TEST(sim::collective_ns(sim::collective::reduce_scatter, bytes, dp, s.device) ==
+             std::llround(s.device.network_latency_us * 1e3 + 0.75 * bytes / (2 * 50e9) * 1e9));
+  BOOST_TEST(sim::collective_ns(sim::collective::all_reduce, bytes, sim::span_of(1, 1, 8), s.device) == 0);
+}
+
+// Expert parallelism: a device sends 1/ep of its tokens' bytes to each peer, over NVLink to the peers
+// of its node and over its NIC to the others at once; the slower of the two decides.
+BOOST_AUTO_TEST_CASE(expert_all_to_alls_split_between_nvlink_and_the_network) {
+  sim::scenario s;
+  s.model.moe = {8, 2, 1024, 0};
+  s.model.layers = 8;
+  s.pipeline.ranks = 1;
+  s.node.gpus = 4;
+  s.parallel.dp = 8;
+  s.parallel.ep = 8;
+  s.parallel.distributed_optimizer = true;
+  auto const g = sim::ep_span(s);
+  BOOST_TEST(g.per_node == 4u);
+  BOOST_TEST(g.nodes == 2u);
+  double const bytes = sim::moe_a2a_bytes(s.model, s.parallel);
+  auto const one =
+      std::llround(s.device.network_latency_us * 1e3 + std::max(3 * bytes / 8 / 360e9, 4 * bytes / 8 / 40e9) * 1e9);
+  BOOST_TEST(sim::moe_layer_a2a_ns(s) == 2 * one);
+  s.node.gpus = 8; // in one node: NVLink only
+  auto const in = std::llround(s.device.nvlink_latency_us * 1e3 + 7 * bytes / 8 / 360e9 * 1e9);
+  BOOST_TEST(sim::moe_layer_a2a_ns(s) == 2 * in);
+  auto const st = sim::plan_stages(s).front();
+  BOOST_TEST(st.fwd_a2a_ns == 8 * 2 * in);
+  BOOST_TEST(st.fwd_comm_ns == st.fwd_a2a_ns);
 }
 
 // Data parallelism: the gradient all-reduce (or, with the distributed optimizer, reduce-scatter and
 // the weights' all-gather after the step) is a kernel of its own duration between the last backward
-// and the step: the step grows by exactly that. NVLink inside a node, the network across nodes.
+// and the step: without overlap the step grows by exactly that. NVLink inside a node, the network
+// across nodes.
 BOOST_AUTO_TEST_CASE(data_parallel_collectives_add_their_time_to_the_step) {
   auto const base = pipeswap::test::tiny();
   auto const one = sim::simulate(base, {}).ranks.at(0);
   auto s = base;
   s.parallel.dp = 4;
   std::uint64_t const P = pipeswap::test::P;
-  auto const ar = sim::collective_ns(sim::collective::all_reduce, 4.0 * P, 4, 360, 10); // fp32 gradients
+  auto const ar = sim::collective_ns(sim::collective::all_reduce, 4.0 * P, sim::dp_span(s), s.device); // fp32 grads
+  BOOST_TEST(ar == std::llround(10e3 + 1.5 * 4.0 * P / 360e9 * 1e9));
   BOOST_TEST(sim::dp_grad_sync_ns(s, P) == ar);
-  auto const dp = sim::simulate(s, {}).ranks.at(0);
-  BOOST_TEST(dp.pipeline_ns == one.pipeline_ns);
-  BOOST_TEST(dp.step_ns - one.step_ns == ar);
-  s.node.gpus = 2; // tp·dp = 4 devices span two nodes: the network
-  BOOST_TEST(sim::dp_link_gbps(s) == 40.0);
-  BOOST_TEST(sim::dp_grad_sync_ns(s, P) == sim::collective_ns(sim::collective::all_reduce, 4.0 * P, 4, 40, 10));
+  // One bucket: with overlap_grad_reduce it starts when the last backward ends, as without.
+  for (bool const overlap : {false, true}) {
+    s.parallel.overlap_grad_reduce = overlap;
+    auto const dp = sim::simulate(s, {}).ranks.at(0);
+    BOOST_TEST(dp.pipeline_ns == one.pipeline_ns);
+    BOOST_TEST(dp.step_ns - one.step_ns == ar);
+  }
+  s.node.gpus = 2; // tp·dp = 4 devices span two nodes: two per node, two NICs
+  auto const net = sim::span_of(1, 4, 2);
+  BOOST_TEST(sim::ring_gbps(sim::dp_span(s), s.device) == 80.0);
+  BOOST_TEST(sim::dp_grad_sync_ns(s, P) == sim::collective_ns(sim::collective::all_reduce, 4.0 * P, net, s.device));
   s.parallel.distributed_optimizer = true;
-  BOOST_TEST(sim::dp_grad_sync_ns(s, P) == sim::collective_ns(sim::collective::reduce_scatter, 4.0 * P, 4, 40, 10));
-  BOOST_TEST(sim::dp_param_gather_ns(s, P) == sim::collective_ns(sim::collective::all_gather, 2.0 * P, 4, 40, 10));
+  BOOST_TEST(sim::dp_grad_sync_ns(s, P) == sim::collective_ns(sim::collective::reduce_scatter, 4.0 * P, net, s.device));
+  BOOST_TEST(sim::dp_param_gather_ns(s, P) == sim::collective_ns(sim::collective::all_gather, 2.0 * P, net, s.device));
+}
+
+// With overlap_grad_reduce the gradients' reduce-scatter runs bucket by bucket from the start of the
+// stage's last backward, the last bucket after it: it delays the step by last + max(0, ns − last − B)
+// (B the backward). With overlap_param_gather the weights' all-gather delays it by one bucket or what
+// exceeds the first forward's compute. Both off: by the whole of each.
+BOOST_AUTO_TEST_CASE(data_parallel_collectives_overlap_the_backward_by_buckets) {
+  auto base = pipeswap::test::tiny();
+  base.model.hidden = 2048;
+  base.model.ffn_hidden = 16384;
+  base.model.heads = 16;
+  base.model.kv_heads = 16;
+  base.device.memory_bytes = 400'000'000'000;
+  base.device.bf16_tflops = 1; // slow enough that the buckets can hide
+  auto const st = sim::plan_stages(base).front();
+  auto s = base;
+  s.parallel.dp = 4;
+  s.node.gpus = 1; // one device per node: every collective over the network
+  s.parallel.distributed_optimizer = true;
+  auto const rs = sim::dp_grad_sync_ns(s, st.params);
+  auto const ag = sim::dp_param_gather_ns(s, st.params);
+  auto const buckets = sim::dp_buckets(s, st.params);
+  BOOST_TEST(buckets == (st.params + 39'999'999) / 40'000'000);
+  BOOST_TEST(buckets > 2u);
+  auto const last = rs / static_cast<std::int64_t>(buckets);
+  auto const bucket_ag = ag / static_cast<std::int64_t>(buckets);
+  auto const busy = st.fwd_ns - st.fwd_comm_ns;
+  auto const overlapped = sim::simulate(s, {}).ranks.at(0).step_ns;
+  s.parallel.overlap_grad_reduce = false;
+  s.parallel.overlap_param_gather = false;
+  auto const exposed = sim::simulate(s, {}).ranks.at(0).step_ns;
+  BOOST_TEST(exposed - overlapped == rs + ag -
+                                         (last + std::max<std::int64_t>(0, rs - last - st.bwd_ns) +
+                                          std::max<std::int64_t>(bucket_ag, ag - std::min(ag, busy))));
+  BOOST_TEST(exposed - overlapped > 0);
 }
 
 // A node's devices share its host bandwidth when they copy at once, and both directions together

@@ -371,6 +371,13 @@ public:
     for (auto const& st : streams_) t = std::max(t, st.ready);
     return t;
   }
+  /// When everything enqueued so far is complete, but for what `skip` still has to run.
+  [[nodiscard]] sim_time makespan_except(stream skip) const noexcept {
+    sim_time t = host_now_;
+    for (std::size_t i = 0; i < streams_.size(); ++i)
+      if (i != skip.id) t = std::max(t, streams_[i].ready);
+    return t;
+  }
 
   /// Device bytes allocated and not yet released, counting in enqueue order.
   [[nodiscard]] std::size_t device_bytes_in_use() const noexcept { return device_live_; }

@@ -79,6 +79,11 @@ struct op_times {
   double gemm_fwd = 0, gemm_bwd = 0;           ///< the GEMMs
   double attention_fwd = 0, attention_bwd = 0; ///< the attention core (bwd: flash's recomputation included)
   double memory_fwd = 0, memory_bwd = 0;       ///< norms, activations, adds, rotary, permutation, casts
+  /// The GEMMs a tensor-parallel collective can hide under (tp_comm_overlap): the q/k/v projection
+  /// (after the attention's all-gather), the output projection (before its reduce-scatter), the dense
+  /// MLP's first and second GEMM (0 with MoE: the experts' GEMMs are not paired); forward, then the
+  /// backward's two gradient GEMMs of each.
+  std::array<double, 4> tp_paired_fwd{}, tp_paired_bwd{};
   [[nodiscard]] double fwd() const { return gemm_fwd + attention_fwd + memory_fwd; }
   [[nodiscard]] double bwd() const { return gemm_bwd + attention_bwd + memory_bwd; }
 };
@@ -115,23 +120,25 @@ inline op_times layer_op_times(model_spec const& m, parallel_spec const& p, devi
   // and writes it in FP8 and transposed (e + 2 bytes per element of m×k); the backward does the same
   // for the output gradient (m×n).
   double cast_fwd = 0, cast_bwd = 0;
-  auto gemm = [&](double mm, double nn, double kk, precision q, double count = 1) {
-    o.gemm_fwd += count * gemm_fwd_seconds(d, mm, nn, kk, q);
-    o.gemm_bwd += count * gemm_bwd_seconds(d, mm, nn, kk, q);
+  auto gemm = [&](double mm, double nn, double kk, precision q, double count = 1, int paired = -1) {
+    double const f = count * gemm_fwd_seconds(d, mm, nn, kk, q), g = count * gemm_bwd_seconds(d, mm, nn, kk, q);
+    o.gemm_fwd += f;
+    o.gemm_bwd += g;
+    if (paired >= 0) o.tp_paired_fwd[paired] = f, o.tp_paired_bwd[paired] = g;
     if (q == precision::fp8) cast_fwd += count * (e + 2) * mm * kk, cast_bwd += count * (e + 2) * mm * nn;
   };
-  gemm(T, hs + 2 * kvs, h, pr);
-  gemm(T, h, hs, pr);
+  gemm(T, hs + 2 * kvs, h, pr, 1, 0);
+  gemm(T, h, hs, pr, 1, 1);
   double mem = 2 * 2 * e * Tr * h + 2 * 3 * e * Tr * h + 2 * e * T * (hs + kvs);
   if (m.dropout) mem += 2 * (2 * e + 1) * Tr * h;
-  auto mlp = [&](double tokens, double width, double count = 1) {
+  auto mlp = [&](double tokens, double width, double count = 1, bool paired = false) {
     if (m.mlp == mlp_kind::gelu) {
-      gemm(tokens, width, h, pr, count);
-      gemm(tokens, h, width, pr, count);
+      gemm(tokens, width, h, pr, count, paired ? 2 : -1);
+      gemm(tokens, h, width, pr, count, paired ? 3 : -1);
       mem += count * 2 * e * tokens * width;
     } else {
-      gemm(tokens, 2 * width, h, pr, count);
-      gemm(tokens, h, width, pr, count);
+      gemm(tokens, 2 * width, h, pr, count, paired ? 2 : -1);
+      gemm(tokens, h, width, pr, count, paired ? 3 : -1);
       mem += count * 3 * e * tokens * width;
     }
   };
@@ -142,7 +149,7 @@ inline op_times layer_op_times(model_spec const& m, parallel_spec const& p, devi
     mem += 2 * 2 * e * P * h;
     if (m.moe.shared_expert_ffn_hidden > 0) mlp(T, double(m.moe.shared_expert_ffn_hidden) / t);
   } else {
-    mlp(T, double(m.ffn_hidden) / t);
+    mlp(T, double(m.ffn_hidden) / t, 1, true);
   }
   o.memory_fwd = memory_seconds(d, mem + cast_fwd);
   o.memory_bwd = memory_seconds(d, 2 * mem + cast_bwd);
@@ -188,7 +195,7 @@ struct device_preset {
   std::string_view name;
   double bf16_tflops, fp8_tflops, hbm_tbps;
   std::uint64_t memory_bytes;
-  double tp_gbps; ///< NVLink one way at an assumed 80 %
+  double nvlink_gbps; ///< NVLink one way at an assumed 80 %
 };
 
 /// The device table (docs/simulator.md, "Devices", cites each datasheet).
@@ -212,7 +219,7 @@ inline device_spec with_preset(device_spec d, device_preset const& x) {
   d.fp8_tflops = x.fp8_tflops;
   d.hbm_tbps = x.hbm_tbps;
   d.memory_bytes = x.memory_bytes;
-  d.tp_gbps = x.tp_gbps;
+  d.nvlink_gbps = x.nvlink_gbps;
   return d;
 }
 

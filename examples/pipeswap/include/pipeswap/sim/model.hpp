@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -219,8 +220,8 @@ inline void validate(scenario const& s) {
                       {d.fp8_tflops, "fp8_tflops"},
                       {d.hbm_tbps, "hbm_tbps"},
                       {d.p2p_gbps, "p2p_gbps"},
-                      {d.tp_gbps, "tp_gbps"},
-                      {d.dp_gbps, "dp_gbps"}}) {
+                      {d.nvlink_gbps, "nvlink_gbps"},
+                      {d.network_gbps, "network_gbps"}}) {
     need(v > 0 && std::isfinite(v), std::string("device.") + n + " must be positive");
   }
   need(d.kernel_efficiency > 0 && d.kernel_efficiency <= 1, "device.kernel_efficiency must be in (0, 1]");
@@ -230,7 +231,8 @@ inline void validate(scenario const& s) {
        "device.duplex_factor must be in [0.5, 1] (0.5: the two directions share one rate; 1: full duplex)");
   for (auto [v, n] : {std::pair{d.copy_latency_us, "copy_latency_us"},
                       {d.p2p_latency_us, "p2p_latency_us"},
-                      {d.collective_latency_us, "collective_latency_us"}}) {
+                      {d.nvlink_latency_us, "nvlink_latency_us"},
+                      {d.network_latency_us, "network_latency_us"}}) {
     need(v >= 0 && std::isfinite(v), std::string("device.") + n + " must not be negative");
   }
   auto const& pl = s.pipeline;
@@ -250,62 +252,125 @@ inline void validate(scenario const& s) {
   need(s.plan.tolerance >= 0 && s.plan.tolerance < 1, "plan.tolerance must be in [0, 1)");
 }
 
-/// Bus-bandwidth time of a collective moving `bytes` of data among `n` devices: an all-reduce costs
-/// 2·(n−1)/n·bytes / bus bandwidth, an all-gather or reduce-scatter (n−1)/n·bytes (NCCL's convention,
-/// the ring algorithm's cost), plus one latency.
-enum class collective : std::uint8_t { all_reduce, all_gather, reduce_scatter };
-inline mock::sim_time collective_ns(collective c, double bytes, std::uint32_t n, double gbps, double latency_us) {
-  if (n <= 1 || bytes <= 0) return 0;
-  double const share = (c == collective::all_reduce ? 2.0 : 1.0) * (n - 1) / n;
-  return static_cast<mock::sim_time>(std::llround(latency_us * 1e3 + share * bytes / (gbps * 1e9) * 1e9));
+/// Where the devices of one parallel group sit. Devices are numbered in Megatron's default order
+/// (tp, then cp, ep and dp, then pp: the fastest-varying first; no context parallelism here), node.gpus
+/// consecutive devices to a node. A group of `size` devices `stride` apart has
+/// per_node = min(size, max(1, node.gpus / stride)) of them on each node it touches, over
+/// nodes = ceil(size / per_node) nodes.
+struct group_span {
+  std::uint32_t size = 1, per_node = 1, nodes = 1;
+  [[nodiscard]] bool in_node() const noexcept { return nodes <= 1; }
+};
+
+inline group_span span_of(std::uint64_t stride, std::uint32_t size, std::uint32_t gpus_per_node) {
+  group_span g;
+  g.size = std::max<std::uint32_t>(size, 1);
+  auto const fit = stride >= gpus_per_node ? std::uint64_t{1} : std::max<std::uint64_t>(1, gpus_per_node / stride);
+  g.per_node = static_cast<std::uint32_t>(std::min<std::uint64_t>(g.size, fit));
+  g.nodes = (g.size + g.per_node - 1) / g.per_node;
+  return g;
 }
 
-/// Tensor-parallel collectives of one layer's forward (per micro-batch): Megatron's two all-reduces
-/// of the e·T·h activation (after the attention and the MLP), or with sequence parallelism two
-/// all-gathers and two reduce-scatters. The backward runs the conjugate collectives: the same time.
-inline mock::sim_time tp_layer_comm_ns(scenario const& s) {
+/// The groups of a pipeline rank's devices. Dense layers: tp (stride 1), dp (stride tp), pp (stride
+/// tp·dp). Expert layers (Megatron's "MoE parallel folding", order expert_tp, ep, expert dp): the
+/// expert-parallel group has stride expert_tp, the expert data-parallel group expert_tp·ep.
+inline group_span tp_span(scenario const& s) { return span_of(1, s.parallel.tp, s.node.gpus); }
+inline group_span dp_span(scenario const& s) { return span_of(s.parallel.tp, s.parallel.dp, s.node.gpus); }
+inline group_span pp_span(scenario const& s) {
+  return span_of(std::uint64_t{s.parallel.tp} * s.parallel.dp, s.pipeline.ranks, s.node.gpus);
+}
+inline group_span ep_span(scenario const& s) { return span_of(expert_tp_of(s.parallel), s.parallel.ep, s.node.gpus); }
+inline group_span expert_dp_span(scenario const& s) {
+  return span_of(std::uint64_t{expert_tp_of(s.parallel)} * s.parallel.ep,
+                 static_cast<std::uint32_t>(expert_dp_of(s.parallel)), s.node.gpus);
+}
+
+/// The bus bandwidth (NCCL's convention) of a ring over the group: NVLink inside one node; across
+/// nodes the ring's traffic leaves each node through the NICs of its per_node members (one NIC per
+/// device), so min(NVLink, per_node · network_gbps).
+inline double ring_gbps(group_span g, device_spec const& d) {
+  return g.in_node() ? d.nvlink_gbps : std::min(d.nvlink_gbps, g.per_node * d.network_gbps);
+}
+
+/// The latency of one collective over the group: NVLink's inside a node, the network's across nodes.
+inline double group_latency_us(group_span g, device_spec const& d) {
+  return g.in_node() ? d.nvlink_latency_us : d.network_latency_us;
+}
+
+/// A collective moving `bytes` of data among the group's devices by the ring algorithm: an all-reduce
+/// costs 2·(n−1)/n·bytes / ring_gbps, an all-gather or reduce-scatter (n−1)/n·bytes / ring_gbps
+/// (NCCL's bus-bandwidth convention), plus group_latency_us. 0 for one device or no bytes.
+enum class collective : std::uint8_t { all_reduce, all_gather, reduce_scatter };
+inline mock::sim_time collective_ns(collective c, double bytes, group_span g, device_spec const& d) {
+  auto const n = g.size;
+  if (n <= 1 || bytes <= 0) return 0;
+  double const share = (c == collective::all_reduce ? 2.0 : 1.0) * (n - 1) / n;
+  return static_cast<mock::sim_time>(
+      std::llround(group_latency_us(g, d) * 1e3 + share * bytes / (ring_gbps(g, d) * 1e9) * 1e9));
+}
+
+/// The tensor-parallel collectives of one layer per micro-batch, as they delay the layer: its
+/// forward and its backward (the conjugate collectives). Megatron runs two all-reduces of the e·T·h
+/// activation (after the attention and after the MLP), or with sequence parallelism an all-gather
+/// before the q/k/v projection and before the MLP and a reduce-scatter after the output projection
+/// and after the MLP. With parallel.tp_comm_overlap and sequence parallelism each of the four hides
+/// under the GEMM it feeds or follows (op_times::tp_paired_fwd, _bwd): it delays the layer by
+/// max(c / tp, c − gemm), c its time alone; a collective of the MoE side (no paired GEMM) stays
+/// exposed. Without sequence parallelism every collective is exposed.
+struct layer_comm {
+  mock::sim_time fwd = 0, bwd = 0;
+};
+inline layer_comm tp_layer_comm(scenario const& s, op_times const& ops) {
   auto const& p = s.parallel;
-  if (p.tp <= 1) return 0;
+  if (p.tp <= 1) return {};
   double const bytes =
       static_cast<double>(size_of(s.model.param_dtype) * s.model.seq_len * s.model.micro_batch_size * s.model.hidden);
   auto const& d = s.device;
-  if (p.sequence_parallel)
-    return 2 * (collective_ns(collective::all_gather, bytes, p.tp, d.tp_gbps, d.collective_latency_us) +
-                collective_ns(collective::reduce_scatter, bytes, p.tp, d.tp_gbps, d.collective_latency_us));
-  return 2 * collective_ns(collective::all_reduce, bytes, p.tp, d.tp_gbps, d.collective_latency_us);
+  auto const g = tp_span(s);
+  if (!p.sequence_parallel) {
+    auto const ar = 2 * collective_ns(collective::all_reduce, bytes, g, d);
+    return {ar, ar};
+  }
+  // In layer order: the all-gather before q/k/v, the reduce-scatter after the output projection, the
+  // all-gather before the MLP, the reduce-scatter after it (the same bytes and time each).
+  auto const c = collective_ns(collective::all_gather, bytes, g, d);
+  if (!p.tp_comm_overlap) return {4 * c, 4 * c};
+  auto exposed = [&](std::array<double, 4> const& paired) {
+    mock::sim_time t = 0;
+    for (double const gemm : paired) {
+      auto const hidden = static_cast<mock::sim_time>(std::llround(gemm * 1e9));
+      t += gemm > 0 ? std::max<mock::sim_time>(c / p.tp, c - std::min(c, hidden)) : c;
+    }
+    return t;
+  };
+  return {exposed(ops.tp_paired_fwd), exposed(ops.tp_paired_bwd)};
 }
 
 /// The all-to-alls of one MoE layer's forward (per micro-batch): the dispatch and the combine of the
-/// device's top_k·T' token copies among the ep devices of its expert-parallel group, each
-/// (ep−1)/ep·bytes over the link plus one latency; over NVLink (device.tp_gbps) when expert_tp × ep
-/// devices fit in a node, else the network. The backward runs both again (the same time).
+/// device's top_k·T' token copies among the ep devices of its expert-parallel group. A device sends
+/// 1/ep of its bytes to each peer: to the per_node − 1 peers on its node over NVLink, to the others
+/// over its network link, both at once; each all-to-all takes the slower of the two plus the group's
+/// latency. The backward runs both again (the same time).
 inline mock::sim_time moe_layer_a2a_ns(scenario const& s) {
   auto const& p = s.parallel;
   if (!s.model.moe.enabled() || p.ep <= 1) return 0;
-  bool const in_node = std::uint64_t{expert_tp_of(p)} * p.ep <= s.node.gpus;
-  double const gbps = in_node ? s.device.tp_gbps : s.device.dp_gbps;
-  double const bytes = moe_a2a_bytes(s.model, p) * (p.ep - 1) / p.ep;
-  return 2 *
-         static_cast<mock::sim_time>(std::llround(s.device.collective_latency_us * 1e3 + bytes / (gbps * 1e9) * 1e9));
+  auto const g = ep_span(s);
+  auto const& d = s.device;
+  double const bytes = moe_a2a_bytes(s.model, p);
+  double const local = bytes * (g.per_node - 1) / p.ep, remote = bytes * (p.ep - g.per_node) / p.ep;
+  double const secs = std::max(local / (d.nvlink_gbps * 1e9), remote / (d.network_gbps * 1e9));
+  return 2 * static_cast<mock::sim_time>(std::llround(group_latency_us(g, d) * 1e3 + secs * 1e9));
 }
 
-/// The bus bandwidth of the data-parallel collectives: NVLink (device.tp_gbps) when a data-parallel
-/// group fits in a node (tp·dp ≤ node.gpus; Megatron places tp, then dp, then pp), else the network.
-inline double dp_link_gbps(scenario const& s) {
-  return std::uint64_t{s.parallel.tp} * s.parallel.dp <= s.node.gpus ? s.device.tp_gbps : s.device.dp_gbps;
-}
-
-/// The data-parallel gradient synchronization of a rank holding `params` parameters (per device):
-/// a reduce-scatter of the gradients with the distributed optimizer, else an all-reduce.
-/// With MoE, `expert_params` of them are routed experts', reduced over the expert data-parallel group.
+/// The data-parallel gradient synchronization of `params` parameters (per device), `expert_params`
+/// of them routed experts': a reduce-scatter of the gradients with the distributed optimizer, else
+/// an all-reduce, over the data-parallel group (the experts' over the expert data-parallel group).
 inline mock::sim_time dp_grad_sync_ns(scenario const& s, std::uint64_t params, std::uint64_t expert_params = 0) {
   auto const& p = s.parallel;
   auto const kind = p.distributed_optimizer ? collective::reduce_scatter : collective::all_reduce;
   auto const g = size_of(grad_dtype_of(s.model));
-  double const bytes = static_cast<double>((params - expert_params) * g);
-  return collective_ns(kind, bytes, p.dp, dp_link_gbps(s), s.device.collective_latency_us) +
-         collective_ns(kind, static_cast<double>(expert_params * g), static_cast<std::uint32_t>(expert_dp_of(p)),
-                       dp_link_gbps(s), s.device.collective_latency_us);
+  return collective_ns(kind, static_cast<double>((params - expert_params) * g), dp_span(s), s.device) +
+         collective_ns(kind, static_cast<double>(expert_params * g), expert_dp_span(s), s.device);
 }
 
 /// With the distributed optimizer, the all-gather of the updated weights after the step.
@@ -313,10 +378,24 @@ inline mock::sim_time dp_param_gather_ns(scenario const& s, std::uint64_t params
   auto const& p = s.parallel;
   if (!p.distributed_optimizer) return 0;
   auto const e = size_of(s.model.param_dtype);
-  return collective_ns(collective::all_gather, static_cast<double>((params - expert_params) * e), p.dp, dp_link_gbps(s),
-                       s.device.collective_latency_us) +
-         collective_ns(collective::all_gather, static_cast<double>(expert_params * e),
-                       static_cast<std::uint32_t>(expert_dp_of(p)), dp_link_gbps(s), s.device.collective_latency_us);
+  return collective_ns(collective::all_gather, static_cast<double>((params - expert_params) * e), dp_span(s),
+                       s.device) +
+         collective_ns(collective::all_gather, static_cast<double>(expert_params * e), expert_dp_span(s), s.device);
+}
+
+/// The data-parallel buckets of `params` parameters: Megatron-Core's default bucket of
+/// max(40,000,000, 1,000,000 · dp) parameters (DistributedDataParallelConfig, with overlap).
+inline std::uint64_t dp_buckets(scenario const& s, std::uint64_t params) {
+  auto const size = std::max<std::uint64_t>(40'000'000, std::uint64_t{1'000'000} * s.parallel.dp);
+  return std::max<std::uint64_t>(1, (params + size - 1) / size);
+}
+
+/// The pipeline's send/recv link between pipeline ranks `a` and `b` (neighbours, or the last and the
+/// first of an interleaved pipeline): NVLink (device.p2p_gbps, p2p_latency_us) when their devices share
+/// a node, else the network (network_gbps, network_latency_us).
+inline bool p2p_crosses_nodes(scenario const& s, std::uint32_t a, std::uint32_t b) {
+  auto const stride = std::uint64_t{s.parallel.tp} * s.parallel.dp;
+  return (a * stride) / s.node.gpus != (b * stride) / s.node.gpus;
 }
 
 /// Splits the model into stages (layers as even as possible, the first stages taking the remainder;
@@ -332,7 +411,7 @@ inline mock::sim_time dp_param_gather_ns(scenario const& s, std::uint64_t params
 /// Time (sim/compute.hpp): per layer, layer_op_times() (GEMMs by shape, attention, memory-bound
 /// kernels), the head's head_op_times(); the backward adds a full recomputation's layer forward or a
 /// selective recomputation's attention forward; plus the tensor-parallel collectives
-/// (tp_layer_comm_ns per layer each way, once more for a full recomputation) and the MoE all-to-alls.
+/// (tp_layer_comm per layer, the forward's once more for a full recomputation) and the MoE all-to-alls.
 inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recompute_kind> const& recompute = {}) {
   validate(s);
   auto const& m = s.model;
@@ -348,7 +427,8 @@ inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recomp
   auto const e = size_of(m.param_dtype);
   auto const layer_t = layer_op_times(m, par, s.device);
   auto const head_t = head_op_times(m, par, s.device);
-  auto const comm = tp_layer_comm_ns(s) + moe_layer_a2a_ns(s);
+  auto const tp_comm = tp_layer_comm(s, layer_t);
+  auto const a2a = moe_layer_a2a_ns(s);
   auto const head_acts = head_activations(m, par);
   std::vector<stage_spec> out(stages);
   std::uint32_t layer = 0;
@@ -394,8 +474,11 @@ inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recomp
     o.bwd_flops = 2.0 * o.fwd_flops + (o.recompute == recompute_kind::full        ? layers_fwd
                                        : o.recompute == recompute_kind::selective ? attn
                                                                                   : 0.0);
-    o.fwd_comm_ns = comm * o.layers;
-    o.bwd_comm_ns = comm * o.layers * (o.recompute == recompute_kind::full ? 2 : 1);
+    bool const full = o.recompute == recompute_kind::full;
+    o.fwd_a2a_ns = a2a * o.layers;
+    o.bwd_a2a_ns = a2a * o.layers * (full ? 2 : 1);
+    o.fwd_comm_ns = tp_comm.fwd * o.layers + o.fwd_a2a_ns;
+    o.bwd_comm_ns = (tp_comm.bwd + (full ? tp_comm.fwd : 0)) * o.layers + o.bwd_a2a_ns;
     double const recomputed = o.recompute == recompute_kind::full        ? layer_t.fwd()
                               : o.recompute == recompute_kind::selective ? layer_t.attention_fwd
                                                                          : 0.0;

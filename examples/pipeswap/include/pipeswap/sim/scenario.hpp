@@ -96,6 +96,21 @@ struct parallel_spec {
   /// optimizer shards the expert parameters' state.
   std::uint32_t ep = 1;
   std::optional<std::uint32_t> expert_tp;
+  /// Communication overlapped with compute (Megatron's flags of the same names; docs/simulator.md,
+  /// "Topology and communication"). Each is on by default, as in the recipes of the published runs.
+  /// The gradients' reduce-scatter (all-reduce) of each stage starts with its last backward, bucket
+  /// by bucket; off: it runs after the rank's last backward.
+  bool overlap_grad_reduce = true;
+  /// With the distributed optimizer, the weights' all-gather overlaps the next step's first forward,
+  /// bucket by bucket; off: it runs after the optimizer step.
+  bool overlap_param_gather = true;
+  /// With sequence parallelism, each tensor-parallel all-gather or reduce-scatter overlaps the GEMM
+  /// it feeds or follows (Transformer Engine's userbuffers); off, or without sequence parallelism,
+  /// every tensor-parallel collective is exposed.
+  bool tp_comm_overlap = true;
+  /// In a combined forward-and-backward slot (pipeline.overlap_b_f), each half's expert all-to-alls
+  /// run under the other half's compute; elsewhere they are exposed.
+  bool overlap_moe_expert_parallel_comm = true;
 };
 
 /// One accelerator and its links.
@@ -118,18 +133,21 @@ struct device_spec {
   /// fraction every kernel reaches. Excludes the pipeline bubble, communication and swap stalls,
   /// which the simulator adds: this is not an end-to-end MFU. The default is fitted on the
   /// calibration set of docs/simulator.md.
-  double kernel_efficiency = 0.66;
+  double kernel_efficiency = 0.58;
   /// A published end-to-end MFU (model FLOPs over step time and peak, bubble included). When set,
   /// kernel_efficiency is derived so that the simulated no-swap step reaches it (calibrated()).
   std::optional<double> end_to_end_mfu;
   double hbm_tbps = 4.8; ///< memory bandwidth (optimizer kernels are bandwidth-bound)
-  double p2p_gbps = 100; ///< pipeline send/recv bandwidth between neighbouring ranks
+  /// Pipeline send/recv bandwidth between neighbouring ranks in one node (one direction of one pair
+  /// over NVLink); neighbours on two nodes use network_gbps and network_latency_us.
+  double p2p_gbps = 100;
   double p2p_latency_us = 10;
-  /// Bus bandwidth (NCCL's convention) of collectives inside a node: NVLink.
-  double tp_gbps = 360;
-  /// Bus bandwidth per device of collectives between nodes: the network.
-  double dp_gbps = 40;
-  double collective_latency_us = 10; ///< per collective
+  /// Bus bandwidth (NCCL's convention) of a collective among devices of one node: NVLink.
+  double nvlink_gbps = 360;
+  /// Each device's own network link (one NIC per GPU, as in a DGX or HGX node), one way.
+  double network_gbps = 40;
+  double nvlink_latency_us = 10;  ///< per collective inside a node
+  double network_latency_us = 15; ///< added per collective (or send) that leaves the node
 };
 
 /// The host side of a node (or socket): its GPUs share its host bandwidth when they copy at once.
@@ -216,9 +234,11 @@ struct stage_spec {
   std::uint64_t p2p_bytes = 0;
   /// Full recomputation: one layer's activations, rebuilt in the backward while it runs.
   std::uint64_t backward_workspace_bytes = 0;
-  mock::sim_time fwd_ns = 0, bwd_ns = 0;           ///< per micro-batch, tensor-parallel collectives included
-  double fwd_flops = 0, bwd_flops = 0;             ///< per micro-batch on one device (bwd: recomputation included)
-  mock::sim_time fwd_comm_ns = 0, bwd_comm_ns = 0; ///< of fwd_ns, bwd_ns: tensor-parallel collectives
+  mock::sim_time fwd_ns = 0, bwd_ns = 0; ///< per micro-batch, tensor-parallel collectives included
+  double fwd_flops = 0, bwd_flops = 0;   ///< per micro-batch on one device (bwd: recomputation included)
+  /// Of fwd_ns, bwd_ns: the exposed tensor-parallel collectives and the expert all-to-alls.
+  mock::sim_time fwd_comm_ns = 0, bwd_comm_ns = 0;
+  mock::sim_time fwd_a2a_ns = 0, bwd_a2a_ns = 0; ///< of fwd_comm_ns, bwd_comm_ns: the expert all-to-alls
 };
 
 /// The gradient type: model.grad_dtype, else F32 with an fp32 master, else the parameter type.

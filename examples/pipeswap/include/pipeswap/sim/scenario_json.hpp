@@ -12,12 +12,13 @@
 //    "device":   {"name": "H200", "memory_bytes": 141000000000, "reserved_bytes": 6000000000,
 //                 "h2d_gbps": 55, "d2h_gbps": 55, "duplex_factor": 0.7, "copy_latency_us": 2,
 //                 "bf16_tflops": 989, "fp8_tflops": 1979, "compute": "roofline",
-//                 "kernel_efficiency": 0.66, "end_to_end_mfu": null,
-//                 "hbm_tbps": 4.8, "p2p_gbps": 100, "p2p_latency_us": 10, "tp_gbps": 360,
-//                 "dp_gbps": 40, "collective_latency_us": 10},
+//                 "kernel_efficiency": 0.58, "end_to_end_mfu": null,
+//                 "hbm_tbps": 4.8, "p2p_gbps": 100, "p2p_latency_us": 10, "nvlink_gbps": 360,
+//                 "network_gbps": 40, "nvlink_latency_us": 10, "network_latency_us": 15},
 //    "node":     {"gpus": 8, "host_gbps": 278, "cpu_adam_gbps": 146},
 //    "parallel": {"tp": 1, "sequence_parallel": false, "dp": 1, "distributed_optimizer": false, "ep": 1,
-//                 "expert_tp": null},
+//                 "expert_tp": null, "overlap_grad_reduce": true, "overlap_param_gather": true,
+//                 "tp_comm_overlap": true, "overlap_moe_expert_parallel_comm": true},
 //    "pipeline": {"schedule": "1f1b", "ranks": 8, "micro_batches": 32, "stages_per_rank": 1,
 //                 "overlap_b_f": false},
 //    "swap":     {"swap_times": 16, "packed": true, "overlap": true},
@@ -407,10 +408,11 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
       detail::scenario_fail("device.mfu", "was renamed: device.kernel_efficiency is the fraction of the peak the "
                                           "kernels reach (bubble excluded); device.end_to_end_mfu takes a published "
                                           "MFU (bubble included)");
-    reader const r(*v, "device",
-                   {"name", "memory_bytes", "reserved_bytes", "h2d_gbps", "d2h_gbps", "duplex_factor",
-                    "copy_latency_us", "bf16_tflops", "fp8_tflops", "compute", "kernel_efficiency", "end_to_end_mfu",
-                    "hbm_tbps", "p2p_gbps", "p2p_latency_us", "tp_gbps", "dp_gbps", "collective_latency_us", "preset"});
+    reader const r(*v, "device", {"name",         "memory_bytes",      "reserved_bytes",     "h2d_gbps",
+                                  "d2h_gbps",     "duplex_factor",     "copy_latency_us",    "bf16_tflops",
+                                  "fp8_tflops",   "compute",           "kernel_efficiency",  "end_to_end_mfu",
+                                  "hbm_tbps",     "p2p_gbps",          "p2p_latency_us",     "nvlink_gbps",
+                                  "network_gbps", "nvlink_latency_us", "network_latency_us", "preset"});
     auto& d = s.device;
     if (auto const* x = r.find("preset")) {
       auto const preset = x->is_string() ? find_device_preset(x->template get<std::string>()) : std::nullopt;
@@ -444,9 +446,10 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     r.number("hbm_tbps", d.hbm_tbps);
     r.number("p2p_gbps", d.p2p_gbps);
     r.number("p2p_latency_us", d.p2p_latency_us);
-    r.number("tp_gbps", d.tp_gbps);
-    r.number("dp_gbps", d.dp_gbps);
-    r.number("collective_latency_us", d.collective_latency_us);
+    r.number("nvlink_gbps", d.nvlink_gbps);
+    r.number("network_gbps", d.network_gbps);
+    r.number("nvlink_latency_us", d.nvlink_latency_us);
+    r.number("network_latency_us", d.network_latency_us);
   }
   if (auto const* v = top.find("node")) {
     reader const r(*v, "node", {"gpus", "host_gbps", "cpu_adam_gbps"});
@@ -455,7 +458,13 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     r.number("host_gbps", s.node.host_gbps);
   }
   if (auto const* v = top.find("parallel")) {
-    reader const r(*v, "parallel", {"tp", "sequence_parallel", "dp", "distributed_optimizer", "ep", "expert_tp"});
+    reader const r(*v, "parallel",
+                   {"tp", "sequence_parallel", "dp", "distributed_optimizer", "ep", "expert_tp", "overlap_grad_reduce",
+                    "overlap_param_gather", "tp_comm_overlap", "overlap_moe_expert_parallel_comm"});
+    r.boolean("overlap_grad_reduce", s.parallel.overlap_grad_reduce);
+    r.boolean("overlap_param_gather", s.parallel.overlap_param_gather);
+    r.boolean("tp_comm_overlap", s.parallel.tp_comm_overlap);
+    r.boolean("overlap_moe_expert_parallel_comm", s.parallel.overlap_moe_expert_parallel_comm);
     r.u32("ep", s.parallel.ep);
     if (auto const* x = r.find("expert_tp")) {
       if (x->is_null())
@@ -559,9 +568,10 @@ Json to_json(scenario const& s) {
   jd["hbm_tbps"] = d.hbm_tbps;
   jd["p2p_gbps"] = d.p2p_gbps;
   jd["p2p_latency_us"] = d.p2p_latency_us;
-  jd["tp_gbps"] = d.tp_gbps;
-  jd["dp_gbps"] = d.dp_gbps;
-  jd["collective_latency_us"] = d.collective_latency_us;
+  jd["nvlink_gbps"] = d.nvlink_gbps;
+  jd["network_gbps"] = d.network_gbps;
+  jd["nvlink_latency_us"] = d.nvlink_latency_us;
+  jd["network_latency_us"] = d.network_latency_us;
   Json& jn = j["node"] = Json::object();
   jn["gpus"] = s.node.gpus;
   jn["host_gbps"] = s.node.host_gbps;
@@ -573,6 +583,10 @@ Json to_json(scenario const& s) {
   jq["distributed_optimizer"] = s.parallel.distributed_optimizer;
   jq["ep"] = s.parallel.ep;
   jq["expert_tp"] = s.parallel.expert_tp ? Json(*s.parallel.expert_tp) : Json(nullptr);
+  jq["overlap_grad_reduce"] = s.parallel.overlap_grad_reduce;
+  jq["overlap_param_gather"] = s.parallel.overlap_param_gather;
+  jq["tp_comm_overlap"] = s.parallel.tp_comm_overlap;
+  jq["overlap_moe_expert_parallel_comm"] = s.parallel.overlap_moe_expert_parallel_comm;
   auto const& p = s.pipeline;
   Json& jp = j["pipeline"] = Json::object();
   jp["schedule"] = schedule_kind_name(p.schedule);

@@ -15,7 +15,7 @@
 #include <pipeswap/exec/executor_options.hpp>
 #include <pipeswap/schedule/step.hpp>
 #include <pipeswap/schedule/text.hpp>
-#include <pipeswap/sim/scenario.hpp>
+#include <pipeswap/sim/model.hpp>
 
 namespace pipeswap::sim::detail {
 
@@ -33,7 +33,7 @@ struct mailbox {
 /// The scenario's P2P link between the simulated ranks, as a stream-ordered comm
 /// (exec::stream_ordered_comm) on the mock devices' virtual clocks: a send enqueued on a stream
 /// leaves when that stream reaches it and arrives one link time later (latency plus bytes over the
-/// P2P bandwidth); a receive completes once its message was sent, and then makes its stream wait
+/// P2P link of the two ranks, p2p_crosses_nodes); a receive completes once its message was sent, and then makes its stream wait
 /// the arrival. Every rank runs on one thread (simulate_orders advances each until a receive has no
 /// message yet), so a wait that cannot complete now never will: wait_for() does not block.
 class link_comm {
@@ -47,8 +47,8 @@ public:
     mock::stream stream{};
   };
 
-  link_comm(mock::backend& b, mailbox& mb, int rank, int size, index_type stages, device_spec const& d)
-      : b_(b), mb_(mb), rank_(rank), size_(size), stages_(stages), latency_us_(d.p2p_latency_us), gbps_(d.p2p_gbps) {}
+  link_comm(mock::backend& b, mailbox& mb, int rank, int size, index_type stages, scenario const& s)
+      : b_(b), mb_(mb), rank_(rank), size_(size), stages_(stages), s_(s) {}
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -63,7 +63,7 @@ public:
 
   request_type isend(void const*, std::size_t n, int peer, int tag, mock::stream s) {
     auto const start = std::max(b_.ready_time(s), b_.now());
-    auto const arrival = start + link_time(n);
+    auto const arrival = start + link_time(n, peer);
     auto const m = exec::boundary_of_tag(tag, stages_);
     b_.wait_until(s, arrival,
                   schedule::to_text(schedule::leaf(m.dir ? step_kind::bwd_send : step_kind::fwd_send,
@@ -90,15 +90,21 @@ public:
   void abort(std::string_view) {}
 
 private:
-  sim_time link_time(std::size_t bytes) const {
-    return static_cast<sim_time>(latency_us_ * 1e3 + static_cast<double>(bytes) / (gbps_ * 1e9) * 1e9);
+  /// Latency plus bytes over the link to `peer`: NVLink's pair rate inside a node, the network's
+  /// across nodes (p2p_crosses_nodes).
+  sim_time link_time(std::size_t bytes, int peer) const {
+    auto const& d = s_.device;
+    bool const remote = p2p_crosses_nodes(s_, static_cast<std::uint32_t>(rank_), static_cast<std::uint32_t>(peer));
+    double const latency_us = remote ? d.network_latency_us : d.p2p_latency_us;
+    double const gbps = remote ? d.network_gbps : d.p2p_gbps;
+    return static_cast<sim_time>(latency_us * 1e3 + static_cast<double>(bytes) / (gbps * 1e9) * 1e9);
   }
 
   mock::backend& b_;
   mailbox& mb_;
   int rank_, size_;
   index_type stages_;
-  double latency_us_, gbps_;
+  scenario const& s_;
 };
 
 static_assert(exec::stream_ordered_comm<link_comm, mock::stream>);

@@ -64,7 +64,7 @@ public:
            std::uint32_t rank, schedule::order ord, sim_options const& o, link_rates const& link, mailbox& mb)
       : s_(s), stages_(stages), layout_(layout), rank_(rank), order_(std::move(ord)), link_(link),
         b_(mock_options(s, o, link)), budget_(room_of(s)), engine_(b_, pool_options(o)), opt_(b_),
-        comm_(b_, mb, static_cast<int>(rank), static_cast<int>(s.pipeline.ranks), layout.stages(), s.device) {
+        comm_(b_, mb, static_cast<int>(rank), static_cast<int>(s.pipeline.ranks), layout.stages(), s) {
     overlap_ = o.overlap;
     declare_weights_ = o.check_hazards || o.materialize;
     // With overlap one budget governs both swap jobs of the device; it is attached before any
@@ -119,8 +119,12 @@ public:
         optimizer_state_bytes_ += shard * (master ? 12 : 8);
         stage_params_ += t.numel;
         if (t.expert) expert_params_ += t.numel;
+        w.param_count += t.numel;
+        if (t.expert) w.expert_param_count += t.numel;
       }
     }
+    if (s.parallel.overlap_grad_reduce && dp_grad_sync_ns(s_, stage_params_, expert_params_) > 0)
+      dp_stream_ = b_.new_stream("stream (data-parallel collectives)");
     for (auto const& st : stages_) {
       if (layout_.rank_of(static_cast<index_type>(st.stage)) != static_cast<index_type>(rank_)) continue;
       // What one compute entry may still allocate outside the budget: a backward's outgoing gradient,
@@ -242,6 +246,7 @@ private:
   };
   struct stage_weights {
     std::vector<owned> params, grads;
+    std::uint64_t param_count = 0, expert_param_count = 0;
   };
 
   /// A stage of the scenario as the executor's Stage: its forward and backward are mock kernels of
@@ -274,7 +279,7 @@ private:
         auto const n = layer_total / layers + (l + 1 == layers ? layer_total % layers : 0);
         acts.push_back({n ? b.allocate_device(n, cs) : device_ptr{}, n});
       }
-      mock::kernel_desc d{name_of("FWD", f.stage, f.micro), {}, {}, st->fwd_ns};
+      mock::kernel_desc d{name_of("FWD", f.stage, f.micro), {}, {}, r->compute_ns(*st, true)};
       if (r->declare_weights_) {
         for (auto const& p : r->weights_.at(st->stage).params) d.reads.push_back({p.ptr, p.bytes});
         (first ? d.writes : d.reads).push_back({in.ptr, in.bytes});
@@ -314,7 +319,11 @@ private:
       if (st->backward_workspace_bytes) r->make_room(st->backward_workspace_bytes, cs);
       if (st->backward_workspace_bytes)
         work = {b.allocate_device(st->backward_workspace_bytes, cs), st->backward_workspace_bytes};
-      mock::kernel_desc d{name_of("BWD", g.stage, g.micro), {}, {}, st->bwd_ns};
+      mock::kernel_desc d{name_of("BWD", g.stage, g.micro), {}, {}, r->compute_ns(*st, false)};
+      // The stage's last backward completes its gradients: with overlap_grad_reduce their
+      // reduce-scatter starts with it (grad_reduce_around).
+      bool const reduce = r->dp_stream_ && g.micro + 1 == static_cast<index_type>(r->s_.pipeline.micro_batches);
+      auto const before = reduce ? std::optional(b.record_event(cs)) : std::nullopt;
       if (r->declare_weights_) {
         auto const& w = r->weights_.at(st->stage);
         if (work.bytes) d.writes.push_back({work.ptr, work.bytes});
@@ -338,9 +347,43 @@ private:
                  });
       else
         b.launch(cs, std::move(d));
+      if (before) r->grad_reduce_around(st->stage, *before, b.record_event(cs));
       if (work.bytes) g.release_after(work.ptr, work.bytes);
     }
   };
+
+  /// The kernel time of a stage's forward (or backward) in the current entry. In a combined slot
+  /// (pipeline.overlap_b_f) with overlap_moe_expert_parallel_comm, its expert all-to-alls run under
+  /// the other half's compute (its time less its communication): only what exceeds that is exposed.
+  sim_time compute_ns(stage_spec const& st, bool fwd) const {
+    sim_time const full = fwd ? st.fwd_ns : st.bwd_ns, a2a = fwd ? st.fwd_a2a_ns : st.bwd_a2a_ns;
+    if (a2a == 0 || !s_.parallel.overlap_moe_expert_parallel_comm) return full;
+    auto const pc = ex_->position();
+    if (pc >= order_.size() || !order_[pc] || !schedule::is_composite(order_[pc]->kind)) return full;
+    for (auto const& leaf : order_[pc]->sub) {
+      if (leaf.kind != (fwd ? step_kind::bwd : step_kind::fwd)) continue;
+      auto const& other = stages_.at(static_cast<std::size_t>(leaf.stage));
+      sim_time const busy = fwd ? other.bwd_ns - other.bwd_comm_ns : other.fwd_ns - other.fwd_comm_ns;
+      return full - a2a + (a2a > busy ? a2a - busy : 0);
+    }
+    return full;
+  }
+
+  /// overlap_grad_reduce: the stage's gradient reduce-scatter (all-reduce) on the data-parallel
+  /// stream, bucket by bucket as its last backward (between `before` and `after`) produces them: all
+  /// buckets but the last from the backward's start, the last once it has ended (Megatron-Core's
+  /// buckets, dp_buckets), after what that stream still had to reduce. The collective occupies the
+  /// network and NVLink, not the compute engine: the stream waits until it is done.
+  void grad_reduce_around(std::uint32_t stage, mock::event const& before, mock::event const& after) {
+    auto const& w = weights_.at(stage);
+    auto const ns = dp_grad_sync_ns(s_, w.param_count, w.expert_param_count);
+    if (ns == 0) return;
+    auto const last = ns / static_cast<sim_time>(dp_buckets(s_, w.param_count));
+    auto const start = std::max(b_.ready_time(*dp_stream_), before.time);
+    auto const end = std::max(start + (ns - last), after.time) + last;
+    b_.wait_event(*dp_stream_, after);
+    b_.wait_until(*dp_stream_, end, "DP grad sync s" + std::to_string(stage));
+  }
 
   /// The executor's end of the step: the optimizer step and the collectives around it, and with the
   /// phases the runtime's prefetch (the budget's capacity first set to the room the step leaves).
@@ -362,17 +405,33 @@ private:
     auto const cs = b_.current_stream();
     pipeline_end_ =
         overlap_ ? std::max({b_.ready_time(cs), b_.ready_time(ex_->send_stream()), b_.ready_time(ex_->recv_stream())})
-                 : b_.makespan();
-    // Data parallelism: the gradients are reduced (scattered) before the step, on their own link.
-    if (auto const ns = dp_grad_sync_ns(s_, stage_params_, expert_params_); ns > 0)
+                 : (dp_stream_ ? b_.makespan_except(*dp_stream_) : b_.makespan());
+    // Data parallelism: the gradients are reduced (scattered) before the step, on their own link:
+    // with overlap_grad_reduce already under way on the data-parallel stream since each stage's last
+    // backward (grad_reduce_around), the step waits for it; else after the last backward.
+    if (dp_stream_)
+      b_.wait_event(cs, b_.record_event(*dp_stream_));
+    else if (auto const ns = dp_grad_sync_ns(s_, stage_params_, expert_params_); ns > 0)
       collective_kernel("DP grad sync", ns, false);
     b_.synchronize(b_.record_event(cs)); // the gradient-norm reduction before the step
     if (phased_) prefetch_now();         // the room the last backward gave back
     prefetched_ = phased_ ? osw_->prefetched_batches() : 0;
     osw_->step();
-    if (auto const ns = dp_param_gather_ns(s_, stage_params_, expert_params_); ns > 0)
-      collective_kernel("DP param all-gather", ns, true);
+    if (auto const ns = param_gather_exposed_ns(); ns > 0) collective_kernel("DP param all-gather", ns, true);
     // The executor then synchronizes the compute stream (overlap) or the device.
+  }
+
+  /// The weights' all-gather after the step as it delays the rank. With overlap_param_gather it
+  /// runs bucket by bucket under the next step's first forward: exposed are one bucket, or what
+  /// exceeds the first forward's compute (the rank's first stage), whichever is more; the simulator
+  /// charges that at the end of the step (as a kernel of that duration).
+  sim_time param_gather_exposed_ns() const {
+    auto const ns = dp_param_gather_ns(s_, stage_params_, expert_params_);
+    if (ns == 0 || !s_.parallel.overlap_param_gather) return ns;
+    auto const& first = stages_.at(weights_.begin()->first);
+    auto const busy = first.fwd_ns - first.fwd_comm_ns;
+    auto const bucket = ns / static_cast<sim_time>(dp_buckets(s_, stage_params_));
+    return std::max(bucket, ns > busy ? ns - busy : 0);
   }
 
   static mock::options mock_options(scenario const& s, sim_options const& o, link_rates const& link) {
@@ -453,6 +512,7 @@ private:
   std::optional<optimizer_swap<opt_type>> osw_;
   std::map<std::uint32_t, stage_weights> weights_;
   bool overlap_ = false, phased_ = false;
+  std::optional<mock::stream> dp_stream_; ///< overlap_grad_reduce: the data-parallel collectives' stream
   /// The stage kernels and collectives declare the regions they touch (weights, gradients,
   /// activations, stage boundaries): for the hazard checker (and materialized bytes) only, their
   /// durations are the model's.
