@@ -134,7 +134,9 @@ BOOST_AUTO_TEST_CASE(narrow_experts_run_below_a_dense_mlp_of_the_same_flops) {
   s.model.kv_heads = 4;
   s.model.ffn_hidden = 8 * 768; // dense: one MLP of 8 experts' width
   auto const dense = sim::layer_op_times(s.model, s.parallel, s.device);
-  s.model.moe = {128, 8, 768, 0}; // Qwen3-30B-A3B's experts: 128 of 768, top 8: 256 tokens each
+  s.model.moe.experts = 128; // Qwen3-30B-A3B's experts: 128 of 768, top 8: 256 tokens each
+  s.model.moe.top_k = 8;
+  s.model.moe.expert_ffn_hidden = 768; // Qwen3-30B-A3B's experts: 128 of 768, top 8: 256 tokens each
   auto const moe = sim::layer_op_times(s.model, s.parallel, s.device);
   // The same expert FLOPs (top_k · 3·h·f_e per token = 3·h·8·768) plus the router's.
   double const router = sim::gemm_fwd_seconds(s.device, 4096, 128, 2048, precision::bf16);

@@ -319,7 +319,9 @@ BOOST_AUTO_TEST_CASE(groups_are_placed_in_megatron_order) {
 // of its node and over its NIC to the others at once; the slower of the two decides.
 BOOST_AUTO_TEST_CASE(expert_all_to_alls_split_between_nvlink_and_the_network) {
   sim::scenario s;
-  s.model.moe = {8, 2, 1024, 0};
+  s.model.moe.experts = 8;
+  s.model.moe.top_k = 2;
+  s.model.moe.expert_ffn_hidden = 1024;
   s.model.layers = 8;
   s.pipeline.ranks = 1;
   s.node.gpus = 4;

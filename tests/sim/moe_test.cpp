@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <pipeswap/error.hpp>
@@ -126,6 +127,44 @@ BOOST_AUTO_TEST_CASE(qwen3_flops_and_all_to_all_by_hand) {
   BOOST_TEST(sim::moe_layer_a2a_ns(wide) == 2 * wide_one);
 }
 
+// Routing: dropless with a load imbalance x, the busiest device's experts process x·P pairs; with a
+// capacity factor c, c·P padded to capacity, min(c, x)·P when tokens beyond it are dropped. Its
+// experts' activations and the all-to-alls scale with it; the model FLOPs do not (they count P).
+BOOST_AUTO_TEST_CASE(capacity_and_imbalance_scale_the_busiest_devices_experts) {
+  auto s = qwen3(1, 2, 8, 8);
+  auto const P = sim::moe_pairs(s.model, s.parallel);
+  BOOST_TEST(P == 8u * 8192);
+  auto experts_bytes = [](sim::scenario const& x) {
+    std::uint64_t b = 0;
+    for (auto const& t : sim::moe_layer_activations(x.model, x.parallel))
+      if (t.op == "moe.experts" || t.op == "moe.unpermute") b += t.bytes;
+    return b;
+  };
+  auto const balanced = experts_bytes(s);
+  auto const a2a = sim::moe_a2a_bytes(s.model, s.parallel);
+  auto const flops = sim::moe_layer_fwd_flops(s.model, s.parallel);
+  auto const layer = sim::layer_op_times(s.model, s.parallel, s.device).fwd();
+  struct row {
+    std::optional<double> capacity;
+    bool pad;
+    double imbalance, factor;
+  };
+  for (auto const& r : {row{std::nullopt, false, 1.5, 1.5}, row{1.25, true, 1.0, 1.25}, row{1.25, true, 2.0, 1.25},
+                        row{1.0, false, 1.5, 1.0}, row{2.0, false, 1.5, 1.5}}) {
+    auto x = s;
+    x.model.moe.capacity_factor = r.capacity;
+    x.model.moe.pad_to_capacity = r.pad;
+    x.model.moe.load_imbalance = r.imbalance;
+    sim::validate(x);
+    BOOST_TEST(sim::moe_load_factor(x.model.moe) == r.factor);
+    BOOST_TEST(sim::moe_pairs_processed(x.model, x.parallel) == static_cast<std::uint64_t>(std::ceil(P * r.factor)));
+    BOOST_TEST(experts_bytes(x) == static_cast<std::uint64_t>(balanced * r.factor));
+    BOOST_TEST(sim::moe_a2a_bytes(x.model, x.parallel) == a2a * r.factor);
+    BOOST_TEST(sim::moe_layer_fwd_flops(x.model, x.parallel) == flops);
+    BOOST_TEST((sim::layer_op_times(x.model, x.parallel, x.device).fwd() > layer) == (r.factor > 1));
+  }
+}
+
 // overlap_moe_expert_parallel_comm: in the combined slots of an interleaved schedule with overlap_b_f,
 // each half's all-to-alls run under the other half's compute. The step gets shorter by at most the
 // all-to-alls of those slots; outside combined slots (overlap_b_f off) the setting changes nothing.
@@ -188,6 +227,15 @@ BOOST_AUTO_TEST_CASE(moe_fields_are_validated_naming_the_field_and_the_rule) {
   bad = s;
   bad.parallel.expert_tp = 5;
   expect(bad, "model.moe.expert_ffn_hidden must be a multiple of the expert tensor-parallel degree");
+  bad = s;
+  bad.model.moe.capacity_factor = 0;
+  expect(bad, "model.moe.capacity_factor must be positive (null: dropless)");
+  bad = s;
+  bad.model.moe.pad_to_capacity = true;
+  expect(bad, "model.moe.pad_to_capacity needs model.moe.capacity_factor");
+  bad = s;
+  bad.model.moe.load_imbalance = 0.9;
+  expect(bad, "model.moe.load_imbalance must be at least 1");
 }
 
 // A dense model is the same with or without the MoE fields at their defaults, and head_dim equal to

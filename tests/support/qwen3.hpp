@@ -24,7 +24,9 @@ inline sim::scenario qwen3_30b_a3b(std::uint32_t tp, std::uint32_t pp, std::uint
   m.head_dim = 128;
   m.vocab = 151936;
   m.seq_len = 4096;
-  m.moe = {128, 8, 768, 0};
+  m.moe.experts = 128;
+  m.moe.top_k = 8;
+  m.moe.expert_ffn_hidden = 768;
   s.device.memory_bytes = 80'000'000'000;
   s.parallel.tp = tp;
   s.parallel.sequence_parallel = tp > 1;

@@ -143,7 +143,7 @@ inline op_times layer_op_times(model_spec const& m, parallel_spec const& p, devi
     }
   };
   if (m.moe.enabled()) {
-    double const local = double(m.moe.experts / p.ep), P = double(moe_pairs(m, p));
+    double const local = double(m.moe.experts / p.ep), P = double(moe_pairs_processed(m, p));
     gemm(double(moe_tokens_routed(m, p)), double(m.moe.experts), h, precision::bf16);
     mlp(P / local, double(m.moe.expert_ffn_hidden / expert_tp_of(p)), local);
     mem += 2 * 2 * e * P * h;

@@ -184,6 +184,8 @@ inline void validate(scenario const& s) {
   auto const& moe = m.moe;
   need(p.ep >= 1, "parallel.ep must be at least 1");
   need(!p.expert_tp || *p.expert_tp >= 1, "parallel.expert_tp must be at least 1");
+  need(moe.load_imbalance >= 1 && std::isfinite(moe.load_imbalance),
+       "model.moe.load_imbalance must be at least 1 (the busiest device's pairs over the balanced share)");
   if (!moe.enabled()) {
     need(p.ep == 1 && !p.expert_tp, "parallel.ep and parallel.expert_tp need model.moe.experts > 0");
     need(moe.shared_expert_ffn_hidden == 0 && moe.expert_ffn_hidden == 0,
@@ -193,6 +195,9 @@ inline void validate(scenario const& s) {
     need(moe.top_k >= 1 && moe.top_k <= moe.experts,
          "model.moe.top_k must be in 1..model.moe.experts (" + std::to_string(moe.experts) + ")");
     need(moe.expert_ffn_hidden >= 1, "model.moe.expert_ffn_hidden must be positive with model.moe.experts > 0");
+    need(!moe.capacity_factor || (*moe.capacity_factor > 0 && std::isfinite(*moe.capacity_factor)),
+         "model.moe.capacity_factor must be positive (null: dropless)");
+    need(!moe.pad_to_capacity || moe.capacity_factor, "model.moe.pad_to_capacity needs model.moe.capacity_factor");
     need(moe.experts % p.ep == 0, "model.moe.experts (" + std::to_string(moe.experts) +
                                       ") must be a multiple of parallel.ep (" + std::to_string(p.ep) + ")");
     need(moe.expert_ffn_hidden % etp == 0, "model.moe.expert_ffn_hidden must be a multiple of the expert "

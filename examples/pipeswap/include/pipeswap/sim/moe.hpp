@@ -12,6 +12,8 @@
 // routing its experts process P = top_k·T'·etp (token, expert) pairs.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -55,9 +57,23 @@ inline std::uint64_t moe_tokens_routed(model_spec const& m, parallel_spec const&
 }
 
 /// (token, expert) pairs a device's experts process per micro-batch with balanced routing:
-/// P = top_k·T'·etp.
+/// P = top_k·T'·etp. The model FLOPs count these.
 inline std::uint64_t moe_pairs(model_spec const& m, parallel_spec const& p) {
   return m.moe.top_k * moe_tokens_routed(m, p) * expert_tp_of(p);
+}
+
+/// The busiest device's processed pairs over P: dropless, moe.load_imbalance; with a capacity
+/// factor c, c when padded to capacity, else min(c, load_imbalance) (an expert takes at most c × its
+/// share).
+inline double moe_load_factor(moe_spec const& e) {
+  if (!e.capacity_factor) return e.load_imbalance;
+  return e.pad_to_capacity ? *e.capacity_factor : std::min(*e.capacity_factor, e.load_imbalance);
+}
+
+/// (token, expert) pairs the busiest device's experts process per micro-batch: P ·
+/// moe_load_factor, rounded up. Its experts' time, their activations and the all-to-alls scale with it.
+inline std::uint64_t moe_pairs_processed(model_spec const& m, parallel_spec const& p) {
+  return static_cast<std::uint64_t>(std::ceil(static_cast<double>(moe_pairs(m, p)) * moe_load_factor(m.moe)));
 }
 
 /// What the MoE MLP of one layer saves for its backward per micro-batch on one device, after
@@ -72,7 +88,8 @@ inline std::uint64_t moe_pairs(model_spec const& m, parallel_spec const& p) {
 ///   shared expert (SwiGLU): gate and up outputs 2·e·T·f_s/t, down's input e·T·f_s/t
 /// No published closed form for MoE activations is used; this table is the model.
 inline std::vector<saved_tensor> moe_layer_activations(model_spec const& m, parallel_spec const& p) {
-  std::uint64_t const e = size_of(m.param_dtype), h = m.hidden, Tr = moe_tokens_routed(m, p), P = moe_pairs(m, p);
+  std::uint64_t const e = size_of(m.param_dtype), h = m.hidden, Tr = moe_tokens_routed(m, p),
+                      P = moe_pairs_processed(m, p);
   std::uint64_t const fe = m.moe.expert_ffn_hidden / expert_tp_of(p), T = m.seq_len * m.micro_batch_size;
   std::vector<saved_tensor> out{
       {"moe.router", "input (the norm's output)", e * Tr * h},
@@ -109,10 +126,12 @@ inline double moe_layer_fwd_flops(model_spec const& m, parallel_spec const& p) {
   return router + experts;
 }
 
-/// Bytes one device sends in one all-to-all of a layer (dispatch or combine): its top_k·T' routed
-/// token copies of h elements.
+/// Bytes of one all-to-all of a layer (dispatch or combine) at the busiest device: its top_k·T'
+/// routed token copies of h elements, times moe_load_factor (what it receives beyond its share, or
+/// the padding to capacity).
 inline double moe_a2a_bytes(model_spec const& m, parallel_spec const& p) {
-  return static_cast<double>(size_of(m.param_dtype) * m.moe.top_k * moe_tokens_routed(m, p) * m.hidden);
+  return static_cast<double>(size_of(m.param_dtype) * m.moe.top_k * moe_tokens_routed(m, p) * m.hidden) *
+         moe_load_factor(m.moe);
 }
 
 } // namespace pipeswap::sim

@@ -45,6 +45,16 @@ struct moe_spec {
   std::uint64_t top_k = 1;
   std::uint64_t expert_ffn_hidden = 0;
   std::uint64_t shared_expert_ffn_hidden = 0; ///< 0: no shared expert
+  /// Routing (docs/simulator.md, "Mixture of experts"). Unset: dropless (Megatron-Core's default),
+  /// every routed token processed; set: each expert takes at most capacity_factor × its balanced
+  /// share (Fedus et al. 2022, Switch Transformers, §2.2), the rest dropped.
+  std::optional<double> capacity_factor;
+  /// With a capacity factor: every expert's input padded to its capacity (Megatron's
+  /// --moe-pad-expert-input-to-capacity), so the experts always process capacity_factor × the share.
+  bool pad_to_capacity = false;
+  /// The busiest device's routed (token, expert) pairs over the balanced share (1: balanced); the
+  /// pipeline waits for the busiest device, whose experts' time and activations this scales.
+  double load_imbalance = 1;
   [[nodiscard]] bool enabled() const noexcept { return experts > 0; }
 };
 

@@ -8,7 +8,8 @@
 //                 "param_dtype": "BF16", "grad_dtype": null, "fp32_master": true,
 //                 "flash_attention": true, "mlp": "swiglu", "dropout": false, "recompute": "none",
 //                 "activation_bytes_per_layer": null, "head_dim": null, "precision": "BF16",
-//                 "moe": {"experts": 0, "top_k": 1, "expert_ffn_hidden": 0, "shared_expert_ffn_hidden": 0}},
+//                 "moe": {"experts": 0, "top_k": 1, "expert_ffn_hidden": 0, "shared_expert_ffn_hidden": 0,
+//                         "capacity_factor": null, "pad_to_capacity": false, "load_imbalance": 1}},
 //    "device":   {"name": "H200", "memory_bytes": 141000000000, "reserved_bytes": 6000000000,
 //                 "h2d_gbps": 55, "d2h_gbps": 55, "duplex_factor": 0.7, "copy_latency_us": 2,
 //                 "bf16_tflops": 989, "fp8_tflops": 1979, "compute": "roofline",
@@ -356,7 +357,20 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
         m.head_dim = reader::integer(*d, "model.head_dim", std::numeric_limits<std::uint32_t>::max());
     }
     if (auto const* v2 = r.find("moe")) {
-      reader const q(*v2, "model.moe", {"experts", "top_k", "expert_ffn_hidden", "shared_expert_ffn_hidden"});
+      reader const q(*v2, "model.moe",
+                     {"experts", "top_k", "expert_ffn_hidden", "shared_expert_ffn_hidden", "capacity_factor",
+                      "pad_to_capacity", "load_imbalance"});
+      if (auto const* x = q.find("capacity_factor")) {
+        if (x->is_null())
+          m.moe.capacity_factor.reset();
+        else {
+          double c = 0;
+          q.number("capacity_factor", c);
+          m.moe.capacity_factor = c;
+        }
+      }
+      q.boolean("pad_to_capacity", m.moe.pad_to_capacity);
+      q.number("load_imbalance", m.moe.load_imbalance);
       q.u64("experts", m.moe.experts, 1u << 20);
       q.u64("top_k", m.moe.top_k, 1u << 20);
       q.u64("expert_ffn_hidden", m.moe.expert_ffn_hidden);
@@ -551,6 +565,9 @@ Json to_json(scenario const& s) {
   je["top_k"] = m.moe.top_k;
   je["expert_ffn_hidden"] = m.moe.expert_ffn_hidden;
   je["shared_expert_ffn_hidden"] = m.moe.shared_expert_ffn_hidden;
+  je["capacity_factor"] = m.moe.capacity_factor ? Json(*m.moe.capacity_factor) : Json(nullptr);
+  je["pad_to_capacity"] = m.moe.pad_to_capacity;
+  je["load_imbalance"] = m.moe.load_imbalance;
   auto const& d = s.device;
   Json& jd = j["device"] = Json::object();
   jd["name"] = d.name;
