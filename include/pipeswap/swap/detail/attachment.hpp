@@ -11,7 +11,6 @@
 // backend only, not on the optimizer.
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstring>
@@ -310,7 +309,8 @@ private:
       engine_.settle(detail::view(all));
       engine_.host_sync(detail::view(all));
       for (std::size_t i = 0; i < slots_.size(); ++i) {
-        bool const parked = std::find(adopted.begin(), adopted.end(), i) != adopted.end();
+        bool parked = false;
+        for (auto a : adopted) parked = parked || a == i;
         for (auto& p : slots_[i].pieces) {
           if (parked && p.state() == residency::device) {
             (void)engine_.take_device(p); // parked storage: stays with the optimizer's state
