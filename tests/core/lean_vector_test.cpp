@@ -278,6 +278,24 @@ BOOST_AUTO_TEST_CASE(arguments_from_inside_survive_growth) {
   for (auto const& e : s) BOOST_TEST(e == std::string(100, 'x'));
 }
 
+// resize_for_overwrite keeps the elements below the old size, grows the capacity when it must, and
+// shrinks without touching what stays.
+BOOST_AUTO_TEST_CASE(resize_for_overwrite_keeps_the_prefix) {
+  lean_vector<std::size_t> v{7, 8, 9};
+  v.resize_for_overwrite(100);
+  BOOST_TEST_REQUIRE(v.size() == 100u);
+  BOOST_TEST(v.capacity() >= 100u);
+  BOOST_TEST(v[0] == 7u);
+  BOOST_TEST(v[1] == 8u);
+  BOOST_TEST(v[2] == 9u);
+  for (std::size_t i = 3; i < 100; ++i) v[i] = i;
+  v.resize_for_overwrite(4);
+  std::vector<std::size_t> want{7, 8, 9, 3};
+  BOOST_TEST(std::vector<std::size_t>(v.begin(), v.end()) == want, boost::test_tools::per_element());
+  v.resize_for_overwrite(0);
+  BOOST_TEST(v.empty());
+}
+
 BOOST_AUTO_TEST_CASE(at_names_the_index_and_the_size) {
   lean_vector<pod> v(3);
   BOOST_TEST(v.at(2).a == 0u);

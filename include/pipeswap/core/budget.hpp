@@ -187,10 +187,15 @@ public:
 
   /// Engine side (transfer_engine::set_budget).
   void attach(detail::budget_link& l) {
-    if (std::find(links_.begin(), links_.end(), &l) == links_.end()) links_.push_back(&l);
+    for (auto* x : links_) {
+      if (x == &l) return;
+    }
+    links_.push_back(&l);
   }
   void detach(detail::budget_link& l) noexcept {
-    links_.erase(std::remove(links_.begin(), links_.end(), &l), links_.end());
+    for (std::size_t i = links_.size(); i-- > 0;) {
+      if (links_[i] == &l) links_.erase(links_.begin() + i);
+    }
   }
 
 private:

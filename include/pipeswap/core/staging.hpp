@@ -5,10 +5,9 @@
 // per run (core/transfer.hpp, arena_storage), and a load into an arena waits the last D2H out of it.
 #pragma once
 
-#include <algorithm>
+#include <cstring>
 #include <cstddef>
 #include <cstdint>
-#include <numeric>
 #include <span>
 #include <utility>
 
@@ -78,11 +77,30 @@ template <backend B>
 staging_layout make_staging_layout(std::span<swap_buffer<B>* const> bufs, std::span<std::size_t const> region,
                                    std::size_t align) {
   staging_layout l;
-  detail::lean_vector<std::size_t> order(bufs.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::sort(order.begin(), order.end(), [&](auto a, auto c) {
-    return std::pair{region[a], bufs[a]->mirror()} < std::pair{region[c], bufs[c]->mirror()};
-  });
+  // The buffers in (region, host address) order, ties in list order: a bottom-up merge sort of their
+  // indices (not std::sort: docs/compile-times.md, "Rules").
+  auto const n = bufs.size();
+  detail::lean_vector<std::size_t> order(n), spare(n);
+  for (std::size_t i = 0; i < n; ++i) order[i] = i;
+  auto const before = [&](std::size_t a, std::size_t c) {
+    return region[a] != region[c] ? region[a] < region[c] : bufs[a]->mirror() < bufs[c]->mirror();
+  };
+  std::size_t* from = order.data();
+  std::size_t* to = spare.data();
+  for (std::size_t w = 1; w < n; w *= 2) {
+    for (std::size_t lo = 0; lo < n; lo += 2 * w) {
+      auto const mid = lo + w < n ? lo + w : n;
+      auto const hi = mid + w < n ? mid + w : n;
+      auto i = lo, j = mid, k = lo;
+      while (i < mid && j < hi) to[k++] = before(from[j], from[i]) ? from[j++] : from[i++];
+      while (i < mid) to[k++] = from[i++];
+      while (j < hi) to[k++] = from[j++];
+    }
+    auto* const t = from;
+    from = to;
+    to = t;
+  }
+  if (from != order.data()) std::memcpy(order.data(), from, n * sizeof(std::size_t));
   l.offset_.assign(bufs.size(), 0);
   std::size_t off = 0;
   std::size_t cur = ~std::size_t{0};

@@ -38,7 +38,6 @@
 // storage handed in (adopt_device) or allocated for the caller (allocate_device) is never counted.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -75,9 +74,13 @@ public:
 
 protected:
   room_source() = default;
-  room_source(room_source const&) = default;
-  room_source& operator=(room_source const&) = default;
+  room_source(room_source const&) = delete; // a registered source is a link of the engine's list
+  room_source& operator=(room_source const&) = delete;
   ~room_source() = default;
+
+private:
+  friend class pipeswap::transfer_engine<B>;
+  room_source* next_room_ = nullptr; ///< the next source registered with the same engine
 };
 } // namespace detail
 
@@ -132,8 +135,7 @@ public:
     giving_room_ = true;
     std::uint64_t given = 0;
     try {
-      for (std::size_t i = 0; i < room_sources_.size() && !fits_required(bytes); ++i)
-        given += room_sources_[i]->give_room(bytes, user);
+      for (auto* s = room_sources_; s && !fits_required(bytes); s = s->next_room_) given += s->give_room(bytes, user);
     } catch (...) {
       giving_room_ = false;
       throw;
@@ -143,11 +145,21 @@ public:
   }
   /// Registers `s` with make_room() (the optimizer-swap runtime registers its deferred offload);
   /// unregistered with remove_room_source() before `s` goes away.
-  void add_room_source(detail::room_source<B>& s) {
-    if (std::find(room_sources_.begin(), room_sources_.end(), &s) == room_sources_.end()) room_sources_.push_back(&s);
+  void add_room_source(detail::room_source<B>& s) noexcept {
+    auto** at = &room_sources_;
+    for (; *at; at = &(*at)->next_room_) {
+      if (*at == &s) return;
+    }
+    *at = &s;
   }
   void remove_room_source(detail::room_source<B>& s) noexcept {
-    room_sources_.erase(std::remove(room_sources_.begin(), room_sources_.end(), &s), room_sources_.end());
+    for (auto** at = &room_sources_; *at; at = &(*at)->next_room_) {
+      if (*at == &s) {
+        *at = s.next_room_;
+        s.next_room_ = nullptr;
+        return;
+      }
+    }
   }
   /// Stream-ordered releases of device storage the engine has issued so far (a count that only
   /// grows): a caller that knows every release up to some count is ordered before a stream tells
@@ -616,8 +628,8 @@ private:
   pinned_pool<B> pool_;
   stream_t<B> h2d_;
   stream_t<B> d2h_;
-  detail::lean_vector<detail::room_source<B>*> room_sources_;
-  bool giving_room_ = false; ///< make_room in progress (a source's own loads do not ask again)
+  detail::room_source<B>* room_sources_ = nullptr; ///< registered sources, a list in registration order
+  bool giving_room_ = false;                       ///< make_room in progress (a source's own loads do not ask again)
   std::uint64_t releases_ = 0;
 };
 

@@ -146,13 +146,13 @@ public:
         if (params_[u.param].desc.grad) units_.push_back(u);
       }
     }
-    ctx.unit_scalars.reserve(units_.size());
-    for (auto const& u : units_) {
-      auto const step = ++params_[u.param].step;
+    ctx.unit_scalars.resize_for_overwrite(units_.size());
+    for (std::size_t k = 0; k < units_.size(); ++k) {
+      auto const step = ++params_[units_[k].param].step;
       std::uint32_t i = 0; // parameters usually share one step count: a short linear search
       while (i < ctx.scalars.size() && ctx.scalars[i].step != step) ++i;
       if (i == ctx.scalars.size()) ctx.scalars.push_back(make_step_scalars(cfg_, step));
-      ctx.unit_scalars.push_back(i);
+      ctx.unit_scalars[k] = i;
     }
     return ctx;
   }
@@ -160,8 +160,10 @@ public:
   std::span<update_unit const> update_units(step_context&) { return detail::view(units_); }
 
   void update(std::span<unit_range const> batch, step_context& ctx, state_view<B> const& view) {
+    // One tensor per non-empty range, written in place: sized for every range first, trimmed last.
     detail::lean_vector<adam_tensor<B>> ts;
-    ts.reserve(batch.size());
+    ts.resize_for_overwrite(batch.size());
+    std::size_t n = 0;
     for (std::size_t k = 0; k < batch.size(); ++k) {
       auto const& r = batch[k];
       if (r.unit >= units_.size()) {
@@ -174,24 +176,24 @@ public:
                                                 r.end, ") of a unit of ", u.numel, " elements"}));
       }
       auto const& d = params_[u.param].desc;
-      adam_tensor<B> t;
+      auto& t = ts[n]; // every member is written below; kept only when it has elements
       t.numel = r.end - r.begin;
       t.param = d.param + r.begin * size_of(d.type);
       t.grad = d.grad + r.begin * size_of(d.grad_type);
       t.param_type = d.type;
       t.grad_type = d.grad_type;
       t.scalars = ctx.unit_scalars[r.unit];
-      for (auto const si : u.slots) {
-        auto const p = view.device_at(si, r.begin);
-        switch (slots_[si].key) {
-        case state_key::exp_avg: t.exp_avg = p; break;
-        case state_key::exp_avg_sq: t.exp_avg_sq = p; break;
-        case state_key::max_exp_avg_sq: t.max_exp_avg_sq = p; break;
-        case state_key::master_param: t.master = p; break;
-        }
-      }
-      if (t.numel) ts.push_back(t);
+      // A unit's slots in add_param's order: exp_avg, exp_avg_sq, then max_exp_avg_sq (amsgrad) and
+      // master_param (a master), each when present.
+      auto const* s = u.slots.data();
+      t.exp_avg = view.device_at(s[0], r.begin);
+      t.exp_avg_sq = view.device_at(s[1], r.begin);
+      std::size_t j = 2;
+      t.max_exp_avg_sq = cfg_.amsgrad ? view.device_at(s[j++], r.begin) : device_pointer_t<B>{};
+      t.master = d.master ? view.device_at(s[j], r.begin) : device_pointer_t<B>{};
+      n += t.numel != 0;
     }
+    ts.resize_for_overwrite(n);
     if (!ts.empty()) kernels_.update(b_, b_.current_stream(), detail::view(ts), detail::view(ctx.scalars));
   }
 

@@ -12,7 +12,6 @@
 // the same optimizer continues from the same bytes. Nothing here depends on the swap runtime.
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -62,17 +61,24 @@ inline std::vector<state_key> validate_state_keys(std::span<std::string const> n
   std::vector<state_key> keys;
   for (auto const& n : names) {
     if (auto k = parse_state_key(n)) {
-      if (std::find(keys.begin(), keys.end(), *k) != keys.end()) {
-        throw invalid_argument(
-            detail::message({"swap_config::state_keys names '", n, "' twice; give each state key once"}));
+      for (auto const seen : keys) {
+        if (seen == *k) {
+          throw invalid_argument(
+              detail::message({"swap_config::state_keys names '", n, "' twice; give each state key once"}));
+        }
       }
       keys.push_back(*k);
-    } else if (std::find(invalid.begin(), invalid.end(), n) == invalid.end()) {
-      invalid.push_back(n);
+      continue;
     }
+    // A new invalid name goes where it sorts: the list stays sorted and without repeats (an insertion,
+    // not std::sort: every TU that includes this header would instantiate it; docs/compile-times.md).
+    auto i = invalid.size();
+    while (i > 0 && n < invalid[i - 1]) --i;
+    if (i > 0 && invalid[i - 1] == n) continue;
+    invalid.push_back(n);
+    for (auto j = invalid.size() - 1; j > i; --j) invalid[j].swap(invalid[j - 1]);
   }
   if (!invalid.empty()) {
-    std::sort(invalid.begin(), invalid.end());
     std::string what = "swap_config::state_keys only supports Adam/AdamW logical slots ('exp_avg', 'exp_avg_sq', "
                        "'max_exp_avg_sq', 'master_param'), but got [";
     for (std::size_t i = 0; i < invalid.size(); ++i) detail::append(what, {i ? ", '" : "'", invalid[i], "'"});

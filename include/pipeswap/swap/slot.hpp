@@ -7,7 +7,6 @@
 // arena of its dtype. A slot that is not swappable keeps one piece on the device for good.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -36,14 +35,21 @@ struct slot_storage {
 
   /// Index of the piece holding element `e`.
   [[nodiscard]] std::size_t piece_of(std::size_t e) const {
-    if (piece_begin.size() == 1) return 0; // an unsplit slot: its one piece starts at 0
-    auto it = std::upper_bound(piece_begin.begin(), piece_begin.end(), e);
-    return static_cast<std::size_t>(it - piece_begin.begin()) - 1;
+    // The last piece that begins at or before e (piece_begin[0] is 0): a binary search.
+    std::size_t lo = 0, hi = piece_begin.size();
+    while (hi - lo > 1) {
+      auto const mid = lo + (hi - lo) / 2;
+      (piece_begin[mid] <= e ? lo : hi) = mid;
+    }
+    return lo;
   }
 
   /// True when every piece is in `r`.
   [[nodiscard]] bool all(residency r) const noexcept {
-    return std::all_of(pieces.begin(), pieces.end(), [r](auto const& p) { return p.state() == r; });
+    for (auto const& p : pieces) {
+      if (p.state() != r) return false;
+    }
+    return true;
   }
 };
 

@@ -4,7 +4,6 @@
 // behalf. Not public API.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -75,7 +74,9 @@ struct arena_copy {
     for (std::size_t i = 0; i < bufs.size(); ++i) {
       auto* x = bufs[i];
       if (!in_from(x->state_) || x->bytes_ == 0) continue;
-      if (std::find(targets.begin(), targets.end(), x) == targets.end()) continue;
+      bool target = false;
+      for (auto* t : targets) target = target || t == x;
+      if (!target) continue;
       copy(x->mirror_, base + lay.offset(i), x->bytes_);
       moved(*x);
     }

@@ -306,6 +306,13 @@ public:
       grow_to(n, [](void* at) { ::new (at) T(); });
     }
   }
+  /// Trivially copyable T only: as resize(n), but new elements are left uninitialised (each must be
+  /// written before it is read), as std::make_unique_for_overwrite leaves them. Shrinking is free.
+  void resize_for_overwrite(size_type n) requires trivial {
+    auto const bytes = bytes_for(n, sizeof(T));
+    reserve_bytes(bytes);
+    set_size(bytes);
+  }
   void resize(size_type n, T const& value) {
     T const copy = value; // `value` may live in this vector
     if constexpr (trivial) {

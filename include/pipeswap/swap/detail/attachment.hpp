@@ -11,7 +11,6 @@
 // backend only, not on the optimizer.
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstring>
@@ -85,17 +84,18 @@ public:
     return s.pieces.at(0).device();
   }
   /// The device address of element e of slot i, which must be on the device (the update's views).
+  /// Called once per slot and batch: an unsplit slot on the device is answered inline, anything else
+  /// (a split slot, an error) by device_address_of.
   [[nodiscard]] device_pointer_t<B> device_address(std::size_t i, std::size_t e,
                                                    std::span<slot_desc const> descs) const {
-    auto const& s = slot(i);
-    if (s.pieces.empty()) throw state_error(message({"optimizer_swap: slot '", descs[i].name(), "' has no storage"}));
-    auto const k = s.piece_of(e);
-    auto const& p = s.pieces[k];
-    if (p.state() != residency::device || (!p.device() && p.bytes() != 0)) {
-      throw state_error(message({"optimizer_swap: slot '", descs[i].name(), "' is ", to_string(p.state()),
-                                 " at element ", e, ", not on the device"}));
+    if (i < slots_.size()) {
+      auto const& s = slots_[i];
+      if (s.piece_begin.size() == 1) {
+        auto const& p = s.pieces[0];
+        if (p.state() == residency::device && (p.device() || p.bytes() == 0)) return p.device() + e * s.element_bytes;
+      }
     }
-    return p.device() + (e - s.piece_begin[k]) * s.element_bytes;
+    return device_address_of(i, e, descs);
   }
   /// True when no copy of any piece is in flight.
   [[nodiscard]] bool at_rest() const noexcept {
@@ -287,6 +287,20 @@ public:
   }
 
 private:
+  /// device_address() for a split slot, or the error that names why slot i has no address.
+  [[nodiscard]] device_pointer_t<B> device_address_of(std::size_t i, std::size_t e,
+                                                      std::span<slot_desc const> descs) const {
+    auto const& s = slot(i);
+    if (s.pieces.empty()) throw state_error(message({"optimizer_swap: slot '", descs[i].name(), "' has no storage"}));
+    auto const k = s.piece_of(e);
+    auto const& p = s.pieces[k];
+    if (p.state() != residency::device || (!p.device() && p.bytes() != 0)) {
+      throw state_error(message({"optimizer_swap: slot '", descs[i].name(), "' is ", to_string(p.state()),
+                                 " at element ", e, ", not on the device"}));
+    }
+    return p.device() + (e - s.piece_begin[k]) * s.element_bytes;
+  }
+
   /// Undoes a failed adopt(): new storage is released, parked device storage is left where it was.
   void rollback(lean_vector<std::size_t> const& adopted,
                 typename optimizer_state<B>::host_stores_type const& fresh_stores) noexcept {
@@ -295,7 +309,8 @@ private:
       engine_.settle(detail::view(all));
       engine_.host_sync(detail::view(all));
       for (std::size_t i = 0; i < slots_.size(); ++i) {
-        bool const parked = std::find(adopted.begin(), adopted.end(), i) != adopted.end();
+        bool parked = false;
+        for (auto a : adopted) parked = parked || a == i;
         for (auto& p : slots_[i].pieces) {
           if (parked && p.state() == residency::device) {
             (void)engine_.take_device(p); // parked storage: stays with the optimizer's state

@@ -1,12 +1,18 @@
 // pipeswap — what the optimizer-swap runtime carries from one step to the next.
 //
-// Between two steps the runtime may hold, for one plan:
-//   kept batches      batches [0, kept()) of plan() are on the device (or loading) in their own
-//                     storage: the resident share, and what prefetch() brought in.
-//   a deferred offload   step() returned with D2Hs in flight (defer_offload): their storage is held
-//                     until finish_deferred() orders the next user behind them and releases it.
-//   a failed eviction    an eviction that threw part-way; every entry point retries it first.
-// kept(), offload_pending() and eviction_failed() say which of these hold.
+// Between two steps the runtime may hold kept batches of one plan. Their life cycle is one state,
+// carry_over::keep_state:
+//   none       nothing is kept; plan() is null.
+//   kept       batches [0, kept()) of plan() are on the device (or loading) in their own storage:
+//              the resident share, and what prefetch() brought in (kept() may be 0). A step or a
+//              prefetch enters it; evict() leaves it.
+//   evicting   an eviction threw part-way: what it did not bring home stays kept, and every entry
+//              point retries it first (eviction_failed()).
+// Beside the kept batches, and not a state of theirs, a deferred offload may drain: step() returned
+// with D2Hs in flight (defer_offload), their storage held until finish_deferred() orders the next
+// user behind them and releases it (offload_pending()). It is a resource with its own state because
+// it overlaps every keep_state on purpose: prefetch() loads the next step's batches, or evicts a
+// plan that changed, while the offload still drains, so both directions of the link stay busy.
 //
 // carry_over is what both pipelines share; what a batch's own storage is, and how a deferred offload
 // holds it, is the pipeline's: packed_carry (packed_pipeline.hpp) keeps each batch in its own arena
@@ -30,10 +36,10 @@
 
 namespace pipeswap::detail {
 
-/// What both pipelines carry over (kept batches, a deferred offload, a failed eviction) and how it is
-/// prefetched, finished and evicted. What a batch's own storage is belongs to the pipeline:
-/// packed_carry (packed_pipeline.hpp) keeps own arenas, per_tensor_carry (per_tensor_pipeline.hpp)
-/// budget holds; they supply it through the hooks below.
+/// What both pipelines carry over (kept batches in their keep_state, a deferred offload draining
+/// beside them) and how it is prefetched, finished and evicted. What a batch's own storage is belongs
+/// to the pipeline: packed_carry (packed_pipeline.hpp) keeps own arenas, per_tensor_carry
+/// (per_tensor_pipeline.hpp) budget holds; they supply it through the hooks below.
 template <backend B>
 class carry_over : public room_source<B> {
 public:
@@ -42,9 +48,12 @@ public:
   carry_over(carry_over const&) = delete;
   carry_over& operator=(carry_over const&) = delete;
 
+  /// The kept batches' life cycle (the header comment).
+  enum class keep_state : std::uint8_t { none, kept, evicting };
+
   [[nodiscard]] std::size_t kept() const noexcept { return kept_; }
-  [[nodiscard]] bool offload_pending() const noexcept { return deferred_; }
-  [[nodiscard]] bool eviction_failed() const noexcept { return must_evict_; }
+  [[nodiscard]] bool offload_pending() const noexcept { return drain_.pending; }
+  [[nodiscard]] bool eviction_failed() const noexcept { return state_ == keep_state::evicting; }
   /// The plan the kept batches (and own storage) belong to; null when none.
   [[nodiscard]] plan_ptr const& plan() const noexcept { return plan_; }
 
@@ -53,6 +62,7 @@ public:
   /// A step of `d` begins: the kept batches, own storage and holds from now on belong to it.
   void begin_step(plan_ptr const& d) {
     plan_ = d;
+    state_ = keep_state::kept;
     fit_to(*d);
   }
   /// Batch n of the step's plan is loading into its own storage, counted before its copies so that a
@@ -62,10 +72,7 @@ public:
   void keep_only(std::size_t resident) noexcept { kept_ = resident; }
 
   /// The step returns with D2Hs in flight; what they read stays held until finish_deferred().
-  void defer() noexcept {
-    deferred_ = true;
-    releases_at_defer_ = engine_.releases_issued();
-  }
+  void defer() noexcept { drain_ = {true, engine_.releases_issued()}; }
 
   // ----- between steps ---------------------------------------------------------------------------
 
@@ -84,11 +91,11 @@ public:
     // Releases issued since the step deferred (activation offloads of a step the deferred offload
     // drained into, batches it gave back) are not ordered before the h2d stream yet: then the
     // prefetch waits them like any other.
-    bool gated = deferred_ && engine_.releases_issued() == releases_at_defer_;
+    bool gated = drain_.pending && engine_.releases_issued() == drain_.releases_at_defer;
     for (std::size_t launched = 0; kept_ < N && launched < max_batches; ++launched) {
       auto const n = kept_;
       auto const rest = N - n - 1;
-      if (deferred_) {
+      if (drain_.pending) {
         bool in_flight = false;
         for (auto* p : d.batch(n)) in_flight = in_flight || p->state() == residency::d2h;
         if (in_flight) finish_deferred_batch(d, n); // the rest of the deferred offload keeps running
@@ -100,7 +107,7 @@ public:
       auto const full_window = std::min<std::size_t>(2, rest) * unit;
       auto const window = full_window > held_window ? full_window - held_window : 0;
       auto need = own_need(d, n) + window;
-      if (deferred_ && !engine_.fits_optional(need)) { // the room the deferred offload holds is needed
+      if (drain_.pending && !engine_.fits_optional(need)) { // the room the deferred offload holds is needed
         finish_deferred(engine_.h2d());
         need = own_need(d, n) + full_window;
       }
@@ -110,6 +117,7 @@ public:
         gated = true;
       }
       plan_ = plan;
+      state_ = keep_state::kept;
       fit_to(d);
       keep(n);
       load_kept(d, n);
@@ -119,12 +127,12 @@ public:
   /// Finishes a deferred offload with `next_user` ordered behind its D2Hs, and releases what it
   /// held. Returns whether there was one.
   bool finish_deferred(stream_t<B> next_user) {
-    if (!deferred_) return false;
+    if (!drain_.pending) return false;
     trace_.emit(swap_event::kind::finish_deferred);
     auto all = pieces_of(slots_, true); // only the pieces in d2h are touched
     engine_.wait_offload(detail::view(all), next_user, wait_site::finish_deferred);
     release_deferred(next_user);
-    deferred_ = false;
+    drain_.pending = false;
     return true;
   }
 
@@ -133,7 +141,7 @@ public:
   /// behind it), until `bytes` fit in the budget; the staging it holds goes last, with the whole
   /// offload finished (finish_deferred). Returns the budget bytes given back.
   std::uint64_t give_room(std::uint64_t bytes, stream_t<B> user) override {
-    if (!deferred_ || !plan_) return 0;
+    if (!drain_.pending || state_ == keep_state::none) return 0; // its batches are found through plan()
     auto const before = engine_.reserved_bytes(budget_client::optimizer);
     auto const& d = *plan_;
     for (std::size_t n = 0; n < d.size() && !engine_.fits_required(bytes); ++n) {
@@ -152,11 +160,8 @@ public:
   /// Brings every kept batch home and releases its own storage. Idempotent: if a copy fails, what is
   /// left stays kept and the next call (every entry point retries) finishes.
   void evict() {
-    if (!plan_) {
-      must_evict_ = false;
-      return;
-    }
-    must_evict_ = true;
+    if (state_ == keep_state::none) return;
+    state_ = keep_state::evicting;
     auto const saved = trace_.where();
     trace_.note("evict");
     auto const& d = *plan_;
@@ -165,7 +170,7 @@ public:
     forget_own();
     kept_ = 0;
     plan_.reset();
-    must_evict_ = false;
+    state_ = keep_state::none;
     trace_.restore(saved);
   }
 
@@ -218,11 +223,16 @@ protected:
 
 private:
   lean_vector<slot_storage<B>>& slots_;
-  plan_ptr plan_;
+  /// The deferred offload (the header comment): pending from defer() to finish_deferred().
+  struct drain {
+    bool pending = false;
+    std::uint64_t releases_at_defer = 0; ///< engine_.releases_issued() when the offload was deferred
+  };
+
+  keep_state state_ = keep_state::none;
+  plan_ptr plan_; ///< null exactly in keep_state::none
   std::size_t kept_ = 0;
-  bool must_evict_ = false;
-  bool deferred_ = false;
-  std::uint64_t releases_at_defer_ = 0; ///< engine_.releases_issued() when the offload was deferred
+  drain drain_;
 };
 
 } // namespace pipeswap::detail

@@ -93,7 +93,9 @@ private:
   void give_batch(std::size_t n, stream_t<B> user) override {
     if (n < this->kept() || n >= own_.size() || !own_[n].base) return;
     this->engine_.release_arena(own_[n], user);
-    handoff_.erase(std::remove(handoff_.begin(), handoff_.end(), n), handoff_.end());
+    for (std::size_t i = handoff_.size(); i-- > 0;) {
+      if (handoff_[i] == n) handoff_.erase(handoff_.begin() + i);
+    }
   }
   void release_deferred(stream_t<B> next_user) override {
     for (auto& a : held_arenas_) this->engine_.release_arena(a, next_user);

@@ -193,9 +193,14 @@ private:
     }
     lean_vector<std::size_t> c;
     for (std::size_t u = 0; u < units.size(); ++u) {
-      c.assign(cut.begin() + static_cast<std::ptrdiff_t>(at[u]), cut.begin() + static_cast<std::ptrdiff_t>(at[u + 1]));
-      std::sort(c.begin(), c.end());
-      c.erase(std::unique(c.begin(), c.end()), c.end());
+      // The unit's distinct cut points, ascending (a unit has a few: one per batch it spans), by
+      // insertion (not std::sort and std::unique: docs/compile-times.md, "Rules").
+      c.clear();
+      for (auto k = at[u]; k < at[u + 1]; ++k) {
+        auto i = c.size();
+        while (i > 0 && cut[k] < c[i - 1]) --i;
+        if (i == 0 || c[i - 1] != cut[k]) c.insert(c.begin() + i, cut[k]);
+      }
       if (c.empty()) c.push_back(0);
       for (auto si : units[u].slots) {
         auto& s = slots.at(si);
