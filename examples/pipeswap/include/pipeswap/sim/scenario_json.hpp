@@ -162,6 +162,18 @@ public:
       out = v->template get<double>();
     }
   }
+  /// A number or null (null: unset).
+  void optional_number(char const* key, std::optional<double>& out) const {
+    if (auto const* v = find(key)) {
+      if (v->is_null()) {
+        out.reset();
+      } else {
+        double x = 0;
+        number(key, x);
+        out = x;
+      }
+    }
+  }
   void boolean(char const* key, bool& out) const {
     if (auto const* v = find(key)) {
       if (!v->is_boolean()) scenario_fail(field(key), "expected true or false, got " + describe(*v));
@@ -360,15 +372,7 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
       reader const q(*v2, "model.moe",
                      {"experts", "top_k", "expert_ffn_hidden", "shared_expert_ffn_hidden", "capacity_factor",
                       "pad_to_capacity", "load_imbalance"});
-      if (auto const* x = q.find("capacity_factor")) {
-        if (x->is_null())
-          m.moe.capacity_factor.reset();
-        else {
-          double c = 0;
-          q.number("capacity_factor", c);
-          m.moe.capacity_factor = c;
-        }
-      }
+      q.optional_number("capacity_factor", m.moe.capacity_factor);
       q.boolean("pad_to_capacity", m.moe.pad_to_capacity);
       q.number("load_imbalance", m.moe.load_imbalance);
       q.u64("experts", m.moe.experts, 1u << 20);
@@ -448,15 +452,7 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     if (auto const* x = r.find("compute")) d.compute = detail::enum_field(*x, "device.compute", detail::compute_names);
     r.number("duplex_factor", d.duplex_factor);
     r.number("kernel_efficiency", d.kernel_efficiency);
-    if (auto const* x = r.find("end_to_end_mfu")) {
-      if (x->is_null())
-        d.end_to_end_mfu.reset();
-      else {
-        double v2 = 0;
-        r.number("end_to_end_mfu", v2);
-        d.end_to_end_mfu = v2;
-      }
-    }
+    r.optional_number("end_to_end_mfu", d.end_to_end_mfu);
     r.number("hbm_tbps", d.hbm_tbps);
     r.number("p2p_gbps", d.p2p_gbps);
     r.number("p2p_latency_us", d.p2p_latency_us);

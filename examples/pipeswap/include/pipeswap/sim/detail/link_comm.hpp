@@ -33,9 +33,10 @@ struct mailbox {
 /// The scenario's P2P link between the simulated ranks, as a stream-ordered comm
 /// (exec::stream_ordered_comm) on the mock devices' virtual clocks: a send enqueued on a stream
 /// leaves when that stream reaches it and arrives one link time later (latency plus bytes over the
-/// P2P link of the two ranks, p2p_crosses_nodes); a receive completes once its message was sent, and then makes its stream wait
-/// the arrival. Every rank runs on one thread (simulate_orders advances each until a receive has no
-/// message yet), so a wait that cannot complete now never will: wait_for() does not block.
+/// P2P link of the two ranks, p2p_crosses_nodes); a receive completes once its message was sent, and
+/// then makes its stream wait the arrival. Every rank runs on one thread (simulate_orders advances
+/// each until a receive has no message yet), so a wait that cannot complete now never will:
+/// wait_for() does not block.
 class link_comm {
 public:
   using comm_concept = exec::comm_tag;
