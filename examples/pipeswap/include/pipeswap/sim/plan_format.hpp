@@ -1,6 +1,7 @@
 // pipeswap — the planner's result as text and as JSON (what `pipeswap plan` prints; docs/cli.md).
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <iterator>
 #include <cstdint>
@@ -128,10 +129,11 @@ inline std::string format_plan(plan_result const& r, scenario const& s) {
   if (r.chosen) {
     auto const& c = r.chosen_outcome;
     o += "chosen: " + describe(*r.chosen) + "\n";
-    for (auto const& x : plan_changes(*r.chosen, s))
-      o += "  changes your setting " + x.field + ": " + x.from + " -> " + x.to + "\n";
+    auto const changes = plan_changes(*r.chosen, s);
+    for (auto const& x : changes) o += "  changes your setting " + x.field + ": " + x.from + " -> " + x.to + "\n";
+    // Where the plan changes a setting, "no swap" still has the scenario's: say so.
     o += "  step time " + secs(c.step_ns) + " (" + detail::percent(overhead(c.step_ns, r.baseline.step_ns)) +
-         " against no swap)\n";
+         " against no swap" + (changes.empty() ? "" : " with your settings") + ")\n";
     o += "  peak " + plan_gb(c.peak_bytes) + " on rank " + std::to_string(c.peak_rank) + ", " +
          plan_gb(r.budget_bytes - c.peak_bytes) + " under the budget\n";
     o += "  per step, all ranks: " + plan_gb(c.h2d_bytes) + " host to device, " + plan_gb(c.d2h_bytes) +
@@ -140,8 +142,9 @@ inline std::string format_plan(plan_result const& r, scenario const& s) {
     if (r.best_without_swap && !(*r.best_without_swap == *r.chosen)) {
       auto const& b = r.best_without_swap_outcome;
       o += "best without swap: " + describe(*r.best_without_swap) + "\n";
-      o += "  step time " + secs(b.step_ns) + "; swap buys " + detail::percent(-overhead(c.step_ns, b.step_ns)) +
-           " step time over it\n";
+      double const d = overhead(c.step_ns, b.step_ns);
+      o += "  step time " + secs(b.step_ns) + "; the chosen plan's step is " +
+           detail::fmt("%.2f %%", std::abs(d) * 100) + (d <= 0 ? " shorter" : " longer") + "\n";
     } else if (!r.best_without_swap) {
       o += "best without swap: none fits; recomputation and the distributed optimizer alone cannot fit the budget\n";
     } else {
