@@ -249,7 +249,7 @@ rank_outcome train_rank(C& comm, train_options const& o, options_of<B> bo = defa
   rank_outcome out;
   out.rank = rank;
   // Simulated time on the mock (the peaks are read from its memory timeline); unused elsewhere.
-  auto now = [&b]() -> mock::sim_time {
+  auto now = [&]() -> mock::sim_time {
     if constexpr (is_mock_backend<B>)
       return b.now();
     else

@@ -470,7 +470,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(bad_input_is_rejected_naming_the_rule, B, test_bac
     BOOST_CHECK_EXCEPTION(exe(x, c, two, {{0, &s0}, {1, &s1}, {2, &s2}}), pipeswap::invalid_argument,
                           says("stage 1 runs on rank 1, not on rank 0"));
   }
-  auto live = [&b]() -> std::size_t {
+  auto live = [&]() -> std::size_t {
     if constexpr (is_mock<B>) {
       b.synchronize_device();
       return b.live_device_allocations();
