@@ -15,7 +15,7 @@
 //  * bad input, the resumable form's misuse, and the optimizer-swap phases driven by the executor;
 //  * the executor's waits proven necessary: on the mock each wait site switched off makes the hazard
 //    checker report a read-before-write; on the threaded backend training with its stream waits
-//    dropped is no longer bit-identical.
+//    dropped, or with either wait site switched off, is no longer bit-identical.
 // What only the mock can show (peaks from its memory accounting, hazard reports, its fault sites, the
 // live-allocation count) sits behind `if constexpr (is_mock<B>)` or in mock-only cases, each saying
 // why. Under sanitizers the matrix and the random sweep run a documented sample on both backends.
