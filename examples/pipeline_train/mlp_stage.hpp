@@ -1,18 +1,29 @@
 // A small real model for the pipeline executor: a stack of residual MLP blocks,
 //   y = x + W2 · tanh(W1 · x + b1) + b2,
 // split into pipeline stages of `blocks` blocks each, with a mean-squared-error loss on the last
-// stage. Forward and backward are real float math, enqueued as kernels on the mock backend (each
-// kernel declares the bytes it reads and writes, so the hazard checker sees every byte move).
+// stage. Forward and backward are real float math, enqueued as kernels on the backend B through one
+// helper, launch(): on the mock backend each kernel declares the bytes it reads and writes (so the
+// hazard checker sees every byte move); on a backend whose launch(stream, fn) runs a host function as
+// a kernel and whose device addresses are host memory (the tests' threaded backend), the same body
+// runs on plain pointers. The math is written once, over an accessor with read<T>(p, n) and
+// write<T>(p, n).
 // Every value (weights, inputs, targets) is a pure function of the seed, the step, the stage and the
 // micro-batch, so a run on any number of ranks trains exactly the same model on the same data.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include <pipeswap/backend/concepts.hpp>
 #include <pipeswap/backend/mock.hpp>
 #include <pipeswap/exec/stage.hpp>
 
@@ -41,12 +52,81 @@ inline float noise(std::uint64_t seed, std::uint64_t a, std::uint64_t b, std::ui
   return static_cast<float>(z >> 40) / 16777216.0f - 0.5f;
 }
 
-/// One pipeline stage of the model: its blocks' weights and gradients on the device.
+template <class B>
+inline constexpr bool is_mock_backend = std::is_same_v<B, mock::backend>;
+
+/// A byte range a kernel reads or writes.
+using region = mock::region;
+
+/// What a kernel body sees on a backend whose device addresses are host memory: the same read<T>
+/// and write<T> spans as mock::kernel_context, over plain pointers.
+struct host_access {
+  template <class T>
+  [[nodiscard]] std::span<T const> read(ps::device_ptr p, std::size_t n) const {
+    return {p.get<T const>(), n};
+  }
+  template <class T>
+  [[nodiscard]] std::span<T> write(ps::device_ptr p, std::size_t n) const {
+    return {p.get<T>(), n};
+  }
+};
+
+/// Enqueues `body(k)` as a kernel on stream s, where k has read<T>(p, n) and write<T>(p, n). On the
+/// mock the kernel is described by `label`, `reads` and `writes` (the hazard checker's view; the body
+/// may touch nothing else); elsewhere the backend's launch(stream, fn) runs it on host pointers and
+/// the description is not built.
+template <class B, class Body>
+void launch(B& b, ps::stream_t<B> s, std::string label, std::vector<region> reads, std::vector<region> writes,
+            Body body) {
+  if constexpr (is_mock_backend<B>) {
+    b.launch(s, mock::kernel_desc{std::move(label), std::move(reads), std::move(writes), {}},
+             [body = std::move(body)](mock::kernel_context const& k) { body(k); });
+  } else {
+    b.launch(s, [body = std::move(body)] { body(host_access{}); });
+  }
+}
+
+/// Whether launch() can run on B: the mock, or a backend with launch(stream, host function).
+template <class B>
+concept stage_backend = is_mock_backend<B> || requires(B& b, ps::stream_t<B> s, void (*fn)()) {
+  b.launch(s, fn);
+};
+
+/// Bytes from the host into device memory: write_device on the mock; elsewhere a kernel on stream s
+/// that copies them, with the host synchronized behind it.
+template <class B>
+void upload(B& b, ps::stream_t<B> s, ps::device_ptr d, std::span<std::byte const> bytes) {
+  if constexpr (is_mock_backend<B>) {
+    b.write_device(d, bytes);
+  } else {
+    auto v = std::make_shared<std::vector<std::byte>>(bytes.begin(), bytes.end());
+    b.launch(s, [d, v] { std::memcpy(d.get<std::byte>(), v->data(), v->size()); });
+    b.synchronize(b.record_event(s));
+  }
+}
+
+/// Bytes from device memory to the host: read_device on the mock; elsewhere a kernel on stream s that
+/// copies them, with the host synchronized behind it (so it sees everything enqueued on s before).
+template <class B>
+std::vector<std::byte> download(B& b, ps::stream_t<B> s, ps::device_ptr d, std::size_t n) {
+  if constexpr (is_mock_backend<B>) {
+    return b.read_device(d, n);
+  } else {
+    auto out = std::make_shared<std::vector<std::byte>>(n);
+    b.launch(s, [d, out] { std::memcpy(out->data(), d.get<std::byte const>(), out->size()); });
+    b.synchronize(b.record_event(s));
+    return std::move(*out);
+  }
+}
+
+/// One pipeline stage of the model on backend B: its blocks' weights and gradients on the device.
+template <stage_backend B>
 class mlp_stage {
 public:
   using stage_concept = ps::exec::stage_tag;
-  using fwd_args = ps::exec::forward_args<mock::backend>;
-  using bwd_args = ps::exec::backward_args<mock::backend>;
+  using stream = ps::stream_t<B>;
+  using fwd_args = ps::exec::forward_args<B>;
+  using bwd_args = ps::exec::backward_args<B>;
 
   /// A weight tensor and its gradient.
   struct tensor {
@@ -54,7 +134,7 @@ public:
     std::size_t numel = 0;
   };
 
-  mlp_stage(mock::backend& b, model_config cfg, int stage) : b_(b), c_(cfg), stage_(stage) {
+  mlp_stage(B& b, model_config cfg, int stage) : b_(b), c_(cfg), stage_(stage) {
     auto const s = b_.current_stream();
     for (int j = 0; j < c_.blocks; ++j) {
       for (std::size_t n : {c_.hidden * c_.dim, c_.hidden, c_.dim * c_.hidden, c_.dim}) {
@@ -63,7 +143,7 @@ public:
         auto const k = tensors_.size();
         float const scale = (k % 2 == 0) ? 1.0f / std::sqrt(static_cast<float>(k % 4 == 0 ? c_.dim : c_.hidden)) : 0.1f;
         for (std::size_t i = 0; i < n; ++i) v[i] = scale * noise(c_.seed, 1000 + stage_, k, 0, i);
-        b_.write_device(t.param, std::as_bytes(std::span(v)));
+        upload(b_, s, t.param, std::as_bytes(std::span(v)));
         tensors_.push_back(t);
       }
     }
@@ -91,14 +171,13 @@ public:
   [[nodiscard]] ps::device_ptr losses() const noexcept { return loss_; }
 
   /// Zeroes the gradients and advances the data to the next step.
-  void begin_step(mock::backend& b, mock::stream s) {
+  void begin_step(B& b, stream s) {
     ++step_;
-    mock::kernel_desc d{"zero grads s" + std::to_string(stage_), {}, {}, {}};
-    for (auto const& t : tensors_) d.writes.push_back({t.grad, 4 * t.numel});
-    auto ts = tensors_;
-    b.launch(s, std::move(d), [ts](mock::kernel_context const& k) {
+    std::vector<region> writes;
+    for (auto const& t : tensors_) writes.push_back({t.grad, 4 * t.numel});
+    launch(b, s, "zero grads s" + std::to_string(stage_), {}, std::move(writes), [ts = tensors_](auto const& k) {
       for (auto const& t : ts) {
-        auto g = k.write<float>(t.grad, t.numel);
+        auto g = k.template write<float>(t.grad, t.numel);
         std::fill(g.begin(), g.end(), 0.0f);
       }
     });
@@ -111,12 +190,11 @@ public:
     ps::device_ptr x = f.input.ptr;
     if (stage_ == 0) { // data loading: the micro-batch's input rows
       x = b.allocate_device(4 * R * D, s);
-      b.launch(s, {label("load", f.micro), {}, {{x, 4 * R * D}}, {}},
-               [x, n = R * D, seed = c_.seed, step = step_, m = f.micro](mock::kernel_context const& k) {
-                 auto v = k.write<float>(x, n);
-                 for (std::size_t i = 0; i < n; ++i)
-                   v[i] = 2.0f * noise(seed, 1, step, static_cast<std::uint64_t>(m), i);
-               });
+      launch(b, s, label("load", f.micro), {}, {{x, 4 * R * D}},
+             [x, n = R * D, seed = c_.seed, step = step_, m = f.micro](auto const& k) {
+               auto v = k.template write<float>(x, n);
+               for (std::size_t i = 0; i < n; ++i) v[i] = 2.0f * noise(seed, 1, step, static_cast<std::uint64_t>(m), i);
+             });
       f.save(x, 4 * R * D);
     }
     for (int j = 0; j < c_.blocks; ++j) {
@@ -127,48 +205,45 @@ public:
       auto const a = b.allocate_device(4 * R * H, s);
       bool const to_output = j + 1 == c_.blocks && f.output.ptr;
       auto const y = to_output ? f.output.ptr : b.allocate_device(4 * R * D, s);
-      mock::kernel_desc d{
-          label("fwd b" + std::to_string(j), f.micro),
-          {{x, 4 * R * D}, {w1.param, 4 * H * D}, {b1.param, 4 * H}, {w2.param, 4 * D * H}, {b2.param, 4 * D}},
-          {{a, 4 * R * H}, {y, 4 * R * D}},
-          {}};
-      b.launch(s, std::move(d), [=](mock::kernel_context const& k) {
-        auto X = k.read<float>(x, R * D);
-        auto W1 = k.read<float>(w1.param, H * D);
-        auto B1 = k.read<float>(b1.param, H);
-        auto W2 = k.read<float>(w2.param, D * H);
-        auto B2 = k.read<float>(b2.param, D);
-        auto A = k.write<float>(a, R * H);
-        auto Y = k.write<float>(y, R * D);
-        for (std::size_t r = 0; r < R; ++r) {
-          for (std::size_t h = 0; h < H; ++h) {
-            float acc = B1[h];
-            for (std::size_t i = 0; i < D; ++i) acc += W1[h * D + i] * X[r * D + i];
-            A[r * H + h] = std::tanh(acc);
-          }
-          for (std::size_t o = 0; o < D; ++o) {
-            float acc = B2[o];
-            for (std::size_t h = 0; h < H; ++h) acc += W2[o * H + h] * A[r * H + h];
-            Y[r * D + o] = X[r * D + o] + acc;
-          }
-        }
-      });
+      launch(b, s, label("fwd b" + std::to_string(j), f.micro),
+             {{x, 4 * R * D}, {w1.param, 4 * H * D}, {b1.param, 4 * H}, {w2.param, 4 * D * H}, {b2.param, 4 * D}},
+             {{a, 4 * R * H}, {y, 4 * R * D}}, [=](auto const& k) {
+               auto X = k.template read<float>(x, R * D);
+               auto W1 = k.template read<float>(w1.param, H * D);
+               auto B1 = k.template read<float>(b1.param, H);
+               auto W2 = k.template read<float>(w2.param, D * H);
+               auto B2 = k.template read<float>(b2.param, D);
+               auto A = k.template write<float>(a, R * H);
+               auto Y = k.template write<float>(y, R * D);
+               for (std::size_t r = 0; r < R; ++r) {
+                 for (std::size_t h = 0; h < H; ++h) {
+                   float acc = B1[h];
+                   for (std::size_t i = 0; i < D; ++i) acc += W1[h * D + i] * X[r * D + i];
+                   A[r * H + h] = std::tanh(acc);
+                 }
+                 for (std::size_t o = 0; o < D; ++o) {
+                   float acc = B2[o];
+                   for (std::size_t h = 0; h < H; ++h) acc += W2[o * H + h] * A[r * H + h];
+                   Y[r * D + o] = X[r * D + o] + acc;
+                 }
+               }
+             });
       f.save(a, 4 * R * H);
       if (!to_output) f.save(y, 4 * R * D);
       x = y;
     }
     if (last()) { // the loss of this micro-batch
       auto const slot = loss_ + 4 * static_cast<std::size_t>(f.micro);
-      b.launch(s, {label("loss", f.micro), {{x, 4 * R * D}}, {{slot, 4}}, {}},
-               [=, seed = c_.seed, step = step_, m = f.micro](mock::kernel_context const& k) {
-                 auto Y = k.read<float>(x, R * D);
-                 float sum = 0;
-                 for (std::size_t i = 0; i < R * D; ++i) {
-                   float const e = Y[i] - target(seed, step, m, i);
-                   sum += e * e;
-                 }
-                 k.write<float>(slot, 1)[0] = sum / static_cast<float>(R * D);
-               });
+      launch(b, s, label("loss", f.micro), {{x, 4 * R * D}}, {{slot, 4}},
+             [=, seed = c_.seed, step = step_, m = f.micro](auto const& k) {
+               auto Y = k.template read<float>(x, R * D);
+               float sum = 0;
+               for (std::size_t i = 0; i < R * D; ++i) {
+                 float const e = Y[i] - target(seed, step, m, i);
+                 sum += e * e;
+               }
+               k.template write<float>(slot, 1)[0] = sum / static_cast<float>(R * D);
+             });
     }
   }
 
@@ -192,12 +267,12 @@ public:
       temps.push_back(dy);
       auto const y = xs.back();
       float const scale = 2.0f / static_cast<float>(R * D) / static_cast<float>(c_.micro);
-      b.launch(s, {label("loss grad", g.micro), {{y, 4 * R * D}}, {{dy, 4 * R * D}}, {}},
-               [=, seed = c_.seed, step = step_, m = g.micro](mock::kernel_context const& k) {
-                 auto Y = k.read<float>(y, R * D);
-                 auto G = k.write<float>(dy, R * D);
-                 for (std::size_t i = 0; i < R * D; ++i) G[i] = scale * (Y[i] - target(seed, step, m, i));
-               });
+      launch(b, s, label("loss grad", g.micro), {{y, 4 * R * D}}, {{dy, 4 * R * D}},
+             [=, seed = c_.seed, step = step_, m = g.micro](auto const& k) {
+               auto Y = k.template read<float>(y, R * D);
+               auto G = k.template write<float>(dy, R * D);
+               for (std::size_t i = 0; i < R * D; ++i) G[i] = scale * (Y[i] - target(seed, step, m, i));
+             });
     }
     for (int j = c_.blocks - 1; j >= 0; --j) {
       auto const& w1 = tensors_[4 * j];
@@ -213,52 +288,50 @@ public:
       } else if (g.grad_input.ptr) {
         dx = g.grad_input.ptr;
       }
-      mock::kernel_desc d{
-          label("bwd b" + std::to_string(j), g.micro),
-          {{x, 4 * R * D}, {a, 4 * R * H}, {dy, 4 * R * D}, {w1.param, 4 * H * D}, {w2.param, 4 * D * H}},
-          {{w1.grad, 4 * H * D}, {b1.grad, 4 * H}, {w2.grad, 4 * D * H}, {b2.grad, 4 * D}},
-          {}};
-      if (dx) d.writes.push_back({dx, 4 * R * D});
-      b.launch(s, std::move(d), [=](mock::kernel_context const& k) {
-        auto X = k.read<float>(x, R * D);
-        auto A = k.read<float>(a, R * H);
-        auto DY = k.read<float>(dy, R * D);
-        auto W1 = k.read<float>(w1.param, H * D);
-        auto W2 = k.read<float>(w2.param, D * H);
-        auto GW1 = k.write<float>(w1.grad, H * D);
-        auto GB1 = k.write<float>(b1.grad, H);
-        auto GW2 = k.write<float>(w2.grad, D * H);
-        auto GB2 = k.write<float>(b2.grad, D);
-        std::vector<float> dh(R * H);
-        for (std::size_t r = 0; r < R; ++r) {
-          for (std::size_t h = 0; h < H; ++h) {
-            float da = 0;
-            for (std::size_t o = 0; o < D; ++o) da += DY[r * D + o] * W2[o * H + h];
-            float const av = A[r * H + h];
-            dh[r * H + h] = da * (1.0f - av * av);
-          }
-        }
-        for (std::size_t r = 0; r < R; ++r) {
-          for (std::size_t o = 0; o < D; ++o) {
-            GB2[o] += DY[r * D + o];
-            for (std::size_t h = 0; h < H; ++h) GW2[o * H + h] += DY[r * D + o] * A[r * H + h];
-          }
-          for (std::size_t h = 0; h < H; ++h) {
-            GB1[h] += dh[r * H + h];
-            for (std::size_t i = 0; i < D; ++i) GW1[h * D + i] += dh[r * H + h] * X[r * D + i];
-          }
-        }
-        if (dx) {
-          auto DX = k.write<float>(dx, R * D);
-          for (std::size_t r = 0; r < R; ++r) {
-            for (std::size_t i = 0; i < D; ++i) {
-              float acc = DY[r * D + i];
-              for (std::size_t h = 0; h < H; ++h) acc += dh[r * H + h] * W1[h * D + i];
-              DX[r * D + i] = acc;
-            }
-          }
-        }
-      });
+      std::vector<region> writes{{w1.grad, 4 * H * D}, {b1.grad, 4 * H}, {w2.grad, 4 * D * H}, {b2.grad, 4 * D}};
+      if (dx) writes.push_back({dx, 4 * R * D});
+      launch(b, s, label("bwd b" + std::to_string(j), g.micro),
+             {{x, 4 * R * D}, {a, 4 * R * H}, {dy, 4 * R * D}, {w1.param, 4 * H * D}, {w2.param, 4 * D * H}},
+             std::move(writes), [=](auto const& k) {
+               auto X = k.template read<float>(x, R * D);
+               auto A = k.template read<float>(a, R * H);
+               auto DY = k.template read<float>(dy, R * D);
+               auto W1 = k.template read<float>(w1.param, H * D);
+               auto W2 = k.template read<float>(w2.param, D * H);
+               auto GW1 = k.template write<float>(w1.grad, H * D);
+               auto GB1 = k.template write<float>(b1.grad, H);
+               auto GW2 = k.template write<float>(w2.grad, D * H);
+               auto GB2 = k.template write<float>(b2.grad, D);
+               std::vector<float> dh(R * H);
+               for (std::size_t r = 0; r < R; ++r) {
+                 for (std::size_t h = 0; h < H; ++h) {
+                   float da = 0;
+                   for (std::size_t o = 0; o < D; ++o) da += DY[r * D + o] * W2[o * H + h];
+                   float const av = A[r * H + h];
+                   dh[r * H + h] = da * (1.0f - av * av);
+                 }
+               }
+               for (std::size_t r = 0; r < R; ++r) {
+                 for (std::size_t o = 0; o < D; ++o) {
+                   GB2[o] += DY[r * D + o];
+                   for (std::size_t h = 0; h < H; ++h) GW2[o * H + h] += DY[r * D + o] * A[r * H + h];
+                 }
+                 for (std::size_t h = 0; h < H; ++h) {
+                   GB1[h] += dh[r * H + h];
+                   for (std::size_t i = 0; i < D; ++i) GW1[h * D + i] += dh[r * H + h] * X[r * D + i];
+                 }
+               }
+               if (dx) {
+                 auto DX = k.template write<float>(dx, R * D);
+                 for (std::size_t r = 0; r < R; ++r) {
+                   for (std::size_t i = 0; i < D; ++i) {
+                     float acc = DY[r * D + i];
+                     for (std::size_t h = 0; h < H; ++h) acc += dh[r * H + h] * W1[h * D + i];
+                     DX[r * D + i] = acc;
+                   }
+                 }
+               }
+             });
       dy = dx;
     }
     for (auto t : temps) b.deallocate_device(t, 4 * R * D, s);
@@ -272,7 +345,7 @@ private:
     return what + " s" + std::to_string(stage_) + " m" + std::to_string(micro);
   }
 
-  mock::backend& b_;
+  B& b_;
   model_config c_;
   int stage_;
   std::uint64_t step_ = 0;
@@ -280,6 +353,6 @@ private:
   ps::device_ptr loss_{};
 };
 
-static_assert(ps::exec::stage<mlp_stage, mock::backend>);
+static_assert(ps::exec::stage<mlp_stage<mock::backend>, mock::backend>);
 
 } // namespace pipeline_train

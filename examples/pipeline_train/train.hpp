@@ -1,6 +1,8 @@
-// Training the MLP-block model (mlp_stage.hpp) with the pipeline executor, on one rank of any Comm,
-// and the single-process, no-swap reference it must match byte for byte. Shared by the
-// pipeline_train example and the executor's tests.
+// Training the MLP-block model (mlp_stage.hpp) with the pipeline executor, on one rank of any Comm
+// and any backend the stage runs on (the mock by default), and the single-process, no-swap reference
+// it must match byte for byte. Shared by the pipeline_train example (on the mock) and the executor's
+// tests (on the mock and on the tests' threaded backend). What only the mock can report (peaks from
+// its memory timeline, hazards, injected faults) is left at zero, or refused, on other backends.
 #pragma once
 
 #include <cstddef>
@@ -51,7 +53,8 @@ struct train_options {
   /// Per rank, its executor_options::schedule_label (the schedule check compares them); empty: the
   /// label of `exec` on every rank.
   std::vector<std::string> schedule_labels;
-  /// Fault injection: on this rank, make the n-th operation of `site` on the mock backend throw.
+  /// Fault injection: on this rank, make the n-th operation of `site` on the mock backend throw
+  /// (the mock only: on another backend train_rank refuses it).
   std::optional<int> fault_rank;
   mock::fault_site fault_site = mock::fault_site::kernel;
   std::size_t fault_after = 0;
@@ -92,14 +95,16 @@ struct rank_outcome {
   std::vector<float> losses;     ///< per step (mean over micro-batches); the last stage's rank only
   std::vector<std::byte> params; ///< every parameter byte of the rank's stages, stage by stage
   std::map<int, std::vector<std::byte>> stage_params;
-  std::size_t peak_device_bytes = 0;   ///< during the steps (set-up excluded)
-  std::size_t pipeline_peak_bytes = 0; ///< during the schedules' entries (optimizer steps excluded)
+  std::size_t peak_device_bytes = 0;   ///< during the steps (set-up excluded); the mock only
+  std::size_t pipeline_peak_bytes = 0; ///< during the schedules' entries (optimizer steps excluded); the mock only
   std::size_t swapped_chunks = 0;      ///< over all steps
   std::size_t prefetched_batches = 0;  ///< optimizer_phases: batches prefetched when each step() began, over all steps
-  std::size_t hazards = 0;
+  std::size_t hazards = 0;             ///< the mock's hazard reports (0 elsewhere)
 };
 
-using opt_type = ps::adamw<mock::backend>;
+template <class B>
+using opt_type_for = ps::adamw<B>;
+using opt_type = opt_type_for<mock::backend>;
 
 inline ps::swap_config swap_config_of(bool swap_optimizer, bool phases = false) {
   ps::swap_config sc;
@@ -120,11 +125,45 @@ inline mock::options mock_options() {
   return m;
 }
 
+/// The options a backend B is made with: mock::options on the mock, B::options elsewhere.
+template <class B>
+struct backend_options {
+  using type = typename B::options;
+};
+template <>
+struct backend_options<mock::backend> {
+  using type = mock::options;
+};
+template <class B>
+using options_of = typename backend_options<B>::type;
+
+/// The options train_rank and reference make their backend with unless given others: on the mock,
+/// mock_options(); elsewhere the backend's defaults.
+template <class B>
+options_of<B> default_options() {
+  if constexpr (is_mock_backend<B>)
+    return mock_options();
+  else
+    return options_of<B>{};
+}
+
+/// The host waits for everything enqueued so far: synchronize_device() where the backend has it,
+/// else the compute stream and the transfer engine's copy streams.
+template <class B>
+void settle(B& b, ps::transfer_engine<B>& x) {
+  if constexpr (ps::device_synchronizing<B>) {
+    b.synchronize_device();
+  } else {
+    for (auto s : {b.current_stream(), x.h2d(), x.d2h()}) b.synchronize(b.record_event(s));
+  }
+}
+
 /// Small pinned chunks: the model is small.
 inline ps::pinned_pool_options pool_options() { return {std::size_t{1} << 20, std::size_t{64} << 10, 256}; }
 
-inline std::vector<float> read_losses(mock::backend& b, mlp_stage const& s, int micro) {
-  auto const bytes = b.read_device(s.losses(), 4 * static_cast<std::size_t>(micro));
+template <class B>
+std::vector<float> read_losses(B& b, mlp_stage<B> const& s, int micro) {
+  auto const bytes = download(b, b.current_stream(), s.losses(), 4 * static_cast<std::size_t>(micro));
   std::vector<float> v(static_cast<std::size_t>(micro));
   std::memcpy(v.data(), bytes.data(), bytes.size());
   return v;
@@ -170,7 +209,10 @@ struct phased_step {
   std::size_t prefetched = 0;
   void prefetch(std::size_t n) { rt.prefetch(n); }
   bool offload_pending() const { return rt.offload_pending(); }
-  void finish_offload(mock::stream s) { rt.finish_offload(s); }
+  template <class S>
+  void finish_offload(S s) {
+    rt.finish_offload(s);
+  }
   void step() {
     before();
     prefetched = rt.prefetched_batches();
@@ -178,9 +220,10 @@ struct phased_step {
   }
 };
 
-/// Trains on one rank of `comm`. Throws rank_failure when this or another rank fails.
-template <class C>
-rank_outcome train_rank(C& comm, train_options const& o) {
+/// Trains on one rank of `comm` on a backend B made with `bo`. Throws rank_failure when this or
+/// another rank fails.
+template <class B = mock::backend, class C>
+rank_outcome train_rank(C& comm, train_options const& o, options_of<B> bo = default_options<B>()) {
   auto const layout = layout_of(o);
   auto const cfg = model_of(o);
   int const rank = comm.rank();
@@ -188,43 +231,55 @@ rank_outcome train_rank(C& comm, train_options const& o) {
     throw ps::invalid_argument("pipeline_train: " + std::to_string(o.orders->size()) + " orders for " +
                                std::to_string(o.ranks) + " ranks");
   }
-  mock::backend b{mock_options()};
-  ps::transfer_engine<mock::backend> x(b, pool_options());
-  std::vector<std::unique_ptr<mlp_stage>> owned;
-  std::map<ps::schedule::index_type, mlp_stage*> stages;
-  opt_type opt(b);
+  if constexpr (!is_mock_backend<B>) {
+    if (o.fault_rank) throw ps::invalid_argument("pipeline_train: fault injection (fault_rank) needs the mock backend");
+  }
+  B b{bo};
+  ps::transfer_engine<B> x(b, pool_options());
+  std::vector<std::unique_ptr<mlp_stage<B>>> owned;
+  std::map<ps::schedule::index_type, mlp_stage<B>*> stages;
+  opt_type_for<B> opt(b);
   for (int s = 0; s < layout.stages(); ++s) {
     if (layout.rank_of(s) != rank) continue;
-    owned.push_back(std::make_unique<mlp_stage>(b, cfg, s));
+    owned.push_back(std::make_unique<mlp_stage<B>>(b, cfg, s));
     stages[s] = owned.back().get();
     for (auto const& t : owned.back()->tensors())
       opt.add_param({t.param, t.grad, t.numel, ps::dtype::f32, ps::dtype::f32, false});
   }
   rank_outcome out;
   out.rank = rank;
+  // Simulated time on the mock (the peaks are read from its memory timeline); unused elsewhere.
+  auto now = [&]() -> mock::sim_time {
+    if constexpr (is_mock_backend<B>)
+      return b.now();
+    else
+      return 0;
+  };
   mock::sim_time start = 0;
   std::vector<std::pair<mock::sim_time, mock::sim_time>> phases;
   {
     bool const phased = o.swap_optimizer && o.optimizer_phases;
-    ps::optimizer_swap<opt_type> osw(x, opt, swap_config_of(o.swap_optimizer, phased));
+    ps::optimizer_swap<opt_type_for<B>> osw(x, opt, swap_config_of(o.swap_optimizer, phased));
     auto eo = o.exec;
     if (!o.schedule_labels.empty()) eo.schedule_label = o.schedule_labels.at(static_cast<std::size_t>(rank));
     if (phased) {
       eo.optimizer_phases = true;
       eo.settle_device = false; // the deferred offload drains into the next step's forward
     }
-    ps::exec::pipeline_executor<mock::backend, C, mlp_stage> ex(x, comm, layout, stages, eo);
+    ps::exec::pipeline_executor<B, C, mlp_stage<B>> ex(x, comm, layout, stages, eo);
     auto const orders = orders_of(o);
-    b.synchronize_device();
-    start = b.now(); // the steps' peak, after the set-up (weights, optimizer state materialized)
-    if (o.fault_rank && *o.fault_rank == rank) b.fail_after(o.fault_site, o.fault_after);
+    settle(b, x);
+    start = now(); // the steps' peak, after the set-up (weights, optimizer state materialized)
+    if constexpr (is_mock_backend<B>) {
+      if (o.fault_rank && *o.fault_rank == rank) b.fail_after(o.fault_site, o.fault_after);
+    }
     for (int step = 0; step < o.steps; ++step) {
-      auto const begin = b.now();
+      auto const begin = now();
       auto const at_step = [&] {
-        phases.emplace_back(begin, b.now());
+        phases.emplace_back(begin, now());
       }; // the host synchronized the pipeline's compute work
       if (phased) {
-        phased_step<ps::optimizer_swap<opt_type>, decltype(at_step)> f{osw, at_step};
+        phased_step<ps::optimizer_swap<opt_type_for<B>>, decltype(at_step)> f{osw, at_step};
         ex.run_step(orders.at(static_cast<std::size_t>(rank)), f);
         out.prefetched_batches += f.prefetched;
       } else {
@@ -239,17 +294,20 @@ rank_outcome train_rank(C& comm, train_options const& o) {
       }
     }
   }
+  settle(b, x);
   for (auto const& s : owned) {
     auto& v = out.stage_params[s->index()];
     for (auto const& t : s->tensors()) {
-      auto const bytes = b.read_device(t.param, 4 * t.numel);
+      auto const bytes = download(b, b.current_stream(), t.param, 4 * t.numel);
       v.insert(v.end(), bytes.begin(), bytes.end());
     }
     out.params.insert(out.params.end(), v.begin(), v.end());
   }
-  out.peak_device_bytes = peak_since(b, start);
-  out.pipeline_peak_bytes = peak_within(b, phases);
-  out.hazards = b.hazards().size();
+  if constexpr (is_mock_backend<B>) {
+    out.peak_device_bytes = peak_since(b, start);
+    out.pipeline_peak_bytes = peak_within(b, phases);
+    out.hazards = b.hazards().size();
+  }
   return out;
 }
 
@@ -278,23 +336,24 @@ inline std::map<int, std::vector<int>> backward_orders(ps::schedule::rank_orders
   return out;
 }
 
-inline reference_result reference(train_options const& o) {
+template <class B = mock::backend>
+reference_result reference(train_options const& o, options_of<B> bo = default_options<B>()) {
   auto const cfg = model_of(o);
   auto const backward_order = backward_orders(orders_of(o));
-  mock::backend b{mock_options()};
-  ps::transfer_engine<mock::backend> x(b, pool_options());
-  std::vector<std::unique_ptr<mlp_stage>> st;
-  opt_type opt(b);
+  B b{bo};
+  ps::transfer_engine<B> x(b, pool_options());
+  std::vector<std::unique_ptr<mlp_stage<B>>> st;
+  opt_type_for<B> opt(b);
   for (int s = 0; s < cfg.stages; ++s) {
-    st.push_back(std::make_unique<mlp_stage>(b, cfg, s));
+    st.push_back(std::make_unique<mlp_stage<B>>(b, cfg, s));
     for (auto const& t : st.back()->tensors())
       opt.add_param({t.param, t.grad, t.numel, ps::dtype::f32, ps::dtype::f32, false});
   }
   reference_result out;
   {
-    ps::optimizer_swap<opt_type> osw(x, opt, swap_config_of(false));
+    ps::optimizer_swap<opt_type_for<B>> osw(x, opt, swap_config_of(false));
     auto const cs = b.current_stream();
-    using buf = ps::exec::device_buffer<mock::backend>;
+    using buf = ps::exec::device_buffer<B>;
     std::size_t const boundary = st[0]->output_bytes();
     for (int step = 0; step < o.steps; ++step) {
       for (auto& s : st) s->begin_step(b, cs);
@@ -307,14 +366,14 @@ inline reference_result reference(train_options const& o) {
           buf out{};
           if (s + 1 < st.size()) out = {b.allocate_device(boundary, cs), boundary};
           auto& sv = saved[s][std::size_t(m)];
-          ps::exec::forward_args<mock::backend> f{b,
-                                                  cs,
-                                                  int(s),
-                                                  m,
-                                                  inputs[s][std::size_t(m)],
-                                                  out,
-                                                  [&](ps::device_ptr p, std::size_t n) { sv.push_back({p, n}); },
-                                                  {}};
+          ps::exec::forward_args<B> f{b,
+                                      cs,
+                                      int(s),
+                                      m,
+                                      inputs[s][std::size_t(m)],
+                                      out,
+                                      [&](ps::device_ptr p, std::size_t n) { sv.push_back({p, n}); },
+                                      {}};
           st[s]->forward(f);
           inputs[s + 1][std::size_t(m)] = out;
         }
@@ -330,13 +389,13 @@ inline reference_result reference(train_options const& o) {
           buf gin{};
           if (s > 0) gin = {b.allocate_device(boundary, cs), boundary};
           auto const& sv = saved[s][std::size_t(m)];
-          ps::exec::backward_args<mock::backend> g{
-              b, cs, int(s), m, inputs[s][std::size_t(m)], grads[s + 1][std::size_t(m)], gin, sv, {}};
+          ps::exec::backward_args<B> g{b,   cs, int(s), m, inputs[s][std::size_t(m)], grads[s + 1][std::size_t(m)],
+                                       gin, sv, {}};
           st[s]->backward(g);
           grads[s][std::size_t(m)] = gin;
         }
       }
-      b.synchronize_device();
+      settle(b, x);
       osw.step();
       out.losses.push_back(mean_loss(read_losses(b, *st.back(), cfg.micro)));
       for (auto& per_stage : saved)
@@ -348,10 +407,11 @@ inline reference_result reference(train_options const& o) {
             if (x2.ptr) b.deallocate_device(x2.ptr, x2.bytes, cs);
     }
   }
+  settle(b, x);
   for (auto const& s : st) {
     auto& v = out.stage_params[s->index()];
     for (auto const& t : s->tensors()) {
-      auto const bytes = b.read_device(t.param, 4 * t.numel);
+      auto const bytes = download(b, b.current_stream(), t.param, 4 * t.numel);
       v.insert(v.end(), bytes.begin(), bytes.end());
     }
   }
@@ -369,8 +429,9 @@ struct threaded_run {
   }
 };
 
-/// Runs every rank as a thread of this process on thread_comm.
-inline threaded_run train_threads(train_options const& o) {
+/// Runs every rank as a thread of this process on thread_comm, each on its own backend B made with `bo`.
+template <class B = mock::backend>
+threaded_run train_threads(train_options const& o, options_of<B> bo = default_options<B>()) {
   ps::exec::thread_world w(o.ranks);
   threaded_run r;
   r.outcomes.resize(std::size_t(o.ranks));
@@ -380,7 +441,7 @@ inline threaded_run train_threads(train_options const& o) {
     ts.emplace_back([&, k] {
       try {
         auto c = w.comm(k);
-        r.outcomes[std::size_t(k)] = train_rank(c, o);
+        r.outcomes[std::size_t(k)] = train_rank<B>(c, o, bo);
       } catch (std::exception const& e) {
         r.errors[std::size_t(k)] = e.what();
         if (r.errors[std::size_t(k)].empty()) r.errors[std::size_t(k)] = "(empty message)";
