@@ -2,10 +2,11 @@
 //   y = x + W2 · tanh(W1 · x + b1) + b2,
 // split into pipeline stages of `blocks` blocks each, with a mean-squared-error loss on the last
 // stage. Forward and backward are real float math, enqueued as kernels on the backend B through one
-// helper, launch(): on the mock backend each kernel declares the bytes it reads and writes (so the
-// hazard checker sees every byte move); on a backend whose launch(stream, fn) runs a host function as
-// a kernel and whose device addresses are host memory (the tests' threaded backend), the same body
-// runs on plain pointers. The math is written once, over an accessor with read<T>(p, n) and
+// customization point, stage_device<B>: on the mock backend each kernel declares the bytes it reads
+// and writes (so the hazard checker sees every byte move); on a backend whose launch(stream, fn) runs
+// a host function as a kernel and whose device addresses are host memory (the tests' threaded
+// backend), the same body runs on plain pointers; the CUDA tests run it on host copies of the
+// declared bytes, in stream order. The math is written once, over an accessor with read<T>(p, n) and
 // write<T>(p, n).
 // Every value (weights, inputs, targets) is a pure function of the seed, the step, the stage and the
 // micro-batch, so a run on any number of ranks trains exactly the same model on the same data.
@@ -71,52 +72,75 @@ struct host_access {
   }
 };
 
-/// Enqueues `body(k)` as a kernel on stream s, where k has read<T>(p, n) and write<T>(p, n). On the
-/// mock the kernel is described by `label`, `reads` and `writes` (the hazard checker's view; the body
-/// may touch nothing else); elsewhere the backend's launch(stream, fn) runs it on host pointers and
-/// the description is not built.
-template <class B, class Body>
-void launch(B& b, ps::stream_t<B> s, std::string label, std::vector<region> reads, std::vector<region> writes,
-            Body body) {
-  if constexpr (is_mock_backend<B>) {
-    b.launch(s, mock::kernel_desc{std::move(label), std::move(reads), std::move(writes), {}},
-             [body = std::move(body)](mock::kernel_context const& k) { body(k); });
-  } else {
+/// How the stage's kernels and its host transfers run on backend B: launch(b, s, label, reads,
+/// writes, body) enqueues `body(k)` as a kernel on stream s, where k has read<T>(p, n) and
+/// write<T>(p, n) and the body touches only the declared `reads` and `writes`; upload and download
+/// move bytes between the host and device memory, ordered after the work enqueued on s (the host
+/// waits). This primary template serves a backend whose launch(stream, fn) runs a host function as a
+/// kernel and whose device addresses are host memory (the tests' threaded backend): the body runs on
+/// plain pointers, and the description is not built. The mock's specialisation follows; another
+/// backend specialises it before it instantiates a stage (the CUDA tests' does,
+/// tests/support/cuda_host_kernel.hpp).
+template <class B>
+struct stage_device {
+  static constexpr bool available = requires(B & b, ps::stream_t<B> s, void (*fn)()) { b.launch(s, fn); };
+
+  template <class Body>
+  static void launch(B& b, ps::stream_t<B> s, std::string const&, std::vector<region> const&,
+                     std::vector<region> const&, Body body) {
     b.launch(s, [body = std::move(body)] { body(host_access{}); });
   }
-}
-
-/// Whether launch() can run on B: the mock, or a backend with launch(stream, host function).
-template <class B>
-concept stage_backend = is_mock_backend<B> || requires(B& b, ps::stream_t<B> s, void (*fn)()) {
-  b.launch(s, fn);
-};
-
-/// Bytes from the host into device memory: write_device on the mock; elsewhere a kernel on stream s
-/// that copies them, with the host synchronized behind it.
-template <class B>
-void upload(B& b, ps::stream_t<B> s, ps::device_ptr d, std::span<std::byte const> bytes) {
-  if constexpr (is_mock_backend<B>) {
-    b.write_device(d, bytes);
-  } else {
+  static void upload(B& b, ps::stream_t<B> s, ps::device_ptr d, std::span<std::byte const> bytes) {
     auto v = std::make_shared<std::vector<std::byte>>(bytes.begin(), bytes.end());
     b.launch(s, [d, v] { std::memcpy(d.get<std::byte>(), v->data(), v->size()); });
     b.synchronize(b.record_event(s));
   }
-}
-
-/// Bytes from device memory to the host: read_device on the mock; elsewhere a kernel on stream s that
-/// copies them, with the host synchronized behind it (so it sees everything enqueued on s before).
-template <class B>
-std::vector<std::byte> download(B& b, ps::stream_t<B> s, ps::device_ptr d, std::size_t n) {
-  if constexpr (is_mock_backend<B>) {
-    return b.read_device(d, n);
-  } else {
+  static std::vector<std::byte> download(B& b, ps::stream_t<B> s, ps::device_ptr d, std::size_t n) {
     auto out = std::make_shared<std::vector<std::byte>>(n);
     b.launch(s, [d, out] { std::memcpy(out->data(), d.get<std::byte const>(), out->size()); });
     b.synchronize(b.record_event(s));
     return std::move(*out);
   }
+};
+
+/// On the mock each kernel is described by its label, reads and writes (the hazard checker's view),
+/// and the host reads and writes device memory directly.
+template <>
+struct stage_device<mock::backend> {
+  static constexpr bool available = true;
+
+  template <class Body>
+  static void launch(mock::backend& b, mock::stream s, std::string label, std::vector<region> reads,
+                     std::vector<region> writes, Body body) {
+    b.launch(s, mock::kernel_desc{std::move(label), std::move(reads), std::move(writes), {}},
+             [body = std::move(body)](mock::kernel_context const& k) { body(k); });
+  }
+  static void upload(mock::backend& b, mock::stream, ps::device_ptr d, std::span<std::byte const> bytes) {
+    b.write_device(d, bytes);
+  }
+  static std::vector<std::byte> download(mock::backend& b, mock::stream, ps::device_ptr d, std::size_t n) {
+    return b.read_device(d, n);
+  }
+};
+
+/// Whether a stage runs on B: stage_device<B> serves it.
+template <class B>
+concept stage_backend = stage_device<B>::available;
+
+template <class B, class Body>
+void launch(B& b, ps::stream_t<B> s, std::string label, std::vector<region> reads, std::vector<region> writes,
+            Body body) {
+  stage_device<B>::launch(b, s, std::move(label), std::move(reads), std::move(writes), std::move(body));
+}
+
+template <class B>
+void upload(B& b, ps::stream_t<B> s, ps::device_ptr d, std::span<std::byte const> bytes) {
+  stage_device<B>::upload(b, s, d, bytes);
+}
+
+template <class B>
+std::vector<std::byte> download(B& b, ps::stream_t<B> s, ps::device_ptr d, std::size_t n) {
+  return stage_device<B>::download(b, s, d, n);
 }
 
 /// One pipeline stage of the model on backend B: its blocks' weights and gradients on the device.

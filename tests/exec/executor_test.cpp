@@ -41,6 +41,52 @@
 #include "support/backend_list.hpp"
 #include "support/sanitized.hpp"
 #include "train.hpp"
+#if defined(PIPESWAP_TEST_CUDA)
+#  include <pipeswap/optim/cuda/adam_kernels.hpp>
+
+#  include "support/cuda_host_kernel.hpp"
+#endif
+
+#if defined(PIPESWAP_TEST_CUDA)
+// cuda_executor (tests/cuda/meson.build) runs the cases over test_backends on the device: the model's
+// kernels are host math on host copies of their declared bytes, in stream order
+// (support/cuda_host_kernel.hpp), so the training's bytes are the mock's, while the executor, the
+// transfer engine and both swap runtimes move real device memory on CUDA streams. Each rank's backend
+// is made on the test device. Without a device the program skips.
+template <>
+struct pipeline_train::stage_device<pipeswap::cuda::backend> {
+  using backend = pipeswap::cuda::backend;
+  using stream = pipeswap::cuda::stream_ref;
+  static constexpr bool available = true;
+
+  template <class Body>
+  static void launch(backend& b, stream s, std::string const&, std::vector<region> reads, std::vector<region> writes,
+                     Body body) {
+    pipeswap::test::cuda_host_kernels::run(b, s, std::move(reads), std::move(writes), std::move(body));
+  }
+  static void upload(backend& b, stream s, pipeswap::device_ptr d, std::span<std::byte const> bytes) {
+    if (bytes.empty()) return;
+    pipeswap::cuda::device_guard const g(b.device());
+    PIPESWAP_CUDA_TRY(cudaMemcpyAsync(d.get(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice, s.get()));
+    b.synchronize(b.record_event(s));
+  }
+  static std::vector<std::byte> download(backend& b, stream s, pipeswap::device_ptr d, std::size_t n) {
+    std::vector<std::byte> out(n);
+    if (n == 0) return out;
+    pipeswap::cuda::device_guard const g(b.device());
+    PIPESWAP_CUDA_TRY(cudaMemcpyAsync(out.data(), d.get(), n, cudaMemcpyDeviceToHost, s.get()));
+    b.synchronize(b.record_event(s));
+    return out;
+  }
+};
+/// A CUDA backend is made from its device number.
+template <>
+struct pipeline_train::backend_options<pipeswap::cuda::backend> {
+  using type = int;
+};
+using gate = pipeswap::test::skip_unless_available<pipeswap::test::test_backends>;
+BOOST_TEST_GLOBAL_FIXTURE(gate);
+#endif
 
 namespace pt = pipeline_train;
 namespace ex = pipeswap::exec;
@@ -57,6 +103,9 @@ constexpr bool sampled = pipeswap::test::sanitized_build;
 /// the run, so an asserted success also asserts no hazard); the threaded backend has its defaults.
 template <class B>
 pt::options_of<B> backend_options() {
+#if defined(PIPESWAP_TEST_CUDA)
+  if constexpr (std::is_same_v<B, pipeswap::cuda::backend>) return pipeswap::test::cuda_test_device();
+#endif
   return pt::default_options<B>();
 }
 
