@@ -7,8 +7,9 @@
 // copy streams. Written regions are copied in as well, since a body may accumulate into them.
 //
 // A body may touch only the regions it declares (the rule of mock::kernel_desc): reading or writing
-// other bytes aborts with the offending range, because a host function cannot throw. The staging of
-// one launch is freed by a later launch, or by drain(), once an event behind its copies completed.
+// other bytes aborts with the offending range, because a host function cannot throw. A launch's
+// staging goes back to a pool once an event behind its copies completed, checked at every launch
+// (page-locking memory costs far more than these kernels); the pool lives as long as the process.
 // Only for executables that link libcudart (tests/cuda/).
 #pragma once
 
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -67,25 +69,24 @@ public:
   template <class F>
   static void run(cuda::backend& b, cuda::stream_ref s, std::vector<mock::region> reads,
                   std::vector<mock::region> writes, F body) {
-    reap(false);
+    reap();
     cuda::device_guard const g(b.device());
     auto job = std::make_unique<launch<F>>(std::move(body));
     std::size_t total = 0;
     for (auto const& r : reads) job->v.regions.push_back({r, std::exchange(total, total + round(r.bytes)), false});
     for (auto const& r : writes) job->v.regions.push_back({r, std::exchange(total, total + round(r.bytes)), true});
-    void* host = nullptr;
-    PIPESWAP_CUDA_TRY(cudaMallocHost(&host, total == 0 ? 1 : total));
-    job->v.staging = static_cast<std::byte*>(host);
+    job->bytes = total == 0 ? 256 : total;
+    job->v.staging = take(job->bytes);
     for (auto const& x : job->v.regions) {
       if (x.r.bytes == 0) continue;
-      PIPESWAP_CUDA_TRY(cudaMemcpyAsync(job->v.staging + x.offset, x.r.ptr.get(), x.r.bytes,
-                                        cudaMemcpyDeviceToHost, s.get()));
+      PIPESWAP_CUDA_TRY(
+          cudaMemcpyAsync(job->v.staging + x.offset, x.r.ptr.get(), x.r.bytes, cudaMemcpyDeviceToHost, s.get()));
     }
     PIPESWAP_CUDA_TRY(cudaLaunchHostFunc(s.get(), &launch<F>::call, job.get()));
     for (auto const& x : job->v.regions) {
       if (!x.writable || x.r.bytes == 0) continue;
-      PIPESWAP_CUDA_TRY(cudaMemcpyAsync(x.r.ptr.get(), job->v.staging + x.offset, x.r.bytes,
-                                        cudaMemcpyHostToDevice, s.get()));
+      PIPESWAP_CUDA_TRY(
+          cudaMemcpyAsync(x.r.ptr.get(), job->v.staging + x.offset, x.r.bytes, cudaMemcpyHostToDevice, s.get()));
     }
     cudaEvent_t done = nullptr;
     PIPESWAP_CUDA_TRY(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
@@ -94,13 +95,11 @@ public:
     pending().push_back({done, std::move(job)});
   }
 
-  /// Waits for every launch still in flight and frees its staging.
-  static void drain() { reap(true); }
-
 private:
   struct job_base {
     view v;
-    virtual ~job_base() { cudaFreeHost(v.staging); }
+    std::size_t bytes = 0;
+    virtual ~job_base() = default;
   };
   template <class F>
   struct launch : job_base {
@@ -125,18 +124,38 @@ private:
     static std::deque<in_flight> d;
     return d;
   }
-  /// Frees the staging of the launches that completed (all of them, waiting, when `wait`).
-  static void reap(bool wait) {
+  /// Pinned blocks not in use, by size.
+  static std::multimap<std::size_t, std::byte*>& pool() {
+    static std::multimap<std::size_t, std::byte*> m;
+    return m;
+  }
+  /// The smallest pooled block of at least n bytes, or a new one.
+  static std::byte* take(std::size_t n) {
+    {
+      std::lock_guard lk(pending_mutex());
+      if (auto it = pool().lower_bound(n); it != pool().end()) {
+        auto* p = it->second;
+        pool().erase(it);
+        return p;
+      }
+    }
+    void* host = nullptr;
+    PIPESWAP_CUDA_TRY(cudaMallocHost(&host, n));
+    return static_cast<std::byte*>(host);
+  }
+  /// Returns the staging of the launches that completed to the pool.
+  static void reap() {
     std::lock_guard lk(pending_mutex());
     auto& d = pending();
     for (auto it = d.begin(); it != d.end();) {
-      cudaError_t const e = wait ? cudaEventSynchronize(it->done) : cudaEventQuery(it->done);
+      cudaError_t const e = cudaEventQuery(it->done);
       if (e == cudaErrorNotReady) {
         ++it;
         continue;
       }
       PIPESWAP_CUDA_TRY(e);
       cudaEventDestroy(it->done);
+      pool().emplace(it->job->bytes, it->job->v.staging);
       it = d.erase(it);
     }
   }
