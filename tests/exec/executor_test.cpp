@@ -191,11 +191,12 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(schedule_matrix_is_bit_identical_and_swap_lowers_p
           BOOST_TEST_CONTEXT(name_of(o)) {
             auto r = pt::train_threads<B>(o, backend_options<B>());
             ++runs;
+            // On the mock, ok() also says hazard-free: it raises at the first hazard, which fails the
+            // rank (each_executor_wait_is_necessary shows it firing).
             BOOST_TEST_REQUIRE(r.ok(), all_errors(r));
             BOOST_TEST(pt::bit_identical(r.outcomes, ref));
             std::size_t swapped = 0;
             for (auto const& out : r.outcomes) {
-              if constexpr (is_mock<B>) BOOST_TEST(out->hazards == 0u);
               swapped += out->swapped_chunks;
               if (!out->losses.empty()) BOOST_TEST(out->losses == ref.losses);
             }
@@ -668,8 +669,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(optimizer_phases_train_bit_identically_with_batche
         auto const r = pt::train_threads<B>(o, backend_options<B>());
         BOOST_TEST_REQUIRE(r.ok(), all_errors(r));
         BOOST_TEST(pt::bit_identical(r.outcomes, ref));
-        for (auto const& out : r.outcomes) {
-          if constexpr (is_mock<B>) BOOST_TEST(out->hazards == 0u);
+        for (auto const& out : r.outcomes) { // ok() above: hazard-free on the mock, which raises
           BOOST_TEST(out->prefetched_batches > 0u, "rank " << out->rank);
           if (!out->losses.empty()) BOOST_TEST(out->losses == ref.losses);
         }
