@@ -141,10 +141,12 @@ public:
                                                   a->id, " has ", a->size, " bytes)"}));
     }
     auto const p = plan(s, 0, engine::none);
-    touches t;
-    t.add(a, 0, n, detail::access_mode::release);
     auto name = named([&] { return label("release"); });
-    detail::check_touches(t, p, op_kind::release, name, log_, opts_, hazards_);
+    if (tracks_touches()) {
+      touches t;
+      t.add(a, 0, n, detail::access_mode::release);
+      detail::check_touches(t, p, op_kind::release, name, log_, opts_, hazards_);
+    }
     auto const op = commit(s, p, op_kind::release, n, engine::none, std::move(name));
     a->released = true;
     a->release_op = op;
@@ -271,7 +273,7 @@ public:
     touches t;
     std::size_t touched = 0;
     kernel_context ctx;
-    ctx.name_ = desc.name;
+    if (opts_.materialize && body) ctx.name_ = desc.name; // the body's view names its kernel
     auto bind = [&](region const& r, bool writable) {
       if (r.bytes == 0) return;
       detail::call_site const where{"launch '", desc.name, "' region"};

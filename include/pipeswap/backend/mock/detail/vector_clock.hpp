@@ -16,6 +16,29 @@ namespace pipeswap::mock::detail {
 /// allocation per copy), beyond that on the heap.
 class vector_clock {
 public:
+  vector_clock() = default;
+  /// Copies only the counted agents (every operation copies a clock).
+  vector_clock(vector_clock const& o) : heap_(o.heap_), n_(o.n_) {
+    if (heap_.empty()) std::copy_n(o.inline_.begin(), n_, inline_.begin());
+  }
+  vector_clock& operator=(vector_clock const& o) {
+    if (this == &o) return *this;
+    if (o.heap_.empty() && heap_.empty()) {
+      // The inline counters past o.n_ must read 0 again (grow relies on it).
+      std::copy_n(o.inline_.begin(), o.n_, inline_.begin());
+      if (n_ > o.n_)
+        std::fill(inline_.begin() + static_cast<std::ptrdiff_t>(o.n_),
+                  inline_.begin() + static_cast<std::ptrdiff_t>(n_), 0);
+    } else {
+      inline_ = o.inline_;
+      heap_ = o.heap_;
+    }
+    n_ = o.n_;
+    return *this;
+  }
+  vector_clock(vector_clock&&) = default;
+  vector_clock& operator=(vector_clock&&) = default;
+
   [[nodiscard]] std::uint64_t get(std::uint32_t agent) const noexcept { return agent < n_ ? data()[agent] : 0; }
   void set(std::uint32_t agent, std::uint64_t value) {
     if (agent >= n_) grow(agent + std::size_t{1});

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <limits>
 #include <map>
+#include <string>
 #include <string_view>
 #include <tuple>
 
@@ -67,8 +68,7 @@ public:
     auto const arrival = start + link_time(n, peer);
     auto const m = exec::boundary_of_tag(tag, stages_);
     b_.wait_until(s, arrival,
-                  schedule::to_text(schedule::leaf(m.dir ? step_kind::bwd_send : step_kind::fwd_send,
-                                                   m.dir ? m.stage + 1 : m.stage - 1, m.micro)));
+                  named(m.dir ? step_kind::bwd_send : step_kind::fwd_send, m.dir ? m.stage + 1 : m.stage - 1, m.micro));
     mb_.arrivals[{rank_, peer, tag}] = arrival;
     return {true, peer, tag, s};
   }
@@ -81,9 +81,7 @@ public:
     auto const arrival = it->second;
     mb_.arrivals.erase(it);
     auto const m = exec::boundary_of_tag(r.tag, stages_);
-    b_.wait_until(
-        r.stream, arrival,
-        schedule::to_text(schedule::leaf(m.dir ? step_kind::bwd_recv : step_kind::fwd_recv, m.stage, m.micro)));
+    b_.wait_until(r.stream, arrival, named(m.dir ? step_kind::bwd_recv : step_kind::fwd_recv, m.stage, m.micro));
     r.done = true;
     return true;
   }
@@ -91,6 +89,11 @@ public:
   void abort(std::string_view) {}
 
 private:
+  /// The entry a wait is for, as the mock's op log names it (nothing when it keeps no log).
+  std::string named(step_kind k, index_type stage, index_type micro) const {
+    return b_.config().keep_op_log ? schedule::to_text(schedule::leaf(k, stage, micro)) : std::string();
+  }
+
   /// Latency plus bytes over the link to `peer`: NVLink's pair rate inside a node, the network's
   /// across nodes (p2p_crosses_nodes).
   sim_time link_time(std::size_t bytes, int peer) const {

@@ -279,7 +279,7 @@ private:
         auto const n = layer_total / layers + (l + 1 == layers ? layer_total % layers : 0);
         acts.push_back({n ? b.allocate_device(n, cs) : device_ptr{}, n});
       }
-      mock::kernel_desc d{name_of("FWD", f.stage, f.micro), {}, {}, r->compute_ns(*st, true)};
+      mock::kernel_desc d{r->name_of("FWD", f.stage, f.micro), {}, {}, r->compute_ns(*st, true)};
       if (r->declare_weights_) {
         for (auto const& p : r->weights_.at(st->stage).params) d.reads.push_back({p.ptr, p.bytes});
         (first ? d.writes : d.reads).push_back({in.ptr, in.bytes});
@@ -319,7 +319,7 @@ private:
       if (st->backward_workspace_bytes) r->make_room(st->backward_workspace_bytes, cs);
       if (st->backward_workspace_bytes)
         work = {b.allocate_device(st->backward_workspace_bytes, cs), st->backward_workspace_bytes};
-      mock::kernel_desc d{name_of("BWD", g.stage, g.micro), {}, {}, r->compute_ns(*st, false)};
+      mock::kernel_desc d{r->name_of("BWD", g.stage, g.micro), {}, {}, r->compute_ns(*st, false)};
       // The stage's last backward completes its gradients: with overlap_grad_reduce their
       // reduce-scatter starts with it (grad_reduce_around).
       bool const reduce = r->dp_stream_ && g.micro + 1 == static_cast<index_type>(r->s_.pipeline.micro_batches);
@@ -462,7 +462,10 @@ private:
     b_.launch(b_.current_stream(), std::move(d));
   }
 
-  static std::string name_of(char const* what, index_type st, index_type m) {
+  /// A stage kernel's name: read by the op log and by the errors that name a declared region, so
+  /// formatted only for them.
+  std::string name_of(char const* what, index_type st, index_type m) const {
+    if (!declare_weights_ && !b_.config().keep_op_log) return {};
     return std::string(what) + " s" + std::to_string(st) + " m" + std::to_string(m);
   }
 
