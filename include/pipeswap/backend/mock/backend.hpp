@@ -491,13 +491,9 @@ private:
 
   planned plan(stream s, sim_time duration, engine e) const {
     auto const& st = streams_[s.id];
-    planned p;
-    p.agent = agent_of(s);
-    p.seq = st.seq + 1;
-    p.start = std::max(st.ready, host_now_);
-    if (e != engine::none) p.start = std::max(p.start, engine_free_[static_cast<int>(e)]);
-    p.end = p.start + duration;
-    p.clock = st.clock;
+    auto start = std::max(st.ready, host_now_);
+    if (e != engine::none) start = std::max(start, engine_free_[static_cast<int>(e)]);
+    planned p{agent_of(s), st.seq + 1, start, start + duration, st.clock}; // the clock copied, not zeroed first
     p.clock.join(host_clock_);
     p.clock.set(p.agent, p.seq);
     return p;

@@ -17,22 +17,11 @@ namespace pipeswap::mock::detail {
 class vector_clock {
 public:
   vector_clock() = default;
-  /// Copies only the counted agents (every operation copies a clock).
-  vector_clock(vector_clock const& o) : heap_(o.heap_), n_(o.n_) {
-    if (heap_.empty()) std::copy_n(o.inline_.begin(), n_, inline_.begin());
-  }
+  vector_clock(vector_clock const&) = default;
+  /// Every operation assigns a clock: with both inline, the counters are copied and nothing else.
   vector_clock& operator=(vector_clock const& o) {
-    if (this == &o) return *this;
-    if (o.heap_.empty() && heap_.empty()) {
-      // The inline counters past o.n_ must read 0 again (grow relies on it).
-      std::copy_n(o.inline_.begin(), o.n_, inline_.begin());
-      if (n_ > o.n_)
-        std::fill(inline_.begin() + static_cast<std::ptrdiff_t>(o.n_),
-                  inline_.begin() + static_cast<std::ptrdiff_t>(n_), 0);
-    } else {
-      inline_ = o.inline_;
-      heap_ = o.heap_;
-    }
+    inline_ = o.inline_; // past o.n_ they are 0, as this clock's must be
+    if (!o.heap_.empty() || !heap_.empty()) heap_ = o.heap_;
     n_ = o.n_;
     return *this;
   }

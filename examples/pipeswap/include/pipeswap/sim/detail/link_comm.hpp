@@ -6,10 +6,12 @@
 #include <chrono>
 #include <cstddef>
 #include <limits>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <vector>
 
 #include <pipeswap/backend/mock.hpp>
 #include <pipeswap/exec/comm.hpp>
@@ -29,6 +31,18 @@ using schedule::step_kind;
 /// tag).
 struct mailbox {
   std::map<std::tuple<int, int, int>, sim_time> arrivals;
+  /// Per receiver: messages posted to it so far (a rank whose receive found no message polls again
+  /// only once this has grown: nothing else can complete it).
+  std::vector<std::uint64_t> posted_to;
+
+  void post(int from, int to, int tag, sim_time arrival) {
+    arrivals[{from, to, tag}] = arrival;
+    if (static_cast<std::size_t>(to) >= posted_to.size()) posted_to.resize(static_cast<std::size_t>(to) + 1, 0);
+    ++posted_to[static_cast<std::size_t>(to)];
+  }
+  [[nodiscard]] std::uint64_t posted(int to) const {
+    return static_cast<std::size_t>(to) < posted_to.size() ? posted_to[static_cast<std::size_t>(to)] : 0;
+  }
 };
 
 /// The scenario's P2P link between the simulated ranks, as a stream-ordered comm
@@ -69,7 +83,7 @@ public:
     auto const m = exec::boundary_of_tag(tag, stages_);
     b_.wait_until(s, arrival,
                   named(m.dir ? step_kind::bwd_send : step_kind::fwd_send, m.dir ? m.stage + 1 : m.stage - 1, m.micro));
-    mb_.arrivals[{rank_, peer, tag}] = arrival;
+    mb_.post(rank_, peer, tag, arrival);
     return {true, peer, tag, s};
   }
   request_type irecv(void*, std::size_t, int peer, int tag, mock::stream s) { return {false, peer, tag, s}; }

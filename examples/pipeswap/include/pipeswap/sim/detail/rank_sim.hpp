@@ -64,7 +64,7 @@ public:
            std::uint32_t rank, schedule::order ord, sim_options const& o, link_rates const& link, mailbox& mb)
       : s_(s), stages_(stages), layout_(layout), rank_(rank), order_(std::move(ord)), link_(link),
         b_(mock_options(s, o, link)), budget_(room_of(s)), engine_(b_, pool_options(o)), opt_(b_),
-        comm_(b_, mb, static_cast<int>(rank), static_cast<int>(s.pipeline.ranks), layout.stages(), s) {
+        comm_(b_, mb, static_cast<int>(rank), static_cast<int>(s.pipeline.ranks), layout.stages(), s), mb_(mb) {
     overlap_ = o.overlap;
     declare_weights_ = o.check_hazards || o.materialize;
     // With overlap one budget governs both swap jobs of the device; it is attached before any
@@ -170,13 +170,20 @@ public:
     deferred_waited_ = 0;
     h2d0_ = b_.bytes_copied_h2d();
     d2h0_ = b_.bytes_copied_d2h();
+    blocked_since_.reset();
     unwrapped([&] { ex_->begin_step(order_, end_); });
   }
 
   /// Runs entries until the order ends or a receive waits for data not sent yet. Returns the number
   /// of entries run.
+  /// A rank that stopped at a receive is not run again until a message was posted to it since it
+  /// started that run (the receive could not complete otherwise, and finding that has no effect).
   std::size_t advance() {
-    return unwrapped([&] { return ex_->advance(); });
+    auto const posted = mb_.posted(static_cast<int>(rank_));
+    if (blocked_since_ && *blocked_since_ == posted) return 0;
+    auto const n = unwrapped([&] { return ex_->advance(); });
+    blocked_since_ = done() ? std::nullopt : std::optional(posted);
+    return n;
   }
 
   /// After the order: the executor's end of the step (end_of_step). Returns the time the step
@@ -509,6 +516,9 @@ private:
   transfer_engine<mock::backend> engine_;
   opt_type opt_;
   link_comm comm_;
+  mailbox& mb_;
+  /// The mailbox's count of messages to this rank when the run that stopped at a receive began.
+  std::optional<std::uint64_t> blocked_since_;
   std::map<index_type, stage_model> models_;
   std::optional<executor_type> ex_;
   end_of_step end_{this};
