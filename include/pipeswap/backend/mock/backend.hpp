@@ -141,10 +141,12 @@ public:
                                                   a->id, " has ", a->size, " bytes)"}));
     }
     auto const p = plan(s, 0, engine::none);
-    touches t;
-    t.add(a, 0, n, detail::access_mode::release);
     auto name = named([&] { return label("release"); });
-    detail::check_touches(t, p, op_kind::release, name, log_, opts_, hazards_);
+    if (tracks_touches()) {
+      touches t;
+      t.add(a, 0, n, detail::access_mode::release);
+      detail::check_touches(t, p, op_kind::release, name, log_, opts_, hazards_);
+    }
     auto const op = commit(s, p, op_kind::release, n, engine::none, std::move(name));
     a->released = true;
     a->release_op = op;
@@ -271,7 +273,7 @@ public:
     touches t;
     std::size_t touched = 0;
     kernel_context ctx;
-    ctx.name_ = desc.name;
+    if (opts_.materialize && body) ctx.name_ = desc.name; // the body's view names its kernel
     auto bind = [&](region const& r, bool writable) {
       if (r.bytes == 0) return;
       detail::call_site const where{"launch '", desc.name, "' region"};
@@ -489,13 +491,9 @@ private:
 
   planned plan(stream s, sim_time duration, engine e) const {
     auto const& st = streams_[s.id];
-    planned p;
-    p.agent = agent_of(s);
-    p.seq = st.seq + 1;
-    p.start = std::max(st.ready, host_now_);
-    if (e != engine::none) p.start = std::max(p.start, engine_free_[static_cast<int>(e)]);
-    p.end = p.start + duration;
-    p.clock = st.clock;
+    auto start = std::max(st.ready, host_now_);
+    if (e != engine::none) start = std::max(start, engine_free_[static_cast<int>(e)]);
+    planned p{agent_of(s), st.seq + 1, start, start + duration, st.clock}; // the clock copied, not zeroed first
     p.clock.join(host_clock_);
     p.clock.set(p.agent, p.seq);
     return p;

@@ -86,9 +86,8 @@ public:
 
   /// Forgets what ends at or before `t` (no copy is planned to start before the host's present).
   void forget_before(sim_time t) {
-    std::size_t k = 0;
-    while (k < segs_.size() && segs_[k].end <= t) ++k;
-    segs_.erase(segs_.begin(), segs_.begin() + static_cast<std::ptrdiff_t>(k));
+    auto const k = std::partition_point(segs_.begin(), segs_.end(), [&](segment const& s) { return s.end <= t; });
+    segs_.erase(segs_.begin(), k);
   }
   void append(std::vector<segment> const& more) {
     for (auto const& s : more) {
@@ -115,7 +114,8 @@ inline sim_time shared_copy_end(link_model const& link, double f, sim_time start
   if (bytes == 0) return alone;
   auto const t0 = start + link.latency_ns;
   auto const& segs = other.segments();
-  auto it = std::find_if(segs.begin(), segs.end(), [&](auto const& s) { return s.end > t0; });
+  // Disjoint and in time order: their ends increase, the first that ends after t0 is found by halving.
+  auto it = std::partition_point(segs.begin(), segs.end(), [&](auto const& s) { return s.end <= t0; });
   if (f >= 1 || it == segs.end() || it->begin >= alone) {
     mine.push_back({t0, alone, 1.0});
     return alone;

@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -122,12 +123,18 @@ public:
     }
   }
 
-  /// Waits `r` at most executor_options::wait_timeout; `at()` names where the step stands.
-  template <class At>
-  void await(request_t<C>& r, std::string const& what, At const& at) {
+  /// Waits `r` at most executor_options::wait_timeout; `at()` names where the step stands, `what`
+  /// (a string, or a callable giving one, formatted only for the error) what it waits for.
+  template <class What, class At>
+  void await(request_t<C>& r, What const& what, At const& at) {
     if (!c_.wait_for(r, o_.wait_timeout)) {
+      std::string text;
+      if constexpr (std::is_invocable_v<What const&>)
+        text = what();
+      else
+        text = what;
       throw comm_timeout(pipeswap::detail::message(
-          {"rank ", c_.rank(), " waited ", o_.wait_timeout.count(), " ms at ", at(), " for ", what}));
+          {"rank ", c_.rank(), " waited ", o_.wait_timeout.count(), " ms at ", at(), " for ", text}));
     }
   }
 
@@ -146,7 +153,7 @@ public:
     p.bytes = r.buf.bytes;
     p.peer = layout_.rank_of(to);
     p.tag = tag_of(dir, to, e.micro);
-    p.entry = schedule::to_text(e);
+    p.entry = e;
     if constexpr (stream_ordered) {
       // The send stream waits the compute that wrote the boundary; the send and the buffer's
       // release go out behind it, stream-ordered (the host never waits).
@@ -188,7 +195,12 @@ public:
       }
     }
     if (blocking) {
-      await(p.req, pipeswap::detail::message({p.bytes, " bytes from rank ", p.peer, " (tag ", p.tag, ")"}), at);
+      await(
+          p.req,
+          [&] {
+            return pipeswap::detail::message({p.bytes, " bytes from rank ", p.peer, " (tag ", p.tag, ")"});
+          },
+          at);
     } else if (!c_.test(p.req)) {
       return std::nullopt;
     }
@@ -215,10 +227,13 @@ public:
   template <class At>
   void finish_sends(At const& at) {
     for (auto& s : sends_) {
-      await(s.req,
-            pipeswap::detail::message(
-                {"the send ", s.entry, " of ", s.bytes, " bytes to rank ", s.peer, " to complete (tag ", s.tag, ")"}),
-            at);
+      await(
+          s.req,
+          [&] {
+            return pipeswap::detail::message({"the send ", schedule::to_text(s.entry), " of ", s.bytes,
+                                              " bytes to rank ", s.peer, " to complete (tag ", s.tag, ")"});
+          },
+          at);
       if constexpr (C::reads_device_memory) free_dev(s.dev, b_.current_stream());
     }
     sends_.clear();
@@ -269,7 +284,7 @@ private:
     buffer dev;                // direct: released after completion
     std::size_t bytes = 0;
     int peer = 0, tag = 0;
-    std::string entry;
+    schedule::step entry; ///< the SEND entry (a leaf), named only in a timeout's message
   };
 
   stream_t<B> new_stream(char const* name) {

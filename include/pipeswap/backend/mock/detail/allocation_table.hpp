@@ -59,13 +59,13 @@ class allocation_table {
 public:
   /// A new device allocation: its base is above every earlier one's.
   void add_device(alloc_ptr const& a) {
-    device_.emplace_back(a->base, a);
-    live_device_.emplace_back(a->base, a);
+    device_.push_back({a->base, a->base + a->size, a});
+    live_device_.push_back({a->base, a->base + a->size, a});
   }
   /// After a device allocation was marked released.
   void device_released() {
     if (++released_in_live_ > live_device_.size() / 2) {
-      std::erase_if(live_device_, [](auto const& e) { return e.second->released; });
+      std::erase_if(live_device_, [](entry const& e) { return e.a->released; });
       released_in_live_ = 0;
     }
   }
@@ -79,13 +79,14 @@ public:
     auto const addr = d.address();
     // Device ranges never overlap and are never reused: an allocation found before for the same
     // address slot, if it holds the address, is the one the lists would find.
+    // The entries hold each allocation's range: a lookup reads the allocation itself only once found.
     auto& hit = recent_[(addr / allocation_alignment) % recent_.size()];
-    if (hit && addr >= hit->base && addr < hit->base + hit->size) return hit;
+    if (addr >= hit.base && addr < hit.end) return hit.a;
     for (auto const* list : {&live_device_, &device_}) {
       auto const it = find_in(*list, addr);
-      if (it != list->end() && addr < it->second->base + it->second->size) {
-        hit = it->second;
-        return hit;
+      if (it != list->end() && addr < it->end) {
+        hit = *it;
+        return hit.a;
       }
     }
     throw mock_error("mock::backend::" + what.text() + ": " + describe_ptr(d) +
@@ -108,16 +109,21 @@ public:
   /// Calls `f(allocation&)` for every device allocation and every pinned one not released.
   template <class F>
   void for_each(F&& f) const {
-    for (auto const& e : device_) f(*e.second);
+    for (auto const& e : device_) f(*e.a);
     for (auto const& e : host_) f(*e.second);
   }
 
 private:
-  using alloc_list = std::vector<std::pair<std::uintptr_t, alloc_ptr>>;
+  /// A device allocation and its address range [base, end) (an empty range: no allocation).
+  struct entry {
+    std::uintptr_t base = 0, end = 0;
+    alloc_ptr a;
+  };
+  using alloc_list = std::vector<entry>;
   /// The entry of `list` (sorted by base address) with the highest base at or below `addr`, or end.
   static alloc_list::const_iterator find_in(alloc_list const& list, std::uintptr_t addr) {
     auto it =
-        std::upper_bound(list.begin(), list.end(), addr, [](std::uintptr_t x, auto const& e) { return x < e.first; });
+        std::upper_bound(list.begin(), list.end(), addr, [](std::uintptr_t x, entry const& e) { return x < e.base; });
     return it == list.begin() ? list.end() : std::prev(it);
   }
 
@@ -125,7 +131,7 @@ private:
   alloc_list live_device_;           ///< those not released (and a few released), by base address
   std::size_t released_in_live_ = 0; ///< releases since live_device_ was last pruned
   /// Device allocations found before, by address slot (a direct-mapped cache of the lookups).
-  mutable std::array<alloc_ptr, 512> recent_{};
+  mutable std::array<entry, 512> recent_{};
   std::map<std::uintptr_t, alloc_ptr> host_;
 };
 

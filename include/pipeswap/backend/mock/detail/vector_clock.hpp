@@ -16,6 +16,18 @@ namespace pipeswap::mock::detail {
 /// allocation per copy), beyond that on the heap.
 class vector_clock {
 public:
+  vector_clock() = default;
+  vector_clock(vector_clock const&) = default;
+  /// Every operation assigns a clock: with both inline, the counters are copied and nothing else.
+  vector_clock& operator=(vector_clock const& o) {
+    inline_ = o.inline_; // past o.n_ they are 0, as this clock's must be
+    if (!o.heap_.empty() || !heap_.empty()) heap_ = o.heap_;
+    n_ = o.n_;
+    return *this;
+  }
+  vector_clock(vector_clock&&) = default;
+  vector_clock& operator=(vector_clock&&) = default;
+
   [[nodiscard]] std::uint64_t get(std::uint32_t agent) const noexcept { return agent < n_ ? data()[agent] : 0; }
   void set(std::uint32_t agent, std::uint64_t value) {
     if (agent >= n_) grow(agent + std::size_t{1});

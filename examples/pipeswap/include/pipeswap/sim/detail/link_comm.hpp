@@ -6,9 +6,12 @@
 #include <chrono>
 #include <cstddef>
 #include <limits>
+#include <cstdint>
 #include <map>
+#include <string>
 #include <string_view>
 #include <tuple>
+#include <vector>
 
 #include <pipeswap/backend/mock.hpp>
 #include <pipeswap/exec/comm.hpp>
@@ -28,6 +31,18 @@ using schedule::step_kind;
 /// tag).
 struct mailbox {
   std::map<std::tuple<int, int, int>, sim_time> arrivals;
+  /// Per receiver: messages posted to it so far (a rank whose receive found no message polls again
+  /// only once this has grown: nothing else can complete it).
+  std::vector<std::uint64_t> posted_to;
+
+  void post(int from, int to, int tag, sim_time arrival) {
+    arrivals[{from, to, tag}] = arrival;
+    if (static_cast<std::size_t>(to) >= posted_to.size()) posted_to.resize(static_cast<std::size_t>(to) + 1, 0);
+    ++posted_to[static_cast<std::size_t>(to)];
+  }
+  [[nodiscard]] std::uint64_t posted(int to) const {
+    return static_cast<std::size_t>(to) < posted_to.size() ? posted_to[static_cast<std::size_t>(to)] : 0;
+  }
 };
 
 /// The scenario's P2P link between the simulated ranks, as a stream-ordered comm
@@ -67,9 +82,8 @@ public:
     auto const arrival = start + link_time(n, peer);
     auto const m = exec::boundary_of_tag(tag, stages_);
     b_.wait_until(s, arrival,
-                  schedule::to_text(schedule::leaf(m.dir ? step_kind::bwd_send : step_kind::fwd_send,
-                                                   m.dir ? m.stage + 1 : m.stage - 1, m.micro)));
-    mb_.arrivals[{rank_, peer, tag}] = arrival;
+                  named(m.dir ? step_kind::bwd_send : step_kind::fwd_send, m.dir ? m.stage + 1 : m.stage - 1, m.micro));
+    mb_.post(rank_, peer, tag, arrival);
     return {true, peer, tag, s};
   }
   request_type irecv(void*, std::size_t, int peer, int tag, mock::stream s) { return {false, peer, tag, s}; }
@@ -81,9 +95,7 @@ public:
     auto const arrival = it->second;
     mb_.arrivals.erase(it);
     auto const m = exec::boundary_of_tag(r.tag, stages_);
-    b_.wait_until(
-        r.stream, arrival,
-        schedule::to_text(schedule::leaf(m.dir ? step_kind::bwd_recv : step_kind::fwd_recv, m.stage, m.micro)));
+    b_.wait_until(r.stream, arrival, named(m.dir ? step_kind::bwd_recv : step_kind::fwd_recv, m.stage, m.micro));
     r.done = true;
     return true;
   }
@@ -91,6 +103,11 @@ public:
   void abort(std::string_view) {}
 
 private:
+  /// The entry a wait is for, as the mock's op log names it (nothing when it keeps no log).
+  std::string named(step_kind k, index_type stage, index_type micro) const {
+    return b_.config().keep_op_log ? schedule::to_text(schedule::leaf(k, stage, micro)) : std::string();
+  }
+
   /// Latency plus bytes over the link to `peer`: NVLink's pair rate inside a node, the network's
   /// across nodes (p2p_crosses_nodes).
   sim_time link_time(std::size_t bytes, int peer) const {

@@ -64,7 +64,7 @@ public:
            std::uint32_t rank, schedule::order ord, sim_options const& o, link_rates const& link, mailbox& mb)
       : s_(s), stages_(stages), layout_(layout), rank_(rank), order_(std::move(ord)), link_(link),
         b_(mock_options(s, o, link)), budget_(room_of(s)), engine_(b_, pool_options(o)), opt_(b_),
-        comm_(b_, mb, static_cast<int>(rank), static_cast<int>(s.pipeline.ranks), layout.stages(), s) {
+        comm_(b_, mb, static_cast<int>(rank), static_cast<int>(s.pipeline.ranks), layout.stages(), s), mb_(mb) {
     overlap_ = o.overlap;
     declare_weights_ = o.check_hazards || o.materialize;
     // With overlap one budget governs both swap jobs of the device; it is attached before any
@@ -170,13 +170,20 @@ public:
     deferred_waited_ = 0;
     h2d0_ = b_.bytes_copied_h2d();
     d2h0_ = b_.bytes_copied_d2h();
+    blocked_since_.reset();
     unwrapped([&] { ex_->begin_step(order_, end_); });
   }
 
   /// Runs entries until the order ends or a receive waits for data not sent yet. Returns the number
   /// of entries run.
+  /// A rank that stopped at a receive is not run again until a message was posted to it since it
+  /// started that run (the receive could not complete otherwise, and finding that has no effect).
   std::size_t advance() {
-    return unwrapped([&] { return ex_->advance(); });
+    auto const posted = mb_.posted(static_cast<int>(rank_));
+    if (blocked_since_ && *blocked_since_ == posted) return 0;
+    auto const n = unwrapped([&] { return ex_->advance(); });
+    blocked_since_ = done() ? std::nullopt : std::optional(posted);
+    return n;
   }
 
   /// After the order: the executor's end of the step (end_of_step). Returns the time the step
@@ -279,7 +286,7 @@ private:
         auto const n = layer_total / layers + (l + 1 == layers ? layer_total % layers : 0);
         acts.push_back({n ? b.allocate_device(n, cs) : device_ptr{}, n});
       }
-      mock::kernel_desc d{name_of("FWD", f.stage, f.micro), {}, {}, r->compute_ns(*st, true)};
+      mock::kernel_desc d{r->name_of("FWD", f.stage, f.micro), {}, {}, r->compute_ns(*st, true)};
       if (r->declare_weights_) {
         for (auto const& p : r->weights_.at(st->stage).params) d.reads.push_back({p.ptr, p.bytes});
         (first ? d.writes : d.reads).push_back({in.ptr, in.bytes});
@@ -319,7 +326,7 @@ private:
       if (st->backward_workspace_bytes) r->make_room(st->backward_workspace_bytes, cs);
       if (st->backward_workspace_bytes)
         work = {b.allocate_device(st->backward_workspace_bytes, cs), st->backward_workspace_bytes};
-      mock::kernel_desc d{name_of("BWD", g.stage, g.micro), {}, {}, r->compute_ns(*st, false)};
+      mock::kernel_desc d{r->name_of("BWD", g.stage, g.micro), {}, {}, r->compute_ns(*st, false)};
       // The stage's last backward completes its gradients: with overlap_grad_reduce their
       // reduce-scatter starts with it (grad_reduce_around).
       bool const reduce = r->dp_stream_ && g.micro + 1 == static_cast<index_type>(r->s_.pipeline.micro_batches);
@@ -462,7 +469,10 @@ private:
     b_.launch(b_.current_stream(), std::move(d));
   }
 
-  static std::string name_of(char const* what, index_type st, index_type m) {
+  /// A stage kernel's name: read by the op log and by the errors that name a declared region, so
+  /// formatted only for them.
+  std::string name_of(char const* what, index_type st, index_type m) const {
+    if (!declare_weights_ && !b_.config().keep_op_log) return {};
     return std::string(what) + " s" + std::to_string(st) + " m" + std::to_string(m);
   }
 
@@ -506,6 +516,9 @@ private:
   transfer_engine<mock::backend> engine_;
   opt_type opt_;
   link_comm comm_;
+  mailbox& mb_;
+  /// The mailbox's count of messages to this rank when the run that stopped at a receive began.
+  std::optional<std::uint64_t> blocked_since_;
   std::map<index_type, stage_model> models_;
   std::optional<executor_type> ex_;
   end_of_step end_{this};
