@@ -92,11 +92,12 @@ build_with_nvcc() {
 }
 
 cuda_tests=(test_cuda_adam_kernels test_cuda_adam_swap test_cuda_backend_rules test_cuda_backend test_cuda_errors
-  test_cuda_checkpoint test_cuda_executor)
+  test_cuda_checkpoint test_cuda_executor test_cuda_optimizer_swap)
 # The programs that also hold mock-only cases run their CUDA ones (the filter of tests/meson.build).
 test_args() {
   case $1 in
   test_cuda_checkpoint | test_cuda_executor) echo "--run_test=*cuda__backend>" ;;
+  test_cuda_optimizer_swap) echo "--run_test=*cuda__backend>:phased/*cuda__backend>" ;;
   esac
 }
 

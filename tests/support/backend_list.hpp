@@ -69,13 +69,17 @@ inline constexpr bool is_mock = std::is_same_v<B, mock::backend>;
 
 /// The options a runtime test makes its backend with: the mock records hazards (so that
 /// PIPESWAP_CHECK_NO_HAZARDS can fail, support/no_hazards.hpp) on unit time; the threaded backend
-/// has its default jitter.
+/// has its default jitter; CUDA's is the test device.
 template <class B>
 auto options_for() {
   if constexpr (is_mock<B>) {
     mock::options o{mock::timing_model::unit()};
     o.hazards = mock::hazard_policy::record;
     return o;
+#if defined(PIPESWAP_TEST_CUDA)
+  } else if constexpr (std::is_same_v<B, cuda::backend>) {
+    return cuda_test_device(); // a CUDA backend is made from its device number
+#endif
   } else {
     return threaded_backend_options{};
   }

@@ -1,6 +1,7 @@
 // A small user-written optimizer that models pipeswap::swap_optimizer, and a kernel runner that
 // executes its host-math kernels on the mock backend (declared regions, simulated time) or directly
-// on the synchronous host backend, or as work on the threaded backend's compute stream. It shows what an optimizer must provide and lets the runtime be
+// on the synchronous host backend, or as work on the threaded backend's compute stream, or on CUDA
+// over host copies of the declared bytes in stream order. It shows what an optimizer must provide and lets the runtime be
 // tested independently of Adam.
 #pragma once
 
@@ -19,6 +20,9 @@
 
 #include "support/backends.hpp"
 #include "support/threaded_backend.hpp"
+#if defined(PIPESWAP_TEST_CUDA)
+#  include "support/cuda_host_kernel.hpp"
+#endif
 
 namespace pipeswap::test {
 
@@ -65,6 +69,19 @@ struct host_kernel<sync_host_backend> {
     body(direct_view{});
   }
 };
+
+#if defined(PIPESWAP_TEST_CUDA)
+/// On CUDA the body runs on pinned copies of the bytes it declares, in order on the compute stream
+/// (support/cuda_host_kernel.hpp).
+template <>
+struct host_kernel<cuda::backend> {
+  template <class F>
+  static void run(cuda::backend& b, std::string, std::vector<mock::region> reads, std::vector<mock::region> writes,
+                  F body) {
+    cuda_host_kernels::run(b, b.current_stream(), std::move(reads), std::move(writes), std::move(body));
+  }
+};
+#endif
 
 /// param -= lr · m / (1 + v) with m = m/2 + g, v = v + g·g; fp32 everything; optional "master"
 /// slot initialised from the parameter (exercises slot_init::from_param) that is updated in place of

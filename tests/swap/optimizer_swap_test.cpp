@@ -3,7 +3,8 @@
 // synchronous user backend as a second oracle, and ownership of the state across runtimes (rebuilt
 // runtimes continue bit-exactly, a second live runtime and add_param under a runtime are refused).
 // The bit-exact sweeps, the rebuilt runtimes and the gradient-less parameters run on every backend of
-// support/backend_list.hpp (the mock and the threaded backend); call traces, the memory bound and
+// support/backend_list.hpp (the mock and the threaded backend; CUDA in cuda_optimizer_swap); call
+// traces, the memory bound and
 // fault injection need the mock's records and faults and run on it alone. Hazards are recorded
 // (hazard_policy::record) wherever a test asserts that there are none.
 #define BOOST_TEST_MODULE optimizer_swap
@@ -25,6 +26,13 @@
 #include "support/toy_optimizer.hpp"
 #include "support/world.hpp"
 #include "support/no_hazards.hpp"
+
+#if defined(PIPESWAP_TEST_CUDA)
+// cuda_optimizer_swap (tests/cuda/meson.build) runs the cases over test_backends on the device (the
+// toy optimizer's kernels as host math in stream order); without a device the program skips.
+using gate = pipeswap::test::skip_unless_available<pipeswap::test::test_backends>;
+BOOST_TEST_GLOBAL_FIXTURE(gate);
+#endif
 
 namespace ps = pipeswap;
 namespace mock = pipeswap::mock;

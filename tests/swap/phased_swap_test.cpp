@@ -1,6 +1,7 @@
-// The phases around the optimizer step (docs/optimizer.md, "Phases") on the mock: prefetch during a
-// stand-in backward, the resident share, the deferred offload and the device budget, on both
-// pipelines. Bit-exact against no swap over several steps with every phase in play; the hazard
+// The phases around the optimizer step (docs/optimizer.md, "Phases"), the bit-exact and budget sweeps
+// on every backend of support/backend_list.hpp (CUDA in cuda_optimizer_swap), the rest on the mock:
+// prefetch during a stand-in backward, the resident share, the deferred offload and the device
+// budget, on both pipelines. Bit-exact against no swap over several steps with every phase in play; the hazard
 // checker silent over sweeps of budgets, resident shares and swap_times; the budget's accounting
 // against the mock's device timeline; a fault at every copy and allocation of every phase and at
 // every phase boundary leaves nothing lost; lifetime misuse fails at the call.
@@ -100,6 +101,25 @@ stand_in(ps::test::threaded_backend& b,
     static_cast<void>(sum);
   });
 }
+
+#if defined(PIPESWAP_TEST_CUDA)
+/// On CUDA: a host kernel on the compute stream that reads every parameter byte.
+[[maybe_unused]] void stand_in(ps::cuda::backend& b,
+                               ps::test::model<ps::cuda::backend, toy_optimizer<ps::cuda::backend>>& m, char const*,
+                               mock::sim_time) {
+  std::vector<mock::region> reads;
+  for (std::size_t i = 0; i < m.sizes.size(); ++i) {
+    if (m.sizes[i]) reads.push_back({m.params[i], m.sizes[i] * 4});
+  }
+  ps::test::cuda_host_kernels::run(b, b.current_stream(), reads, {}, [reads](auto const& k) {
+    unsigned sum = 0;
+    for (auto const& r : reads) {
+      for (auto c : k.template read<unsigned char>(r.ptr, r.bytes)) sum += c;
+    }
+    static_cast<void>(sum);
+  });
+}
+#endif
 
 struct result {
   std::vector<std::vector<std::byte>> bytes;
