@@ -277,6 +277,7 @@ BOOST_AUTO_TEST_CASE(search_simulates_few_candidates) {
   std::mt19937_64 rng(5);
   sim::plan_space space;
   space.gaps = {20, 16, 12, 10, 8, 6, 5, 4};
+  space.swap_times = {4, 8, 16, 32, 64}; // a finer grid than the default, for more to prune
   std::size_t most = 0;
   for (int round = 0; round < 200; ++round) {
     auto const model = random_model(rng, space);
@@ -552,9 +553,9 @@ BOOST_AUTO_TEST_CASE(plan_picks_the_fastest_fitting_option_of_a_small_scenario) 
 // On the smallest scenarios of the gallery (examples/scenarios), at the budget `pipeswap plan` uses
 // (the device's memory), the planner's choice against the exhaustive one: every uniform candidate
 // simulated as plan() simulates its candidates (sized per rank, without the hazard checker). The
-// chosen plan is as fast (within the tolerance of the fastest) and moves as few host-link bytes, or
-// (13b_interleaved) at most 5 % more. The larger gallery files take minutes of exhaustive
-// simulation each, too long for CI; they are not checked this way.
+// chosen plan is as fast (within the tolerance of the fastest) and moves as few host-link bytes.
+// The larger gallery files take minutes of exhaustive simulation each, too long for CI; they are
+// not checked this way here (docs/simulator.md, "The planner", gives a one-off check of them).
 BOOST_AUTO_TEST_CASE(plan_matches_the_exhaustive_search_on_the_small_gallery_scenarios,
                      *boost::unit_test::enable_if<heavy_cases>()) {
   for (char const* name : {"7b_2ranks.json", "7b_2ranks_slow_link.json", "13b_interleaved.json"}) {
@@ -604,22 +605,10 @@ BOOST_AUTO_TEST_CASE(plan_matches_the_exhaustive_search_on_the_small_gallery_sce
         if (!best || std::pair{moved(o), o.peak_bytes} < std::pair{moved(*best), best->peak_bytes}) best = o;
       }
       BOOST_REQUIRE(best.has_value());
-      // What the search gives up, and its bound. On 7b_2ranks and 7b_2ranks_slow_link nothing: no
-      // uniform candidate as fast moves fewer bytes, or as few with a lower peak. On 13b_interleaved
-      // the search stops walking the optimizer batch counts at 32 (which lowered neither the peak nor
-      // the step of 16) and misses 64, which moves 4.2 % fewer bytes (95.3 against 99.6 GB per step)
-      // at the same step: the chosen plan moves at most 5 % more than the exhaustive choice
-      // (docs/simulator.md, "The planner").
-      auto const excess =
-          static_cast<double>(moved(chosen)) / static_cast<double>(std::max<std::uint64_t>(moved(*best), 1)) - 1;
-      BOOST_TEST_MESSAGE(name << ": the chosen plan moves " << excess * 100
-                              << " % more host-link bytes than the exhaustive choice");
-      if (std::string(name) == "13b_interleaved.json") {
-        BOOST_TEST(excess <= 0.05);
-      } else {
-        BOOST_TEST(moved(chosen) <= moved(*best));
-        if (moved(chosen) == moved(*best)) BOOST_TEST(chosen.peak_bytes <= best->peak_bytes);
-      }
+      // What the search gives up: nothing here. No uniform candidate as fast moves fewer bytes, or
+      // as few with a lower peak.
+      BOOST_TEST(moved(chosen) <= moved(*best));
+      if (moved(chosen) == moved(*best)) BOOST_TEST(chosen.peak_bytes <= best->peak_bytes);
       // The chosen plan's figures are what the simulator gives for it.
       if (r.chosen->ranks.empty()) {
         auto const again = eval(*r.chosen);
@@ -674,7 +663,7 @@ BOOST_AUTO_TEST_CASE(plan_weighs_the_distributed_optimizer_with_data_parallelism
   BOOST_TEST(r.best_without_swap->distributed_optimizer);
   BOOST_TEST(r.best_without_swap_outcome.peak_bytes <= dist.peak_bytes);
   BOOST_TEST(r.chosen_outcome.step_ns <= r.best_without_swap_outcome.step_ns);
-  BOOST_TEST(r.candidates == 2 * 3 * (1 + 5 * 2) * (1 + sim::gap_levels(*gaps).size()));
+  BOOST_TEST(r.candidates == 2 * 3 * (1 + sim::plan_space{}.swap_times.size() * 2) * (1 + sim::gap_levels(*gaps).size()));
   auto const text = sim::format_plan(r, s);
   BOOST_TEST(text.find("distributed optimizer") != std::string::npos, text);
   BOOST_TEST(sim::to_json(r)["best_without_swap"]["distributed_optimizer"] == true);

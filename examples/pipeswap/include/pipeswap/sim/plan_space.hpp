@@ -134,8 +134,10 @@ struct plan_space {
   /// Activation levels besides "none", strictly decreasing gaps (fewest groups first); the last is
   /// normally schedule::min_swap_gap, i.e. every eligible group. Empty when no group is eligible.
   std::vector<std::size_t> gaps = {schedule::min_swap_gap};
-  /// Optimizer batch counts to try, in increasing order.
-  std::vector<std::uint32_t> swap_times = {4, 8, 16, 32, 64};
+  /// Optimizer batch counts to try, in increasing order. A factor of 4 apart: the per-rank
+  /// refinement (`refine`) moves a rank's count by a quarter from there, and a step changes little
+  /// between neighbouring counts (docs/simulator.md, "The planner").
+  std::vector<std::uint32_t> swap_times = {4, 16, 64};
   std::vector<bool> packed = {true, false};
   /// Recomputation settings to weigh (every rank alike; per-rank mixes come after).
   std::vector<recompute_kind> recompute = {recompute_kind::none, recompute_kind::selective, recompute_kind::full};
