@@ -25,6 +25,7 @@ struct plan_args {
   std::optional<double> tolerance; ///< percent; unset: the scenario's plan.tolerance
   std::string svg;                 ///< the alternatives chart (empty: none)
   bool json = false;
+  bool exhaustive = false; ///< simulate every uniform candidate (plan_space::exhaustive)
   progress_mode progress = progress_mode::automatic;
 };
 int run_plan(plan_args const&);

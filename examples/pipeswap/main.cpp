@@ -64,6 +64,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 99.999));
   plan->add_option("--svg", pl.svg, "write the alternatives (step time against peak, one point each) as an SVG chart");
   plan->add_flag("--json", pl.json, "print the plan as JSON");
+  plan->add_flag("--exhaustive", pl.exhaustive,
+                 "simulate every uniform candidate before the per-rank steps (slow): what the search's "
+                 "choice is checked against");
   add_progress(plan, pl.progress);
 
   scenario_args sc;

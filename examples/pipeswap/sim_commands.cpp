@@ -63,7 +63,10 @@ int run_plan(plan_args const& a) {
   sim::plan_result p;
   {
     progress_meter meter("pipeswap plan", a.progress);
-    p = sim::plan(s, budget, [&](double f) { meter.update(f); });
+    auto space = sim::default_plan_space(s);
+    space.exhaustive = a.exhaustive;
+    p = sim::plan(
+        s, budget, [&](double f) { meter.update(f); }, space);
     meter.finish();
   }
   if (!a.svg.empty()) write_file(a.svg, sim::svg::render(sim::alternatives_chart(p, s)));

@@ -126,6 +126,10 @@ struct toy_model {
       o.h2d_bytes += 1000;
       o.d2h_bytes += 1000;
     }
+    // One rank. Its optimizer state is what swapping it can take off the peak at most: here exactly
+    // what it takes, the tightest state the search's "cannot fit" rule may rely on.
+    o.rank_peaks = {o.peak_bytes};
+    if (c.optimizer) o.rank_state_bytes = {opt_saving.at({c.packed, c.swap_times})};
     return o;
   }
 };
@@ -198,6 +202,7 @@ BOOST_AUTO_TEST_CASE(search_matches_the_exhaustive_oracle_on_synthetic_models) {
   std::mt19937_64 rng(2024);
   // 400 random models; under sanitizers (ten times slower) the first 40 of the same sequence.
   int const rounds = pipeswap::test::sanitized_build ? 40 : 400;
+  std::size_t cannot_fit = 0, fits_above = 0; // how often each pruning rule below fired
   for (int round = 0; round < rounds; ++round) {
     sim::plan_space space;
     space.distributed_optimizer = {false, true};
@@ -207,6 +212,7 @@ BOOST_AUTO_TEST_CASE(search_matches_the_exhaustive_oracle_on_synthetic_models) {
     for (std::size_t i = 0; i < levels; ++i) space.gaps.push_back(ps::min_swap_gap + 2 * (levels - 1 - i));
     auto const model = random_model(rng, space);
     space.tolerance = std::array{0.0, 0.005, 0.05}[static_cast<std::size_t>(round) % 3];
+    space.per_rank = round % 2 == 0; // one rank: no mix differs from a uniform candidate
     // Budgets from "anything fits" down to "nothing fits".
     for (std::uint64_t budget :
          {200'000ull, 100'000ull, 99'999ull, 80'000ull, 60'000ull, 52'000ull, 45'000ull, 30'000ull, 1ull}) {
@@ -229,6 +235,10 @@ BOOST_AUTO_TEST_CASE(search_matches_the_exhaustive_oracle_on_synthetic_models) {
         }
         BOOST_TEST(r.candidates == space.size());
         BOOST_TEST(r.simulated.size() <= r.candidates);
+        for (auto const& why : r.skipped) {
+          cannot_fit += why.find("of optimizer state together") != std::string::npos ? 1 : 0;
+          fits_above += why.find("fits, and swapping more groups") != std::string::npos ? 1 : 0;
+        }
         // Each candidate is simulated at most once.
         for (std::size_t i = 0; i < r.simulated.size(); ++i)
           for (std::size_t j = 0; j < i; ++j) BOOST_TEST(!(r.simulated[i].choice == r.simulated[j].choice));
@@ -267,6 +277,45 @@ BOOST_AUTO_TEST_CASE(search_matches_the_exhaustive_oracle_on_synthetic_models) {
         if (!r.chosen) {
           BOOST_REQUIRE(r.lowest_peak.has_value());
           for (auto const& e : r.simulated) BOOST_TEST(r.lowest_peak->outcome.peak_bytes <= e.outcome.peak_bytes);
+        }
+      }
+    }
+  }
+  // Both rules pruned candidates, and the choices above stayed the exhaustive ones.
+  BOOST_TEST_MESSAGE("cannot-fit skips: " << cannot_fit << ", levels skipped above a fitting one: " << fits_above);
+  BOOST_TEST(cannot_fit > 0u);
+  BOOST_TEST(fits_above > 0u);
+}
+
+// plan_space::exhaustive: every uniform candidate simulated once (and nothing pruned), the choice
+// the oracle's; the pruned search on the same model chooses as fast a plan moving as few bytes.
+BOOST_AUTO_TEST_CASE(the_exhaustive_space_simulates_every_uniform_candidate) {
+  std::mt19937_64 rng(11);
+  for (int round = 0; round < 40; ++round) {
+    sim::plan_space space;
+    space.distributed_optimizer = {false, true};
+    space.gaps = {10, 8, 6, 4};
+    space.per_rank = false;
+    auto const model = random_model(rng, space);
+    for (std::uint64_t budget : {100'000ull, 60'000ull, 45'000ull, 1ull}) {
+      BOOST_TEST_CONTEXT("round " << round << ", budget " << budget) {
+        auto full = space;
+        full.exhaustive = true;
+        model.calls = 0;
+        auto const e = sim::search_plan(full, budget, model);
+        BOOST_TEST(model.calls == space.size()); // the baseline is one of them
+        BOOST_TEST(e.simulated.size() == space.size());
+        BOOST_TEST(e.skipped.empty());
+        auto const oracle = oracle_choice(space, budget, model);
+        BOOST_TEST(e.chosen.has_value() == oracle.has_value());
+        auto const p = sim::search_plan(space, budget, model);
+        if (oracle) {
+          auto const moved = [](sim::plan_outcome const& o) { return o.h2d_bytes + o.d2h_bytes; };
+          BOOST_TEST(moved(e.chosen_outcome) == moved(oracle->second));
+          BOOST_TEST(e.chosen_outcome.peak_bytes == oracle->second.peak_bytes);
+          BOOST_REQUIRE(p.chosen.has_value());
+          BOOST_TEST(moved(p.chosen_outcome) == moved(e.chosen_outcome));
+          BOOST_TEST(p.simulated.size() < e.simulated.size());
         }
       }
     }
@@ -568,6 +617,11 @@ BOOST_AUTO_TEST_CASE(plan_matches_the_exhaustive_search_on_the_small_gallery_sce
       auto const budget = given.device.memory_bytes;
       auto const r = sim::plan(given, budget);
       BOOST_REQUIRE(r.chosen.has_value());
+      // The work figures count every simulation: at least one per candidate, three or more steps
+      // each with overlap (two equal periods), and the JSON says so.
+      BOOST_TEST(r.simulations >= r.simulated.size() + 1); // + the hazard-checked run
+      BOOST_TEST(r.simulated_steps >= 3 * r.simulations);
+      BOOST_TEST(sim::to_json(r)["work"]["simulated_steps"] == r.simulated_steps);
 
       auto const s = sim::calibrated(given);
       auto const gaps = std::make_shared<sim::activation_gaps const>(sim::gaps_of(s.pipeline));
@@ -663,7 +717,8 @@ BOOST_AUTO_TEST_CASE(plan_weighs_the_distributed_optimizer_with_data_parallelism
   BOOST_TEST(r.best_without_swap->distributed_optimizer);
   BOOST_TEST(r.best_without_swap_outcome.peak_bytes <= dist.peak_bytes);
   BOOST_TEST(r.chosen_outcome.step_ns <= r.best_without_swap_outcome.step_ns);
-  BOOST_TEST(r.candidates == 2 * 3 * (1 + sim::plan_space{}.swap_times.size() * 2) * (1 + sim::gap_levels(*gaps).size()));
+  BOOST_TEST(r.candidates ==
+             2 * 3 * (1 + sim::plan_space{}.swap_times.size() * 2) * (1 + sim::gap_levels(*gaps).size()));
   auto const text = sim::format_plan(r, s);
   BOOST_TEST(text.find("distributed optimizer") != std::string::npos, text);
   BOOST_TEST(sim::to_json(r)["best_without_swap"]["distributed_optimizer"] == true);

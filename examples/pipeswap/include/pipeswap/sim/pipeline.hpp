@@ -160,6 +160,7 @@ inline sim_result simulate_orders(scenario const& s, schedule::rank_orders const
   out.fits = true;
   out.periods = periods;
   out.steady = periods.size() < 2 || agree(periods.back(), periods[periods.size() - 2]);
+  out.simulated_steps = ran;
   for (auto& r : ranks) {
     out.ranks.push_back(r->finish(t_report));
     auto const& rr = out.ranks.back();

@@ -132,6 +132,8 @@ inline plan_outcome outcome_of(sim_result const& r, scenario const* s = nullptr,
   plan_outcome o;
   o.step_ns = r.step_ns;
   o.peak_bytes = r.peak_bytes;
+  o.simulations = r.simulations;
+  o.simulated_steps = r.simulated_steps;
   o.peak_rank = highest_peak_rank(r);
   for (auto const& x : r.ranks) {
     o.h2d_bytes += x.h2d_bytes;
@@ -266,6 +268,16 @@ inline plan_outcome simulate_choice(scenario const& s, std::uint64_t budget,
   return out;
 }
 
+/// The space plan() searches when it is given none: with data parallelism the distributed optimizer
+/// on and off, and the scenario's plan.tolerance (the activation levels and the baseline plan() sets
+/// from the scenario in any case).
+inline plan_space default_plan_space(scenario const& s) {
+  plan_space space;
+  if (s.parallel.dp > 1) space.distributed_optimizer = {false, true};
+  space.tolerance = s.plan.tolerance;
+  return space;
+}
+
 /// Plans `s` for a budget of `budget` bytes per device, simulating candidates with sim::simulate.
 /// `progress(fraction)` is called now and then. Throws invalid_argument for a bad scenario.
 /// `space.gaps` comes from the scenario's schedule; unless `space` is given, `space.distributed_optimizer`
@@ -278,11 +290,7 @@ inline plan_result plan(scenario const& given, std::uint64_t budget, std::functi
   validate(given);
   auto const s = calibrated(given);
   auto const gaps = std::make_shared<activation_gaps const>(gaps_of(s.pipeline));
-  plan_space space = given_space.value_or(plan_space{});
-  if (!given_space) {
-    if (s.parallel.dp > 1) space.distributed_optimizer = {false, true};
-    space.tolerance = s.plan.tolerance;
-  }
+  plan_space space = given_space ? *given_space : default_plan_space(s);
   space.baseline = swap_choice{};
   space.baseline.recompute = s.model.recompute;
   space.baseline.distributed_optimizer = s.parallel.distributed_optimizer;
@@ -291,6 +299,7 @@ inline plan_result plan(scenario const& given, std::uint64_t budget, std::functi
   // The candidates run without the hazard checker (it changes no figure, and costs most of a
   // simulation); the chosen plan is simulated again with it, below.
   std::vector<std::pair<swap_choice, sim_options>> resolved;
+  std::uint64_t simulations = 0, simulated_steps = 0;
   auto evaluate = [&](swap_choice const& c) {
     sim_options used;
     auto const out = simulate_choice(s, budget, gaps, c,
@@ -298,6 +307,8 @@ inline plan_result plan(scenario const& given, std::uint64_t budget, std::functi
                                               : std::function<void(double)>{},
                                      &used);
     resolved.emplace_back(c, std::move(used));
+    simulations += out.simulations;
+    simulated_steps += out.simulated_steps;
     return out;
   };
   auto res = search_plan(space, budget, evaluate, [&](std::size_t d, std::size_t b) {
@@ -314,6 +325,8 @@ inline plan_result plan(scenario const& given, std::uint64_t budget, std::functi
     auto o = it->second;
     o.check_hazards = true;
     auto const checked = outcome_of(simulate(choice_setup(s, budget, gaps, *res.chosen).first, o));
+    simulations += checked.simulations;
+    simulated_steps += checked.simulated_steps;
     auto const& c = res.chosen_outcome;
     if (checked.step_ns != c.step_ns || checked.peak_bytes != c.peak_bytes || checked.h2d_bytes != c.h2d_bytes ||
         checked.d2h_bytes != c.d2h_bytes)
@@ -325,6 +338,8 @@ inline plan_result plan(scenario const& given, std::uint64_t budget, std::functi
       if (e.choice == c) return e.outcome;
     return evaluate(c);
   });
+  res.simulations = simulations;
+  res.simulated_steps = simulated_steps;
   return res;
 }
 

@@ -160,7 +160,9 @@ inline std::string format_plan(plan_result const& r, scenario const& s) {
   o += "\nsimulated " + std::to_string(r.simulated.size()) + " of " + std::to_string(r.candidates) +
        " candidates (steps within " + detail::fmt("%.2f %%", r.tolerance * 100) +
        " of the fastest count as equally fast; of those the plan moves the fewest bytes over the host link, then "
-       "peaks lowest; swapping more is assumed never to shorten the step):\n";
+       "peaks lowest; swapping more is assumed never to shorten the step; " +
+       std::to_string(r.simulations) + " simulations of " + std::to_string(r.simulated_steps) +
+       " training steps in all):\n";
   o += "  " + pad("step time", 10, true) + pad("peak", 11, true) + pad("host link", 12, true) + "  " +
        pad("candidate", 96) + "verdict\n";
   for (auto const& e : r.simulated)
@@ -252,6 +254,7 @@ Json to_json(plan_result const& r) {
     j["best_without_swap"] = nullptr;
   }
   j["candidates"] = r.candidates;
+  j["work"] = {{"simulations", r.simulations}, {"simulated_steps", r.simulated_steps}};
   Json& sim = j["simulated"] = Json::array();
   for (auto const& e : r.simulated) {
     Json x = choice(e.choice);

@@ -19,14 +19,16 @@
 // it states in its explanations rather than hides: (b) within a family, swapping more (optimizer
 // state, activation groups) never shortens the step. It does not assume that swapping more
 // activation groups lowers the peak: under overlap it can raise it (docs/simulator.md, "The
-// planner"), so every activation level of a setting is simulated.
+// planner"), so every activation level of a setting is simulated until one fits.
 // A family whose step without swap is beyond the tolerance of the fastest plan found is skipped.
 // In a family, the optimizer settings are simulated without activation swap: for each packing,
 // swap_times are walked upwards and the walk stops when a larger value lowers neither the peak nor
 // the step time. Then, in order of their step time without activation swap, each setting that does
-// not fit has its activation levels simulated, fewest groups first, until a level's step is beyond
-// the tolerance of the fastest plan; the settings stop at the first whose step without activation
-// swap is already beyond it.
+// not fit has its activation levels simulated, fewest groups first, until a level fits (by (b) more
+// groups are no faster, and they move more) or its step is beyond the tolerance of the fastest plan;
+// the settings stop at the first whose step without activation swap is already beyond it. A level is
+// not simulated where the same family without optimizer swap already peaked, on some rank, above the
+// budget by more than that rank's optimizer state (what swapping the state takes off a peak at most).
 // Then, per rank: each rank takes the fastest simulated candidate that fits on that rank (its own
 // peak within the budget; one optimizer batch setting for all), and the mix is simulated. Last, a
 // per-rank refinement (plan_space::refine simulations at most): the slowest rank's activation level
@@ -119,6 +121,10 @@ requires std::is_invocable_r_v<plan_outcome, Evaluate&, swap_choice const&>
     if (fits(o) && (!fastest || o.step_ns < *fastest)) fastest = o.step_ns;
     return o;
   };
+  auto without_optimizer = [](swap_choice c) {
+    c.optimizer = false;
+    return c;
+  };
   auto at_level = [&](swap_choice c, std::size_t level) {
     c.activation_min_gap = level == 0 ? 0 : space.gaps[level - 1];
     return c;
@@ -133,113 +139,151 @@ requires std::is_invocable_r_v<plan_outcome, Evaluate&, swap_choice const&>
   res.baseline = run(space.baseline);
   res.baseline_choice = space.baseline;
 
-  // First, every family's settings without activation swap: its step without swap, then the
-  // optimizer settings (for each packing, swap_times walked upwards). A family whose step without
-  // swap is beyond the tolerance of the fastest plan found so far is skipped.
-  struct setting {
-    swap_choice choice;
-    plan_outcome outcome;
-  };
-  std::vector<setting> list;
-  for (auto const& fam : families) { // named, not bound: clang 14 cannot capture a structured binding
-    auto const rc = fam.first;
-    auto const dist = fam.second;
-    swap_choice family;
-    family.recompute = rc;
-    family.distributed_optimizer = dist;
-    plan_outcome const family_base = run(family);
-    if (!dist && std::find(space.distributed_optimizer.begin(), space.distributed_optimizer.end(), true) !=
-                     space.distributed_optimizer.end()) {
-      // Its twin with the distributed optimizer shards the same state over dp: when that is no
-      // slower and peaks no higher without swap, it is with any swap too (the swaps move only the
-      // shard, the step updates only the shard), so this family's swaps are not searched.
-      auto twin = family;
-      twin.distributed_optimizer = true;
-      plan_outcome const t = run(twin);
-      if (t.step_ns <= family_base.step_ns && t.peak_bytes <= family_base.peak_bytes) {
-        res.skipped.push_back(describe(family) +
-                              " with swap: not searched, the distributed optimizer with the same "
-                              "recomputation is no slower without swap (" +
-                              detail::secs(t.step_ns) + " against " + detail::secs(family_base.step_ns) +
-                              ") and peaks lower, and its swaps move only the shard");
+  if (space.exhaustive) {
+    // Every uniform candidate, the knobs' product, in a fixed order: what the rules below prune is
+    // checked against this.
+    for (auto const& fam : families) {
+      swap_choice family;
+      family.recompute = fam.first;
+      family.distributed_optimizer = fam.second;
+      std::vector<swap_choice> settings{family};
+      for (bool packed : space.packed)
+        for (auto times : space.swap_times) {
+          swap_choice c = family;
+          c.optimizer = true;
+          c.swap_times = times;
+          c.packed = packed;
+          settings.push_back(c);
+        }
+      for (auto const& c : settings)
+        for (std::size_t level = 0; level <= levels; ++level) run(at_level(c, level));
+    }
+  } else {
+
+    // First, every family's settings without activation swap: its step without swap, then the
+    // optimizer settings (for each packing, swap_times walked upwards). A family whose step without
+    // swap is beyond the tolerance of the fastest plan found so far is skipped.
+    struct setting {
+      swap_choice choice;
+      plan_outcome outcome;
+    };
+    std::vector<setting> list;
+    for (auto const& fam : families) { // named, not bound: clang 14 cannot capture a structured binding
+      auto const rc = fam.first;
+      auto const dist = fam.second;
+      swap_choice family;
+      family.recompute = rc;
+      family.distributed_optimizer = dist;
+      plan_outcome const family_base = run(family);
+      if (!dist && std::find(space.distributed_optimizer.begin(), space.distributed_optimizer.end(), true) !=
+                       space.distributed_optimizer.end()) {
+        // Its twin with the distributed optimizer shards the same state over dp: when that is no
+        // slower and peaks no higher without swap, it is with any swap too (the swaps move only the
+        // shard, the step updates only the shard), so this family's swaps are not searched.
+        auto twin = family;
+        twin.distributed_optimizer = true;
+        plan_outcome const t = run(twin);
+        if (t.step_ns <= family_base.step_ns && t.peak_bytes <= family_base.peak_bytes) {
+          res.skipped.push_back(describe(family) +
+                                " with swap: not searched, the distributed optimizer with the same "
+                                "recomputation is no slower without swap (" +
+                                detail::secs(t.step_ns) + " against " + detail::secs(family_base.step_ns) +
+                                ") and peaks lower, and its swaps move only the shard");
+          continue;
+        }
+      }
+      if (!in_reach(family_base.step_ns)) {
+        res.skipped.push_back(describe(family) + " with any swap: not searched, its step without swap (" +
+                              detail::secs(family_base.step_ns) + ") is already beyond " + reach_text() +
+                              " and swapping only adds time");
         continue;
       }
-    }
-    if (!in_reach(family_base.step_ns)) {
-      res.skipped.push_back(describe(family) + " with any swap: not searched, its step without swap (" +
-                            detail::secs(family_base.step_ns) + ") is already beyond " + reach_text() +
-                            " and swapping only adds time");
-      continue;
-    }
-    list.push_back({family, family_base});
-    if (fits(family_base)) {
-      // It moves nothing over the host link; by (b) every swap of the family is no faster and moves
-      // more, so none of them can be chosen over it.
-      res.skipped.push_back(describe(family) + " with swap: not searched, the family fits without swap (" +
-                            detail::secs(family_base.step_ns) +
-                            ", 0 bytes over the host link) and swapping "
-                            "only adds time and bytes");
-      continue;
-    }
-    for (bool packed : space.packed) {
-      std::optional<plan_outcome> prev;
-      for (std::size_t i = 0; i < space.swap_times.size(); ++i) {
-        swap_choice c = family;
-        c.optimizer = true;
-        c.swap_times = space.swap_times[i];
-        c.packed = packed;
-        plan_outcome const o = run(c);
-        list.push_back({c, o});
-        if (prev && o.peak_bytes >= prev->peak_bytes && o.step_ns >= prev->step_ns && i + 1 < space.swap_times.size()) {
-          std::string rest;
-          for (std::size_t k = i + 1; k < space.swap_times.size(); ++k)
-            rest += (k > i + 1 ? ", " : "") + std::to_string(space.swap_times[k]);
-          res.skipped.push_back((family == swap_choice{} ? std::string() : describe(family) + ", ") +
-                                "optimizer swap (" + std::string(packed ? "packed" : "per tensor") +
-                                ") with swap_times " + rest + ": " + std::to_string(space.swap_times[i]) +
-                                " batches lowered neither the peak nor the step time of " +
-                                std::to_string(space.swap_times[i - 1]) + ", so more batches are not tried");
-          break;
+      list.push_back({family, family_base});
+      if (fits(family_base)) {
+        // It moves nothing over the host link; by (b) every swap of the family is no faster and moves
+        // more, so none of them can be chosen over it.
+        res.skipped.push_back(describe(family) + " with swap: not searched, the family fits without swap (" +
+                              detail::secs(family_base.step_ns) +
+                              ", 0 bytes over the host link) and swapping "
+                              "only adds time and bytes");
+        continue;
+      }
+      for (bool packed : space.packed) {
+        std::optional<plan_outcome> prev;
+        for (std::size_t i = 0; i < space.swap_times.size(); ++i) {
+          swap_choice c = family;
+          c.optimizer = true;
+          c.swap_times = space.swap_times[i];
+          c.packed = packed;
+          plan_outcome const o = run(c);
+          list.push_back({c, o});
+          if (prev && o.peak_bytes >= prev->peak_bytes && o.step_ns >= prev->step_ns &&
+              i + 1 < space.swap_times.size()) {
+            std::string rest;
+            for (std::size_t k = i + 1; k < space.swap_times.size(); ++k)
+              rest += (k > i + 1 ? ", " : "") + std::to_string(space.swap_times[k]);
+            res.skipped.push_back((family == swap_choice{} ? std::string() : describe(family) + ", ") +
+                                  "optimizer swap (" + std::string(packed ? "packed" : "per tensor") +
+                                  ") with swap_times " + rest + ": " + std::to_string(space.swap_times[i]) +
+                                  " batches lowered neither the peak nor the step time of " +
+                                  std::to_string(space.swap_times[i - 1]) + ", so more batches are not tried");
+            break;
+          }
+          prev = o;
         }
-        prev = o;
       }
     }
-  }
-  std::stable_sort(list.begin(), list.end(),
-                   [](setting const& a, setting const& b) { return a.outcome.step_ns < b.outcome.step_ns; });
+    std::stable_sort(list.begin(), list.end(),
+                     [](setting const& a, setting const& b) { return a.outcome.step_ns < b.outcome.step_ns; });
 
-  // Then, fastest setting first (of every family), every activation level of each setting that does
-  // not fit, fewest groups first, until a level's step leaves the tolerance of the fastest plan.
-  for (std::size_t si = 0; si < list.size(); ++si) {
-    auto const& choice = list[si].choice;
-    auto const& o0 = list[si].outcome;
-    if (!in_reach(o0.step_ns)) {
-      for (std::size_t k = si; k < list.size(); ++k)
-        if (!fits(list[k].outcome))
-          res.skipped.push_back(describe(list[k].choice) +
-                                " with activation swap: not searched, its step without "
-                                "activation swap (" +
-                                detail::secs(list[k].outcome.step_ns) + ") is already beyond " + reach_text() +
-                                " and swapping activations only adds time");
-      break;
-    }
-    if (fits(o0) || levels == 0) continue; // fits already, or nothing to swap
-    if (o0.activation_floor > budget) {
-      res.skipped.push_back(describe(choice) +
-                            " with activation swap: not simulated, what no activation swap "
-                            "moves (weights, gradients, the optimizer state it keeps, reserved bytes) already "
-                            "needs " +
-                            detail::plan_gb(o0.activation_floor) + " on a rank");
-      continue;
-    }
-    for (std::size_t level = 1; level <= levels; ++level) {
-      plan_outcome const o = run(at_level(choice, level));
-      if (!in_reach(o.step_ns) && level < levels) {
-        res.skipped.push_back(describe(choice) + " with activation gaps below " +
-                              std::to_string(space.gaps[level - 1]) + ": not simulated, gap " +
-                              std::to_string(space.gaps[level - 1]) + " is already beyond " + reach_text() +
-                              " and swapping more groups only adds time");
+    // Then, fastest setting first (of every family), the activation levels of each setting that does
+    // not fit, fewest groups first, until a level fits or its step leaves the tolerance of the fastest
+    // plan; a level that cannot fit by the twin without optimizer swap is not simulated.
+    for (std::size_t si = 0; si < list.size(); ++si) {
+      auto const& choice = list[si].choice;
+      auto const& o0 = list[si].outcome;
+      if (!in_reach(o0.step_ns)) {
+        for (std::size_t k = si; k < list.size(); ++k)
+          if (!fits(list[k].outcome))
+            res.skipped.push_back(describe(list[k].choice) +
+                                  " with activation swap: not searched, its step without "
+                                  "activation swap (" +
+                                  detail::secs(list[k].outcome.step_ns) + ") is already beyond " + reach_text() +
+                                  " and swapping activations only adds time");
         break;
+      }
+      if (fits(o0) || levels == 0) continue; // fits already, or nothing to swap
+      if (o0.activation_floor > budget) {
+        res.skipped.push_back(describe(choice) +
+                              " with activation swap: not simulated, what no activation swap "
+                              "moves (weights, gradients, the optimizer state it keeps, reserved bytes) already "
+                              "needs " +
+                              detail::plan_gb(o0.activation_floor) + " on a rank");
+        continue;
+      }
+      for (std::size_t level = 1; level <= levels; ++level) {
+        auto const c = at_level(choice, level);
+        if (auto const why =
+                detail::cannot_fit(c, o0, res.simulated, at_level(without_optimizer(choice), level), budget)) {
+          res.skipped.push_back(describe(c) + ": not simulated, " + *why);
+          continue;
+        }
+        plan_outcome const o = run(c);
+        if (fits(o)) {
+          if (level < levels)
+            res.skipped.push_back(describe(choice) + " with activation gaps below " +
+                                  std::to_string(space.gaps[level - 1]) + ": not simulated, gap " +
+                                  std::to_string(space.gaps[level - 1]) +
+                                  " fits, and swapping more groups only adds time and bytes");
+          break;
+        }
+        if (!in_reach(o.step_ns) && level < levels) {
+          res.skipped.push_back(describe(choice) + " with activation gaps below " +
+                                std::to_string(space.gaps[level - 1]) + ": not simulated, gap " +
+                                std::to_string(space.gaps[level - 1]) + " is already beyond " + reach_text() +
+                                " and swapping more groups only adds time");
+          break;
+        }
       }
     }
   }

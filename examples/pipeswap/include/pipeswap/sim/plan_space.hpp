@@ -127,6 +127,9 @@ struct plan_outcome {
   /// delay.
   std::vector<std::uint64_t> resident_shares;
   std::vector<std::size_t> prefetched, rank_batches, lookaheads, wait_delays;
+  /// The work behind it: simulations run (a sized run counts its sizing and refinements) and
+  /// training steps simulated in them.
+  std::uint32_t simulations = 0, simulated_steps = 0;
 };
 
 /// The candidates: activation levels and optimizer settings.
@@ -149,6 +152,9 @@ struct plan_space {
   /// rank's activation level one level either way and its optimizer batch count a quarter up or
   /// down (within swap_times' range), greedily while that makes the plan faster and it fits.
   std::size_t refine = 8;
+  /// Simulate every uniform candidate (no pruning) before the per-rank mixes and the refinement:
+  /// slow, and what the search's choice is checked against (`pipeswap plan --exhaustive`).
+  bool exhaustive = false;
   /// The reference of "against no swap": swap nothing with these settings (plan() gives the
   /// scenario's own recomputation and distributed optimizer).
   swap_choice baseline;
@@ -193,8 +199,11 @@ struct plan_result {
   plan_outcome best_without_swap_outcome;
   std::vector<considered> simulated; ///< in the order they ran
   std::vector<std::string> skipped;  ///< what was not simulated, and why
-  std::size_t candidates = 0;        ///< plan_space::size()
-  double tolerance = 0;              ///< plan_space::tolerance
+  /// The work of the whole plan (plan() fills them): simulations run and training steps simulated,
+  /// the candidates', the hazard-checked run's and the alternatives' together.
+  std::uint64_t simulations = 0, simulated_steps = 0;
+  std::size_t candidates = 0; ///< plan_space::size()
+  double tolerance = 0;       ///< plan_space::tolerance
   /// Lowest peak seen, and where: what to say when nothing fits.
   std::optional<considered> lowest_peak;
   /// What a user weighs against the plan (plan() fills them; search_plan() leaves them empty), and

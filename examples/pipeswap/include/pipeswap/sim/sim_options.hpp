@@ -151,6 +151,9 @@ struct sim_result {
   std::vector<mock::sim_time> periods;
   /// Whether the last two periods agree (sim_options::steady_tolerance); always for a single step.
   bool steady = true;
+  /// The work behind this result: simulations run and training steps simulated in them (one run of
+  /// simulate(); simulate_sized() counts every run it made).
+  std::uint32_t simulations = 1, simulated_steps = 0;
 };
 
 } // namespace pipeswap::sim

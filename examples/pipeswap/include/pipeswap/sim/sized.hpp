@@ -50,10 +50,21 @@ inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t
   // setting run before (the sized run when every share came out 0, the sized settings given back
   // after the refinements) is not simulated again.
   std::vector<std::pair<std::vector<sim_options::rank_settings>, sim_result>> ran;
+  std::uint32_t runs = 0, steps = 0; // every simulation below, for the result's work figures
+  auto const counted = [&](sim_result r) {
+    runs += 1;
+    steps += r.simulated_steps;
+    return r;
+  };
+  auto const done = [&](sim_result r) {
+    r.simulations = runs;
+    r.simulated_steps = steps;
+    return r;
+  };
   auto const run = [&](sim_options const& x) -> sim_result {
     for (auto const& [settings, r] : ran)
       if (settings == x.ranks) return r;
-    auto r = simulate(s, x);
+    auto r = counted(simulate(s, x));
     ran.emplace_back(x.ranks, r);
     return r;
   };
@@ -95,14 +106,14 @@ inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t
         waited = true;
       }
       if (waited) {
-        auto other = simulate(s, alt);
+        auto other = counted(simulate(s, alt));
         if (other.fits && other.step_ns < res.step_ns) {
           keep(alt);
-          return other;
+          return done(std::move(other));
         }
       }
       keep(o);
-      return res;
+      return done(std::move(res));
     }
     if (!best || over(res) < over(*best) || (over(res) == over(*best) && res.step_ns < best->step_ns)) {
       best = res;
@@ -144,11 +155,11 @@ inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t
     res = run(o);
     if (over(res) <= over(*best)) {
       keep(o);
-      return res;
+      return done(std::move(res));
     }
   }
   keep(best_o);
-  return std::move(*best);
+  return done(std::move(*best));
 }
 
 } // namespace pipeswap::sim

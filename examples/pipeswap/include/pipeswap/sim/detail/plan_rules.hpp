@@ -3,6 +3,7 @@
 // what a fitting candidate's figures say against the chosen plan's.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -64,6 +65,27 @@ inline std::optional<std::size_t> choose(std::vector<considered> const& simulate
     if (!best || key(e.outcome) < key(simulated[*best].outcome)) best = i;
   }
   return best;
+}
+
+/// Why candidate `c` (an optimizer setting whose run without activation swap gave `setting`, at an
+/// activation level) cannot fit `budget`, judged from the simulated run of the same family and
+/// level without optimizer swap (`twin`), if there is one: swapping the optimizer state lowers a
+/// rank's peak by at most that state's bytes, so a rank whose twin peaks above the budget by more
+/// than its state stays above it. None when that does not settle it.
+inline std::optional<std::string> cannot_fit(swap_choice const& c, plan_outcome const& setting,
+                                             std::vector<considered> const& simulated, swap_choice const& twin,
+                                             std::uint64_t budget) {
+  if (!c.ranks.empty() || !c.optimizer) return std::nullopt;
+  auto const it =
+      std::find_if(simulated.begin(), simulated.end(), [&](considered const& e) { return e.choice == twin; });
+  if (it == simulated.end()) return std::nullopt;
+  auto const& peaks = it->outcome.rank_peaks;
+  auto const& state = setting.rank_state_bytes;
+  for (std::size_t r = 0; r < peaks.size() && r < state.size(); ++r)
+    if (peaks[r] > budget + state[r])
+      return "without optimizer swap rank " + std::to_string(r) + " peaks at " + plan_gb(peaks[r]) + " (" +
+             describe(twin) + "), more than the budget and its " + plan_gb(state[r]) + " of optimizer state together";
+  return std::nullopt;
 }
 
 /// What a fitting candidate's figures say against the chosen plan's (`c`), the fastest step being
