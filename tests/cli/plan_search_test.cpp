@@ -376,7 +376,16 @@ BOOST_AUTO_TEST_CASE(per_rank_refinement_moves_the_slowest_rank_one_step_at_a_ti
     o.d2h_bytes = o.h2d_bytes;
     return o;
   };
+  space.tolerance = 0; // every shorter step is a better plan (the steps here differ by 0.1 %)
   auto const refined = sim::search_plan(space, budget, model);
+  // With the default tolerance of 0.5 % those steps are all equally fast and none is lighter: the
+  // refinement takes none of them, and the plan it keeps is within the tolerance of the refined one.
+  auto loose_space = space;
+  loose_space.tolerance = 0.005;
+  auto const loose = sim::search_plan(loose_space, budget, model);
+  BOOST_REQUIRE(loose.chosen.has_value());
+  BOOST_TEST(loose.simulated.size() < refined.simulated.size());
+  BOOST_TEST(sim::detail::within_tolerance(loose.chosen_outcome.step_ns, refined.chosen_outcome.step_ns, 0.005));
   space.refine = 0;
   auto const plain = sim::search_plan(space, budget, model);
   BOOST_REQUIRE(refined.chosen.has_value());

@@ -33,7 +33,8 @@
 // peak within the budget; one optimizer batch setting for all), and the mix is simulated. Last, a
 // per-rank refinement (plan_space::refine simulations at most): the slowest rank's activation level
 // and optimizer batch count move one step at a time (one level; a quarter more or fewer batches),
-// the best step kept while it fits and is faster. Under overlap (b) need not hold — more activation
+// the best step kept while it fits and the choice prefers it (shorter beyond the tolerance, or
+// shorter within it and lighter). Under overlap (b) need not hold — more activation
 // swap can free the room for optimizer state — and the refinement's neighbouring levels are what
 // find such plans. Beside the chosen plan the result names the best plan without any swap
 // (recomputation and the distributed optimizer only), so that what swap buys is explicit.
@@ -397,11 +398,16 @@ requires std::is_invocable_r_v<plan_outcome, Evaluate&, swap_choice const&>
         auto const before = res.simulated.size();
         plan_outcome const o = run(n);
         spent += res.simulated.size() - before;
-        // Only a strictly shorter step moves the refinement on (every simulated plan is weighed below).
+        // Only a plan the choice would take over the current one moves the refinement on: a step
+        // shorter beyond the tolerance, or shorter within it and lighter (fewer host-link bytes, or
+        // as many and a lower peak). Every simulated plan is weighed below in any case.
         if (o.rank_steps.size() != R || !fits(o) || o.step_ns >= cur_o.step_ns) continue;
+        if (detail::within_tolerance(cur_o.step_ns, o.step_ns, space.tolerance) &&
+            std::pair{detail::link_bytes(o), o.peak_bytes} >= std::pair{detail::link_bytes(cur_o), cur_o.peak_bytes})
+          continue;
         if (!best_step || o.step_ns < best_step->second.step_ns) best_step = {n, o};
       }
-      if (!best_step) break; // no single step of the slowest rank's settings makes the plan faster
+      if (!best_step) break; // no single step of the slowest rank's settings makes a better plan
       cur = std::move(best_step->first);
       cur_o = std::move(best_step->second);
     }

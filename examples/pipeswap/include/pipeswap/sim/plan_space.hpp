@@ -150,7 +150,8 @@ struct plan_space {
   bool per_rank = true;
   /// Simulations the per-rank refinement may spend (0: none): from the chosen plan, the slowest
   /// rank's activation level one level either way and its optimizer batch count a quarter up or
-  /// down (within swap_times' range), greedily while that makes the plan faster and it fits.
+  /// down (within swap_times' range), greedily while that gives a fitting plan the choice prefers
+  /// (shorter beyond the tolerance, or shorter within it and lighter).
   std::size_t refine = 8;
   /// Simulate every uniform candidate (no pruning) before the per-rank mixes and the refinement:
   /// slow, and what the search's choice is checked against (`pipeswap plan --exhaustive`).
