@@ -124,17 +124,18 @@ public:
     if (opts_.materialize) a->fill_poison();
     auto const op = commit(s, p, op_kind::allocate, n, engine::none, named([&] { return label("allocate"); }));
     new_shadow(*a, detail::access_ref{p.agent, p.seq, op});
-    allocs_.add_device(a);
+    auto const base = a->base;
+    allocs_.add_device(std::move(a));
     memory_.add({p.start, static_cast<std::int64_t>(n), op});
     device_live_ += n;
     ++live_device_allocations_;
-    return device_ptr(a->base);
+    return device_ptr(base);
   }
 
   void deallocate_device(device_ptr d, std::size_t n, stream s) {
     state_of(s, "deallocate_device");
     if (!d) return;
-    auto a = allocs_.find_device(d, "deallocate_device");
+    auto const& a = allocs_.find_device_ref(d, "deallocate_device");
     if (a->base != d.address() || a->size != n) {
       throw mock_error(pipeswap::detail::message({"mock::backend::deallocate_device: ", detail::describe_ptr(d),
                                                   " with ", n, " bytes does not name a whole allocation (allocation #",
