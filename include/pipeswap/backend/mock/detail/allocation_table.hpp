@@ -63,6 +63,7 @@ public:
     device_.push_back(std::move(a));
     ranges_.push_back(e);
     live_device_.push_back(e);
+    slot_of(e.base) = e; // most lookups name the base of an allocation made not long before
   }
   /// After a device allocation was marked released.
   void device_released() {
@@ -83,7 +84,7 @@ public:
     // address slot, if it holds the address, is the one the lists would find.
     // The entries hold each allocation's range: a lookup reads the allocation itself only once found.
     // They name the allocation by its index: a miss copies no shared pointer.
-    auto& hit = recent_[(addr / allocation_alignment) % recent_.size()];
+    auto& hit = slot_of(addr);
     if (addr >= hit.base && addr < hit.end) return device_[hit.index];
     for (auto const* list : {&live_device_, &ranges_}) {
       auto const it = find_in(*list, addr);
@@ -96,8 +97,9 @@ public:
                      " is not device memory allocated by this backend");
   }
 
-  /// The pinned allocation (not released) holding `h`; mock_error naming `what` if none.
-  [[nodiscard]] alloc_ptr find_host(std::byte const* h, call_site const& what) const {
+  /// The pinned allocation (not released) holding `h`, as a reference into the table (valid until
+  /// the next add_host or erase_host); mock_error naming `what` if none.
+  [[nodiscard]] alloc_ptr const& find_host(std::byte const* h, call_site const& what) const {
     auto const addr = reinterpret_cast<std::uintptr_t>(h);
     auto it = host_.upper_bound(addr);
     if (it != host_.begin()) {
@@ -124,6 +126,10 @@ private:
     std::size_t index = 0;
   };
   using alloc_list = std::vector<entry>;
+  /// The cache slot of the lookups of `addr`.
+  [[nodiscard]] entry& slot_of(std::uintptr_t addr) const {
+    return recent_[(addr / allocation_alignment) % recent_.size()];
+  }
   /// The entry of `list` (sorted by base address) with the highest base at or below `addr`, or end.
   static alloc_list::const_iterator find_in(alloc_list const& list, std::uintptr_t addr) {
     auto it =
