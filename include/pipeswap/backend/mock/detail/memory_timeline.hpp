@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <utility>
 #include <vector>
 
@@ -15,13 +16,11 @@ namespace pipeswap::mock::detail {
 class memory_timeline {
 public:
   /// A change whose op comes after every earlier change's: it goes after those at or before its time.
+  /// Those after it are few (the streams run not far apart): a scan from the end finds the place,
+  /// and costs no more than moving them.
   void add(mem_event e) {
-    if (events_.empty() || events_.back().time <= e.time) {
-      events_.push_back(e);
-      return;
-    }
-    auto const at = std::upper_bound(events_.begin(), events_.end(), e.time,
-                                     [](sim_time t, mem_event const& x) { return t < x.time; });
+    auto at = events_.end();
+    while (at != events_.begin() && std::prev(at)->time > e.time) --at;
     events_.insert(at, e);
   }
 
