@@ -124,17 +124,18 @@ public:
     if (opts_.materialize) a->fill_poison();
     auto const op = commit(s, p, op_kind::allocate, n, engine::none, named([&] { return label("allocate"); }));
     new_shadow(*a, detail::access_ref{p.agent, p.seq, op});
-    allocs_.add_device(a);
+    auto const base = a->base;
+    allocs_.add_device(std::move(a));
     memory_.add({p.start, static_cast<std::int64_t>(n), op});
     device_live_ += n;
     ++live_device_allocations_;
-    return device_ptr(a->base);
+    return device_ptr(base);
   }
 
   void deallocate_device(device_ptr d, std::size_t n, stream s) {
     state_of(s, "deallocate_device");
     if (!d) return;
-    auto a = allocs_.find_device(d, "deallocate_device");
+    auto const& a = allocs_.find_device_ref(d, "deallocate_device");
     if (a->base != d.address() || a->size != n) {
       throw mock_error(pipeswap::detail::message({"mock::backend::deallocate_device: ", detail::describe_ptr(d),
                                                   " with ", n, " bytes does not name a whole allocation (allocation #",
@@ -458,8 +459,9 @@ private:
     if (n == 0) return;
     auto const host = reinterpret_cast<std::uintptr_t>(h);
     detail::call_site const source{call, " source"}, destination{call, " destination"};
-    auto src = up ? allocs_.find_host(h, source) : allocs_.find_device(d, source);
-    auto dst = up ? allocs_.find_device(d, destination) : allocs_.find_host(h, destination);
+    // References into the table: nothing below adds or removes an allocation.
+    auto const& src = up ? allocs_.find_host(h, source) : allocs_.find_device_ref(d, source);
+    auto const& dst = up ? allocs_.find_device_ref(d, destination) : allocs_.find_host(h, destination);
     auto const so = detail::range_in(*src, up ? host : d.address(), n, source);
     auto const dof = detail::range_in(*dst, up ? d.address() : host, n, destination);
     faults_.attempt(fault_site::copy, call, n);
@@ -510,6 +512,7 @@ private:
 
   std::uint64_t log_op(op_kind k, std::uint32_t agent, std::uint64_t seq, sim_time start, sim_time end,
                        std::size_t bytes, engine e, std::string name) {
+    if (!log_.keeps()) return log_.count();
     return log_.push(op_record{k, agent, seq, start, end, bytes, e, std::move(name)});
   }
 

@@ -58,14 +58,17 @@ inline std::size_t range_in(allocation const& a, std::uintptr_t addr, std::size_
 class allocation_table {
 public:
   /// A new device allocation: its base is above every earlier one's.
-  void add_device(alloc_ptr const& a) {
-    device_.push_back({a->base, a->base + a->size, a});
-    live_device_.push_back({a->base, a->base + a->size, a});
+  void add_device(alloc_ptr a) {
+    entry const e{a->base, a->base + a->size, device_.size()};
+    device_.push_back(std::move(a));
+    ranges_.push_back(e);
+    live_device_.push_back(e);
+    slot_of(e.base) = e; // most lookups name the base of an allocation made not long before
   }
   /// After a device allocation was marked released.
   void device_released() {
     if (++released_in_live_ > live_device_.size() / 2) {
-      std::erase_if(live_device_, [](entry const& e) { return e.a->released; });
+      std::erase_if(live_device_, [this](entry const& e) { return device_[e.index]->released; });
       released_in_live_ = 0;
     }
   }
@@ -74,27 +77,29 @@ public:
 
   /// The device allocation holding `d` (live or released); mock_error naming `what` if none.
   [[nodiscard]] alloc_ptr find_device(device_ptr d, call_site const& what) const { return find_device_ref(d, what); }
-  /// The same, as a reference into the table (valid until the next add_device or device_released).
+  /// The same, as a reference into the table (valid until the next add_device).
   [[nodiscard]] alloc_ptr const& find_device_ref(device_ptr d, call_site const& what) const {
     auto const addr = d.address();
     // Device ranges never overlap and are never reused: an allocation found before for the same
     // address slot, if it holds the address, is the one the lists would find.
     // The entries hold each allocation's range: a lookup reads the allocation itself only once found.
-    auto& hit = recent_[(addr / allocation_alignment) % recent_.size()];
-    if (addr >= hit.base && addr < hit.end) return hit.a;
-    for (auto const* list : {&live_device_, &device_}) {
+    // They name the allocation by its index: a miss copies no shared pointer.
+    auto& hit = slot_of(addr);
+    if (addr >= hit.base && addr < hit.end) return device_[hit.index];
+    for (auto const* list : {&live_device_, &ranges_}) {
       auto const it = find_in(*list, addr);
       if (it != list->end() && addr < it->end) {
         hit = *it;
-        return hit.a;
+        return device_[hit.index];
       }
     }
     throw mock_error("mock::backend::" + what.text() + ": " + describe_ptr(d) +
                      " is not device memory allocated by this backend");
   }
 
-  /// The pinned allocation (not released) holding `h`; mock_error naming `what` if none.
-  [[nodiscard]] alloc_ptr find_host(std::byte const* h, call_site const& what) const {
+  /// The pinned allocation (not released) holding `h`, as a reference into the table (valid until
+  /// the next add_host or erase_host); mock_error naming `what` if none.
+  [[nodiscard]] alloc_ptr const& find_host(std::byte const* h, call_site const& what) const {
     auto const addr = reinterpret_cast<std::uintptr_t>(h);
     auto it = host_.upper_bound(addr);
     if (it != host_.begin()) {
@@ -109,17 +114,22 @@ public:
   /// Calls `f(allocation&)` for every device allocation and every pinned one not released.
   template <class F>
   void for_each(F&& f) const {
-    for (auto const& e : device_) f(*e.a);
+    for (auto const& a : device_) f(*a);
     for (auto const& e : host_) f(*e.second);
   }
 
 private:
-  /// A device allocation and its address range [base, end) (an empty range: no allocation).
+  /// A device allocation's address range [base, end) (an empty range: no allocation) and its index
+  /// in device_.
   struct entry {
     std::uintptr_t base = 0, end = 0;
-    alloc_ptr a;
+    std::size_t index = 0;
   };
   using alloc_list = std::vector<entry>;
+  /// The cache slot of the lookups of `addr`.
+  [[nodiscard]] entry& slot_of(std::uintptr_t addr) const {
+    return recent_[(addr / allocation_alignment) % recent_.size()];
+  }
   /// The entry of `list` (sorted by base address) with the highest base at or below `addr`, or end.
   static alloc_list::const_iterator find_in(alloc_list const& list, std::uintptr_t addr) {
     auto it =
@@ -127,7 +137,8 @@ private:
     return it == list.begin() ? list.end() : std::prev(it);
   }
 
-  alloc_list device_;                ///< every device allocation, by base address
+  std::vector<alloc_ptr> device_;    ///< every device allocation, by base address
+  alloc_list ranges_;                ///< the ranges of device_, in its order
   alloc_list live_device_;           ///< those not released (and a few released), by base address
   std::size_t released_in_live_ = 0; ///< releases since live_device_ was last pruned
   /// Device allocations found before, by address slot (a direct-mapped cache of the lookups).

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <utility>
 #include <vector>
 
@@ -14,7 +15,14 @@ namespace pipeswap::mock::detail {
 
 class memory_timeline {
 public:
-  void add(mem_event e) { events_.push_back(e); }
+  /// A change whose op comes after every earlier change's: it goes after those at or before its time.
+  /// Those after it are few (the streams run not far apart): a scan from the end finds the place,
+  /// and costs no more than moving them.
+  void add(mem_event e) {
+    auto at = events_.end();
+    while (at != events_.begin() && std::prev(at)->time > e.time) --at;
+    events_.insert(at, e);
+  }
 
   /// Device bytes live at simulated time `t` (every change at or before it).
   [[nodiscard]] std::size_t live_at(sim_time t) const {
@@ -24,17 +32,9 @@ public:
     return static_cast<std::size_t>(std::max<std::int64_t>(live, 0));
   }
 
-  /// The changes in simulated-time order (at equal times, in the order they were enqueued).
-  [[nodiscard]] std::vector<mem_event> sorted() const {
-    auto ev = events_;
-    // Each event is one operation's (op is unique): the order is total, and a plain sort gives the
-    // stable one.
-    auto const earlier = [](mem_event const& a, mem_event const& b) {
-      return a.time != b.time ? a.time < b.time : a.op < b.op;
-    };
-    if (!std::is_sorted(ev.begin(), ev.end(), earlier)) std::sort(ev.begin(), ev.end(), earlier);
-    return ev;
-  }
+  /// The changes in simulated-time order (at equal times, in the order they were enqueued): kept so
+  /// as they are added.
+  [[nodiscard]] std::vector<mem_event> const& sorted() const noexcept { return events_; }
 
   /// The highest device bytes live at any simulated instant.
   [[nodiscard]] std::size_t peak() const {
@@ -58,7 +58,7 @@ public:
   }
 
 private:
-  std::vector<mem_event> events_;
+  std::vector<mem_event> events_; ///< by (time, op)
 };
 
 } // namespace pipeswap::mock::detail

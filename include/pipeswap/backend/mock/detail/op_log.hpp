@@ -37,6 +37,8 @@ public:
     if (keep_ && ops_.size() == count_) ops_.push_back(std::move(r));
     return count_++;
   }
+  /// Counts an operation without a record (what push() does while keep() is off).
+  std::uint64_t count() noexcept { return count_++; }
   /// The recorded operations (those pushed while keep() was on and every earlier one was recorded).
   [[nodiscard]] std::vector<op_record> const& ops() const noexcept { return ops_; }
   /// Operation `i`; one that was counted but not recorded reads as a nameless record.

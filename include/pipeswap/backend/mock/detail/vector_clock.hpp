@@ -17,7 +17,10 @@ namespace pipeswap::mock::detail {
 class vector_clock {
 public:
   vector_clock() = default;
-  vector_clock(vector_clock const&) = default;
+  /// Every operation copies a clock: inline, the counters are copied and nothing else.
+  vector_clock(vector_clock const& o) : inline_(o.inline_), n_(o.n_) {
+    if (!o.heap_.empty()) heap_ = o.heap_;
+  }
   /// Every operation assigns a clock: with both inline, the counters are copied and nothing else.
   vector_clock& operator=(vector_clock const& o) {
     inline_ = o.inline_; // past o.n_ they are 0, as this clock's must be
