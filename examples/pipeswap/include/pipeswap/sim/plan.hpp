@@ -334,8 +334,7 @@ inline plan_result plan(scenario const& given, std::uint64_t budget, std::functi
                   ") gave other figures with the hazard checker than without it");
   }
   add_alternatives(res, s, space, [&](swap_choice const& c) {
-    for (auto const& e : res.simulated)
-      if (e.choice == c) return e.outcome;
+    if (auto const* known = detail::simulated_outcome(res.simulated, c)) return *known;
     return evaluate(c);
   });
   res.simulations = simulations;

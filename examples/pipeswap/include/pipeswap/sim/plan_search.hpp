@@ -113,8 +113,7 @@ requires std::is_invocable_r_v<plan_outcome, Evaluate&, swap_choice const&>
   };
 
   auto run = [&](swap_choice const& c) -> plan_outcome {
-    for (auto const& e : res.simulated)
-      if (e.choice == c) return e.outcome;
+    if (auto const* known = detail::simulated_outcome(res.simulated, c)) return *known;
     if (progress) progress(res.simulated.size(), std::max(bound, res.simulated.size() + 1));
     plan_outcome const o = evaluate(c);
     res.simulated.push_back({c, o, fits(o), {}});
@@ -122,8 +121,17 @@ requires std::is_invocable_r_v<plan_outcome, Evaluate&, swap_choice const&>
     if (fits(o) && (!fastest || o.step_ns < *fastest)) fastest = o.step_ns;
     return o;
   };
-  auto without_optimizer = [](swap_choice c) {
-    c.optimizer = false;
+  // A family's candidate without swap, and one of its optimizer settings.
+  auto family_of = [](std::pair<recompute_kind, bool> const& fam) {
+    swap_choice c;
+    c.recompute = fam.first;
+    c.distributed_optimizer = fam.second;
+    return c;
+  };
+  auto optimizer_setting = [](swap_choice c, std::uint32_t times, bool packed) {
+    c.optimizer = true;
+    c.swap_times = times;
+    c.packed = packed;
     return c;
   };
   auto at_level = [&](swap_choice c, std::size_t level) {
@@ -144,18 +152,10 @@ requires std::is_invocable_r_v<plan_outcome, Evaluate&, swap_choice const&>
     // Every uniform candidate, the knobs' product, in a fixed order: what the rules below prune is
     // checked against this.
     for (auto const& fam : families) {
-      swap_choice family;
-      family.recompute = fam.first;
-      family.distributed_optimizer = fam.second;
+      auto const family = family_of(fam);
       std::vector<swap_choice> settings{family};
       for (bool packed : space.packed)
-        for (auto times : space.swap_times) {
-          swap_choice c = family;
-          c.optimizer = true;
-          c.swap_times = times;
-          c.packed = packed;
-          settings.push_back(c);
-        }
+        for (auto times : space.swap_times) settings.push_back(optimizer_setting(family, times, packed));
       for (auto const& c : settings)
         for (std::size_t level = 0; level <= levels; ++level) run(at_level(c, level));
     }
@@ -170,14 +170,11 @@ requires std::is_invocable_r_v<plan_outcome, Evaluate&, swap_choice const&>
     };
     std::vector<setting> list;
     for (auto const& fam : families) { // named, not bound: clang 14 cannot capture a structured binding
-      auto const rc = fam.first;
-      auto const dist = fam.second;
-      swap_choice family;
-      family.recompute = rc;
-      family.distributed_optimizer = dist;
+      auto const family = family_of(fam);
       plan_outcome const family_base = run(family);
-      if (!dist && std::find(space.distributed_optimizer.begin(), space.distributed_optimizer.end(), true) !=
-                       space.distributed_optimizer.end()) {
+      if (!family.distributed_optimizer &&
+          std::find(space.distributed_optimizer.begin(), space.distributed_optimizer.end(), true) !=
+              space.distributed_optimizer.end()) {
         // Its twin with the distributed optimizer shards the same state over dp: when that is no
         // slower and peaks no higher without swap, it is with any swap too (the swaps move only the
         // shard, the step updates only the shard), so this family's swaps are not searched.
@@ -212,10 +209,7 @@ requires std::is_invocable_r_v<plan_outcome, Evaluate&, swap_choice const&>
       for (bool packed : space.packed) {
         std::optional<plan_outcome> prev;
         for (std::size_t i = 0; i < space.swap_times.size(); ++i) {
-          swap_choice c = family;
-          c.optimizer = true;
-          c.swap_times = space.swap_times[i];
-          c.packed = packed;
+          auto const c = optimizer_setting(family, space.swap_times[i], packed);
           plan_outcome const o = run(c);
           list.push_back({c, o});
           if (prev && o.peak_bytes >= prev->peak_bytes && o.step_ns >= prev->step_ns &&
@@ -264,8 +258,7 @@ requires std::is_invocable_r_v<plan_outcome, Evaluate&, swap_choice const&>
       }
       for (std::size_t level = 1; level <= levels; ++level) {
         auto const c = at_level(choice, level);
-        if (auto const why =
-                detail::cannot_fit(c, o0, res.simulated, at_level(without_optimizer(choice), level), budget)) {
+        if (auto const why = detail::cannot_fit(c, o0, res.simulated, budget)) {
           res.skipped.push_back(describe(c) + ": not simulated, " + *why);
           continue;
         }

@@ -67,19 +67,25 @@ inline std::optional<std::size_t> choose(std::vector<considered> const& simulate
   return best;
 }
 
-/// Why candidate `c` (an optimizer setting whose run without activation swap gave `setting`, at an
-/// activation level) cannot fit `budget`, judged from the simulated run of the same family and
-/// level without optimizer swap (`twin`), if there is one: swapping the optimizer state lowers a
-/// rank's peak by at most that state's bytes, so a rank whose twin peaks above the budget by more
-/// than its state stays above it. None when that does not settle it.
+/// The outcome of `c` among the simulated candidates, or null if it was not simulated.
+inline plan_outcome const* simulated_outcome(std::vector<considered> const& simulated, swap_choice const& c) {
+  auto const it = std::find_if(simulated.begin(), simulated.end(), [&](considered const& e) { return e.choice == c; });
+  return it == simulated.end() ? nullptr : &it->outcome;
+}
+
+/// Why uniform candidate `c` (an optimizer setting, whose run without activation swap gave `setting`,
+/// at an activation level) cannot fit `budget`, judged from the simulated run of the same candidate
+/// without optimizer swap (its twin), if there is one: swapping the optimizer state lowers a rank's
+/// peak by at most that state's bytes, so a rank whose twin peaks above the budget by more than its
+/// state stays above it. None when that does not settle it.
 inline std::optional<std::string> cannot_fit(swap_choice const& c, plan_outcome const& setting,
-                                             std::vector<considered> const& simulated, swap_choice const& twin,
-                                             std::uint64_t budget) {
+                                             std::vector<considered> const& simulated, std::uint64_t budget) {
   if (!c.ranks.empty() || !c.optimizer) return std::nullopt;
-  auto const it =
-      std::find_if(simulated.begin(), simulated.end(), [&](considered const& e) { return e.choice == twin; });
-  if (it == simulated.end()) return std::nullopt;
-  auto const& peaks = it->outcome.rank_peaks;
+  auto twin = c;
+  twin.optimizer = false;
+  auto const* t = simulated_outcome(simulated, twin);
+  if (!t) return std::nullopt;
+  auto const& peaks = t->rank_peaks;
   auto const& state = setting.rank_state_bytes;
   for (std::size_t r = 0; r < peaks.size() && r < state.size(); ++r)
     if (peaks[r] > budget + state[r])
