@@ -452,6 +452,19 @@ public:
     if (!a.base) return;
     free_arena(a, next_user);
   }
+  /// As release_arena(a, next_user), for an arena whose every access `next_user` is already ordered
+  /// behind (it waited the arena's last D2H: make_room): the release is enqueued on `next_user`
+  /// itself, so it does not queue behind the offloads the d2h stream runs after that D2H. The d2h
+  /// stream then waits it (`room_release`), so every release stays ordered before the d2h stream,
+  /// which is what a prefetch waits (prefetch_after_release).
+  void release_waited_arena(staging_arena<B>& a, stream_t<B> next_user) {
+    if (!a.base) return;
+    b_.deallocate_device(a.base, a.bytes, next_user);
+    ++releases_;
+    if (a.reserved) unreserve(budget_client::optimizer, a.reserved);
+    a = staging_arena<B>{};
+    if (next_user != d2h_) detail::wait_at(detail::wait_site::room_release, b_, d2h_, b_.record_event(next_user));
+  }
 
   // ----- copies of bytes that do not move ---------------------------------------------------------
 

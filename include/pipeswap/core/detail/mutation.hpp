@@ -26,6 +26,7 @@ enum class wait_site : std::uint8_t {
   arena_release,           ///< packed: the release of a staging arena waits the h2d stream that filled it
   prefetch_after_release,  ///< prefetch: the h2d stream waits the releases issued on the d2h stream
   finish_deferred,         ///< deferred offload: the next user of its memory waits its D2Hs
+  room_release,            ///< make_room: the d2h stream waits a release enqueued on the asking stream
   exec_send_after_compute, ///< executor: the send stream waits the compute that wrote a boundary
   exec_use_after_receive,  ///< executor: the compute stream waits the H2D of a received boundary
   count
@@ -41,6 +42,7 @@ constexpr std::string_view to_string(wait_site s) noexcept {
   case wait_site::arena_release: return "arena_release";
   case wait_site::prefetch_after_release: return "prefetch_after_release";
   case wait_site::finish_deferred: return "finish_deferred";
+  case wait_site::room_release: return "room_release";
   case wait_site::exec_send_after_compute: return "exec_send_after_compute";
   case wait_site::exec_use_after_receive: return "exec_use_after_receive";
   case wait_site::count: break;

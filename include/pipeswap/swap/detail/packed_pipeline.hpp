@@ -88,11 +88,12 @@ private:
   }
   void load_kept(step_plan<B> const& d, std::size_t n) override { load_own(d, n); }
   void batch_finished(std::size_t) noexcept override {}
-  /// Its own arena (if it has one, not prefetched again) is released behind `user`; a batch the
-  /// deferred offload reads from staging keeps it until the whole offload finishes.
+  /// Its own arena (if it has one, not prefetched again) is released on `user`, which waited the
+  /// batch's D2H out of it; a batch the deferred offload reads from staging keeps it until the whole
+  /// offload finishes.
   void give_batch(std::size_t n, stream_t<B> user) override {
     if (n < this->kept() || n >= own_.size() || !own_[n].base) return;
-    this->engine_.release_arena(own_[n], user);
+    this->engine_.release_waited_arena(own_[n], user);
     for (std::size_t i = handoff_.size(); i-- > 0;) {
       if (handoff_[i] == n) handoff_.erase(handoff_.begin() + i);
     }
