@@ -384,6 +384,8 @@ struct room_outcome {
   std::uint64_t used_after = 0; ///< the budget's count after make_room
   std::size_t peak = 0;         ///< the device's peak above the state that never leaves it, from the forward on
   unsigned long finish_waits = 0;
+  mock::sim_time resume = 0;    ///< when the compute stream may run the forward (after make_room's waits)
+  mock::sim_time drained = 0;   ///< when the deferred offload's last D2H ends
 };
 
 /// One deferred step (every batch prefetched first, offloads slow), the budget's capacity then set to
@@ -410,6 +412,8 @@ room_outcome run_make_room(bool packed, std::uint64_t bytes, std::initializer_li
     r.used_after = budget.used();
     r.finish_waits = hits(wait_site::finish_deferred);
     auto const from = b.ready_time(cs); // the forward allocates from here on
+    r.resume = from;
+    r.drained = b.ready_time(x.d2h());
     auto const p = b.allocate_device(bytes, cs);
     b.launch(cs, mock::kernel_desc{"forward", {}, {{p, bytes}}, 10});
     b.deallocate_device(p, bytes, cs);
@@ -453,6 +457,10 @@ BOOST_AUTO_TEST_CASE(make_room_waits_the_deferred_offload_instead_of_exceeding_t
       BOOST_TEST(half.finish_waits == 2u);
       BOOST_TEST(half.peak == held); // the forward's bytes exactly where the given batches were
       BOOST_TEST(half.used_after + half.capacity / 2 <= half.capacity);
+      // The forward resumes when the two batches it needs have left, not behind the rest of the
+      // offload (packed: their arenas are released on the compute stream, not queued on the d2h
+      // stream behind the later D2Hs).
+      BOOST_TEST(half.resume < half.drained);
       BOOST_TEST(half.given < half.capacity); // part of it: the rest keeps draining
       BOOST_TEST(half.finish_waits >= 1u);
       BOOST_TEST(half.peak <= half.capacity);
@@ -462,6 +470,8 @@ BOOST_AUTO_TEST_CASE(make_room_waits_the_deferred_offload_instead_of_exceeding_t
       BOOST_TEST(all.given == all.capacity);
       BOOST_TEST(all.used_after == 0u);
       BOOST_TEST(all.peak <= all.capacity);
+      BOOST_TEST(all.resume >= all.drained);
+      BOOST_TEST(half.resume < all.resume);
     }
   }
 }
