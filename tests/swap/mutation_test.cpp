@@ -388,10 +388,17 @@ struct room_outcome {
   mock::sim_time drained = 0;   ///< when the deferred offload's last D2H ends
 };
 
+/// What asks for room in run_make_room, and what follows it.
+enum class asker {
+  forward,      ///< the compute stream asks, then allocates the bytes, writes them and frees them
+  busy_compute, ///< the compute stream, busy with a long kernel, asks; prefetch() follows at once
+};
+
 /// One deferred step (every batch prefetched first, offloads slow), the budget's capacity then set to
-/// what the deferred offload holds; a "forward" asks for room for `bytes` on the compute stream,
-/// allocates them there, writes them and frees them.
-room_outcome run_make_room(bool packed, std::uint64_t bytes, std::initializer_list<wait_site> mutated) {
+/// what the deferred offload holds; the compute stream asks for room for `bytes` and `then` follows.
+/// The peak is the device's from what follows on (the step before it had its own, larger, peak).
+room_outcome run_make_room(bool packed, std::uint64_t bytes, std::initializer_list<wait_site> mutated,
+                           asker then = asker::forward) {
   mutate(mutated);
   slow_offload_rig rig(packed, true, 0);
   auto& [b, x, budget, m, cfg] = rig;
@@ -408,18 +415,25 @@ room_outcome run_make_room(bool packed, std::uint64_t bytes, std::initializer_li
     budget.set_capacity(r.capacity);
     reset_hits();
     auto const cs = b.current_stream();
+    if (then == asker::busy_compute) // the releases make_room enqueues on it land late
+      b.launch(cs, mock::kernel_desc{"busy", {}, {}, mock::sim_time{1'000'000'000'000}});
+    auto const prefetch_from = b.ready_time(x.h2d());
     r.given = x.make_room(bytes, cs);
     r.used_after = budget.used();
     r.finish_waits = hits(wait_site::finish_deferred);
-    auto const from = b.ready_time(cs); // the forward allocates from here on
-    r.resume = from;
+    r.resume = b.ready_time(cs);
     r.drained = b.ready_time(x.d2h());
-    auto const p = b.allocate_device(bytes, cs);
-    b.launch(cs, mock::kernel_desc{"forward", {}, {{p, bytes}}, 10});
-    b.deallocate_device(p, bytes, cs);
+    auto from = r.resume; // the forward allocates from here on
+    if (then == asker::forward) {
+      auto const p = b.allocate_device(bytes, cs);
+      b.launch(cs, mock::kernel_desc{"forward", {}, {{p, bytes}}, 10});
+      b.deallocate_device(p, bytes, cs);
+    } else {
+      from = prefetch_from;
+      BOOST_TEST(rt.prefetch() == 1u); // into the room given, the rest of the offload still draining
+    }
     rt.finish_offload();
     b.synchronize_device();
-    // The device from the forward's allocation on (the step before it had its own, larger, peak).
     std::size_t peak = 0, level = 0;
     for (auto const& [at, live] : b.device_memory_timeline()) {
       if (at < from)
@@ -427,7 +441,9 @@ room_outcome run_make_room(bool packed, std::uint64_t bytes, std::initializer_li
       else
         peak = std::max(peak, live);
     }
-    r.peak = std::max(peak, level) - base;
+    // The forward's allocation counts beside what was live when it began; the prefetch's beside
+    // what lands from its start on.
+    r.peak = (then == asker::forward ? std::max(peak, level) : peak) - base;
     r.hazards = b.hazards().size();
     b.set_hazard_policy(mock::hazard_policy::ignore);
   }
@@ -492,58 +508,17 @@ BOOST_AUTO_TEST_CASE(make_room_needs_its_waits) {
   BOOST_TEST(p1.hazards > 0u);
 }
 
-namespace {
-
-/// As run_make_room, with the compute stream busy when it asks for room for three of the four held
-/// batches (so the releases make_room enqueues on it land late) and a prefetch() right after,
-/// instead of a forward: the device's peak from the prefetch on, against the budget's capacity.
-room_outcome run_room_then_prefetch(std::initializer_list<wait_site> mutated) {
-  mutate(mutated);
-  slow_offload_rig rig(true, true, 0);
-  auto& [b, x, budget, m, cfg] = rig;
-  room_outcome r;
-  {
-    ps::optimizer_swap<toy> rt(x, m.opt, cfg);
-    auto const base = b.device_bytes_in_use();
-    (void)rt.prefetch();
-    rt.step();
-    (void)rt.prefetch();
-    rt.step();
-    BOOST_TEST(rt.offload_pending());
-    r.capacity = budget.used();
-    budget.set_capacity(r.capacity);
-    reset_hits();
-    auto const cs = b.current_stream();
-    b.launch(cs, mock::kernel_desc{"busy", {}, {}, mock::sim_time{1'000'000'000'000}});
-    auto const from = b.ready_time(x.h2d());
-    r.given = x.make_room(r.capacity / 4 * 3, cs);
-    BOOST_TEST(rt.prefetch() == 1u); // into the room given, the rest of the offload still draining
-    rt.finish_offload();
-    b.synchronize_device();
-    std::size_t peak = 0; // from the prefetch on (the step before it had its own, larger, peak)
-    for (auto const& [at, live] : b.device_memory_timeline()) {
-      if (at >= from) peak = std::max(peak, live);
-    }
-    r.peak = peak - base;
-    r.hazards = b.hazards().size();
-    b.set_hazard_policy(mock::hazard_policy::ignore);
-  }
-  ps::detail::mutated_sites = 0;
-  return r;
-}
-
-} // namespace
-
 BOOST_AUTO_TEST_CASE(a_prefetch_after_make_room_waits_the_releases_on_the_asking_stream) {
-  // Packed, make_room releases the arenas it gives on the stream that asked (here a busy compute
-  // stream), and the d2h stream waits that release (room_release): the prefetch's gate waits the
+  // Packed, make_room releases the arenas it gives (three of the four batches) on the stream that
+  // asked (here a busy compute stream), and the d2h stream waits that release (room_release): the prefetch's gate waits the
   // d2h stream, so its allocations land behind it. Without that wait they land first and the device
   // holds the prefetched batches beside storage the budget no longer counts.
-  auto const ok = run_room_then_prefetch({});
+  auto const none = run_make_room(true, 0, {});
+  auto const ok = run_make_room(true, none.capacity / 4 * 3, {}, asker::busy_compute);
   BOOST_TEST(ok.hazards == 0u);
   BOOST_TEST(ok.given > 0u);
   BOOST_TEST(ok.peak <= ok.capacity);
-  auto const broken = run_room_then_prefetch({wait_site::room_release});
+  auto const broken = run_make_room(true, none.capacity / 4 * 3, {wait_site::room_release}, asker::busy_compute);
   BOOST_TEST(broken.hazards == 0u);
   BOOST_TEST(broken.peak > broken.capacity);
 }
