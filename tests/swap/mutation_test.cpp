@@ -384,8 +384,8 @@ struct room_outcome {
   std::uint64_t used_after = 0; ///< the budget's count after make_room
   std::size_t peak = 0;         ///< the device's peak above the state that never leaves it, from the forward on
   unsigned long finish_waits = 0;
-  mock::sim_time resume = 0;    ///< when the compute stream may run the forward (after make_room's waits)
-  mock::sim_time drained = 0;   ///< when the deferred offload's last D2H ends
+  mock::sim_time resume = 0;  ///< when the compute stream may run the forward (after make_room's waits)
+  mock::sim_time drained = 0; ///< when the deferred offload's last D2H ends
 };
 
 /// What asks for room in run_make_room, and what follows it.
