@@ -459,10 +459,7 @@ public:
   /// which is what a prefetch waits (prefetch_after_release).
   void release_waited_arena(staging_arena<B>& a, stream_t<B> next_user) {
     if (!a.base) return;
-    b_.deallocate_device(a.base, a.bytes, next_user);
-    ++releases_;
-    if (a.reserved) unreserve(budget_client::optimizer, a.reserved);
-    a = staging_arena<B>{};
+    drop_arena(a, next_user);
     if (next_user != d2h_) detail::wait_at(detail::wait_site::room_release, b_, d2h_, b_.record_event(next_user));
   }
 
@@ -594,11 +591,15 @@ private:
 
   /// The release of an arena on the d2h stream, `next_user` ordered behind it.
   void free_arena(staging_arena<B>& a, stream_t<B> next_user) {
-    b_.deallocate_device(a.base, a.bytes, d2h_);
+    drop_arena(a, d2h_);
+    detail::wait_at(detail::wait_site::gate_after_offload, b_, next_user, b_.record_event(d2h_));
+  }
+  /// Releases an arena's storage on `s` and returns its reservation.
+  void drop_arena(staging_arena<B>& a, stream_t<B> s) {
+    b_.deallocate_device(a.base, a.bytes, s);
     ++releases_;
     if (a.reserved) unreserve(budget_client::optimizer, a.reserved);
     a = staging_arena<B>{};
-    detail::wait_at(detail::wait_site::gate_after_offload, b_, next_user, b_.record_event(d2h_));
   }
 
   void release_storage(buffer& x, stream_t<B> s) {
