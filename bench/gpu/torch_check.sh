@@ -79,7 +79,7 @@ if ((!built)); then
        --native-file <(printf "[binaries]\npython = '%s'\n" "$(command -v "$py")") >>"$out/torch_build.log" 2>&1 &&
      ninja -C "$bdir" >>"$out/torch_build.log" 2>&1; then
     cp -r "$root/python/pipeswap" "$stage/"
-    cp "$bdir"/python/_C*.so "$stage/pipeswap/" && built=1
+    cp "$bdir"/python/_C*.so "$bdir"/python/_version.py "$stage/pipeswap/" && built=1
   fi
 fi
 if ((!built)); then
