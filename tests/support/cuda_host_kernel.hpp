@@ -9,7 +9,8 @@
 // A body may touch only the regions it declares (the rule of mock::kernel_desc): reading or writing
 // other bytes aborts with the offending range, because a host function cannot throw. A launch's
 // staging goes back to a pool once an event behind its copies completed, checked at every launch
-// (page-locking memory costs far more than these kernels); the pool lives as long as the process.
+// (page-locking memory costs far more than these kernels); the pool lives as long as the process. A
+// launch that fails to enqueue waits its stream, then gives its staging back, and rethrows.
 // Only for executables that link libcudart (tests/cuda/).
 #pragma once
 
@@ -77,20 +78,30 @@ public:
     for (auto const& r : writes) job->v.regions.push_back({r, std::exchange(total, total + round(r.bytes)), true});
     job->bytes = total == 0 ? 256 : total;
     job->v.staging = take(job->bytes);
-    for (auto const& x : job->v.regions) {
-      if (x.r.bytes == 0) continue;
-      PIPESWAP_CUDA_TRY(
-          cudaMemcpyAsync(job->v.staging + x.offset, x.r.ptr.get(), x.r.bytes, cudaMemcpyDeviceToHost, s.get()));
-    }
-    PIPESWAP_CUDA_TRY(cudaLaunchHostFunc(s.get(), &launch<F>::call, job.get()));
-    for (auto const& x : job->v.regions) {
-      if (!x.writable || x.r.bytes == 0) continue;
-      PIPESWAP_CUDA_TRY(
-          cudaMemcpyAsync(x.r.ptr.get(), job->v.staging + x.offset, x.r.bytes, cudaMemcpyHostToDevice, s.get()));
-    }
     cudaEvent_t done = nullptr;
-    PIPESWAP_CUDA_TRY(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    PIPESWAP_CUDA_TRY(cudaEventRecord(done, s.get()));
+    try {
+      for (auto const& x : job->v.regions) {
+        if (x.r.bytes == 0) continue;
+        PIPESWAP_CUDA_TRY(
+            cudaMemcpyAsync(job->v.staging + x.offset, x.r.ptr.get(), x.r.bytes, cudaMemcpyDeviceToHost, s.get()));
+      }
+      PIPESWAP_CUDA_TRY(cudaLaunchHostFunc(s.get(), &launch<F>::call, job.get()));
+      for (auto const& x : job->v.regions) {
+        if (!x.writable || x.r.bytes == 0) continue;
+        PIPESWAP_CUDA_TRY(
+            cudaMemcpyAsync(x.r.ptr.get(), job->v.staging + x.offset, x.r.bytes, cudaMemcpyHostToDevice, s.get()));
+      }
+      PIPESWAP_CUDA_TRY(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+      PIPESWAP_CUDA_TRY(cudaEventRecord(done, s.get()));
+    } catch (...) {
+      // What was enqueued before the failure may still copy into the staging or call the body with
+      // the job: both stay until the stream has run it. The stream's own error, if any, is not the
+      // one reported.
+      cudaStreamSynchronize(s.get());
+      if (done != nullptr) cudaEventDestroy(done);
+      give_back(job->bytes, job->v.staging);
+      throw;
+    }
     std::lock_guard lk(pending_mutex());
     pending().push_back({done, std::move(job)});
   }
@@ -142,6 +153,11 @@ private:
     void* host = nullptr;
     PIPESWAP_CUDA_TRY(cudaMallocHost(&host, n));
     return static_cast<std::byte*>(host);
+  }
+  /// Returns a staging block to the pool.
+  static void give_back(std::size_t n, std::byte* p) {
+    std::lock_guard lk(pending_mutex());
+    pool().emplace(n, p);
   }
   /// Returns the staging of the launches that completed to the pool.
   static void reap() {
