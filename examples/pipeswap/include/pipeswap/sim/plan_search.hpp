@@ -263,19 +263,19 @@ requires std::is_invocable_r_v<plan_outcome, Evaluate&, swap_choice const&>
           continue;
         }
         plan_outcome const o = run(c);
-        if (fits(o)) {
+        // The levels past this one, when the walk stops here: why they are not simulated.
+        auto const skip_rest = [&](std::string const& why) {
+          auto const gap = std::to_string(space.gaps[level - 1]);
           if (level < levels)
-            res.skipped.push_back(describe(choice) + " with activation gaps below " +
-                                  std::to_string(space.gaps[level - 1]) + ": not simulated, gap " +
-                                  std::to_string(space.gaps[level - 1]) +
-                                  " fits, and swapping more groups only adds time and bytes");
+            res.skipped.push_back(describe(choice) + " with activation gaps below " + gap + ": not simulated, gap " +
+                                  gap + why);
+        };
+        if (fits(o)) {
+          skip_rest(" fits, and swapping more groups only adds time and bytes");
           break;
         }
         if (!in_reach(o.step_ns) && level < levels) {
-          res.skipped.push_back(describe(choice) + " with activation gaps below " +
-                                std::to_string(space.gaps[level - 1]) + ": not simulated, gap " +
-                                std::to_string(space.gaps[level - 1]) + " is already beyond " + reach_text() +
-                                " and swapping more groups only adds time");
+          skip_rest(" is already beyond " + reach_text() + " and swapping more groups only adds time");
           break;
         }
       }
