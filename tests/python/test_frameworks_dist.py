@@ -24,10 +24,13 @@ def test_two_ranks_bit_identical_and_resumed(tmp_path, framework):
     env = {"PIPESWAP_TEST_DIR": str(tmp_path), "PIPESWAP_TEST_FRAMEWORK": framework}
     r, _ = torchrun(WORKER, 2, env, DEADLINE)
     assert_torchrun_ok(r)
-    if skipped := re.search(r"^SKIP: (.*)$", r.stdout, re.M):
-        pytest.skip(skipped.group(1))
     ok = re.findall(r"OK rank (\d+): (\d+) tensors bit-identical", r.stdout)
     assert sorted(int(rank) for rank, _ in ok) == [0, 1], r.stdout
     # hf: 4 parameters x (swap, prepared, resumed, switched); torchtitan: 8 parameters x (swap, resumed);
-    # hf_ddp: 4 parameters x (swap, resumed)
-    assert all(int(n) == {"hf": 16, "torchtitan": 16, "hf_ddp": 8}[framework] for _, n in ok), ok
+    # hf_ddp: 4 parameters x (swap, resumed), or x (swap) where the Trainer cannot resume (the worker
+    # says why, and the case is reported skipped once the rest has been checked)
+    skipped = re.search(r"^SKIP: (.*)$", r.stdout, re.M)
+    expected = {"hf": 16, "torchtitan": 16, "hf_ddp": 4 if skipped else 8}[framework]
+    assert all(int(n) == expected for _, n in ok), ok
+    if skipped:
+        pytest.skip(skipped.group(1))
