@@ -510,9 +510,9 @@ BOOST_AUTO_TEST_CASE(make_room_needs_its_waits) {
 
 BOOST_AUTO_TEST_CASE(a_prefetch_after_make_room_waits_the_releases_on_the_asking_stream) {
   // Packed, make_room releases the arenas it gives (three of the four batches) on the stream that
-  // asked (here a busy compute stream), and the d2h stream waits that release (room_release): the prefetch's gate waits the
-  // d2h stream, so its allocations land behind it. Without that wait they land first and the device
-  // holds the prefetched batches beside storage the budget no longer counts.
+  // asked (here a busy compute stream), and the d2h stream waits that release (room_release): the
+  // prefetch's gate waits the d2h stream, so its allocations land behind it. Without that wait they
+  // land first and the device holds the prefetched batches beside storage the budget no longer counts.
   auto const none = run_make_room(true, 0, {});
   auto const ok = run_make_room(true, none.capacity / 4 * 3, {}, asker::busy_compute);
   BOOST_TEST(ok.hazards == 0u);

@@ -246,23 +246,26 @@ def hf_ddp_main():
         assert trainer.state.global_step == STEPS
         return [p.detach().clone() for p in model.parameters()]
 
+    def resumed(cls, out):
+        return job(cls, out, resume=os.path.join(folder, out, f"checkpoint-{SAVE_AT}"))
+
+    # Older Trainers (5.17 among them) load the optimizer state under DDP with map_location set to the
+    # rank's device, "cpu:0" on the CPU, which torch.load refuses with this message. That is theirs,
+    # not ours, only if torch's own AdamW fails to resume the same way: then the case is skipped, else
+    # the error stands.
+    cpu_map_location = "restore data location"
+
     results = {"adamw": job(torch.optim.AdamW, "adamw"), "swap": job(pt.SwapAdamW, "swap")}
     rank = dist.get_rank()
     try:
-        results["resumed_swap"] = job(
-            pt.SwapAdamW, "swap", resume=os.path.join(folder, "swap", f"checkpoint-{SAVE_AT}")
-        )
+        results["resumed_swap"] = resumed(pt.SwapAdamW, "swap")
     except RuntimeError as e:
-        # Older Trainers (5.17 among them) load the optimizer state under DDP with map_location set to
-        # the rank's device, "cpu:0" on the CPU, which torch.load refuses. That is theirs, not ours,
-        # only if torch's own AdamW fails to resume the same way: then the case is skipped, else the
-        # error stands.
-        if "restore data location" not in str(e):
+        if cpu_map_location not in str(e):
             raise
         try:
-            job(torch.optim.AdamW, "adamw", resume=os.path.join(folder, "adamw", f"checkpoint-{SAVE_AT}"))
+            resumed(torch.optim.AdamW, "adamw")
         except RuntimeError as ref:
-            if "restore data location" not in str(ref):
+            if cpu_map_location not in str(ref):
                 raise
             check(results, rank, ("swap",))  # what this Trainer can run is still checked
             if rank == 0:

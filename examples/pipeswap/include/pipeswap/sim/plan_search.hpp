@@ -274,7 +274,7 @@ requires std::is_invocable_r_v<plan_outcome, Evaluate&, swap_choice const&>
           skip_rest(" fits, and swapping more groups only adds time and bytes");
           break;
         }
-        if (!in_reach(o.step_ns) && level < levels) {
+        if (!in_reach(o.step_ns)) {
           skip_rest(" is already beyond " + reach_text() + " and swapping more groups only adds time");
           break;
         }
