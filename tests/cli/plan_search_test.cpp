@@ -361,10 +361,11 @@ BOOST_AUTO_TEST_CASE(per_rank_refinement_moves_the_slowest_rank_one_step_at_a_ti
       auto const x = c.on(r);
       auto const t = x.swap_times ? x.swap_times : c.swap_times;
       auto const level = level_of(x.activation_min_gap);
-      // Rank 0: 1400 bytes, the optimizer saves 300, each activation level 100 (it fits only with
-      // the optimizer and at least one level); an activation level costs 5 from the second one on,
-      // and the first one makes the optimizer 4 faster (the room it frees). Rank 1 is faster.
-      std::uint64_t const peak = (r == 0 ? 1400 : 1100) - (x.optimizer ? 300 : 0) - 100 * level;
+      // Rank 0: 1400 bytes, the optimizer saves 300, each activation level 100 at every layer, a
+      // tenth of that per tenth of the layers (it fits only with the optimizer and at least one
+      // full level); an activation level costs 5 from the second one on, and the first one makes
+      // the optimizer 4 faster (the room it frees). Rank 1 is faster.
+      std::uint64_t const peak = (r == 0 ? 1400 : 1100) - (x.optimizer ? 300 : 0) - 10 * x.activation_tenths * level;
       pipeswap::mock::sim_time step = (r == 0 ? 1000 : 900) + (level > 1 ? 5 * (level - 1) : 0);
       if (x.optimizer) step += 10 + (t > 25 ? t - 25 : 25 - t) - (r == 0 && level >= 1 ? 4 : 0);
       o.rank_peaks.push_back(peak);
@@ -415,8 +416,62 @@ BOOST_AUTO_TEST_CASE(per_rank_refinement_moves_the_slowest_rank_one_step_at_a_ti
     auto const o = model(n);
     BOOST_TEST((o.peak_bytes > budget || o.step_ns >= refined.chosen_outcome.step_ns), "gap " << g);
   }
+  BOOST_TEST(r0.activation_tenths == 10u); // a tenth fewer of the group's layers does not fit
   for (auto const& e : refined.simulated) BOOST_TEST(e.fits == (e.outcome.peak_bytes <= budget));
-  BOOST_TEST(refined.simulated.size() <= plain.simulated.size() + 8u); // at most plan_space::refine more
+  BOOST_TEST(refined.simulated.size() <= plain.simulated.size() + sim::plan_space{}.refine); // at most refine more
+}
+
+// The share of a swapped group's layers (rank_choice::activation_tenths): where a rank's level fits
+// with room to spare and every swapped byte costs time, the refinement swaps a tenth fewer of each
+// group's layers while the plan still fits, and the plan it keeps is faster and lighter than the
+// whole groups; never below the share that fits (here 5 tenths).
+BOOST_AUTO_TEST_CASE(per_rank_refinement_swaps_fewer_layers_of_each_group_where_that_fits) {
+  sim::plan_space space;
+  space.gaps = {12, 4};
+  space.packed = {true};
+  space.swap_times = {16};
+  space.recompute = {sim::recompute_kind::none};
+  space.tolerance = 0;
+  std::uint64_t const budget = 1000;
+  auto model = [&](sim::swap_choice const& c) {
+    sim::plan_outcome o;
+    for (std::uint32_t r = 0; r < 2; ++r) {
+      auto const x = c.on(r);
+      std::uint64_t const level = x.activation_min_gap == 0 ? 0 : x.activation_min_gap == 12 ? 1 : 2;
+      std::uint64_t const moved = 20 * x.activation_tenths * level; // activation bytes each way
+      // Rank 0 fits only with the optimizer swapped and some of its activations; each activation
+      // byte moved costs time. Rank 1 is faster and fits as it is.
+      std::uint64_t const peak = (r == 0 ? 1400 : 900) - (x.optimizer ? 300 : 0) - moved;
+      pipeswap::mock::sim_time const step = (r == 0 ? 1000 : 900) + (x.optimizer ? 10 : 0) + moved;
+      o.rank_peaks.push_back(peak);
+      o.rank_steps.push_back(step);
+      o.peak_bytes = std::max(o.peak_bytes, peak);
+      if (step >= o.step_ns) o.step_ns = step, o.peak_rank = r;
+      o.h2d_bytes += moved + (x.optimizer ? 1000 : 0);
+    }
+    o.d2h_bytes = o.h2d_bytes;
+    return o;
+  };
+  auto const refined = sim::search_plan(space, budget, model);
+  space.refine = 0;
+  auto const whole = sim::search_plan(space, budget, model);
+  BOOST_REQUIRE(refined.chosen.has_value());
+  BOOST_REQUIRE(whole.chosen.has_value());
+  BOOST_TEST(whole.chosen->on(0).activation_tenths == 10u);
+  auto const r0 = refined.chosen->on(0);
+  BOOST_TEST(r0.activation_min_gap == 12u);
+  BOOST_TEST(r0.activation_tenths < 10u);
+  BOOST_TEST(r0.activation_tenths >= 5u);
+  BOOST_TEST(refined.chosen_outcome.peak_bytes <= budget);
+  BOOST_TEST(refined.chosen_outcome.step_ns < whole.chosen_outcome.step_ns);
+  BOOST_TEST(refined.chosen_outcome.h2d_bytes < whole.chosen_outcome.h2d_bytes);
+  BOOST_TEST(sim::describe(*refined.chosen).find("/10 of each group's layers") != std::string::npos);
+  for (auto const& e : refined.simulated) {
+    BOOST_TEST(e.fits == (e.outcome.peak_bytes <= budget));
+    for (auto const& x : e.choice.ranks) { // one way to say "no activation swap"
+      if (x.activation_min_gap == 0) BOOST_TEST(x.activation_tenths == 10u);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(no_swap_is_chosen_when_it_fits) {

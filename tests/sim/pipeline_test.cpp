@@ -112,6 +112,48 @@ BOOST_AUTO_TEST_CASE(the_filter_chooses_the_swapped_micro_batches) {
   BOOST_TEST(r.corrupt_buffers == 0u);
 }
 
+// A share of each group's layers (rank_settings::swapped_tenths): on ten layers, 3 tenths swap the
+// first three layers' buffers of every micro-batch and keep the other seven on the device, which
+// raises the peak by seven buffers per micro-batch held off the device at the peak; the data comes
+// back intact, 10 tenths is every layer, and a share rounds up to whole layers.
+BOOST_AUTO_TEST_CASE(a_share_of_the_layers_swaps_the_first_layers_and_keeps_the_rest) {
+  auto s = tiny();
+  s.model.layers = 10;
+  auto const st = sim::plan_stages(s);
+  BOOST_TEST_REQUIRE(st.size() == 1u);
+  auto const layers = st[0].activation_bytes - st[0].boundary_bytes;
+  auto const per = layers / 10; // one layer's buffer (the last also holds the remainder)
+  auto const all = sim::simulate(s, opts(true, false)).ranks.at(0);
+  auto o = opts(true, false);
+  o.ranks.resize(1);
+  o.ranks[0].swapped_tenths = 3;
+  auto const part = sim::simulate(s, o).ranks.at(0);
+  BOOST_TEST(part.swapped_chunks == 8u);
+  BOOST_TEST(part.d2h_bytes == 8 * 3 * per);
+  BOOST_TEST(part.h2d_bytes == 8 * 3 * per);
+  BOOST_TEST(part.corrupt_buffers == 0u);
+  BOOST_TEST(all.d2h_bytes == 8 * layers);
+  // GPipe holds four groups' buffers at the peak with every layer swapping (above); the other
+  // four groups now keep their last seven layers each.
+  BOOST_TEST(part.peak_bytes == all.peak_bytes + 4 * (layers - 3 * per));
+  o.ranks[0].swapped_tenths = 10;
+  auto const ten = sim::simulate(s, o).ranks.at(0);
+  BOOST_TEST(ten.d2h_bytes == all.d2h_bytes);
+  BOOST_TEST(ten.peak_bytes == all.peak_bytes);
+  BOOST_TEST(ten.step_ns == all.step_ns);
+  BOOST_TEST(sim::sim_options::swapped_layers(1, 4) == 1u);
+  BOOST_TEST(sim::sim_options::swapped_layers(5, 3) == 2u);
+  BOOST_TEST(sim::sim_options::swapped_layers(9, 10) == 9u);
+  BOOST_TEST(sim::sim_options::swapped_layers(10, 0) == 0u);
+  for (std::uint32_t bad : {0u, 11u}) {
+    o.ranks[0].swapped_tenths = bad;
+    BOOST_CHECK_EXCEPTION(sim::simulate(s, o), ps::invalid_argument, [&](ps::invalid_argument const& e) {
+      return std::string(e.what()) == "simulate: rank 0's swapped_tenths is " + std::to_string(bad) +
+                                          "; a share of each group's layers is 1 to 10 tenths";
+    });
+  }
+}
+
 BOOST_AUTO_TEST_CASE(slow_copies_stall_the_pipeline_and_free_less) {
   auto s = tiny();
   s.device.h2d_gbps = s.device.d2h_gbps = 0.05; // a copy of A takes 20 ms, five forwards

@@ -83,6 +83,10 @@ inline sim_result simulate_orders(scenario const& s, schedule::rank_orders const
   detail::require_per_rank(s, orders.size(), "orders", false);
   detail::require_per_rank(s, o.ranks.size(), "rank settings");
   detail::require_per_rank(s, o.recompute.size(), "recomputation settings");
+  for (std::size_t r = 0; r < o.ranks.size(); ++r)
+    if (auto const t = o.ranks[r].swapped_tenths; t && (*t < 1 || *t > 10))
+      throw invalid_argument("simulate: rank " + std::to_string(r) + "'s swapped_tenths is " + std::to_string(*t) +
+                             "; a share of each group's layers is 1 to 10 tenths");
   std::vector<recompute_kind> per_stage;
   if (!o.recompute.empty()) {
     for (std::uint32_t st = 0; st < s.pipeline.ranks * s.pipeline.stages_per_rank; ++st)

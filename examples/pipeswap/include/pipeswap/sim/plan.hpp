@@ -99,6 +99,7 @@ inline sim_options options_for(swap_choice const& c, std::shared_ptr<activation_
       o.optimizer_ranks.push_back(r.optimizer);
       o.ranks.emplace_back();
       if (r.optimizer && r.swap_times) o.ranks.back().swap_times = r.swap_times;
+      if (r.activation_min_gap > 0 && r.activation_tenths < 10) o.ranks.back().swapped_tenths = r.activation_tenths;
     }
     o.activation_filter = [gaps = std::move(gaps), per_rank](std::uint32_t rank, schedule::chunk ch) {
       auto const g = rank < per_rank.size() ? per_rank[rank] : 0;

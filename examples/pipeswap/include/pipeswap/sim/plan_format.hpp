@@ -198,6 +198,7 @@ Json to_json(plan_result const& r) {
         jr["activations"] = x.activation_min_gap == 0                        ? Json("none")
                             : x.activation_min_gap <= schedule::min_swap_gap ? Json("all")
                                                                              : Json(x.activation_min_gap);
+        jr["activation_tenths"] = x.activation_min_gap == 0 ? Json(nullptr) : Json(x.activation_tenths);
         jr["optimizer"] = x.optimizer;
         jr["recompute"] = recompute_name(x.recompute);
         jr["swap_times"] = x.optimizer ? Json(x.swap_times ? x.swap_times : c.swap_times) : Json(nullptr);

@@ -372,6 +372,17 @@ requires std::is_invocable_r_v<plan_outcome, Evaluate&, swap_choice const&>
           if (j < act_levels.size()) {
             auto x = here;
             x.activation_min_gap = act_levels[j];
+            if (x.activation_min_gap == 0) x.activation_tenths = 10; // no group swaps: one way to say it
+            with(x);
+          }
+      }
+      if (here.activation_min_gap > 0) {
+        // A tenth fewer of each swapped group's layers, a tenth more: the finer activation level
+        // between two gaps (a group's bytes, where whole groups are too coarse).
+        for (std::uint32_t t : {here.activation_tenths - 1, here.activation_tenths + 1})
+          if (t >= 1 && t <= 10) {
+            auto x = here;
+            x.activation_tenths = t;
             with(x);
           }
       }

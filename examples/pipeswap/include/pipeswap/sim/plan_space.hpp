@@ -42,6 +42,9 @@ struct swap_choice {
     bool optimizer = false;
     recompute_kind recompute = recompute_kind::none;
     std::uint32_t swap_times = 0; ///< this rank's optimizer batches (0: the plan's swap_times)
+    /// Of each group that swaps, the share of its layers' activations that swaps, in tenths (10:
+    /// all; sim_options::rank_settings::swapped_tenths). The per-rank refinement sets it.
+    std::uint32_t activation_tenths = 10;
     friend bool operator==(rank_choice const&, rank_choice const&) = default;
   };
   std::vector<rank_choice> ranks{};
@@ -77,6 +80,8 @@ inline std::string describe_one(swap_choice::rank_choice const& c, swap_choice c
     act = "activation groups with gap >= " + std::to_string(c.activation_min_gap);
   else if (c.activation_min_gap > 0)
     act = "every eligible activation group";
+  if (!act.empty() && c.activation_tenths < 10)
+    act += " (" + std::to_string(c.activation_tenths) + "/10 of each group's layers)";
   std::string out = opt.empty() && act.empty() ? "no swap" : opt.empty() ? act : act.empty() ? opt : opt + " + " + act;
   if (c.recompute != recompute_kind::none)
     out = std::string(c.recompute == recompute_kind::full ? "full" : "selective") + " recomputation" +
@@ -149,10 +154,11 @@ struct plan_space {
   /// Try a per-rank mix of the simulated candidates.
   bool per_rank = true;
   /// Simulations the per-rank refinement may spend (0: none): from the chosen plan, the slowest
-  /// rank's activation level one level either way and its optimizer batch count a quarter up or
-  /// down (within swap_times' range), greedily while that gives a fitting plan the choice prefers
-  /// (shorter beyond the tolerance, or shorter within it and lighter).
-  std::size_t refine = 8;
+  /// rank's activation level one level either way, the share of each swapped group's layers a
+  /// tenth either way, and its optimizer batch count a quarter up or down (within swap_times'
+  /// range), greedily while that gives a fitting plan the choice prefers (shorter beyond the
+  /// tolerance, or shorter within it and lighter).
+  std::size_t refine = 12;
   /// Simulate every uniform candidate (no pruning) before the per-rank mixes and the refinement:
   /// slow, and what the search's choice is checked against (`pipeswap plan --exhaustive`).
   bool exhaustive = false;

@@ -2,6 +2,7 @@
 // sim_options (what swaps, per-rank settings, overlap) and sim_result with one rank_result per rank.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -71,6 +72,10 @@ struct sim_options {
     /// With overlap: false runs this rank's optimizer step as without overlap (no prefetch, no
     /// deferred offload, no resident share); unset: true.
     std::optional<bool> phased;
+    /// With activation swap: the share of each swapped group's per-layer activations that swaps, in
+    /// tenths (1 to 10, else simulate() throws invalid_argument), rounded up to whole layers of the
+    /// stage; the stage's first layers swap, the others stay on the device. Unset: every layer.
+    std::optional<std::uint32_t> swapped_tenths;
     friend bool operator==(rank_settings const&, rank_settings const&) = default;
   };
   /// Per rank (empty: every rank takes the uniform values; else one entry per rank).
@@ -90,6 +95,14 @@ struct sim_options {
   }
   [[nodiscard]] schedule::inject_options inject_options_of(std::uint32_t rank) const {
     return {load_lookahead_of(rank), offload_wait_delay_of(rank)};
+  }
+  [[nodiscard]] std::uint32_t swapped_tenths_of(std::uint32_t rank) const {
+    return rank < ranks.size() && ranks[rank].swapped_tenths ? *ranks[rank].swapped_tenths : 10;
+  }
+  /// Of a stage's `layers`, the ones whose activations swap with their group at `tenths`
+  /// (rank_settings::swapped_tenths): rounded up, at least one.
+  [[nodiscard]] static std::uint32_t swapped_layers(std::uint32_t tenths, std::uint32_t layers) {
+    return std::clamp<std::uint32_t>((tenths * layers + 9) / 10, std::min<std::uint32_t>(layers, 1), layers);
   }
   [[nodiscard]] std::uint64_t resident_share_of(std::uint32_t rank) const {
     return rank < ranks.size() && ranks[rank].resident_share ? *ranks[rank].resident_share : resident_share;

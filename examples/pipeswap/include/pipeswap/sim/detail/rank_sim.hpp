@@ -66,6 +66,7 @@ public:
         b_(mock_options(s, o, link)), budget_(room_of(s)), engine_(b_, pool_options(o)), opt_(b_),
         comm_(b_, mb, static_cast<int>(rank), static_cast<int>(s.pipeline.ranks), layout.stages(), s), mb_(mb) {
     overlap_ = o.overlap;
+    swapped_tenths_ = o.swapped_tenths_of(rank);
     declare_weights_ = o.check_hazards || o.materialize;
     // With overlap one budget governs both swap jobs of the device; it is attached before any
     // runtime allocates, and its capacity follows the room the rest of the step leaves.
@@ -308,7 +309,15 @@ private:
       }
       // The pipeline owns the stage input until the backward: it stays on the device.
       if (first) f.keep(in.ptr, in.bytes);
-      for (auto const& a : acts) f.save(a.ptr, a.bytes);
+      // The first layers' activations swap with the group (sim_options::rank_settings::swapped_tenths),
+      // the others stay on the device.
+      auto const swapped = sim_options::swapped_layers(r->swapped_tenths_, layers);
+      for (std::uint32_t l = 0; l < layers; ++l) {
+        if (l < swapped)
+          f.save(acts[l].ptr, acts[l].bytes);
+        else
+          f.keep(acts[l].ptr, acts[l].bytes);
+      }
       if (r->ex_->forwards_left() == 1) r->tail_from_ = b.ready_time(cs); // the last forward: the backward tail begins
     }
 
@@ -525,6 +534,7 @@ private:
   std::optional<optimizer_swap<opt_type>> osw_;
   std::map<std::uint32_t, stage_weights> weights_;
   bool overlap_ = false, phased_ = false;
+  std::uint32_t swapped_tenths_ = 10;     ///< sim_options::rank_settings::swapped_tenths
   std::optional<mock::stream> dp_stream_; ///< overlap_grad_reduce: the data-parallel collectives' stream
   /// The stage kernels and collectives declare the regions they touch (weights, gradients,
   /// activations, stage boundaries): for the hazard checker (and materialized bytes) only, their
