@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include <pipeswap/backend/mock.hpp>
@@ -253,6 +254,11 @@ BOOST_FIXTURE_TEST_CASE(peak_memory_matches_a_hand_computation, fixture) {
   std::vector<std::pair<sim_time, std::size_t>> const expected{{0, 1500}, {300, 1200}, {400, 500}, {500, 0}};
   BOOST_TEST((b.device_memory_timeline() == expected));
   BOOST_TEST(b.device_bytes_in_use() == 0u);
+  // From a simulated time on, the most live at once: every release is enqueued (none is in use), but
+  // Z lives until 400 and Y until 500 on the device.
+  for (auto const& [t, want] : std::vector<std::pair<sim_time, std::size_t>>{
+           {0, 1500}, {299, 1500}, {300, 1200}, {350, 1200}, {400, 500}, {499, 500}, {500, 0}, {10'000, 0}})
+    BOOST_TEST(b.device_bytes_live_from(t) == want, "from " << t);
   BOOST_TEST(b.live_device_allocations() == 0u);
   BOOST_TEST(b.peak_host_bytes() == 500u);
   b.synchronize_device();

@@ -384,6 +384,10 @@ public:
 
   /// Device bytes allocated and not yet released, counting in enqueue order.
   [[nodiscard]] std::size_t device_bytes_in_use() const noexcept { return device_live_; }
+  /// The highest device bytes live at any simulated instant from `t` on, as enqueued so far: what an
+  /// allocation at `t` lies beside. A release still queued behind work on its stream counts until
+  /// its stream reaches it (device_bytes_in_use() has it gone already).
+  [[nodiscard]] std::size_t device_bytes_live_from(sim_time t) const { return memory_.peak_from(t, device_live_); }
   [[nodiscard]] std::size_t live_device_allocations() const noexcept { return live_device_allocations_; }
   /// Highest device bytes live at any simulated instant (allocations and releases placed at their
   /// simulated times; at equal times in the order they were enqueued).

@@ -32,6 +32,16 @@ public:
     return static_cast<std::size_t>(std::max<std::int64_t>(live, 0));
   }
 
+  /// The highest device bytes live at any simulated instant from `t` on, of the changes added so
+  /// far; `live_end` is the bytes after all of them. The changes after `t` are few (the streams run
+  /// not far apart): a scan from the end.
+  [[nodiscard]] std::size_t peak_from(sim_time t, std::size_t live_end) const {
+    auto live = static_cast<std::int64_t>(live_end), peak = live;
+    for (auto it = events_.rbegin(); it != events_.rend() && it->time > t; ++it)
+      peak = std::max(peak, live -= it->delta); // the bytes before this change, up to it
+    return static_cast<std::size_t>(std::max<std::int64_t>(peak, 0));
+  }
+
   /// The changes in simulated-time order (at equal times, in the order they were enqueued): kept so
   /// as they are added.
   [[nodiscard]] std::vector<mem_event> const& sorted() const noexcept { return events_; }
