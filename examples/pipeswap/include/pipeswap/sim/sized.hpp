@@ -21,10 +21,10 @@ namespace pipeswap::sim {
 ///    gives memory back, and the prefetch there stays within the budget), and the share is the
 ///    device capacity less that peak and a margin of 0.5 % of the capacity;
 ///  * a rank that then goes over the capacity has its share cut by the excess and the margin, or,
-///    with no share left, its offload wait delay set back to 1, then its load lookahead halved (a later
-///    wait or an earlier load holds its chunk longer), or
-///    last its optimizer step run without the phases (rank_settings::phased), and the run is
-///    repeated, at most `refinements` times. A run that fits, where some ranks' forwards waited for
+///    with no share left, its offload wait delay and load lookahead both set back to 1 (a later wait
+///    or an earlier load holds its chunk longer), or last its optimizer step run without the phases
+///    (rank_settings::phased), and the run is repeated, at most `refinements` times (the planner
+///    passes 4: it weighs many candidates). A run that fits, where some ranks' forwards waited for
 ///    the previous step's deferred offload, is compared with the same run with those ranks' phases
 ///    off, and the faster of the two that fits is kept. When none of the runs fits every rank, a rank still over
 ///    with its phases off gets its sized settings back (one more run), and the result is the run
@@ -32,7 +32,7 @@ namespace pipeswap::sim {
 /// A set of rank settings already run is not simulated again (its result is reused).
 /// `resolved`, when given, receives the options of the run returned: simulate(s, *resolved) repeats
 /// it exactly.
-inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t refinements = 4,
+inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t refinements = 6,
                                  sim_options* resolved = nullptr) {
   auto const keep = [&](sim_options const& x) {
     if (resolved) *resolved = x;
@@ -129,11 +129,11 @@ inline sim_result simulate_sized(scenario const& s, sim_options o, std::uint32_t
         auto const cut = peak - capacity + margin;
         x.resident_share = *x.resident_share > cut ? *x.resident_share - cut : 0;
         changed = true;
-      } else if (o.swap_activations && o.offload_wait_delay_of(r) > 1) {
-        x.offload_wait_delay = 1; // a later wait holds each offloaded chunk's storage longer
-        changed = true;
-      } else if (o.swap_activations && o.load_lookahead_of(r) > 1) {
-        x.load_lookahead = std::max<std::size_t>(1, o.load_lookahead_of(r) / 2);
+      } else if (o.swap_activations && (o.offload_wait_delay_of(r) > 1 || o.load_lookahead_of(r) > 1)) {
+        // A later wait holds each offloaded chunk's storage longer, an earlier load its chunk: both
+        // back to the reference placement at once.
+        x.offload_wait_delay = 1;
+        x.load_lookahead = 1;
         changed = true;
       } else if (o.swaps_optimizer(r) && x.phased != false) {
         x.phased = false; // the prefetch and the deferred offload's storage do not fit beside the rest

@@ -485,11 +485,15 @@ private:
     return std::string(what) + " s" + std::to_string(st) + " m" + std::to_string(m);
   }
 
-  /// The budget's capacity: the device's room for the job less what lives outside the budget now
-  /// (weights, gradients, state that never swaps, activations not swapped, pipeline buffers) and the
-  /// transient bytes the next compute entries may allocate outside it.
-  void update_budget() {
-    auto const outside = b_.device_bytes_in_use() - std::min<std::uint64_t>(b_.device_bytes_in_use(), budget_.used());
+  /// The budget's capacity: the device's room for the job less what lives outside the budget (weights,
+  /// gradients, state that never swaps, activations not swapped, pipeline buffers) and the transient
+  /// bytes the next compute entries may allocate outside it. What lives is counted in enqueue order
+  /// (a release counts as soon as it is enqueued), or with `at` the device's bytes from the time
+  /// `at` reaches on: storage whose release is still queued behind a copy (a swapped activation's,
+  /// behind its offload) is still there for an allocation on `at`.
+  void update_budget(std::optional<mock::stream> at = std::nullopt) {
+    auto const live = at ? b_.device_bytes_live_from(b_.ready_time(*at)) : b_.device_bytes_in_use();
+    auto const outside = live - std::min<std::uint64_t>(live, budget_.used());
     auto const room = room_of(s_);
     budget_.set_capacity(room > outside + transient_ ? room - outside - transient_ : 0);
   }
@@ -499,7 +503,7 @@ private:
   /// (transfer_engine::make_room, the budget's capacity first set to the room the step leaves).
   void make_room(std::uint64_t bytes, mock::stream s) {
     if (!phased_ || !osw_->offload_pending()) return;
-    update_budget();
+    update_budget(s);
     deferred_waited_ += engine_.make_room(bytes, s);
   }
 
