@@ -5,10 +5,18 @@ For every scenario in examples/calibration/ (its comment gives the source and th
 tokens/s per GPU), simulates the no-swap step with `pipeswap simulate --json` and prints the
 predicted tokens/s per GPU, M·b·s / (step · ranks · tp), and its ratio to the published figure.
 
-    python3 scripts/calibration.py [path/to/pipeswap] [--efficiency E]
+Each file belongs to a software stack, named by its file name: "torchtitan_..." runs torchtitan's
+kernels, the others Megatron-Core's (NeMo). Files whose name starts with "heldout_" are held out;
+the others are the stack's calibration runs, on which its GEMM ceiling (device.kernel_efficiency)
+is fitted. `--fit` refits it: for each stack, the ceiling at which the geometric mean of its
+calibration runs' ratios is 1 (the least squares of their log ratios), by bisection, with every
+other constant fixed. `--efficiency E` simulates every file at the ceiling E.
+
+    python3 scripts/calibration.py [path/to/pipeswap] [--efficiency E] [--fit]
 """
 import glob
 import json
+import math
 import os
 import re
 import statistics
@@ -43,6 +51,34 @@ def predict(exe, path, efficiency=None):
     return tokens / (step * p["ranks"] * q["tp"]), published(sc["comment"]), step
 
 
+def stack(path):
+    """The software stack a file's run used: its name after "heldout_" starts with "torchtitan_"."""
+    name = os.path.basename(path)
+    return "torchtitan" if name.removeprefix("heldout_").startswith("torchtitan_") else "megatron"
+
+
+def held_out(path):
+    return os.path.basename(path).startswith("heldout_")
+
+
+def fit(exe, paths):
+    """The ceiling at which the geometric mean of predicted / published over `paths` is 1."""
+    def log_mean(e):
+        logs = []
+        for p in paths:
+            pred, pub, _ = predict(exe, p, e)
+            logs.append(math.log(pred / pub))
+        return sum(logs) / len(logs)
+    lo, hi = 0.2, 0.95  # a higher ceiling predicts faster: log_mean rises with e
+    for _ in range(12):
+        mid = (lo + hi) / 2
+        if log_mean(mid) > 0:
+            hi = mid
+        else:
+            lo = mid
+    return (lo + hi) / 2
+
+
 def main():
     args = sys.argv[1:]
     eff = None
@@ -50,12 +86,21 @@ def main():
         i = args.index("--efficiency")
         eff = float(args[i + 1])
         del args[i:i + 2]
+    refit = "--fit" in args
+    if refit:
+        args.remove("--fit")
     exe = args[0] if args else "build/examples/pipeswap/pipeswap"
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "calibration")
+    paths = sorted(glob.glob(os.path.join(root, "*.json")))
+    if refit:
+        for name in sorted({stack(p) for p in paths}):
+            runs = [p for p in paths if stack(p) == name and not held_out(p)]
+            print(f"{name}: device.kernel_efficiency {fit(exe, runs):.3f}, fitted on {len(runs)} calibration runs")
+        return
     groups = {"calibration": [], "held out": []}
-    for path in sorted(glob.glob(os.path.join(root, "*.json"))):
+    for path in paths:
         pred, pub, step = predict(exe, path, eff)
-        kind = "held out" if os.path.basename(path).startswith("heldout_") else "calibration"
+        kind = "held out" if held_out(path) else "calibration"
         groups[kind].append(pred / pub)
         print(f"{kind:12} {os.path.basename(path):50} published {pub:8.0f}  predicted {pred:8.0f}  "
               f"ratio {pred / pub:5.3f}  step {step:7.3f} s")

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -967,7 +968,7 @@ class Gallery(unittest.TestCase):
         # torchtitan Table 5: 100 (1F1B) and 128 (interleaved 1F1B) tokens/s per GPU; 256 sequences of
         # 8192 tokens per step on 512 GPUs. The gallery's BF16 files give the interleaved gain within
         # 20 % of the published 1.28 and are faster than the published run; the throughput itself is
-        # compared in Calibration, on the FP8 versions the run used (held out, 1.5-2.1x too fast).
+        # compared in Calibration, on the layout and FP8 the run used (held out).
         tps = {}
         for n, published in (("llama31_405b_first_stages_1f1b.json", 100), ("llama31_405b_first_stages_interleaved.json", 128)):
             _, out, _ = run("simulate", "--scenario", os.path.join(GALLERY, n), "--json", "--trace", "", "--svg", "", check=0)
@@ -1019,28 +1020,47 @@ class Calibration(unittest.TestCase):
         _, out, _ = run("simulate", "--json", "--trace", "", "--svg", "")
         cls.stated = json.loads(out)["model_error"]
 
+    def held_out(self, stack=None):
+        return sorted(r for n, r in self.ratios.items()
+                      if n.startswith("heldout_") and (stack is None or self.stack(n) == stack))
+
+    def calibration(self, stack):
+        return sorted(r for n, r in self.ratios.items() if not n.startswith("heldout_") and self.stack(n) == stack)
+
+    @staticmethod
+    def stack(name):
+        return "torchtitan" if name.removeprefix("heldout_").startswith("torchtitan_") else "megatron"
+
     def test_the_set_is_the_documented_one(self):
-        self.assertEqual(len(self.ratios), 10)
-        self.assertEqual(sum(1 for n in self.ratios if not n.startswith("heldout_")), 3)
+        self.assertEqual(len(self.ratios), 14)
+        self.assertEqual(len(self.calibration("megatron")), 3)
+        self.assertEqual(len(self.calibration("torchtitan")), 2)
+        self.assertEqual(len(self.held_out("megatron")), 4)
+        self.assertEqual(len(self.held_out("torchtitan")), 5)
 
-    def test_the_calibration_runs_are_within_15_percent(self):
-        fit = sorted(r for n, r in self.ratios.items() if not n.startswith("heldout_"))
-        for r in fit:
-            self.assertGreater(r, 0.85)
-            self.assertLess(r, 1.15)
-        self.assertAlmostEqual(fit[1], 1.0, delta=0.05)  # the median: the ceiling is the fit
+    def test_the_calibration_runs_are_within_15_percent_at_their_stacks_fitted_ceiling(self):
+        for stack in ("megatron", "torchtitan"):
+            fit = self.calibration(stack)
+            for r in fit:
+                self.assertGreater(r, 0.85, stack)
+                self.assertLess(r, 1.15, stack)
+            # the ceiling is the fit: the geometric mean of the stack's calibration ratios is about 1
+            self.assertAlmostEqual(math.exp(sum(math.log(r) for r in fit) / len(fit)), 1.0, delta=0.03, msg=stack)
 
-    def test_held_out_megatron_runs_are_within_the_stated_band(self):
-        held = [r for n, r in self.ratios.items() if n.startswith("heldout_nemo")]
-        self.assertEqual(len(held), 4)
-        for r in held:
-            self.assertGreater(r, 0.80)
-            self.assertLess(r, 1.35)
+    def test_held_out_runs_meet_the_targets(self):
+        # The project's targets: within 15 % at the median and 30 % on every held-out run, for each
+        # stack and for all of them together.
+        for stack in ("megatron", "torchtitan", None):
+            held = self.held_out(stack)
+            for r in held:
+                self.assertGreater(r, 0.70, stack)
+                self.assertLess(r, 1.30, stack)
+            self.assertLess(abs(statistics.median(held) - 1), 0.15, stack)
 
     def test_the_stated_error_is_the_held_out_runs_extremes(self):
         # simulate and plan print this band beside every step time (sim/accuracy.hpp): it must be
         # what the held-out runs give, rounded to two places, not a figure that drifts from them.
-        held = sorted(r for n, r in self.ratios.items() if n.startswith("heldout_"))
+        held = self.held_out()
         e = self.stated
         self.assertEqual(e["held_out_runs"], len(held))
         self.assertAlmostEqual(e["throughput_low"], held[0], delta=0.005)
@@ -1049,23 +1069,15 @@ class Calibration(unittest.TestCase):
 
     def test_the_reports_print_the_error_beside_the_step_time(self):
         _, out, _ = run("simulate", "--trace", "", "--svg", "")
-        self.assertRegex(out.splitlines()[2], r"^model error: on 7 published runs held out of the fit, "
-                                              r"predicted tokens/s 0\.86-2\.08x the published: a step time may be "
-                                              r"off by up to 52 %")
+        self.assertRegex(out.splitlines()[2], r"^model error: on 9 published runs held out of the fit, "
+                                              r"predicted tokens/s 0\.86-1\.22x the published: a step time may be "
+                                              r"off by up to 18 %")
         _, out, _ = run("plan", "--scenario", os.path.join(GALLERY, "7b_2ranks.json"))
-        self.assertIn("\nmodel error: on 7 published runs", out)
+        self.assertIn("\nmodel error: on 9 published runs", out)
         # the one-efficiency model has no measured error, and says so
         flops = json.dumps({"device": {"compute": "flops"}})
         _, out, _ = run("simulate", "--scenario", "-", "--trace", "", "--svg", "", stdin=flops)
         self.assertIn('\nmodel error: not measured for device.compute "flops"', out)
-
-    def test_held_out_torchtitan_runs_are_predicted_too_fast(self):
-        # docs/simulator.md states it: 1.52-2.08x, FSDP and 500 W H100s that the model does not know.
-        held = [r for n, r in self.ratios.items() if n.startswith("heldout_torchtitan")]
-        self.assertEqual(len(held), 3)
-        for r in held:
-            self.assertGreater(r, 1.4)
-            self.assertLess(r, 2.2)
 
 
 if __name__ == "__main__":
