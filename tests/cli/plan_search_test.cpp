@@ -788,6 +788,35 @@ BOOST_AUTO_TEST_CASE(plan_weighs_the_distributed_optimizer_with_data_parallelism
   BOOST_TEST(sim::to_json(r)["best_without_swap"]["distributed_optimizer"] == true);
 }
 
+// A scenario with torchtitan's per-operation recomputation ("op") is planned with that policy beside
+// the three others: its baseline keeps it, the space counts a fourth family, and the alternatives
+// name the others against it.
+BOOST_AUTO_TEST_CASE(plan_keeps_the_scenario_s_per_operation_recomputation_among_its_choices) {
+  auto s = small_scenario();
+  s.model.recompute = sim::recompute_kind::op;
+  auto const space = sim::default_plan_space(s);
+  BOOST_TEST(space.recompute.size() == 4u);
+  BOOST_TEST((space.recompute.back() == sim::recompute_kind::op));
+  BOOST_TEST(sim::default_plan_space(small_scenario()).recompute.size() == 3u);
+  auto const gaps = std::make_shared<sim::activation_gaps const>(sim::gaps_of(s.pipeline));
+  auto eval = [&](sim::swap_choice const& c) {
+    return sim::outcome_of(sim::simulate(sim::scenario_for(c, s), sim::options_for(c, gaps, s.swap)));
+  };
+  sim::swap_choice op, none;
+  op.recompute = sim::recompute_kind::op;
+  auto const with_op = eval(op), without = eval(none);
+  BOOST_TEST(with_op.peak_bytes < without.peak_bytes); // it keeps less than no recomputation
+  BOOST_TEST(with_op.step_ns > without.step_ns);       // and re-runs part of each forward
+  auto const r = sim::plan(s, with_op.peak_bytes);
+  BOOST_TEST((r.baseline_choice.recompute == sim::recompute_kind::op));
+  BOOST_TEST(r.candidates == 4 * (1 + sim::plan_space{}.swap_times.size() * 2) * (1 + sim::gap_levels(*gaps).size()));
+  BOOST_REQUIRE(r.chosen.has_value());
+  auto const text = sim::format_plan(r, s);
+  for (auto const* title : {"no recomputation", "selective recomputation", "full recomputation"})
+    BOOST_TEST(text.find(title) != std::string::npos, title);
+  BOOST_TEST(text.find("per-operation recomputation") != std::string::npos, text);
+}
+
 namespace {
 
 /// Qwen3-30B-A3B as Megatron-Bridge measured its CPU-step optimizer offload

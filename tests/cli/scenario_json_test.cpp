@@ -168,6 +168,10 @@ BOOST_AUTO_TEST_CASE(written_json_has_every_field_and_reads_back) {
   auto const fp32 = sim::scenario_from_json_text(R"({"model": {"grad_dtype": "FP32"}})");
   BOOST_TEST((fp32.model.grad_dtype == pipeswap::dtype::f32));
   BOOST_TEST(sim::to_json<json>(fp32)["model"]["grad_dtype"] == "FP32");
+  // torchtitan's per-operation recomputation policy is "op", read and written.
+  auto const op = sim::scenario_from_json_text(R"({"model": {"recompute": "op"}})");
+  BOOST_TEST((op.model.recompute == sim::recompute_kind::op));
+  BOOST_TEST(sim::to_json<json>(op)["model"]["recompute"] == "op");
   BOOST_TEST(d["model"]["activation_bytes_per_layer"].is_null());
   BOOST_TEST(d["model"]["param_dtype"] == "BF16");
   BOOST_TEST(d["pipeline"]["schedule"] == "1f1b");
@@ -281,7 +285,12 @@ BOOST_AUTO_TEST_CASE(wrong_types_are_rejected) {
   expect_rejected(R"({"model": {"mlp": "relu"}})",
                   "scenario: model.mlp: expected one of \"swiglu\", \"gelu\", got string \"relu\"");
   expect_rejected(R"({"model": {"recompute": true}})",
-                  "scenario: model.recompute: expected one of \"none\", \"selective\", \"full\", got boolean true");
+                  "scenario: model.recompute: expected one of \"none\", \"selective\", \"full\", \"op\", got boolean "
+                  "true");
+  expect_rejected(R"({"model": {"recompute": "op", "mlp": "gelu"}})",
+                  "scenario: model.recompute \"op\" (torchtitan's per-operation policy) is modelled for dense SwiGLU "
+                  "layers with flash attention and the activation table (no model.moe, model.mlp \"swiglu\", "
+                  "model.flash_attention, no model.activation_bytes_per_layer)");
   expect_rejected(R"({"model": {"grad_dtype": "I8"}})",
                   "scenario: model.grad_dtype: expected \"FP32\", \"BF16\", \"F16\" or null, got string \"I8\"");
   expect_rejected(R"({"model": {"dropout": "no"}})",

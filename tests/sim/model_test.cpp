@@ -117,6 +117,74 @@ BOOST_AUTO_TEST_CASE(activations_follow_ffn_hidden_and_kv_heads) {
   for (auto const& x : list) BOOST_TEST(!x.op.empty());
 }
 
+// torchtitan's per-operation policy ("op"): the layer keeps its input, every other matmul's output
+// in forward order (q, v, gate, down) and the attention core's output and log-sum-exp; the backward
+// re-runs the k, output and up projections and the memory-bound kernels.
+BOOST_AUTO_TEST_CASE(the_per_operation_policy_keeps_every_other_matmul_and_recomputes_the_rest) {
+  sim::model_spec m; // 70B-class: h 8192, f 28672, a 64, kv 8 (kv width h/8), flash attention
+  std::uint64_t const T = m.seq_len * m.micro_batch_size, h = m.hidden, f = m.ffn_hidden, a = m.heads;
+  // input, q, v, attention output, gate, down (16-bit) and the fp32 log-sum-exp
+  std::uint64_t const want = 2 * T * (h + h + h / 8 + h + f + h) + 4 * a * T;
+  BOOST_TEST(bytes(m, 1, false, recompute_kind::op) == want);
+  BOOST_TEST(sim::layer_activations(m, {}, recompute_kind::op).size() == 7u);
+  BOOST_TEST(bytes(m, 1, false, recompute_kind::op) < bytes(m, 1, false, recompute_kind::none));
+  BOOST_TEST(bytes(m, 1, false, recompute_kind::op) > bytes(m, 1, false, recompute_kind::full));
+  // tp 4 with sequence parallelism: the input and the reduce-scatter's output split along the
+  // sequence, q, v, the attention and the gate along heads and width, the down projection's output
+  // whole (partial sums before the reduction).
+  std::uint64_t const want4 = 2 * (T / 4) * h * 2 + 2 * T * (h / 4 + h / 32 + h / 4 + f / 4 + h) + 4 * (a / 4) * T;
+  BOOST_TEST(bytes(m, 4, true, recompute_kind::op) == want4);
+
+  sim::scenario s;
+  s.model.layers = 8;
+  s.pipeline.ranks = 2;
+  s.pipeline.micro_batches = 4;
+  auto with = [&](recompute_kind rc) {
+    auto t = s;
+    t.model.recompute = rc;
+    return sim::plan_stages(t);
+  };
+  auto const none = with(recompute_kind::none), op = with(recompute_kind::op);
+  double const layers = 4, d = double(h), kv = d / 8, ff = double(f), tokens = double(T);
+  // FLOPs: the three recomputed projections, 2·T·(kv·h + h·h + f·h) per layer.
+  BOOST_TEST(op[0].bwd_flops - none[0].bwd_flops == 2 * tokens * (kv * d + d * d + ff * d) * layers,
+             boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(op[0].fwd_flops == none[0].fwd_flops);
+  // Time: those GEMMs at their shapes, and the forward's memory-bound kernels.
+  auto const& dev = s.device;
+  auto const lt = sim::layer_op_times(s.model, {}, dev);
+  double const gemms = sim::gemm_fwd_seconds(dev, tokens, kv, d, s.model.precision) +
+                       sim::gemm_fwd_seconds(dev, tokens, d, d, s.model.precision) +
+                       sim::gemm_fwd_seconds(dev, tokens, ff, d, s.model.precision);
+  BOOST_TEST(lt.op_recompute_fwd == gemms + lt.memory_fwd, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(lt.op_recompute_fwd < lt.fwd()); // less than a full recomputation
+  BOOST_TEST(double(op[0].bwd_ns - none[0].bwd_ns) == (gemms + lt.memory_fwd) * layers * 1e9,
+             boost::test_tools::tolerance(1e-6));
+  // Its backward holds the tensors it recomputes beside the ones it kept.
+  BOOST_TEST(op[0].backward_workspace_bytes ==
+             bytes(s.model, 1, false, recompute_kind::none) - bytes(s.model, 1, false, recompute_kind::op));
+
+  // The policy is modelled for dense SwiGLU layers with flash attention: anything else is refused.
+  for (auto const& bad : {std::string("gelu"), std::string("no flash"), std::string("moe")}) {
+    auto t = s;
+    t.model.recompute = recompute_kind::op;
+    if (bad == "gelu") t.model.mlp = sim::mlp_kind::gelu;
+    if (bad == "no flash") t.model.flash_attention = false;
+    if (bad == "moe") {
+      t.model.moe.experts = 8;
+      t.model.moe.expert_ffn_hidden = 1024;
+    }
+    BOOST_TEST_CONTEXT(bad) {
+      try {
+        (void)sim::plan_stages(t);
+        BOOST_ERROR("accepted");
+      } catch (pipeswap::invalid_argument const& e) {
+        BOOST_TEST(std::string(e.what()).find("model.recompute \"op\"") != std::string::npos, e.what());
+      }
+    }
+  }
+}
+
 // 2 + 4 + 12/d bytes per parameter for bf16 weights, fp32 gradients, fp32 master and Adam moments
 // (Megatron-LM's distributed optimizer table), 4 + 12/d with bf16 gradients.
 BOOST_AUTO_TEST_CASE(bytes_per_parameter_follow_the_distributed_optimizer_table) {

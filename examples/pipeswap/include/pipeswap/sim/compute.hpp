@@ -79,6 +79,9 @@ struct op_times {
   double gemm_fwd = 0, gemm_bwd = 0;           ///< the GEMMs
   double attention_fwd = 0, attention_bwd = 0; ///< the attention core (bwd: flash's recomputation included)
   double memory_fwd = 0, memory_bwd = 0;       ///< norms, activations, adds, rotary, permutation, casts
+  /// What torchtitan's "op" policy (recompute_kind::op) re-runs in the backward: the k, output and up
+  /// projections at model.precision and the forward's memory-bound kernels (dense SwiGLU layers).
+  double op_recompute_fwd = 0;
   /// The GEMMs a tensor-parallel collective can hide under (tp_comm_overlap): the q/k/v projection
   /// (after the attention's all-gather), the output projection (before its reduce-scatter), the dense
   /// MLP's first and second GEMM (0 with MoE: the experts' GEMMs are not paired); forward, then the
@@ -107,7 +110,7 @@ struct op_times {
 ///   saved input and the incoming gradient and writes the outgoing one). With FP8, Transformer
 ///   Engine's cast-transpose of each FP8 GEMM's input in the forward (read e, write 2 bytes per
 ///   element of m×k) and of its output gradient in the backward (m×n).
-/// Selective or full recomputation adds forward time to the backward in plan_stages().
+/// Selective, full or "op" recomputation adds forward time to the backward in plan_stages().
 inline op_times layer_op_times(model_spec const& m, parallel_spec const& p, device_spec const& d) {
   op_times o;
   precision const pr = m.precision;
@@ -153,6 +156,9 @@ inline op_times layer_op_times(model_spec const& m, parallel_spec const& p, devi
   }
   o.memory_fwd = memory_seconds(d, mem + cast_fwd);
   o.memory_bwd = memory_seconds(d, 2 * mem + cast_bwd);
+  if (!m.moe.enabled() && m.mlp == mlp_kind::swiglu)
+    o.op_recompute_fwd = gemm_fwd_seconds(d, T, kvs, h, pr) + gemm_fwd_seconds(d, T, h, hs, pr) +
+                         gemm_fwd_seconds(d, T, double(m.ffn_hidden) / t, h, pr) + o.memory_fwd;
   // The attention core.
   double const qkvo = e * T * (2 * hs + 2 * kvs);
   if (d.compute == compute_kind::flops) {

@@ -38,6 +38,9 @@ namespace pipeswap::sim {
 ///   MLP dropout: mask T'·h
 /// Selective recomputation drops the core-attention tensors that the recomputation rebuilds (scores,
 /// mask, dropout output, log-sum-exp); full recomputation keeps the layer input e·T'·h only.
+/// torchtitan's "op" policy keeps the input e·T'·h, q e·T·h', v e·T·kv/t, the attention output
+/// e·T·h' and log-sum-exp 4·b·a'·s, the gate's output e·T·f' and the down projection's e·T·h (with
+/// t > 1 also its reduce-scatter's e·T'·h).
 inline std::vector<saved_tensor> layer_activations(model_spec const& m, parallel_spec const& p, recompute_kind rc) {
   std::uint64_t const e = size_of(m.param_dtype), t = p.tp, T = m.seq_len * m.micro_batch_size;
   std::uint64_t const Tr = p.sequence_parallel ? T / t : T;
@@ -45,6 +48,22 @@ inline std::vector<saved_tensor> layer_activations(model_spec const& m, parallel
   std::uint64_t const kvs = head_dim_of(m) * (m.kv_heads / t);
   std::uint64_t const b = m.micro_batch_size, s = m.seq_len;
   if (rc == recompute_kind::full) return {{"layer", "input (all that full recomputation keeps)", e * Tr * h}};
+  if (rc == recompute_kind::op) {
+    // torchtitan's "op" policy keeps the checkpointed layer's input, every other matmul's output
+    // (q, v, gate, down; the down projection's before its reduction) and the attention core's
+    // output and log-sum-exp; with tensor parallelism, the reduce-scatter's output too.
+    std::vector<saved_tensor> op{
+        {"layer", "input (the checkpoint's)", e * Tr * h},
+        {"attn.q", "output", e * T * hs},
+        {"attn.v", "output", e * T * kvs},
+        {"core attention", "output", e * T * hs},
+        {"core attention", "log-sum-exp (fp32)", 4 * b * as * s},
+        {"mlp.gate", "output", e * T * fs},
+        {"mlp.down", "output (before its reduction)", e * T * h},
+    };
+    if (t > 1) op.push_back({"mlp.down", "reduce-scatter output", e * Tr * h});
+    return op;
+  }
   std::vector<saved_tensor> out{
       {"attn_norm", "input", e * Tr * h},   {"attn.qkv", "input (the norm's output)", e * Tr * h},
       {"core attention", "Q", e * T * hs},  {"core attention", "K", e * T * kvs},
@@ -181,6 +200,11 @@ inline void validate(scenario const& s) {
   need(!p.sequence_parallel || (m.seq_len * m.micro_batch_size) % p.tp == 0,
        "parallel.sequence_parallel needs model.seq_len × model.micro_batch_size to be a multiple of parallel.tp");
   need(!p.distributed_optimizer || p.dp > 1, "parallel.distributed_optimizer needs parallel.dp > 1");
+  need(m.recompute != recompute_kind::op ||
+           (!m.moe.enabled() && m.mlp == mlp_kind::swiglu && m.flash_attention && !m.activation_bytes_per_layer),
+       "model.recompute \"op\" (torchtitan's per-operation policy) is modelled for dense SwiGLU layers with "
+       "flash attention and the activation table (no model.moe, model.mlp \"swiglu\", model.flash_attention, "
+       "no model.activation_bytes_per_layer)");
   auto const& moe = m.moe;
   need(p.ep >= 1, "parallel.ep must be at least 1");
   need(!p.expert_tp || *p.expert_tp >= 1, "parallel.expert_tp must be at least 1");
@@ -412,11 +436,13 @@ inline bool p2p_crosses_nodes(scenario const& s, std::uint32_t a, std::uint32_t 
 /// matrices on this device) + 4·b·s²·h/t per layer (attention scores and attention over V). The
 /// embedding is a lookup, not a matmul, and norms are not counted. Backward = 2 × forward; full
 /// recomputation adds the layers' forward (not the output layer's), selective adds the attention
-/// core's 4·b·s²·h/t per layer. These are the model FLOPs an MFU divides by.
+/// core's 4·b·s²·h/t per layer, the "op" policy the k, output and up projections' 2·T·(kv/t·h + h·h'
+/// + f'·h). These are the model FLOPs an MFU divides by.
 /// Time (sim/compute.hpp): per layer, layer_op_times() (GEMMs by shape, attention, memory-bound
-/// kernels), the head's head_op_times(); the backward adds a full recomputation's layer forward or a
-/// selective recomputation's attention forward; plus the tensor-parallel collectives
-/// (tp_layer_comm per layer, the forward's once more for a full recomputation) and the MoE all-to-alls.
+/// kernels), the head's head_op_times(); the backward adds a full recomputation's layer forward, a
+/// selective recomputation's attention forward or the "op" policy's op_recompute_fwd; plus the
+/// tensor-parallel collectives (tp_layer_comm per layer, the forward's once more for a full or "op"
+/// recomputation) and the MoE all-to-alls.
 inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recompute_kind> const& recompute = {}) {
   validate(s);
   auto const& m = s.model;
@@ -471,21 +497,33 @@ inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recomp
       for (auto const& x : head_acts) o.activation_bytes += x.bytes;
     if (o.recompute == recompute_kind::full && !m.activation_bytes_per_layer)
       o.backward_workspace_bytes = activation_bytes_per_layer(m, par, recompute_kind::none);
+    if (o.recompute == recompute_kind::op) // the layer's recomputed tensors, beside the ones it kept
+      o.backward_workspace_bytes = activation_bytes_per_layer(m, par, recompute_kind::none) -
+                                   std::min(activation_bytes_per_layer(m, par, recompute_kind::none),
+                                            activation_bytes_per_layer(m, par, recompute_kind::op));
     double const attn = 4.0 * static_cast<double>(m.micro_batch_size) * static_cast<double>(m.seq_len) *
                         static_cast<double>(m.seq_len) * static_cast<double>(attention_width(m) / par.tp) * o.layers;
     double const moe = m.moe.enabled() ? moe_layer_fwd_flops(m, par) * o.layers : 0.0;
     double const layers_fwd = 2.0 * layer_matmul * tokens + attn + moe;
     o.fwd_flops = layers_fwd + 2.0 * head_matmul * tokens;
+    // torchtitan's "op" policy recomputes the k, output and up projections: kv/t·h + h·h' + f'·h.
+    double const op_matmul =
+        static_cast<double>(head_dim_of(m) * (m.kv_heads / par.tp) * m.hidden +
+                            m.hidden * (attention_width(m) / par.tp) + (m.ffn_hidden / par.tp) * m.hidden) *
+        o.layers;
     o.bwd_flops = 2.0 * o.fwd_flops + (o.recompute == recompute_kind::full        ? layers_fwd
                                        : o.recompute == recompute_kind::selective ? attn
+                                       : o.recompute == recompute_kind::op        ? 2.0 * op_matmul * tokens
                                                                                   : 0.0);
-    bool const full = o.recompute == recompute_kind::full;
+    // Full recomputation and the "op" policy re-run the forward's collectives.
+    bool const reruns_comm = o.recompute == recompute_kind::full || o.recompute == recompute_kind::op;
     o.fwd_a2a_ns = a2a * o.layers;
-    o.bwd_a2a_ns = a2a * o.layers * (full ? 2 : 1);
+    o.bwd_a2a_ns = a2a * o.layers * (reruns_comm ? 2 : 1);
     o.fwd_comm_ns = tp_comm.fwd * o.layers + o.fwd_a2a_ns;
-    o.bwd_comm_ns = (tp_comm.bwd + (full ? tp_comm.fwd : 0)) * o.layers + o.bwd_a2a_ns;
+    o.bwd_comm_ns = (tp_comm.bwd + (reruns_comm ? tp_comm.fwd : 0)) * o.layers + o.bwd_a2a_ns;
     double const recomputed = o.recompute == recompute_kind::full        ? layer_t.fwd()
                               : o.recompute == recompute_kind::selective ? layer_t.attention_fwd
+                              : o.recompute == recompute_kind::op        ? layer_t.op_recompute_fwd
                                                                          : 0.0;
     double fwd_s = layer_t.fwd() * o.layers, bwd_s = (layer_t.bwd() + recomputed) * o.layers;
     if (o.head) fwd_s += head_t.fwd(), bwd_s += head_t.bwd();

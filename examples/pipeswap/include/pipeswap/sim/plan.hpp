@@ -233,9 +233,8 @@ void add_alternatives(plan_result& res, scenario const& s, plan_space const& spa
     r.recompute = rc;
     if (res.chosen && describe(r) == describe(*res.chosen)) continue; // the plan, listed above
     alts.push_back(alternative_of(std::string("recompute_") + std::string(recompute_name(rc)),
-                                  rc == recompute_kind::none ? "no recomputation"
-                                                             : std::string(recompute_name(rc)) + " recomputation",
-                                  r, outcome(r), B));
+                                  rc == recompute_kind::none ? "no recomputation" : recompute_title(rc), r, outcome(r),
+                                  B));
   }
   auto const* err = error_of(s);
   res.verdict_line = decide(alts, res.alternative_none, B, res.tolerance, err ? err->step_error() : 0.0);
@@ -270,10 +269,12 @@ inline plan_outcome simulate_choice(scenario const& s, std::uint64_t budget,
 }
 
 /// The space plan() searches when it is given none: with data parallelism the distributed optimizer
-/// on and off, and the scenario's plan.tolerance (the activation levels and the baseline plan() sets
-/// from the scenario in any case).
+/// on and off, the scenario's "op" recomputation beside the three others when it has it, and the
+/// scenario's plan.tolerance (the activation levels and the baseline plan() sets from the scenario in
+/// any case).
 inline plan_space default_plan_space(scenario const& s) {
   plan_space space;
+  if (s.model.recompute == recompute_kind::op) space.recompute.push_back(recompute_kind::op); // the scenario's own
   if (s.parallel.dp > 1) space.distributed_optimizer = {false, true};
   space.tolerance = s.plan.tolerance;
   return space;

@@ -3,11 +3,11 @@
 // (plan_outcome) and the space (plan_space) of sim/plan_space.hpp, by the rules of
 // sim/detail/plan_rules.hpp. sim/plan.hpp runs it on the simulator; sim/plan_format.hpp prints it.
 //
-// A candidate (swap_choice) sets the knobs: activation recomputation (none, selective, full), the
-// distributed optimizer (with data parallelism), which activation groups are swapped (none; only the
-// chunks whose backward trails their forward by at least g compute slots; every eligible chunk),
-// whether optimizer states are swapped, in how many batches (swap_times) and whether packed, and
-// optionally all of it per rank.
+// A candidate (swap_choice) sets the knobs: activation recomputation (none, selective, full; "op" too
+// when the scenario has it), the distributed optimizer (with data parallelism), which activation
+// groups are swapped (none; only the chunks whose backward trails their forward by at least g compute
+// slots; every eligible chunk), whether optimizer states are swapped, in how many batches
+// (swap_times) and whether packed, and optionally all of it per rank.
 //
 // The choice: among the simulated candidates that fit the budget, those whose step is within
 // plan_space::tolerance of the fastest (0.5 % by default) count as equally fast; of them the plan

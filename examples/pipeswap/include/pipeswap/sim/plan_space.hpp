@@ -84,8 +84,7 @@ inline std::string describe_one(swap_choice::rank_choice const& c, swap_choice c
     act += " (" + std::to_string(c.activation_tenths) + "/10 of each group's layers)";
   std::string out = opt.empty() && act.empty() ? "no swap" : opt.empty() ? act : act.empty() ? opt : opt + " + " + act;
   if (c.recompute != recompute_kind::none)
-    out = std::string(c.recompute == recompute_kind::full ? "full" : "selective") + " recomputation" +
-          (opt.empty() && act.empty() ? std::string() : " + " + out);
+    out = recompute_title(c.recompute) + (opt.empty() && act.empty() ? std::string() : " + " + out);
   return out;
 }
 

@@ -194,10 +194,8 @@ inline std::string describe(scenario const& s) {
            : std::string()) +
       std::string(name_of(s.model.param_dtype)) + (s.model.fp32_master ? " + fp32 master" : "") + ", " +
       std::string(name_of(grad_dtype_of(s.model))) + " gradients" +
-      (s.model.recompute == recompute_kind::none
-           ? std::string()
-           : std::string(", ") + (s.model.recompute == recompute_kind::full ? "full" : "selective") +
-                 " recomputation") +
+      (s.model.recompute == recompute_kind::none ? std::string()
+                                                 : std::string(", ") + recompute_title(s.model.recompute)) +
       "), " + std::to_string(p.ranks) + " pipeline ranks" +
       (s.parallel.tp > 1
            ? " x tp " + std::to_string(s.parallel.tp) + (s.parallel.sequence_parallel ? " (sequence parallel)" : "")

@@ -24,7 +24,24 @@ enum class recompute_kind : std::uint8_t {
   none,
   selective, ///< the attention core (scores, softmax, dropout, attention over V) is recomputed
   full,      ///< only each layer's input is kept; the backward re-runs the layer's forward
+  /// torchtitan's per-operation selective checkpointing (its "op" policy): each layer keeps its
+  /// input, the outputs of every other matmul in forward order (q, v, gate, down) and the attention
+  /// core's; the backward re-runs the rest of the layer's forward (the k, output and up projections,
+  /// the norms, the rotary embedding, the activation). Dense SwiGLU layers with flash attention.
+  op,
 };
+
+/// How the reports name a recomputation setting: "selective recomputation", "full recomputation",
+/// "per-operation recomputation" (empty for none).
+inline std::string recompute_title(recompute_kind k) {
+  switch (k) {
+  case recompute_kind::none: return {};
+  case recompute_kind::selective: return "selective recomputation";
+  case recompute_kind::full: return "full recomputation";
+  case recompute_kind::op: return "per-operation recomputation";
+  }
+  return {};
+}
 
 /// The precision of the layers' GEMMs (model.precision). FP8 (Transformer Engine's recipe) covers the
 /// attention projections and the MLP or experts, forward and backward; the output layer, the router,
@@ -142,7 +159,7 @@ struct device_spec {
   /// (smaller ones reach less, gemm_efficiency() in sim/compute.hpp); with compute "flops", the
   /// fraction every kernel reaches. Excludes the pipeline bubble, communication and swap stalls,
   /// which the simulator adds: this is not an end-to-end MFU. The default is fitted on the
-  /// Megatron-Core runs of docs/simulator.md's calibration set; torchtitan's stack fits 0.47 there.
+  /// Megatron-Core runs of docs/simulator.md's calibration set; torchtitan's stack fits 0.49 there.
   double kernel_efficiency = 0.58;
   /// A published end-to-end MFU (model FLOPs over step time and peak, bubble included). When set,
   /// kernel_efficiency is derived so that the simulated no-swap step reaches it (calibrated()).

@@ -291,8 +291,11 @@ inline constexpr std::array<std::pair<std::string_view, precision>, 2> precision
     {{"BF16", precision::bf16}, {"FP8", precision::fp8}}};
 inline constexpr std::array<std::pair<std::string_view, compute_kind>, 2> compute_names{
     {{"roofline", compute_kind::roofline}, {"flops", compute_kind::flops}}};
-inline constexpr std::array<std::pair<std::string_view, recompute_kind>, 3> recompute_names{
-    {{"none", recompute_kind::none}, {"selective", recompute_kind::selective}, {"full", recompute_kind::full}}};
+inline constexpr std::array<std::pair<std::string_view, recompute_kind>, 4> recompute_names{
+    {{"none", recompute_kind::none},
+     {"selective", recompute_kind::selective},
+     {"full", recompute_kind::full},
+     {"op", recompute_kind::op}}};
 
 template <class E, std::size_t N>
 constexpr std::string_view enum_name(E e, std::array<std::pair<std::string_view, E>, N> const& names) {
