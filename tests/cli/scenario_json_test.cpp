@@ -289,8 +289,7 @@ BOOST_AUTO_TEST_CASE(wrong_types_are_rejected) {
                   "true");
   expect_rejected(R"({"model": {"recompute": "op", "mlp": "gelu"}})",
                   "scenario: model.recompute \"op\" (torchtitan's per-operation policy) is modelled for dense SwiGLU "
-                  "layers with flash attention and the activation table (no model.moe, model.mlp \"swiglu\", "
-                  "model.flash_attention, no model.activation_bytes_per_layer)");
+                  "layers with flash attention (no model.moe, model.mlp \"swiglu\", model.flash_attention)");
   expect_rejected(R"({"model": {"grad_dtype": "I8"}})",
                   "scenario: model.grad_dtype: expected \"FP32\", \"BF16\", \"F16\" or null, got string \"I8\"");
   expect_rejected(R"({"model": {"dropout": "no"}})",

@@ -181,6 +181,14 @@ BOOST_AUTO_TEST_CASE(the_per_operation_policy_keeps_every_other_matmul_and_recom
       } catch (pipeswap::invalid_argument const& e) {
         BOOST_TEST(std::string(e.what()).find("model.recompute \"op\"") != std::string::npos, e.what());
       }
+      // per stage too, as the planner's per-rank mixes give it
+      t.model.recompute = recompute_kind::none;
+      try {
+        (void)sim::plan_stages(t, {recompute_kind::none, recompute_kind::op});
+        BOOST_ERROR("accepted per stage");
+      } catch (pipeswap::invalid_argument const& e) {
+        BOOST_TEST(std::string(e.what()).find("stage 1's recomputation \"op\"") != std::string::npos, e.what());
+      }
     }
   }
 }

@@ -93,7 +93,7 @@ sim::swap_choice mix(std::mt19937_64& g, sim::scenario const& s, std::vector<std
   c.swap_times = 1u << pick(0, 3);
   for (std::uint32_t r = 0; r < s.pipeline.ranks; ++r) {
     sim::swap_choice::rank_choice x;
-    x.recompute = static_cast<sim::recompute_kind>(pick(0, 2));
+    x.recompute = static_cast<sim::recompute_kind>(pick(0, 3)); // none, selective, full, op
     x.optimizer = pick(0, 1);
     if (x.optimizer && pick(0, 1)) x.swap_times = 1u << pick(0, 3);
     if (!levels.empty() && pick(0, 1)) {

@@ -162,6 +162,15 @@ inline std::vector<tensor_spec> layer_tensors(model_spec const& m, std::uint32_t
 }
 
 /// Checks a scenario; throws invalid_argument naming the field and the rule.
+/// Where torchtitan's per-operation recomputation (recompute_kind::op) is modelled, and the rule
+/// that the errors state.
+inline constexpr std::string_view op_recompute_rule =
+    "(torchtitan's per-operation policy) is modelled for dense SwiGLU layers with flash attention (no "
+    "model.moe, model.mlp \"swiglu\", model.flash_attention)";
+inline bool op_recompute_modelled(model_spec const& m) {
+  return !m.moe.enabled() && m.mlp == mlp_kind::swiglu && m.flash_attention;
+}
+
 inline void validate(scenario const& s) {
   auto need = [](bool ok, std::string const& what) {
     if (!ok) throw invalid_argument("scenario: " + what);
@@ -200,11 +209,8 @@ inline void validate(scenario const& s) {
   need(!p.sequence_parallel || (m.seq_len * m.micro_batch_size) % p.tp == 0,
        "parallel.sequence_parallel needs model.seq_len × model.micro_batch_size to be a multiple of parallel.tp");
   need(!p.distributed_optimizer || p.dp > 1, "parallel.distributed_optimizer needs parallel.dp > 1");
-  need(m.recompute != recompute_kind::op ||
-           (!m.moe.enabled() && m.mlp == mlp_kind::swiglu && m.flash_attention && !m.activation_bytes_per_layer),
-       "model.recompute \"op\" (torchtitan's per-operation policy) is modelled for dense SwiGLU layers with "
-       "flash attention and the activation table (no model.moe, model.mlp \"swiglu\", model.flash_attention, "
-       "no model.activation_bytes_per_layer)");
+  need(m.recompute != recompute_kind::op || op_recompute_modelled(m),
+       "model.recompute \"op\" " + std::string(op_recompute_rule));
   auto const& moe = m.moe;
   need(p.ep >= 1, "parallel.ep must be at least 1");
   need(!p.expert_tp || *p.expert_tp >= 1, "parallel.expert_tp must be at least 1");
@@ -451,6 +457,10 @@ inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recomp
   if (!recompute.empty() && recompute.size() != stages)
     throw invalid_argument("plan_stages: " + std::to_string(recompute.size()) + " recomputation settings for " +
                            std::to_string(stages) + " stages");
+  for (std::size_t st = 0; st < recompute.size(); ++st)
+    if (recompute[st] == recompute_kind::op && !op_recompute_modelled(s.model))
+      throw invalid_argument("plan_stages: stage " + std::to_string(st) + "'s recomputation \"op\" " +
+                             std::string(op_recompute_rule));
   auto const base = static_cast<std::uint32_t>(m.layers / stages);
   auto const extra = static_cast<std::uint32_t>(m.layers % stages);
   auto const tokens = static_cast<double>(m.seq_len * m.micro_batch_size);
