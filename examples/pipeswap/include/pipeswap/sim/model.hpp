@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <pipeswap/backend/mock/timing.hpp>
@@ -161,7 +162,6 @@ inline std::vector<tensor_spec> layer_tensors(model_spec const& m, std::uint32_t
   return layer_tensors(m, layer, p);
 }
 
-/// Checks a scenario; throws invalid_argument naming the field and the rule.
 /// Where torchtitan's per-operation recomputation (recompute_kind::op) is modelled, and the rule
 /// that the errors state.
 inline constexpr std::string_view op_recompute_rule =
@@ -171,6 +171,7 @@ inline bool op_recompute_modelled(model_spec const& m) {
   return !m.moe.enabled() && m.mlp == mlp_kind::swiglu && m.flash_attention;
 }
 
+/// Checks a scenario; throws invalid_argument naming the field and the rule.
 inline void validate(scenario const& s) {
   auto need = [](bool ok, std::string const& what) {
     if (!ok) throw invalid_argument("scenario: " + what);
