@@ -3,7 +3,9 @@
 
 For every scenario in examples/calibration/ (its comment gives the source and the published
 tokens/s per GPU), simulates the no-swap step with `pipeswap simulate --json` and prints the
-predicted tokens/s per GPU, M·b·s / (step · ranks · tp), and its ratio to the published figure.
+predicted tokens/s per GPU, M·b·s / (step · ranks · tp), and its ratio to the published figure;
+and the simulated peak, against the published one where the comment gives it ("..., 77.0 GiB at
+its peak").
 
 Each file belongs to a software stack, named by its file name: "torchtitan_..." runs torchtitan's
 kernels, the others Megatron-Core's (NeMo). Files whose name starts with "heldout_" are held out;
@@ -30,7 +32,14 @@ def published(comment):
     return float(m.group(1).replace(",", ""))
 
 
-def predict(exe, path, efficiency=None):
+def published_peak_gib(comment):
+    """The published peak memory, where the comment gives one ("..., 77.0 GiB at its peak"), else None."""
+    m = re.search(r"tokens/s per GPU, ([0-9.]+) GiB at its peak", comment)
+    return float(m.group(1)) if m else None
+
+
+def simulate(exe, path, efficiency=None):
+    """The scenario as simulated and its no-swap configuration (`pipeswap simulate --json`)."""
     with open(path) as f:
         s = json.load(f)
     if efficiency is not None:
@@ -44,8 +53,13 @@ def predict(exe, path, efficiency=None):
     finally:
         os.unlink(name)
     r = json.loads(out.stdout)
-    sc = r["scenario"]
-    step = next(c for c in r["configurations"] if c["name"] == "none")["step_ns"] * 1e-9
+    return r["scenario"], next(c for c in r["configurations"] if c["name"] == "none")
+
+
+def predict(exe, path, efficiency=None):
+    """Predicted and published tokens/s per GPU, and the simulated step in seconds."""
+    sc, none = simulate(exe, path, efficiency)
+    step = none["step_ns"] * 1e-9
     m, p, q = sc["model"], sc["pipeline"], sc["parallel"]
     tokens = p["micro_batches"] * m["micro_batch_size"] * m["seq_len"]
     return tokens / (step * p["ranks"] * q["tp"]), published(sc["comment"]), step
@@ -102,8 +116,12 @@ def main():
         pred, pub, step = predict(exe, path, eff)
         kind = "held out" if held_out(path) else "calibration"
         groups[kind].append(pred / pub)
+        sc, none = simulate(exe, path, eff)
+        peak = none["peak_bytes"] / 2**30
+        mem = published_peak_gib(sc["comment"])
+        memory = f"  peak {peak:5.1f} GiB" + (f" against {mem:5.1f} ({peak / mem:5.3f})" if mem else "")
         print(f"{kind:12} {os.path.basename(path):50} published {pub:8.0f}  predicted {pred:8.0f}  "
-              f"ratio {pred / pub:5.3f}  step {step:7.3f} s")
+              f"ratio {pred / pub:5.3f}  step {step:7.3f} s{memory}")
     for kind, ratios in groups.items():
         if ratios:
             print(f"{kind}: median ratio {statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}")

@@ -1058,6 +1058,34 @@ class Calibration(unittest.TestCase):
                 self.assertLess(r, 1.30, stack)
             self.assertLess(abs(statistics.median(held) - 1), 0.20, stack)
 
+    def test_fsdp_peaks_against_torchtitan_s(self):
+        # docs/simulator.md ("Calibration", memory): with parallel.fsdp the 405B runs and the compiled 8B
+        # runs come within 10 % of torchtitan's published peaks (the memory target); the eager 8B run and
+        # the 70B runs are under theirs (eager temporaries; the loss's fp32 logits of 131 072 tokens a
+        # device), a stated shortfall, not a target.
+        scripts = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts")
+        sys.path.insert(0, scripts)
+        try:
+            import calibration
+        finally:
+            sys.path.remove(scripts)
+        ratios = {}
+        for n in sorted(os.listdir(CALIBRATION)):
+            if "torchtitan" in n:
+                sc, none = calibration.simulate(PIPESWAP, os.path.join(CALIBRATION, n))
+                self.assertTrue(sc["parallel"]["fsdp"], n)
+                ratios[n] = none["peak_bytes"] / 2**30 / calibration.published_peak_gib(sc["comment"])
+        self.assertEqual(len(ratios), 7)
+        for n, r in ratios.items():
+            if "405b" in n or "compile" in n:
+                self.assertLess(abs(r - 1), 0.10, n)
+            elif "70b" in n:
+                self.assertGreater(r, 0.60, n)
+                self.assertLess(r, 0.70, n)
+            else:  # the eager 8B run
+                self.assertGreater(r, 0.80, n)
+                self.assertLess(r, 0.90, n)
+
     def test_the_stated_error_is_the_held_out_runs_extremes(self):
         # simulate and plan print this band beside every step time (sim/accuracy.hpp): it must be
         # what the held-out runs give, rounded to two places, not a figure that drifts from them.

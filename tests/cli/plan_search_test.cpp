@@ -817,6 +817,28 @@ BOOST_AUTO_TEST_CASE(plan_keeps_the_scenario_s_per_operation_recomputation_among
   BOOST_TEST(text.find("per-operation recomputation") != std::string::npos, text);
 }
 
+// With FSDP the optimizer state is sharded whatever the plan: the planner weighs only the sharded
+// families, and a plan of an FSDP scenario keeps parallel.fsdp.
+BOOST_AUTO_TEST_CASE(an_fsdp_scenario_is_planned_with_its_optimizer_state_sharded) {
+  auto s = small_scenario();
+  s.parallel.dp = 4;
+  s.parallel.distributed_optimizer = true;
+  BOOST_TEST(sim::default_plan_space(s).distributed_optimizer.size() == 2u);
+  s.parallel.fsdp = true;
+  auto const space = sim::default_plan_space(s);
+  BOOST_TEST(space.distributed_optimizer == std::vector<bool>{true});
+  auto const gaps = std::make_shared<sim::activation_gaps const>(sim::gaps_of(s.pipeline));
+  sim::swap_choice sharded;
+  sharded.distributed_optimizer = true;
+  auto const none =
+      sim::outcome_of(sim::simulate(sim::scenario_for(sharded, s), sim::options_for(sharded, gaps, s.swap)));
+  auto const r = sim::plan(s, none.peak_bytes);
+  BOOST_REQUIRE(r.chosen.has_value());
+  BOOST_TEST(r.chosen->distributed_optimizer);
+  BOOST_TEST(r.candidates == 3 * (1 + sim::plan_space{}.swap_times.size() * 2) * (1 + sim::gap_levels(*gaps).size()));
+  BOOST_TEST(sim::format_plan(r, s).find("x dp 4 (FSDP)") != std::string::npos);
+}
+
 namespace {
 
 /// Qwen3-30B-A3B as Megatron-Bridge measured its CPU-step optimizer offload

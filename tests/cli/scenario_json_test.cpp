@@ -50,7 +50,8 @@ json every_field() {
                "p2p_latency_us": 7, "nvlink_gbps": 200, "network_gbps": 20, "nvlink_latency_us": 5,
                "network_latency_us": 9},
     "node": {"gpus": 4, "host_gbps": 100, "cpu_adam_gbps": 50},
-    "parallel": {"tp": 2, "sequence_parallel": true, "dp": 4, "distributed_optimizer": true, "ep": 2, "expert_tp": 1,
+    "parallel": {"tp": 2, "sequence_parallel": true, "dp": 4, "distributed_optimizer": true, "fsdp": true, "ep": 2,
+                 "expert_tp": 1,
                  "overlap_grad_reduce": false, "overlap_param_gather": false, "tp_comm_overlap": false,
                  "overlap_moe_expert_parallel_comm": false},
     "pipeline": {"schedule": "interleaved", "ranks": 3, "micro_batches": 6, "stages_per_rank": 2, "overlap_b_f": true},
@@ -95,6 +96,7 @@ BOOST_AUTO_TEST_CASE(every_field_is_read_into_its_member) {
   BOOST_TEST(s.parallel.sequence_parallel);
   BOOST_TEST(s.parallel.dp == 4u);
   BOOST_TEST(s.parallel.distributed_optimizer);
+  BOOST_TEST(s.parallel.fsdp);
   auto const& d = s.device;
   BOOST_TEST(d.name == "toy");
   BOOST_TEST(d.memory_bytes == 8'000'000'000u);
@@ -287,6 +289,9 @@ BOOST_AUTO_TEST_CASE(wrong_types_are_rejected) {
   expect_rejected(R"({"model": {"recompute": true}})",
                   "scenario: model.recompute: expected one of \"none\", \"selective\", \"full\", \"op\", got boolean "
                   "true");
+  expect_rejected(R"({"parallel": {"dp": 2, "fsdp": true}})",
+                  "scenario: parallel.fsdp needs parallel.distributed_optimizer (FSDP shards the optimizer state as it "
+                  "does, and the weights and gradients too)");
   expect_rejected(R"({"model": {"recompute": "op", "mlp": "gelu"}})",
                   "scenario: model.recompute \"op\" (torchtitan's per-operation policy) is modelled for dense SwiGLU "
                   "layers with flash attention (no model.moe, model.mlp \"swiglu\", model.flash_attention)");

@@ -15,6 +15,7 @@
 #include <pipeswap/sim/model.hpp>
 #include <pipeswap/sim/pipeline.hpp>
 #include <pipeswap/sim/report.hpp>
+#include <pipeswap/sim/scenario_json.hpp>
 
 #include "sim/tiny_scenario.hpp"
 
@@ -231,6 +232,47 @@ BOOST_AUTO_TEST_CASE(the_distributed_optimizer_shards_what_the_rank_holds_and_sw
   auto const sw = sim::simulate(s, o).ranks.at(0);
   BOOST_TEST(sw.h2d_bytes == 12 * swapped);
   BOOST_TEST(sw.d2h_bytes == 12 * swapped);
+}
+
+// FSDP (parallel.fsdp) shards the weights and gradients as well: the tiny scenario with dp 4 holds
+// 6 bytes per element of its shards, plus what FSDP gathers: without a pipeline the root unit (the
+// embedding, the final norm, the output layer) and two layers, unsharded; with a pipeline every
+// tensor of the rank's stages. The peak falls by the difference, byte for byte.
+BOOST_AUTO_TEST_CASE(fsdp_shards_the_weights_and_gradients_and_holds_what_it_gathers) {
+  auto s = pipeswap::test::tiny();
+  s.model.layers = 4;
+  s.parallel.dp = 4;
+  s.parallel.distributed_optimizer = true;
+  auto f = s;
+  f.parallel.fsdp = true;
+  auto const stages = sim::plan_stages(f);
+  std::uint64_t shards = 0, root = 0, layers = 0;
+  for (auto const& t : stages[0].tensors) {
+    shards += (t.numel + 3) / 4;
+    (t.name.starts_with("layers.") ? layers : root) += t.numel;
+  }
+  BOOST_TEST(root == 128u * 64 + 64 + 128 * 64); // embedding, final norm, output layer
+  BOOST_TEST(sim::fsdp_gathered_bytes(f, stages) == 6 * (root + 2 * (layers / 4)));
+  BOOST_TEST(sim::fsdp_gathered_bytes(s, stages) == 0u);
+  BOOST_TEST(sim::weight_and_gradient_bytes(f, stages) == 6 * shards + 6 * (root + 2 * (layers / 4)));
+  BOOST_TEST(sim::weight_and_gradient_bytes(s, stages) == 6 * stages[0].params);
+  BOOST_TEST(sim::state_bytes_per_param(f.model, f.parallel) == 18.0 / 4);
+
+  sim::sim_options o;
+  auto const plain = sim::simulate(s, o).ranks.at(0), sharded = sim::simulate(f, o).ranks.at(0);
+  BOOST_TEST(sharded.resident_param_bytes == sim::weight_and_gradient_bytes(f, stages));
+  BOOST_TEST(sharded.optimizer_state_bytes == plain.optimizer_state_bytes);
+  BOOST_TEST(plain.peak_bytes - sharded.peak_bytes == plain.resident_param_bytes - sharded.resident_param_bytes);
+  BOOST_TEST(sim::unswappable_bytes(f, 0) == f.device.reserved_bytes + sim::weight_and_gradient_bytes(f, stages));
+
+  // With a pipeline the stage stays gathered through the step: its shards come on top.
+  auto pp = f;
+  pp.pipeline.ranks = 2;
+  auto const two = sim::plan_stages(pp);
+  std::uint64_t shards0 = 0;
+  for (auto const& t : two[0].tensors) shards0 += (t.numel + 3) / 4;
+  BOOST_TEST(sim::fsdp_gathered_bytes(pp, {two[0]}) == 6 * two[0].params);
+  BOOST_TEST(sim::simulate(pp, o).ranks.at(0).resident_param_bytes == 6 * (two[0].params + shards0));
 }
 
 // Narayanan et al. 2021, eq. 3: FLOPs per iteration 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) with full

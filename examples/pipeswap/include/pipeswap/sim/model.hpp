@@ -210,6 +210,9 @@ inline void validate(scenario const& s) {
   need(!p.sequence_parallel || (m.seq_len * m.micro_batch_size) % p.tp == 0,
        "parallel.sequence_parallel needs model.seq_len × model.micro_batch_size to be a multiple of parallel.tp");
   need(!p.distributed_optimizer || p.dp > 1, "parallel.distributed_optimizer needs parallel.dp > 1");
+  need(!p.fsdp || p.distributed_optimizer,
+       "parallel.fsdp needs parallel.distributed_optimizer (FSDP shards the optimizer state as it does, and the "
+       "weights and gradients too)");
   need(m.recompute != recompute_kind::op || op_recompute_modelled(m),
        "model.recompute \"op\" " + std::string(op_recompute_rule));
   auto const& moe = m.moe;
@@ -548,11 +551,37 @@ inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recomp
 /// gradients (grad_dtype_of), and AdamW's fp32 moments and master copy, sharded over dp by the
 /// distributed optimizer: 2 + 4 + 12/d for bf16 weights, fp32 gradients and an fp32 master
 /// (Megatron-LM's distributed optimizer table; 2 + 2 + 12 = 16 with bf16 gradients, Rajbhandari et
-/// al. 2020, "ZeRO", §3.1). Fractional with the distributed optimizer.
+/// al. 2020, "ZeRO", §3.1). Fractional with the distributed optimizer; with parallel.fsdp all of it
+/// is sharded, (2 + 4 + 12)/d (ZeRO-3), and what FSDP gathers (fsdp_gathered_bytes()) comes on top.
 inline double state_bytes_per_param(model_spec const& m, parallel_spec const& p = {}) {
   double const state = m.fp32_master ? 12.0 : 8.0;
   double const d = p.distributed_optimizer ? static_cast<double>(p.dp) : 1.0;
-  return static_cast<double>(size_of(m.param_dtype) + size_of(grad_dtype_of(m))) + state / d;
+  double const held = static_cast<double>(size_of(m.param_dtype) + size_of(grad_dtype_of(m)));
+  if (p.fsdp) return (held + state) / d; // the shards; fsdp_gathered_bytes() comes on top
+  return held + state / d;
+}
+
+/// The bytes FSDP holds gathered on a rank beside the shards (parallel.fsdp; 0 without), weights in
+/// the parameter type and gradients in grad_dtype_of, unsharded:
+/// - without a pipeline (one stage), the root unit (the tensors outside the layers: embedding, final
+///   norm, output layer), gathered for the whole forward and again for the backward, and two layers
+///   (the one computing and the one prefetched);
+/// - with a pipeline, every tensor of the rank's stages: torchtitan keeps a stage's weights gathered
+///   across its micro-batches (reshard_after_forward off) and reduces the gradients at the last one.
+inline std::uint64_t fsdp_gathered_bytes(scenario const& s, std::vector<stage_spec> const& rank_stages) {
+  if (!s.parallel.fsdp) return 0;
+  std::uint64_t const per = size_of(s.model.param_dtype) + size_of(grad_dtype_of(s.model));
+  std::uint64_t all = 0, root = 0, layer = 0;
+  for (auto const& st : rank_stages) {
+    std::uint64_t in_layers = 0;
+    for (auto const& t : st.tensors) {
+      all += t.numel;
+      (t.name.starts_with("layers.") ? in_layers : root) += t.numel;
+    }
+    if (st.layers > 0) layer = std::max<std::uint64_t>(layer, in_layers / st.layers);
+  }
+  bool const pipelined = s.pipeline.ranks * s.pipeline.stages_per_rank > 1;
+  return per * (pipelined ? all : root + 2 * layer);
 }
 
 /// The elements of an `numel`-element tensor whose optimizer state one data-parallel rank holds:
@@ -561,6 +590,18 @@ inline double state_bytes_per_param(model_spec const& m, parallel_spec const& p 
 inline std::uint64_t optimizer_shard(std::uint64_t numel, parallel_spec const& p, bool expert = false) {
   if (!p.distributed_optimizer) return numel;
   return pipeswap::detail::ceil_div(numel, expert ? expert_dp_of(p) : std::uint64_t{p.dp});
+}
+
+/// The device bytes of a rank's weights and gradients, which stay on the device in every
+/// configuration the simulator runs: each tensor of its stages whole, or with parallel.fsdp its
+/// 1/dp shard (optimizer_shard) and fsdp_gathered_bytes().
+inline std::uint64_t weight_and_gradient_bytes(scenario const& s, std::vector<stage_spec> const& rank_stages) {
+  std::uint64_t const per = size_of(s.model.param_dtype) + size_of(grad_dtype_of(s.model));
+  std::uint64_t bytes = fsdp_gathered_bytes(s, rank_stages);
+  for (auto const& st : rank_stages)
+    for (auto const& t : st.tensors)
+      bytes += per * (s.parallel.fsdp ? optimizer_shard(t.numel, s.parallel, t.expert) : t.numel);
+  return bytes;
 }
 
 /// Narayanan et al. 2021's FLOPs per iteration (eq. 3): 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) with full

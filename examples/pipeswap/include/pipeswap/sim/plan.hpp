@@ -276,6 +276,7 @@ inline plan_space default_plan_space(scenario const& s) {
   plan_space space;
   if (s.model.recompute == recompute_kind::op) space.recompute.push_back(recompute_kind::op); // the scenario's own
   if (s.parallel.dp > 1) space.distributed_optimizer = {false, true};
+  if (s.parallel.fsdp) space.distributed_optimizer = {true}; // FSDP shards the optimizer state
   space.tolerance = s.plan.tolerance;
   return space;
 }

@@ -201,7 +201,9 @@ inline std::string describe(scenario const& s) {
            ? " x tp " + std::to_string(s.parallel.tp) + (s.parallel.sequence_parallel ? " (sequence parallel)" : "")
            : std::string()) +
       (s.parallel.dp > 1 ? " x dp " + std::to_string(s.parallel.dp) +
-                               (s.parallel.distributed_optimizer ? " (distributed optimizer)" : "")
+                               (s.parallel.fsdp                    ? " (FSDP)"
+                                : s.parallel.distributed_optimizer ? " (distributed optimizer)"
+                                                                   : "")
                          : std::string()) +
       (s.parallel.ep > 1 ? ", experts over ep " + std::to_string(s.parallel.ep) : std::string()) + " = " +
       std::to_string(devices_of(s)) + " devices, " +

@@ -117,6 +117,11 @@ struct parallel_spec {
   std::uint32_t dp = 1;           ///< data-parallel degree
   /// Megatron's distributed optimizer (ZeRO-1): master weights and moments sharded over dp.
   bool distributed_optimizer = false;
+  /// FSDP (ZeRO-3, as torchtitan applies PyTorch's fully_shard): the weights and gradients sharded
+  /// over dp as well, each gathered while it is used (weight_and_gradient_bytes() in sim/model.hpp).
+  /// Needs distributed_optimizer, whose sharding of the optimizer state (and of the experts' over
+  /// their data-parallel group) it shares.
+  bool fsdp = false;
   /// Expert parallelism (MoE): the routed experts of a layer are split over `ep` devices. With
   /// `expert_tp` (unset: tp) they regroup the tp × dp devices of a pipeline rank as expert_tp × ep ×
   /// the expert data-parallel degree (Megatron's "MoE parallel folding"), over which the distributed

@@ -17,7 +17,7 @@
 //                 "hbm_tbps": 4.8, "p2p_gbps": 100, "p2p_latency_us": 10, "nvlink_gbps": 360,
 //                 "network_gbps": 40, "nvlink_latency_us": 10, "network_latency_us": 15},
 //    "node":     {"gpus": 8, "host_gbps": 278, "cpu_adam_gbps": 146},
-//    "parallel": {"tp": 1, "sequence_parallel": false, "dp": 1, "distributed_optimizer": false, "ep": 1,
+//    "parallel": {"tp": 1, "sequence_parallel": false, "dp": 1, "distributed_optimizer": false, "fsdp": false, "ep": 1,
 //                 "expert_tp": null, "overlap_grad_reduce": true, "overlap_param_gather": true,
 //                 "tp_comm_overlap": true, "overlap_moe_expert_parallel_comm": true},
 //    "pipeline": {"schedule": "1f1b", "ranks": 8, "micro_batches": 32, "stages_per_rank": 1,
@@ -264,13 +264,13 @@ inline void check_limits(scenario const& s, scenario_limits const& lim = {}) {
 }
 
 /// The device bytes a rank needs whatever is swapped: the reserved bytes plus the weights and the
-/// gradients of its stages (stage s runs on rank s % ranks), which stay on the device in every
-/// configuration the simulator runs.
+/// gradients of its stages (stage s runs on rank s % ranks; weight_and_gradient_bytes()), which stay
+/// on the device in every configuration the simulator runs.
 inline std::uint64_t unswappable_bytes(scenario const& s, std::uint32_t rank) {
-  std::uint64_t params = 0;
-  for (auto const& st : plan_stages(s))
-    if (st.stage % s.pipeline.ranks == rank) params += st.params;
-  return s.device.reserved_bytes + params * (size_of(s.model.param_dtype) + size_of(grad_dtype_of(s.model)));
+  std::vector<stage_spec> mine;
+  for (auto& st : plan_stages(s))
+    if (st.stage % s.pipeline.ranks == rank) mine.push_back(std::move(st));
+  return s.device.reserved_bytes + weight_and_gradient_bytes(s, mine);
 }
 
 namespace detail {
@@ -472,8 +472,9 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
   }
   if (auto const* v = top.find("parallel")) {
     reader const r(*v, "parallel",
-                   {"tp", "sequence_parallel", "dp", "distributed_optimizer", "ep", "expert_tp", "overlap_grad_reduce",
-                    "overlap_param_gather", "tp_comm_overlap", "overlap_moe_expert_parallel_comm"});
+                   {"tp", "sequence_parallel", "dp", "distributed_optimizer", "fsdp", "ep", "expert_tp",
+                    "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
+                    "overlap_moe_expert_parallel_comm"});
     r.boolean("overlap_grad_reduce", s.parallel.overlap_grad_reduce);
     r.boolean("overlap_param_gather", s.parallel.overlap_param_gather);
     r.boolean("tp_comm_overlap", s.parallel.tp_comm_overlap);
@@ -489,6 +490,7 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     r.boolean("sequence_parallel", s.parallel.sequence_parallel);
     r.u32("dp", s.parallel.dp);
     r.boolean("distributed_optimizer", s.parallel.distributed_optimizer);
+    r.boolean("fsdp", s.parallel.fsdp);
   }
   if (auto const* v = top.find("pipeline")) {
     reader const r(*v, "pipeline", {"schedule", "ranks", "micro_batches", "stages_per_rank", "overlap_b_f"});
@@ -597,6 +599,7 @@ Json to_json(scenario const& s) {
   jq["sequence_parallel"] = s.parallel.sequence_parallel;
   jq["dp"] = s.parallel.dp;
   jq["distributed_optimizer"] = s.parallel.distributed_optimizer;
+  jq["fsdp"] = s.parallel.fsdp;
   jq["ep"] = s.parallel.ep;
   jq["expert_tp"] = s.parallel.expert_tp ? Json(*s.parallel.expert_tp) : Json(nullptr);
   jq["overlap_grad_reduce"] = s.parallel.overlap_grad_reduce;

@@ -106,23 +106,32 @@ public:
     auto const gtype = grad_dtype_of(s.model);
     auto const gs = size_of(gtype);
     bool const master = s.model.fp32_master;
+    std::vector<stage_spec> mine;
     for (auto const& st : stages_) {
       if (layout_.rank_of(static_cast<index_type>(st.stage)) != static_cast<index_type>(rank_)) continue;
+      mine.push_back(st);
       auto& w = weights_[st.stage];
       for (auto const& t : st.tensors) {
         if (t.numel == 0) continue;
-        w.params.push_back({b_.allocate_device(t.numel * es, cs), t.numel * es});
-        w.grads.push_back({b_.allocate_device(t.numel * gs, cs), t.numel * gs});
-        // The distributed optimizer updates this rank's 1/dp share of every tensor (a prefix here).
+        // The distributed optimizer updates this rank's 1/dp share of every tensor (a prefix here);
+        // with FSDP the weights and gradients are that share too, and what FSDP gathers is below.
         auto const shard = optimizer_shard(t.numel, s.parallel, t.expert);
+        auto const held = s.parallel.fsdp ? shard : t.numel;
+        w.params.push_back({b_.allocate_device(held * es, cs), held * es});
+        w.grads.push_back({b_.allocate_device(held * gs, cs), held * gs});
         opt_.add_param({w.params.back().ptr, w.grads.back().ptr, shard, s.model.param_dtype, gtype, master});
-        resident_param_bytes_ += t.numel * (es + gs);
+        resident_param_bytes_ += held * (es + gs);
         optimizer_state_bytes_ += shard * (master ? 12 : 8);
         stage_params_ += t.numel;
         if (t.expert) expert_params_ += t.numel;
         w.param_count += t.numel;
         if (t.expert) w.expert_param_count += t.numel;
       }
+    }
+    // What FSDP holds gathered (weights and gradients unsharded), counted as held through the step.
+    if (auto const gathered = fsdp_gathered_bytes(s, mine); gathered > 0) {
+      (void)b_.allocate_device(gathered, cs);
+      resident_param_bytes_ += gathered;
     }
     if (s.parallel.overlap_grad_reduce && dp_grad_sync_ns(s_, stage_params_, expert_params_) > 0)
       dp_stream_ = b_.new_stream("stream (data-parallel collectives)");
