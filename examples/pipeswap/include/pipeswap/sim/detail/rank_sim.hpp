@@ -109,7 +109,7 @@ public:
     std::vector<stage_spec> mine;
     for (auto const& st : stages_) {
       if (layout_.rank_of(static_cast<index_type>(st.stage)) != static_cast<index_type>(rank_)) continue;
-      mine.push_back(st);
+      if (s.parallel.fsdp) mine.push_back(st); // what fsdp_gathered_bytes() reads
       auto& w = weights_[st.stage];
       for (auto const& t : st.tensors) {
         if (t.numel == 0) continue;
