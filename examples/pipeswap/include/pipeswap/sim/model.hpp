@@ -511,10 +511,10 @@ inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recomp
       for (auto const& x : head_acts) o.activation_bytes += x.bytes;
     if (o.recompute == recompute_kind::full && !m.activation_bytes_per_layer)
       o.backward_workspace_bytes = activation_bytes_per_layer(m, par, recompute_kind::none);
-    if (o.recompute == recompute_kind::op) // the layer's recomputed tensors, beside the ones it kept
-      o.backward_workspace_bytes = activation_bytes_per_layer(m, par, recompute_kind::none) -
-                                   std::min(activation_bytes_per_layer(m, par, recompute_kind::none),
-                                            activation_bytes_per_layer(m, par, recompute_kind::op));
+    if (o.recompute == recompute_kind::op) { // the layer's recomputed tensors, beside the ones it kept
+      auto const whole = activation_bytes_per_layer(m, par, recompute_kind::none);
+      o.backward_workspace_bytes = whole - std::min(whole, activation_bytes_per_layer(m, par, recompute_kind::op));
+    }
     double const attn = 4.0 * static_cast<double>(m.micro_batch_size) * static_cast<double>(m.seq_len) *
                         static_cast<double>(m.seq_len) * static_cast<double>(attention_width(m) / par.tp) * o.layers;
     double const moe = m.moe.enabled() ? moe_layer_fwd_flops(m, par) * o.layers : 0.0;
@@ -592,15 +592,20 @@ inline std::uint64_t optimizer_shard(std::uint64_t numel, parallel_spec const& p
   return pipeswap::detail::ceil_div(numel, expert ? expert_dp_of(p) : std::uint64_t{p.dp});
 }
 
+/// The elements of a tensor's weights (and of its gradients) a rank holds apart from what FSDP
+/// gathers: all of them, or with parallel.fsdp its optimizer_shard().
+inline std::uint64_t held_elements(tensor_spec const& t, parallel_spec const& p) {
+  return p.fsdp ? optimizer_shard(t.numel, p, t.expert) : t.numel;
+}
+
 /// The device bytes of a rank's weights and gradients, which stay on the device in every
-/// configuration the simulator runs: each tensor of its stages whole, or with parallel.fsdp its
-/// 1/dp shard (optimizer_shard) and fsdp_gathered_bytes().
+/// configuration the simulator runs: held_elements() of each tensor of its stages and
+/// fsdp_gathered_bytes().
 inline std::uint64_t weight_and_gradient_bytes(scenario const& s, std::vector<stage_spec> const& rank_stages) {
   std::uint64_t const per = size_of(s.model.param_dtype) + size_of(grad_dtype_of(s.model));
   std::uint64_t bytes = fsdp_gathered_bytes(s, rank_stages);
   for (auto const& st : rank_stages)
-    for (auto const& t : st.tensors)
-      bytes += per * (s.parallel.fsdp ? optimizer_shard(t.numel, s.parallel, t.expert) : t.numel);
+    for (auto const& t : st.tensors) bytes += per * held_elements(t, s.parallel);
   return bytes;
 }
 

@@ -116,7 +116,7 @@ public:
         // The distributed optimizer updates this rank's 1/dp share of every tensor (a prefix here);
         // with FSDP the weights and gradients are that share too, and what FSDP gathers is below.
         auto const shard = optimizer_shard(t.numel, s.parallel, t.expert);
-        auto const held = s.parallel.fsdp ? shard : t.numel;
+        auto const held = held_elements(t, s.parallel);
         w.params.push_back({b_.allocate_device(held * es, cs), held * es});
         w.grads.push_back({b_.allocate_device(held * gs, cs), held * gs});
         opt_.add_param({w.params.back().ptr, w.grads.back().ptr, shard, s.model.param_dtype, gtype, master});
