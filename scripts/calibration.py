@@ -56,13 +56,18 @@ def simulate(exe, path, efficiency=None):
     return r["scenario"], next(c for c in r["configurations"] if c["name"] == "none")
 
 
-def predict(exe, path, efficiency=None):
-    """Predicted and published tokens/s per GPU, and the simulated step in seconds."""
-    sc, none = simulate(exe, path, efficiency)
+def throughput(sc, none):
+    """Predicted and published tokens/s per GPU, and the simulated step in seconds, of what
+    simulate() returned."""
     step = none["step_ns"] * 1e-9
     m, p, q = sc["model"], sc["pipeline"], sc["parallel"]
     tokens = p["micro_batches"] * m["micro_batch_size"] * m["seq_len"]
     return tokens / (step * p["ranks"] * q["tp"]), published(sc["comment"]), step
+
+
+def predict(exe, path, efficiency=None):
+    """throughput() of the file's simulation."""
+    return throughput(*simulate(exe, path, efficiency))
 
 
 def stack(path):
@@ -113,10 +118,10 @@ def main():
         return
     groups = {"calibration": [], "held out": []}
     for path in paths:
-        pred, pub, step = predict(exe, path, eff)
+        sc, none = simulate(exe, path, eff)
+        pred, pub, step = throughput(sc, none)
         kind = "held out" if held_out(path) else "calibration"
         groups[kind].append(pred / pub)
-        sc, none = simulate(exe, path, eff)
         peak = none["peak_bytes"] / 2**30
         mem = published_peak_gib(sc["comment"])
         memory = f"  peak {peak:5.1f} GiB" + (f" against {mem:5.1f} ({peak / mem:5.3f})" if mem else "")
