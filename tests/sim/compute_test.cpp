@@ -81,6 +81,46 @@ BOOST_AUTO_TEST_CASE(a_dense_layer_is_its_gemms_attention_and_memory_bound_kerne
   BOOST_TEST(flops / o.fwd() / 989e12 > 0.45);
 }
 
+// Eager kernels (model.fused_kernels false): each norm moves 4e + 28 bytes per element instead of 2e,
+// the rotary embedding 2e + 16 instead of 2e, SwiGLU 5e instead of 3e; the GEMMs, the attention and
+// the residual adds are the same kernels. With tp 4 and sequence parallelism the norms run on T/4
+// tokens, the rotary embedding and SwiGLU on a quarter of the heads and of the width.
+BOOST_AUTO_TEST_CASE(eager_kernels_move_the_bytes_of_their_separate_passes) {
+  for (std::uint32_t tp : {1u, 4u}) {
+    sim::scenario s;
+    s.parallel.tp = tp;
+    s.parallel.sequence_parallel = tp > 1;
+    double const T = 4096, Tr = T / tp, h = 8192, hs = h / tp, kv = 1024.0 / tp, f = 28672.0 / tp, e = 2;
+    auto const fused = sim::layer_op_times(s.model, s.parallel, s.device);
+    auto const fused_head = sim::head_op_times(s.model, s.parallel, s.device);
+    s.model.fused_kernels = false;
+    auto const eager = sim::layer_op_times(s.model, s.parallel, s.device);
+    auto const eager_head = sim::head_op_times(s.model, s.parallel, s.device);
+    BOOST_TEST_CONTEXT("tp " << tp) {
+      double const more =
+          2 * (4 * e + 28 - 2 * e) * Tr * h + (2 * e + 16 - 2 * e) * T * (hs + kv) + (5 * e - 3 * e) * T * f;
+      BOOST_TEST(eager.memory_fwd - fused.memory_fwd == more / (4.8e12 * 0.8), tt::tolerance(1e-9));
+      BOOST_TEST(eager.memory_bwd == 2 * eager.memory_fwd, tt::tolerance(1e-12));
+      BOOST_TEST(eager.gemm_fwd == fused.gemm_fwd);
+      BOOST_TEST(eager.gemm_bwd == fused.gemm_bwd);
+      BOOST_TEST(eager.attention_fwd == fused.attention_fwd);
+      BOOST_TEST(eager_head.memory_fwd - fused_head.memory_fwd == (4 * e + 28 - 2 * e) * Tr * h / (4.8e12 * 0.8),
+                 tt::tolerance(1e-9));
+      // torchtitan's "op" policy re-runs the eager kernels too.
+      BOOST_TEST(eager.op_recompute_fwd - fused.op_recompute_fwd == eager.memory_fwd - fused.memory_fwd,
+                 tt::tolerance(1e-9));
+    }
+  }
+  // GeLU is one kernel either way: only the norms and the rotary embedding differ.
+  sim::scenario g;
+  g.model.mlp = sim::mlp_kind::gelu;
+  auto const fused = sim::layer_op_times(g.model, g.parallel, g.device);
+  g.model.fused_kernels = false;
+  auto const eager = sim::layer_op_times(g.model, g.parallel, g.device);
+  double const more = 2 * 32 * 4096.0 * 8192 + 16 * 4096.0 * (8192 + 1024);
+  BOOST_TEST(eager.memory_fwd - fused.memory_fwd == more / (4.8e12 * 0.8), tt::tolerance(1e-9));
+}
+
 // FP8 covers the layer's GEMMs (faster) and adds the cast-transposes (memory-bound); attention stays
 // 16-bit; the output layer stays BF16.
 BOOST_AUTO_TEST_CASE(fp8_speeds_the_gemms_and_adds_their_casts) {

@@ -118,6 +118,53 @@ BOOST_AUTO_TEST_CASE(activations_follow_ffn_hidden_and_kv_heads) {
   for (auto const& x : list) BOOST_TEST(!x.op.empty());
 }
 
+// Eager kernels save more: each norm its input in fp32 and its normalized value before the weight,
+// (4 + e)·T'·h in place of e·T'·h; the rotary embedding q and k in fp32, 4·T·(h'+kv'); SwiGLU its
+// SiLU's output, e·T·f'. Full and "op" recomputation save the same (the elementwise kernels are
+// recomputed); a full recomputation's backward holds the eager layer whole.
+BOOST_AUTO_TEST_CASE(eager_kernels_save_their_fp32_copies_and_the_silu_output) {
+  for (std::uint32_t tp : {1u, 4u}) {
+    sim::model_spec m; // 70B-class: h 8192, f 28672, a 64, kv 8
+    sim::parallel_spec p;
+    p.tp = tp;
+    p.sequence_parallel = tp > 1;
+    std::uint64_t const T = m.seq_len * m.micro_batch_size, Tr = T / tp, h = m.hidden, f = m.ffn_hidden / tp;
+    std::uint64_t const hs = h / tp, kv = h / 8 / tp;
+    auto const fused_none = sim::activation_bytes_per_layer(m, p, recompute_kind::none);
+    auto const fused_sel = sim::activation_bytes_per_layer(m, p, recompute_kind::selective);
+    auto const fused_head = sim::head_activations(m, p);
+    auto eager = m;
+    eager.fused_kernels = false;
+    std::uint64_t const more = 2 * 4 * Tr * h + 4 * T * (hs + kv) + 2 * T * f;
+    BOOST_TEST_CONTEXT("tp " << tp) {
+      BOOST_TEST(sim::activation_bytes_per_layer(eager, p, recompute_kind::none) == fused_none + more);
+      BOOST_TEST(sim::activation_bytes_per_layer(eager, p, recompute_kind::selective) == fused_sel + more);
+      BOOST_TEST(sim::layer_activations(eager, p, recompute_kind::none).size() ==
+                 sim::layer_activations(m, p, recompute_kind::none).size() + 2);
+      for (auto rc : {recompute_kind::full, recompute_kind::op})
+        BOOST_TEST(sim::activation_bytes_per_layer(eager, p, rc) == sim::activation_bytes_per_layer(m, p, rc));
+      auto const head = sim::head_activations(eager, p);
+      BOOST_TEST(head[0].bytes == fused_head[0].bytes + 4 * Tr * h);
+      BOOST_TEST(head[2].bytes == fused_head[2].bytes);
+    }
+  }
+  sim::scenario s;
+  s.model.layers = 8;
+  s.pipeline.ranks = 2;
+  s.model.recompute = recompute_kind::full;
+  auto const fused = sim::plan_stages(s);
+  auto const fused_layer = sim::activation_bytes_per_layer(s.model, {}, recompute_kind::none);
+  s.model.fused_kernels = false;
+  auto const eager = sim::plan_stages(s);
+  std::uint64_t const T = s.model.seq_len, h = s.model.hidden;
+  BOOST_TEST(sim::activation_bytes_per_layer(s.model, {}, recompute_kind::none) - fused_layer ==
+             2 * 4 * T * h + 4 * T * (h + h / 8) + 2 * T * s.model.ffn_hidden);
+  BOOST_TEST(eager[0].backward_workspace_bytes - fused[0].backward_workspace_bytes ==
+             sim::activation_bytes_per_layer(s.model, {}, recompute_kind::none) - fused_layer);
+  BOOST_TEST(eager[0].activation_bytes == fused[0].activation_bytes);
+  BOOST_TEST(eager[0].bwd_ns > fused[0].bwd_ns);
+}
+
 // torchtitan's per-operation policy ("op"): the layer keeps its input, every other matmul's output
 // in forward order (q, v, gate, down) and the attention core's output and log-sum-exp; the backward
 // re-runs the k, output and up projections and the memory-bound kernels.

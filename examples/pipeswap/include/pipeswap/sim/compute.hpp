@@ -39,6 +39,23 @@ inline double gemm_efficiency(double m, double n, double k, double ceiling) {
   return ceiling * g(m) * g(n) * g(k);
 }
 
+/// Bytes per element that the norms, the rotary embedding and SwiGLU's activation move in the forward,
+/// with 16-bit activations of e bytes: fused (model.fused_kernels, one kernel each), or as eager
+/// PyTorch's separate kernels, each reading and writing its whole tensor:
+/// - RMSNorm: fused, read and write e; eager, cast to fp32 (e + 4), square (4 + 4), mean (read 4),
+///   scale (4 + 4), cast back (4 + e), times the weight (e + e): 4e + 28;
+/// - rotary embedding (per element of q and k): fused, read and write e; eager, cast to fp32 (e + 4),
+///   the complex product (4 + 4), cast back (4 + e): 2e + 16;
+/// - SwiGLU (per element of its output): fused, read gate and up, write the product, 3e; eager, SiLU
+///   (e + e) then the product (2e + e): 5e.
+/// GeLU, the residual adds, dropout and the MoE permutation are one kernel either way.
+struct elementwise_bytes {
+  double norm, rotary, swiglu;
+};
+inline constexpr elementwise_bytes elementwise_bytes_of(double e, bool fused) {
+  return fused ? elementwise_bytes{2 * e, 2 * e, 3 * e} : elementwise_bytes{4 * e + 28, 2 * e + 16, 5 * e};
+}
+
 /// Peak FLOP/s at a precision: device.fp8_tflops for FP8, else device.bf16_tflops.
 inline double peak_flops(device_spec const& d, precision p) {
   return (p == precision::fp8 ? d.fp8_tflops : d.bf16_tflops) * 1e12;
@@ -102,9 +119,11 @@ struct op_times {
 ///   backward 2.5× that (the scores recomputed, then four GEMMs), each against the bytes of Q, K, V, O
 ///   and their gradients; without flash attention the GEMMs of the scores (4·b·s²·h', none skipped)
 ///   and the softmax (and dropout) over the b·a'·s² scores as memory-bound kernels.
-/// - Memory-bound kernels (16-bit): two norms (read and write e·T'·h each), two residual adds (three
-///   e·T'·h), the rotary embedding of q and k (read and write e·T·(h'+kv')), the MLP's activation
-///   (SwiGLU: reads 2·e·T·f', writes e·T·f'; GeLU: reads and writes e·T·f'), with dropout two
+/// - Memory-bound kernels (16-bit; elementwise_bytes_of() gives the norm's, the rotary embedding's and
+///   SwiGLU's bytes per element, fused or eager): two norms (fused: read and write e·T'·h each), two
+///   residual adds (three e·T'·h), the rotary embedding of q and k (fused: read and write
+///   e·T·(h'+kv')), the MLP's activation (SwiGLU fused: reads 2·e·T·f', writes e·T·f'; GeLU: reads
+///   and writes e·T·f'), with dropout two
 ///   (2e + 1)·T'·h, with MoE the permutation and unpermutation (read and write e·P·h each) and the
 ///   experts' activation over P tokens. The backward moves twice the forward's bytes (it reads the
 ///   saved input and the incoming gradient and writes the outgoing one). With FP8, Transformer
@@ -130,9 +149,10 @@ inline op_times layer_op_times(model_spec const& m, parallel_spec const& p, devi
     if (paired >= 0) o.tp_paired_fwd[paired] = f, o.tp_paired_bwd[paired] = g;
     if (q == precision::fp8) cast_fwd += count * (e + 2) * mm * kk, cast_bwd += count * (e + 2) * mm * nn;
   };
+  auto const eb = elementwise_bytes_of(e, m.fused_kernels);
   gemm(T, hs + 2 * kvs, h, pr, 1, 0);
   gemm(T, h, hs, pr, 1, 1);
-  double mem = 2 * 2 * e * Tr * h + 2 * 3 * e * Tr * h + 2 * e * T * (hs + kvs);
+  double mem = 2 * eb.norm * Tr * h + 2 * 3 * e * Tr * h + eb.rotary * T * (hs + kvs);
   if (m.dropout) mem += 2 * (2 * e + 1) * Tr * h;
   auto mlp = [&](double tokens, double width, double count = 1, bool paired = false) {
     if (m.mlp == mlp_kind::gelu) {
@@ -142,7 +162,7 @@ inline op_times layer_op_times(model_spec const& m, parallel_spec const& p, devi
     } else {
       gemm(tokens, 2 * width, h, pr, count, paired ? 2 : -1);
       gemm(tokens, h, width, pr, count, paired ? 3 : -1);
-      mem += count * 3 * e * tokens * width;
+      mem += count * eb.swiglu * tokens * width;
     }
   };
   if (m.moe.enabled()) {
@@ -180,9 +200,9 @@ inline op_times layer_op_times(model_spec const& m, parallel_spec const& p, devi
   return o;
 }
 
-/// The last stage's head per micro-batch: the final norm (read and write e·T'·h), the output layer's
-/// GEMM (T, V/t, h) in BF16, the cross entropy over the fp32 logits (write e, read e and write 4, read
-/// 4 per element of T·V/t); the backward twice the bytes.
+/// The last stage's head per micro-batch: the final norm (elementwise_bytes_of() per element of
+/// e·T'·h), the output layer's GEMM (T, V/t, h) in BF16, the cross entropy over the fp32 logits
+/// (write e, read e and write 4, read 4 per element of T·V/t); the backward twice the bytes.
 inline op_times head_op_times(model_spec const& m, parallel_spec const& p, device_spec const& d) {
   op_times o;
   double const t = p.tp, T = double(m.seq_len) * double(m.micro_batch_size);
@@ -190,7 +210,7 @@ inline op_times head_op_times(model_spec const& m, parallel_spec const& p, devic
   double const V = double((m.vocab + p.tp - 1) / p.tp);
   o.gemm_fwd = gemm_fwd_seconds(d, T, V, h, precision::bf16);
   o.gemm_bwd = gemm_bwd_seconds(d, T, V, h, precision::bf16);
-  double const mem = 2 * 2 * Tr * h + (2 + 2 + 4 + 4) * T * V;
+  double const mem = elementwise_bytes_of(2, m.fused_kernels).norm * Tr * h + (2 + 2 + 4 + 4) * T * V;
   o.memory_fwd = memory_seconds(d, mem);
   o.memory_bwd = memory_seconds(d, 2 * mem);
   return o;

@@ -37,6 +37,10 @@ namespace pipeswap::sim {
 ///   GeLU: its input e·T·f' and fc2's input e·T·f'; SwiGLU: gate and up outputs 2·e·T·f' and
 ///     down's input e·T·f'
 ///   MLP dropout: mask T'·h
+/// With eager kernels (model.fused_kernels false) each norm saves its input cast to fp32 and its
+/// normalized value before the weight, (4 + e)·T'·h, in place of its input; the rotary embedding
+/// saves q and k in fp32, 4·T·(h'+kv/t); SwiGLU saves the SiLU's output e·T·f' as well (the experts'
+/// and the shared expert's alike).
 /// Selective recomputation drops the core-attention tensors that the recomputation rebuilds (scores,
 /// mask, dropout output, log-sum-exp); full recomputation keeps the layer input e·T'·h only.
 /// torchtitan's "op" policy keeps the input e·T'·h, q e·T·h', v e·T·kv/t, the attention output
@@ -65,11 +69,19 @@ inline std::vector<saved_tensor> layer_activations(model_spec const& m, parallel
     if (t > 1) op.push_back({"mlp.down", "reduce-scatter output", e * Tr * h});
     return op;
   }
+  bool const eager = !m.fused_kernels;
+  auto norm = [&](char const* name) -> saved_tensor {
+    if (eager) return {name, "input in fp32 and normalized before the weight (eager)", (4 + e) * Tr * h};
+    return {name, "input", e * Tr * h};
+  };
   std::vector<saved_tensor> out{
-      {"attn_norm", "input", e * Tr * h},   {"attn.qkv", "input (the norm's output)", e * Tr * h},
-      {"core attention", "Q", e * T * hs},  {"core attention", "K", e * T * kvs},
+      norm("attn_norm"),
+      {"attn.qkv", "input (the norm's output)", e * Tr * h},
+      {"core attention", "Q", e * T * hs},
+      {"core attention", "K", e * T * kvs},
       {"core attention", "V", e * T * kvs},
   };
+  if (eager) out.push_back({"rotary embedding", "q and k in fp32 (eager)", 4 * T * (hs + kvs)});
   bool const keep_core = rc == recompute_kind::none;
   if (m.flash_attention) {
     out.push_back({"core attention", "output (flash backward; the output projection's input)", e * T * hs});
@@ -85,7 +97,7 @@ inline std::vector<saved_tensor> layer_activations(model_spec const& m, parallel
     out.push_back({"attn.o", "input", e * T * hs});
   }
   if (m.dropout) out.push_back({"attention dropout", "mask", Tr * h});
-  out.push_back({"mlp_norm", "input", e * Tr * h});
+  out.push_back(norm("mlp_norm"));
   if (m.moe.enabled()) {
     for (auto& x : moe_layer_activations(m, p)) out.push_back(std::move(x));
   } else if (m.mlp == mlp_kind::gelu) {
@@ -95,6 +107,7 @@ inline std::vector<saved_tensor> layer_activations(model_spec const& m, parallel
   } else {
     out.push_back({"mlp.gate/up", "input (the norm's output)", e * Tr * h});
     out.push_back({"SwiGLU", "gate and up outputs", 2 * e * T * fs});
+    if (eager) out.push_back({"SwiGLU", "SiLU output (eager)", e * T * fs});
     out.push_back({"mlp.down", "input (the SwiGLU's output)", e * T * fs});
   }
   if (m.dropout) out.push_back({"MLP dropout", "mask", Tr * h});
@@ -116,10 +129,14 @@ inline std::uint64_t activation_bytes_per_layer(model_spec const& m, parallel_sp
 
 /// The last stage's saved tensors besides its layers: the final norm's input, the output layer's
 /// input and the cross entropy's fp32 softmax over the device's vocabulary shard (Megatron's
-/// vocabulary-parallel cross entropy).
+/// vocabulary-parallel cross entropy). With eager kernels the norm saves (4 + e)·T'·h, as a layer's.
 inline std::vector<saved_tensor> head_activations(model_spec const& m, parallel_spec const& p) {
   std::uint64_t const e = size_of(m.param_dtype), t = p.tp, T = m.seq_len * m.micro_batch_size;
   std::uint64_t const Tr = p.sequence_parallel ? T / t : T;
+  if (!m.fused_kernels)
+    return {{"norm", "input in fp32 and normalized before the weight (eager)", (4 + e) * Tr * m.hidden},
+            {"lm_head", "input (the norm's output)", e * Tr * m.hidden},
+            {"cross entropy", "softmax of the logits (fp32)", 4 * T * pipeswap::detail::ceil_div(m.vocab, t)}};
   return {{"norm", "input", e * Tr * m.hidden},
           {"lm_head", "input (the norm's output)", e * Tr * m.hidden},
           {"cross entropy", "softmax of the logits (fp32)", 4 * T * pipeswap::detail::ceil_div(m.vocab, t)}};

@@ -86,6 +86,8 @@ inline std::uint64_t moe_pairs_processed(model_spec const& m, parallel_spec cons
 ///     2·e·P·f_e/etp and down's input e·P·f_e/etp (GeLU: its input and fc2's input, e·P·f_e/etp each)
 ///   unpermutation (the probability-weighted sum): the experts' outputs e·P·h
 ///   shared expert (SwiGLU): gate and up outputs 2·e·T·f_s/t, down's input e·T·f_s/t
+///   with eager kernels (model.fused_kernels false), each SwiGLU's SiLU output as well (e·P·f_e/etp,
+///   e·T·f_s/t)
 /// No published closed form for MoE activations is used; this table is the model.
 inline std::vector<saved_tensor> moe_layer_activations(model_spec const& m, parallel_spec const& p) {
   std::uint64_t const e = size_of(m.param_dtype), h = m.hidden, Tr = moe_tokens_routed(m, p),
@@ -101,6 +103,7 @@ inline std::vector<saved_tensor> moe_layer_activations(model_spec const& m, para
     out.push_back({"moe.experts", "fc2 input", e * P * fe});
   } else {
     out.push_back({"moe.experts", "gate and up outputs", 2 * e * P * fe});
+    if (!m.fused_kernels) out.push_back({"moe.experts", "SiLU output (eager)", e * P * fe});
     out.push_back({"moe.experts", "down input", e * P * fe});
   }
   out.push_back({"moe.unpermute", "expert outputs", e * P * h});
@@ -109,6 +112,7 @@ inline std::vector<saved_tensor> moe_layer_activations(model_spec const& m, para
       out.push_back({"moe.shared_expert", "GeLU input, fc2 input", 2 * e * T * fs});
     } else {
       out.push_back({"moe.shared_expert", "gate and up outputs", 2 * e * T * fs});
+      if (!m.fused_kernels) out.push_back({"moe.shared_expert", "SiLU output (eager)", e * T * fs});
       out.push_back({"moe.shared_expert", "down input", e * T * fs});
     }
   }

@@ -220,7 +220,8 @@ inline std::string describe(scenario const& s) {
            : "GEMMs up to " + detail::fmt("%.0f", s.device.kernel_efficiency * 100) + " % of " +
                  detail::fmt("%g", s.model.precision == precision::fp8 ? s.device.fp8_tflops : s.device.bf16_tflops) +
                  " TFLOP/s (" + (s.model.precision == precision::fp8 ? "FP8" : "BF16") + "), HBM " +
-                 detail::fmt("%g", s.device.hbm_tbps) + " TB/s") +
+                 detail::fmt("%g", s.device.hbm_tbps) + " TB/s" +
+                 (s.model.fused_kernels ? "" : ", eager elementwise kernels")) +
       ", host link " + detail::fmt("%g", s.device.h2d_gbps) + " GB/s to the device, " +
       detail::fmt("%g", s.device.d2h_gbps) + " GB/s back (x" + detail::fmt("%g", s.device.duplex_factor) +
       " both ways at once; " + std::to_string(s.node.gpus) + " devices share " + detail::fmt("%g", s.node.host_gbps) +

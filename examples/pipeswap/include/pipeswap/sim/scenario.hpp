@@ -104,6 +104,10 @@ struct model_spec {
   recompute_kind recompute = recompute_kind::none;
   /// The GEMMs' precision: BF16, or FP8 for the layers' projections and MLPs (at device.fp8_tflops).
   sim::precision precision = sim::precision::bf16;
+  /// The norms, the rotary embedding and SwiGLU's activation each run as one fused kernel (Transformer
+  /// Engine, torch.compile). false: as eager PyTorch's separate elementwise kernels, which cast to fp32
+  /// and back and save more for the backward (sim/compute.hpp, eager_bytes).
+  bool fused_kernels = true;
   /// Overrides the derived activations: saved bytes per layer per micro-batch (per device).
   std::optional<std::uint64_t> activation_bytes_per_layer;
   moe_spec moe;

@@ -8,6 +8,7 @@
 //                 "param_dtype": "BF16", "grad_dtype": null, "fp32_master": true,
 //                 "flash_attention": true, "mlp": "swiglu", "dropout": false, "recompute": "none",
 //                 "activation_bytes_per_layer": null, "head_dim": null, "precision": "BF16",
+//                 "fused_kernels": true,
 //                 "moe": {"experts": 0, "top_k": 1, "expert_ffn_hidden": 0, "shared_expert_ffn_hidden": 0,
 //                         "capacity_factor": null, "pad_to_capacity": false, "load_imbalance": 1}},
 //    "device":   {"name": "H200", "memory_bytes": 141000000000, "reserved_bytes": 6000000000,
@@ -253,11 +254,12 @@ inline void check_limits(scenario const& s, scenario_limits const& lim = {}) {
                                         " parameters); check model.layers, model.hidden, model.ffn_hidden "
                                         "and model.vocab");
   double const tokens = double(m.seq_len) * double(m.micro_batch_size);
-  // An upper bound of every term of layer_activations() and head_activations() with 4-byte elements.
+  // An upper bound of every term of layer_activations() and head_activations() with 4-byte elements
+  // (eager kernels' fp32 copies included).
   double const act = m.activation_bytes_per_layer
                          ? double(*m.activation_bytes_per_layer)
-                         : 4 * tokens * (12 * h + 3 * f) + 4 * tokens * double(m.heads) * double(m.seq_len) * 4;
-  double const head = 4 * tokens * (2 * h + double(m.vocab));
+                         : 4 * tokens * (16 * h + 4 * f) + 4 * tokens * double(m.heads) * double(m.seq_len) * 4;
+  double const head = 4 * tokens * (4 * h + double(m.vocab));
   need((act * (layers + 1) + head) * p.micro_batches < lim.max_bytes,
        "activation bytes overflow (model.seq_len × model.micro_batch_size × model.hidden and "
        "pipeline.micro_batches are too large)");
@@ -357,7 +359,8 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
                     "activation_bytes_per_layer",
                     "head_dim",
                     "moe",
-                    "precision"});
+                    "precision",
+                    "fused_kernels"});
     auto& m = s.model;
     r.string("name", m.name);
     r.u64("layers", m.layers);
@@ -416,6 +419,7 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
       m.recompute = detail::enum_field(*v2, "model.recompute", detail::recompute_names);
     if (auto const* v2 = r.find("precision"))
       m.precision = detail::enum_field(*v2, "model.precision", detail::precision_names);
+    r.boolean("fused_kernels", m.fused_kernels);
     if (auto const* a = r.find("activation_bytes_per_layer")) {
       if (a->is_null())
         m.activation_bytes_per_layer.reset();
@@ -561,6 +565,7 @@ Json to_json(scenario const& s) {
   jm["activation_bytes_per_layer"] = m.activation_bytes_per_layer ? Json(*m.activation_bytes_per_layer) : Json(nullptr);
   jm["head_dim"] = m.head_dim ? Json(*m.head_dim) : Json(nullptr);
   jm["precision"] = precision_name(m.precision);
+  jm["fused_kernels"] = m.fused_kernels;
   Json& je = jm["moe"] = Json::object();
   je["experts"] = m.moe.experts;
   je["top_k"] = m.moe.top_k;
