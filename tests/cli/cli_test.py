@@ -1032,11 +1032,11 @@ class Calibration(unittest.TestCase):
                       if not self.script.held_out(n) and self.script.stack(n) == stack)
 
     def test_the_set_is_the_documented_one(self):
-        self.assertEqual(len(self.ratios), 14)
+        self.assertEqual(len(self.ratios), 17)
         self.assertEqual(len(self.calibration("megatron")), 3)
         self.assertEqual(len(self.calibration("torchtitan")), 2)
         self.assertEqual(len(self.held_out("megatron")), 4)
-        self.assertEqual(len(self.held_out("torchtitan")), 5)
+        self.assertEqual(len(self.held_out("torchtitan")), 8)
 
     def test_the_calibration_runs_are_within_15_percent_at_their_stacks_fitted_ceiling(self):
         for stack in ("megatron", "torchtitan"):
@@ -1048,36 +1048,37 @@ class Calibration(unittest.TestCase):
             self.assertAlmostEqual(math.exp(sum(math.log(r) for r in fit) / len(fit)), 1.0, delta=0.03, msg=stack)
 
     def test_held_out_runs_are_within_the_stated_bands(self):
-        # The project's targets are 30 % on every held-out run, which holds, and 15 % at the median,
-        # which torchtitan's runs miss (1.16, docs/simulator.md): the median is held at 20 %, for each
-        # stack and for all of them together.
+        # The project's targets: 30 % on every held-out run and 15 % at the median of them all, which
+        # hold; each stack's median is held at 20 % (torchtitan's alone is 1.15, docs/simulator.md).
         for stack in ("megatron", "torchtitan", None):
             held = self.held_out(stack)
             for r in held:
                 self.assertGreater(r, 0.70, stack)
                 self.assertLess(r, 1.30, stack)
-            self.assertLess(abs(statistics.median(held) - 1), 0.20, stack)
+            self.assertLess(abs(statistics.median(held) - 1), 0.15 if stack is None else 0.20, stack)
 
     def test_fsdp_peaks_against_torchtitan_s(self):
         # docs/simulator.md ("Calibration", memory): with parallel.fsdp the 405B runs and the compiled 8B
-        # runs come within 10 % of torchtitan's published peaks (the memory target); the eager 8B run and
-        # the 70B runs are under theirs (eager temporaries; the 70B runs' shortfall is not explained),
-        # a stated shortfall, not a target.
+        # runs on 8 GPUs come within 10 % of torchtitan's published peaks (the memory target); the
+        # compiled 8B runs on 128 GPUs miss it by under a point, the eager 8B runs by more (eager
+        # temporaries), the 70B runs by a third (not explained): stated shortfalls, not targets.
         ratios = {}
         for n, (sc, none) in self.runs.items():
             if self.script.stack(n) == "torchtitan":
                 self.assertTrue(sc["parallel"]["fsdp"], n)
                 ratios[n] = none["peak_bytes"] / 2**30 / self.script.published_peak_gib(sc["comment"])
-        self.assertEqual(len(ratios), 7)
+        self.assertEqual(len(ratios), 10)
         for n, r in ratios.items():
-            if "405b" in n or "compile" in n:
-                self.assertLess(abs(r - 1), 0.10, n)
+            if "405b" in n or ("compile" in n and "_8xh100" in n):
+                low, high = 0.90, 1.10
+            elif "compile" in n:  # the compiled 8B runs on 128 GPUs
+                low, high = 0.88, 0.90
             elif "70b" in n:
-                self.assertGreater(r, 0.60, n)
-                self.assertLess(r, 0.70, n)
-            else:  # the eager 8B run
-                self.assertGreater(r, 0.80, n)
-                self.assertLess(r, 0.90, n)
+                low, high = 0.60, 0.70
+            else:  # the eager 8B runs
+                low, high = 0.80, 0.90
+            self.assertGreater(r, low, n)
+            self.assertLess(r, high, n)
 
     def test_the_stated_error_is_the_held_out_runs_extremes(self):
         # simulate and plan print this band beside every step time (sim/accuracy.hpp): it must be
@@ -1091,11 +1092,11 @@ class Calibration(unittest.TestCase):
 
     def test_the_reports_print_the_error_beside_the_step_time(self):
         _, out, _ = run("simulate", "--trace", "", "--svg", "")
-        self.assertRegex(out.splitlines()[2], r"^model error: on 9 published runs held out of the fit, "
+        self.assertRegex(out.splitlines()[2], r"^model error: on 12 published runs held out of the fit, "
                                               r"predicted tokens/s 0\.86-1\.22x the published: a step time may be "
                                               r"off by up to 18 %")
         _, out, _ = run("plan", "--scenario", os.path.join(GALLERY, "7b_2ranks.json"))
-        self.assertIn("\nmodel error: on 9 published runs", out)
+        self.assertIn("\nmodel error: on 12 published runs", out)
         # the one-efficiency model has no measured error, and says so
         flops = json.dumps({"device": {"compute": "flops"}})
         _, out, _ = run("simulate", "--scenario", "-", "--trace", "", "--svg", "", stdin=flops)

@@ -26,7 +26,7 @@ struct model_error {
 
 /// The per-operation compute model's (device.compute "roofline"); the one-efficiency model has no
 /// measured error.
-inline constexpr model_error held_out_error{0.86, 1.22, 9};
+inline constexpr model_error held_out_error{0.86, 1.22, 12};
 
 /// The error that applies to `s`'s figures, if one was measured for its compute model.
 inline model_error const* error_of(scenario const& s) noexcept {
