@@ -572,6 +572,65 @@ BOOST_AUTO_TEST_CASE(data_parallel_collectives_overlap_the_backward_by_buckets) 
   BOOST_TEST(exposed - overlapped > 0);
 }
 
+// FSDP without a pipeline (fsdp_per_layer) gathers each layer's weights before its forward and again
+// before its backward and reduces its gradients after it, one layer ahead: a stage's forward shows
+// ag + (L − 1)·max(0, ag − f), its backward rs + (L − 1)·max(0, ag + rs − b), per micro-batch; the
+// root unit's reduce-scatter and all-gather delay the step once each, whole, in place of the
+// distributed optimizer's collectives over the whole stage. With a pipeline, FSDP's time is the
+// distributed optimizer's.
+BOOST_AUTO_TEST_CASE(fsdp_gathers_and_reduces_layer_by_layer_without_a_pipeline) {
+  for (double gbps : {40.0, 0.01}) { // the layers' collectives hidden, then exposed
+    auto dist = pipeswap::test::tiny(1, 2);
+    dist.model.layers = 4;
+    dist.parallel.dp = 4;
+    dist.node.gpus = 1; // every collective over the network
+    dist.device.network_gbps = gbps;
+    dist.device.memory_bytes = 400'000'000'000;
+    dist.parallel.distributed_optimizer = true;
+    dist.parallel.overlap_grad_reduce = false; // the distributed optimizer's collectives whole
+    dist.parallel.overlap_param_gather = false;
+    auto fsdp = dist;
+    fsdp.parallel.fsdp = true;
+    BOOST_TEST(sim::fsdp_per_layer(fsdp));
+    auto const d0 = sim::plan_stages(dist).at(0), f0 = sim::plan_stages(fsdp).at(0);
+    std::uint64_t layer = 0;
+    for (auto const& t : sim::layer_tensors(fsdp.model, 0, fsdp.parallel)) layer += t.numel;
+    auto const ag = sim::dp_param_gather_ns(fsdp, layer), rs = sim::dp_grad_sync_ns(fsdp, layer);
+    auto const lt = sim::layer_op_times(fsdp.model, fsdp.parallel, fsdp.device);
+    auto const f = std::llround(lt.fwd() * 1e9), b = std::llround(lt.bwd() * 1e9);
+    auto const over = [](std::int64_t x, std::int64_t y) { return std::max<std::int64_t>(0, x - y); };
+    std::int64_t const fwd = ag + 3 * over(ag, f), bwd = rs + 3 * over(ag + rs, b);
+    BOOST_TEST_CONTEXT("network " << gbps << " GB/s") {
+      BOOST_TEST((gbps > 1) == (ag < f)); // the two regimes
+      BOOST_TEST(f0.fwd_ns - d0.fwd_ns == fwd);
+      BOOST_TEST(f0.bwd_ns - d0.bwd_ns == bwd);
+      BOOST_TEST(f0.fwd_comm_ns - d0.fwd_comm_ns == fwd);
+      // The step: two micro-batches' layer collectives, the root unit's two collectives in place of the
+      // whole stage's.
+      auto const root = sim::root_params(f0);
+      BOOST_TEST(root == f0.params - 4 * layer);
+      auto const want = 2 * (fwd + bwd) + sim::dp_grad_sync_ns(fsdp, root) + sim::dp_param_gather_ns(fsdp, root) -
+                        sim::dp_grad_sync_ns(dist, d0.params) - sim::dp_param_gather_ns(dist, d0.params);
+      BOOST_TEST(sim::simulate(fsdp, {}).ranks.at(0).step_ns - sim::simulate(dist, {}).ranks.at(0).step_ns == want);
+    }
+  }
+  // With a pipeline the stages stay gathered across micro-batches: the same times as without FSDP.
+  auto piped = pipeswap::test::tiny(2, 4);
+  piped.model.layers = 4;
+  piped.parallel.dp = 4;
+  piped.node.gpus = 1;
+  piped.device.network_gbps = 0.01;
+  piped.parallel.distributed_optimizer = true;
+  auto const d = sim::plan_stages(piped);
+  piped.parallel.fsdp = true;
+  BOOST_TEST(!sim::fsdp_per_layer(piped));
+  auto const fs = sim::plan_stages(piped);
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    BOOST_TEST(fs[i].fwd_ns == d[i].fwd_ns);
+    BOOST_TEST(fs[i].bwd_ns == d[i].bwd_ns);
+  }
+}
+
 // A node's devices share its host bandwidth when they copy at once, and both directions together
 // keep duplex_factor of each (a direction alone keeps its whole rate). Devices are numbered tp, then
 // dp, then pp.

@@ -446,6 +446,46 @@ inline std::uint64_t dp_buckets(scenario const& s, std::uint64_t params) {
   return std::max<std::uint64_t>(1, (params + size - 1) / size);
 }
 
+/// Whether FSDP gathers each layer per micro-batch: parallel.fsdp without a pipeline (torchtitan's
+/// wrapping: every layer its own unit, resharded after its forward, the rest of the model the root's).
+/// With a pipeline FSDP keeps the rank's stages gathered across micro-batches (torchtitan sets
+/// reshard_after_forward false with a pipeline) and communicates as the distributed optimizer does.
+inline bool fsdp_per_layer(scenario const& s) { return s.parallel.fsdp && s.pipeline.ranks == 1; }
+
+/// The parameters of a stage outside its layers: the embedding, the final norm, the output layer (the
+/// root unit of FSDP's wrapping).
+inline std::uint64_t root_params(stage_spec const& st) {
+  std::uint64_t n = 0;
+  for (auto const& t : st.tensors)
+    if (!t.name.starts_with("layers.")) n += t.numel;
+  return n;
+}
+
+/// FSDP's per-layer collectives as they show in one micro-batch's forward and backward
+/// (fsdp_per_layer), for layers of `params` parameters (`expert_params` of them routed experts')
+/// whose forward takes `f` and backward (its recomputation included) `b`: each layer's weights are
+/// all-gathered before its forward and again before its backward (ag, dp_param_gather_ns), its
+/// gradients reduce-scattered after its backward (rs, dp_grad_sync_ns), prefetched one layer ahead
+/// on the data-parallel group:
+/// - forward: the first layer's all-gather is exposed (only the embedding runs before it), each
+///   later one hides under the previous layer's forward and shows what exceeds it:
+///   ag + (L − 1)·max(0, ag − f);
+/// - backward: the last layer is still gathered (it is not resharded); under each layer's backward
+///   run the next one's all-gather and the previous one's reduce-scatter, which share the link:
+///   (L − 1)·max(0, ag + rs − b), and the first layer's reduce-scatter after the last backward, rs.
+/// The root unit is gathered once per step and kept (FSDP does not reshard the root after its
+/// forward); the rank simulation charges its all-gather and reduce-scatter once per step, exposed.
+struct fsdp_comm {
+  mock::sim_time fwd = 0, bwd = 0;
+};
+inline fsdp_comm fsdp_layer_comm(scenario const& s, std::uint64_t params, std::uint64_t expert_params,
+                                 std::uint32_t layers, mock::sim_time f, mock::sim_time b) {
+  if (!fsdp_per_layer(s) || layers == 0) return {};
+  auto const ag = dp_param_gather_ns(s, params, expert_params), rs = dp_grad_sync_ns(s, params, expert_params);
+  auto const over = [](mock::sim_time x, mock::sim_time y) { return x > y ? x - y : mock::sim_time{0}; };
+  return {ag + (layers - 1) * over(ag, f), rs + (layers - 1) * over(ag + rs, b)};
+}
+
 /// The pipeline's send/recv link between pipeline ranks `a` and `b` (neighbours, or the last and the
 /// first of an interleaved pipeline): NVLink (device.p2p_gbps, p2p_latency_us) when their devices share
 /// a node, else the network (network_gbps, network_latency_us).
@@ -557,6 +597,19 @@ inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recomp
                               : o.recompute == recompute_kind::op        ? layer_t.op_recompute_fwd
                                                                          : 0.0;
     double fwd_s = layer_t.fwd() * o.layers, bwd_s = (layer_t.bwd() + recomputed) * o.layers;
+    if (fsdp_per_layer(s)) { // FSDP's per-layer gathers and reductions, as far as they show
+      std::uint64_t lp = 0, le = 0;
+      for (auto const& t : layer_tensors(m, 0, par)) lp += t.numel, le += t.expert ? t.numel : 0;
+      auto const per_layer = [&](double secs, mock::sim_time comm) {
+        return static_cast<mock::sim_time>(std::llround(secs * 1e9)) + comm;
+      };
+      auto const fsdp =
+          fsdp_layer_comm(s, lp, le, o.layers, per_layer(layer_t.fwd(), tp_comm.fwd + a2a),
+                          per_layer(layer_t.bwd() + recomputed,
+                                    tp_comm.bwd + (reruns_comm ? tp_comm.fwd : 0) + a2a * (reruns_comm ? 2 : 1)));
+      o.fwd_comm_ns += fsdp.fwd;
+      o.bwd_comm_ns += fsdp.bwd;
+    }
     if (o.head) fwd_s += head_t.fwd(), bwd_s += head_t.bwd();
     o.fwd_ns = static_cast<mock::sim_time>(std::llround(fwd_s * 1e9)) + o.fwd_comm_ns;
     o.bwd_ns = static_cast<mock::sim_time>(std::llround(bwd_s * 1e9)) + o.bwd_comm_ns;

@@ -133,8 +133,10 @@ public:
       (void)b_.allocate_device(gathered, cs);
       resident_param_bytes_ += gathered;
     }
-    if (s.parallel.overlap_grad_reduce && dp_grad_sync_ns(s_, stage_params_, expert_params_) > 0)
+    if (s.parallel.overlap_grad_reduce && !fsdp_per_layer(s) && dp_grad_sync_ns(s_, stage_params_, expert_params_) > 0)
       dp_stream_ = b_.new_stream("stream (data-parallel collectives)");
+    if (fsdp_per_layer(s))
+      for (auto const& st : mine) root_params_ += root_params(st);
     for (auto const& st : stages_) {
       if (layout_.rank_of(static_cast<index_type>(st.stage)) != static_cast<index_type>(rank_)) continue;
       // What one compute entry may still allocate outside the budget: a backward's outgoing gradient,
@@ -434,15 +436,26 @@ private:
     // Data parallelism: the gradients are reduced (scattered) before the step, on their own link:
     // with overlap_grad_reduce already under way on the data-parallel stream since each stage's last
     // backward (grad_reduce_around), the step waits for it; else after the last backward.
-    if (dp_stream_)
+    // FSDP per layer: the layers' reductions ran in their backwards (plan_stages); the root unit's
+    // gradients are reduced after the last backward, exposed.
+    if (fsdp_per_layer(s_)) {
+      if (auto const ns = dp_grad_sync_ns(s_, root_params_); ns > 0)
+        collective_kernel("FSDP root reduce-scatter", ns, false);
+    } else if (dp_stream_) {
       b_.wait_event(cs, b_.record_event(*dp_stream_));
-    else if (auto const ns = dp_grad_sync_ns(s_, stage_params_, expert_params_); ns > 0)
+    } else if (auto const ns = dp_grad_sync_ns(s_, stage_params_, expert_params_); ns > 0) {
       collective_kernel("DP grad sync", ns, false);
+    }
     b_.synchronize(b_.record_event(cs)); // the gradient-norm reduction before the step
     if (phased_) prefetch_now();         // the room the last backward gave back
     prefetched_ = phased_ ? osw_->prefetched_batches() : 0;
     osw_->step();
-    if (auto const ns = param_gather_exposed_ns(); ns > 0) collective_kernel("DP param all-gather", ns, true);
+    if (fsdp_per_layer(s_)) { // the root unit's gather before the next step's first forward, exposed
+      if (auto const ns = dp_param_gather_ns(s_, root_params_); ns > 0)
+        collective_kernel("FSDP root all-gather", ns, true);
+    } else if (auto const ns = param_gather_exposed_ns(); ns > 0) {
+      collective_kernel("DP param all-gather", ns, true);
+    }
     // The executor then synchronizes the compute stream (overlap) or the device.
   }
 
@@ -549,6 +562,7 @@ private:
   bool overlap_ = false, phased_ = false;
   std::uint32_t swapped_tenths_ = 10;     ///< sim_options::rank_settings::swapped_tenths
   std::optional<mock::stream> dp_stream_; ///< overlap_grad_reduce: the data-parallel collectives' stream
+  std::uint64_t root_params_ = 0;         ///< fsdp_per_layer: the root unit's parameters on this rank
   /// The stage kernels and collectives declare the regions they touch (weights, gradients,
   /// activations, stage boundaries): for the hazard checker (and materialized bytes) only, their
   /// durations are the model's.
