@@ -133,11 +133,10 @@ inline std::uint64_t activation_bytes_per_layer(model_spec const& m, parallel_sp
 inline std::vector<saved_tensor> head_activations(model_spec const& m, parallel_spec const& p) {
   std::uint64_t const e = size_of(m.param_dtype), t = p.tp, T = m.seq_len * m.micro_batch_size;
   std::uint64_t const Tr = p.sequence_parallel ? T / t : T;
+  saved_tensor norm{"norm", "input", e * Tr * m.hidden};
   if (!m.fused_kernels)
-    return {{"norm", "input in fp32 and normalized before the weight (eager)", (4 + e) * Tr * m.hidden},
-            {"lm_head", "input (the norm's output)", e * Tr * m.hidden},
-            {"cross entropy", "softmax of the logits (fp32)", 4 * T * pipeswap::detail::ceil_div(m.vocab, t)}};
-  return {{"norm", "input", e * Tr * m.hidden},
+    norm = {"norm", "input in fp32 and normalized before the weight (eager)", (4 + e) * Tr * m.hidden};
+  return {std::move(norm),
           {"lm_head", "input (the norm's output)", e * Tr * m.hidden},
           {"cross entropy", "softmax of the logits (fp32)", 4 * T * pipeswap::detail::ceil_div(m.vocab, t)}};
 }

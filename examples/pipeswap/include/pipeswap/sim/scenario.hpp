@@ -106,7 +106,7 @@ struct model_spec {
   sim::precision precision = sim::precision::bf16;
   /// The norms, the rotary embedding and SwiGLU's activation each run as one fused kernel (Transformer
   /// Engine, torch.compile). false: as eager PyTorch's separate elementwise kernels, which cast to fp32
-  /// and back and save more for the backward (sim/compute.hpp, eager_bytes).
+  /// and back and save more for the backward (sim/compute.hpp, elementwise_bytes_of).
   bool fused_kernels = true;
   /// Overrides the derived activations: saved bytes per layer per micro-batch (per device).
   std::optional<std::uint64_t> activation_bytes_per_layer;
