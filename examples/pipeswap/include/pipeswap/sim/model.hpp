@@ -38,9 +38,10 @@ namespace pipeswap::sim {
 ///     down's input e·T·f'
 ///   MLP dropout: mask T'·h
 /// With eager kernels (model.fused_kernels false) each norm saves its input cast to fp32 and its
-/// normalized value before the weight, (4 + e)·T'·h, in place of its input; the rotary embedding
-/// saves q and k in fp32, 4·T·(h'+kv/t); SwiGLU saves the SiLU's output e·T·f' as well (the experts'
-/// and the shared expert's alike).
+/// normalized value before the weight, (4 + e)·T'·h, in place of its input; SwiGLU saves the SiLU's
+/// output e·T·f' as well (the experts' and the shared expert's alike). The rotary embedding saves
+/// only its constant frequencies (they need no gradient). tests/python/test_activation_table.py
+/// checks these rows against what PyTorch's autograd saves.
 /// Selective recomputation drops the core-attention tensors that the recomputation rebuilds (scores,
 /// mask, dropout output, log-sum-exp); full recomputation keeps the layer input e·T'·h only.
 /// torchtitan's "op" policy keeps the input e·T'·h, q e·T·h', v e·T·kv/t, the attention output
@@ -81,7 +82,6 @@ inline std::vector<saved_tensor> layer_activations(model_spec const& m, parallel
       {"core attention", "K", e * T * kvs},
       {"core attention", "V", e * T * kvs},
   };
-  if (eager) out.push_back({"rotary embedding", "q and k in fp32 (eager)", 4 * T * (hs + kvs)});
   bool const keep_core = rc == recompute_kind::none;
   if (m.flash_attention) {
     out.push_back({"core attention", "output (flash backward; the output projection's input)", e * T * hs});

@@ -1,0 +1,125 @@
+"""The simulator's table of saved activations (docs/simulator.md, "Activations"; sim/model.hpp,
+layer_activations) against what PyTorch's autograd saves for a Llama layer run as eager PyTorch
+(`model.fused_kernels: false`, no recomputation), byte for byte.
+
+The layer is torchtitan's Llama block as eager code: RMSNorm computed in fp32, the rotary
+embedding as a complex product, grouped-query attention through scaled_dot_product_attention (flash
+attention on the CPU), SwiGLU, in bf16. The bytes are every distinct storage that the autograd graph
+holds for the backward, less the parameters and the rotary embedding's constant frequencies. The
+C++ tests pin the simulator to the same table (tests/sim/model_test.cpp), so this checks the model
+against PyTorch.
+"""
+
+import torch
+import torch.nn.functional as F
+
+B, S, H, HEADS, F_HIDDEN = 2, 96, 256, 4, 512
+HEAD_DIM = H // HEADS
+E = 2  # bf16
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(dim, dtype=torch.bfloat16))
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).type_as(x) * self.weight
+
+
+def rotary(x, freqs):
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * freqs.view(1, x.shape[1], 1, -1)).flatten(3).type_as(x)
+
+
+class Layer(torch.nn.Module):
+    def __init__(self, kv_heads):
+        super().__init__()
+        torch.manual_seed(0)
+
+        def linear(i, o):
+            return torch.nn.Linear(i, o, bias=False, dtype=torch.bfloat16)
+
+        self.kv_heads = kv_heads
+        self.wq, self.wk, self.wv = linear(H, H), linear(H, kv_heads * HEAD_DIM), linear(H, kv_heads * HEAD_DIM)
+        self.wo = linear(H, H)
+        self.w1, self.w3, self.w2 = linear(H, F_HIDDEN), linear(H, F_HIDDEN), linear(F_HIDDEN, H)
+        self.attention_norm, self.ffn_norm = RMSNorm(H), RMSNorm(H)
+        angles = torch.outer(torch.arange(S).float(), 1.0 / 10000 ** (torch.arange(0, HEAD_DIM, 2).float() / HEAD_DIM))
+        self.freqs = torch.polar(torch.ones_like(angles), angles)
+
+    def forward(self, x):
+        y = self.attention_norm(x)
+        q = rotary(self.wq(y).view(B, S, HEADS, HEAD_DIM), self.freqs)
+        k = rotary(self.wk(y).view(B, S, self.kv_heads, HEAD_DIM), self.freqs)
+        v = self.wv(y).view(B, S, self.kv_heads, HEAD_DIM)
+        rep = HEADS // self.kv_heads
+        if rep > 1:  # torchtitan's repeat_kv: K and V copied to the queries' width
+            k = k.unsqueeze(3).expand(B, S, self.kv_heads, rep, HEAD_DIM).reshape(B, S, HEADS, HEAD_DIM)
+            v = v.unsqueeze(3).expand(B, S, self.kv_heads, rep, HEAD_DIM).reshape(B, S, HEADS, HEAD_DIM)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        h = x + self.wo(o.transpose(1, 2).contiguous().view(B, S, H))
+        z = self.ffn_norm(h)
+        return h + self.w2(F.silu(self.w1(z)) * self.w3(z))
+
+
+def saved_by_autograd(layer):
+    """Bytes of the distinct storages the layer's autograd graph saves, and their count, less the
+    parameters and the constant frequencies."""
+    x = torch.randn(B, S, H, dtype=torch.bfloat16, requires_grad=True)
+    out = layer(x)
+    skip = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    skip.add(layer.freqs.untyped_storage().data_ptr())
+    storages, stack, seen = {}, [out.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for name in dir(node):
+            if not name.startswith("_saved_"):
+                continue
+            value = getattr(node, name)
+            for t in value if isinstance(value, (tuple, list)) else [value]:
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in skip:
+                    storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        stack.extend(n for n, _ in node.next_functions)
+    return sum(storages.values()), len(storages)
+
+
+def table(kv_heads):
+    """docs/simulator.md's rows for one layer, no recomputation, eager kernels (tp 1, so T' = T)."""
+    T, hs, kvs, f = B * S, H, kv_heads * HEAD_DIM, F_HIDDEN
+    rows = {
+        "attn_norm: input in fp32 and normalized before the weight": (4 + E) * T * H,
+        "attn.qkv: input (the norm's output)": E * T * H,
+        "core attention: Q": E * T * hs,
+        "core attention: K, V": 2 * E * T * kvs,
+        "core attention: output": E * T * hs,
+        "core attention: log-sum-exp (fp32)": 4 * B * HEADS * S,
+        "mlp_norm: input in fp32 and normalized before the weight": (4 + E) * T * H,
+        "mlp.gate/up: input (the norm's output)": E * T * H,
+        "SwiGLU: gate and up outputs": 2 * E * T * f,
+        "SwiGLU: SiLU output (eager)": E * T * f,
+        "mlp.down: input": E * T * f,
+    }
+    return sum(rows.values())
+
+
+ROW_RECIPROCALS = 2 * 4 * B * S  # each norm's per-row fp32 reciprocal: not in the table
+
+
+def test_multi_head_attention_saves_exactly_the_table():
+    got, count = saved_by_autograd(Layer(kv_heads=HEADS))
+    assert got == table(HEADS) + ROW_RECIPROCALS
+    # the table's eleven rows as fifteen tensors (each norm's two, K and V, gate and up) and the two
+    # reciprocals, each stored once
+    assert count == 17
+
+
+def test_repeated_kv_heads_save_k_and_v_at_the_queries_width():
+    # Grouped-query attention written as torchtitan's repeat_kv saves K and V repeated to h each: 2·e·T·(h −
+    # kv·d) beyond the table, which counts them at kv·d as attention that groups natively does.
+    got, _ = saved_by_autograd(Layer(kv_heads=HEADS // 2))
+    assert got == table(HEADS // 2) + 2 * E * B * S * (H - HEADS // 2 * HEAD_DIM) + ROW_RECIPROCALS
