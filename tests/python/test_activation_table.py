@@ -1,6 +1,7 @@
 """The simulator's table of saved activations (docs/simulator.md, "Activations"; sim/model.hpp,
 layer_activations) against what PyTorch's autograd saves for a Llama layer run as eager PyTorch
-(`model.fused_kernels: false`, no recomputation), byte for byte.
+(`model.fused_kernels: false`), byte for byte: with no recomputation, and under torchtitan's
+per-operation selective checkpointing (`model.recompute: "op"`).
 
 The layer is torchtitan's Llama block as eager code: RMSNorm computed in fp32, the rotary
 embedding as a complex product, grouped-query attention through scaled_dot_product_attention (flash
@@ -10,8 +11,15 @@ C++ tests pin the simulator to the same table (tests/sim/model_test.cpp), so thi
 against PyTorch.
 """
 
+import gc
+import weakref
+from collections import defaultdict
+
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 B, S, H, HEADS, F_HIDDEN = 2, 96, 256, 4, 512
 HEAD_DIM = H // HEADS
@@ -123,3 +131,62 @@ def test_repeated_kv_heads_save_k_and_v_at_the_queries_width():
     # kv·d) beyond the table, which counts them at kv·d as attention that groups natively does.
     got, _ = saved_by_autograd(Layer(kv_heads=HEADS // 2))
     assert got == table(HEADS // 2) + 2 * E * B * S * (H - HEADS // 2 * HEAD_DIM) + ROW_RECIPROCALS
+
+
+class Storages(TorchDispatchMode):
+    """Every storage an operation writes while the mode is on, to count those still alive after."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for x in tree_leaves(out):
+            if isinstance(x, torch.Tensor):
+                st = x.untyped_storage()
+                self.made.append((weakref.ref(st), st.data_ptr(), st.nbytes()))
+        return out
+
+    def alive(self, skip):
+        gc.collect()
+        return sum(dict((p, n) for r, p, n in self.made if r() is not None and p not in skip).values())
+
+
+def per_operation_policy():
+    """torchtitan's "op" policy at the benchmark's commit (torchtitan/parallelisms/parallelize_llama.py,
+    9dec370): save the attention's outputs and every other matmul's, counted per layer in forward order,
+    recompute the rest. The CPU's flash attention operation stands for CUDA's."""
+    save = {torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+    count = defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        key = "recompute" if ctx.is_recompute else "forward"
+        if func == torch.ops.aten.mm.default:
+            count[key] += 1
+        keep = func in save and not (func == torch.ops.aten.mm.default and count[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def test_the_per_operation_policy_keeps_the_op_rows():
+    # The "op" rows besides the checkpoint's input (which the caller holds): q, v, the attention's output
+    # and log-sum-exp, the gate's output and the down projection's.
+    for kv_heads in (HEADS, HEADS // 2):
+        layer = Layer(kv_heads)
+        x = torch.randn(B, S, H, dtype=torch.bfloat16, requires_grad=True)
+        made = Storages()
+        with made:
+            out = checkpoint(layer, x, use_reentrant=False, context_fn=per_operation_policy, preserve_rng_state=False)
+        skip = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+        skip |= {t.untyped_storage().data_ptr() for t in (layer.freqs, x, out)}
+        T, kvs = B * S, kv_heads * HEAD_DIM
+        rows = E * T * H + E * T * kvs + E * T * H + 4 * B * HEADS * S + E * T * F_HIDDEN + E * T * H
+        assert made.alive(skip) == rows, kv_heads
+        # the same count finds the whole table when nothing is recomputed
+        made = Storages()
+        with made:
+            out = layer(x)
+        skip.add(out.untyped_storage().data_ptr())
+        assert made.alive(skip) == table(kv_heads) + 2 * E * B * S * (H - kvs) + ROW_RECIPROCALS, kv_heads

@@ -41,7 +41,7 @@ namespace pipeswap::sim {
 /// normalized value before the weight, (4 + e)·T'·h, in place of its input; SwiGLU saves the SiLU's
 /// output e·T·f' as well (the experts' and the shared expert's alike). The rotary embedding saves
 /// only its constant frequencies (they need no gradient). tests/python/test_activation_table.py
-/// checks these rows against what PyTorch's autograd saves.
+/// checks these rows and the "op" rows below against what PyTorch's autograd saves.
 /// Selective recomputation drops the core-attention tensors that the recomputation rebuilds (scores,
 /// mask, dropout output, log-sum-exp); full recomputation keeps the layer input e·T'·h only.
 /// torchtitan's "op" policy keeps the input e·T'·h, q e·T·h', v e·T·kv/t, the attention output
