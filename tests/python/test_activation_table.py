@@ -190,3 +190,52 @@ def test_the_per_operation_policy_keeps_the_op_rows():
             out = layer(x)
         skip.add(out.untyped_storage().data_ptr())
         assert made.alive(skip) == table(kv_heads) + 2 * E * B * S * (H - kvs) + ROW_RECIPROCALS, kv_heads
+
+
+class PeakStorages(TorchDispatchMode):
+    """The bytes of the storages operations write, alive at once: now and at their peak."""
+
+    def __init__(self, skip):
+        super().__init__()
+        self.skip, self.sizes, self.refs, self.now, self.peak = skip, {}, {}, 0, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for x in tree_leaves(out):
+            if not isinstance(x, torch.Tensor):
+                continue
+            st = x.untyped_storage()
+            p = st.data_ptr()
+            if p in self.sizes or p in self.skip or st.nbytes() == 0:
+                continue
+            self.sizes[p] = st.nbytes()
+            self.now += st.nbytes()
+            self.peak = max(self.peak, self.now)
+
+            def freed(_, p=p):
+                self.now -= self.sizes.pop(p)
+
+            self.refs[p] = weakref.ref(st, freed)
+        return out
+
+
+def test_pytorch_s_cross_entropy_on_fp32_logits_holds_4_bytes_per_logit_and_peaks_at_12():
+    # docs/simulator.md ("Calibration", memory): the model's head keeps an fp32 softmax, 4 bytes per
+    # logit element, as torchtitan's loss holds after its forward; its backward peaks at 12 (the saved
+    # log-softmax and two fp32 gradients), which the model does not charge.
+    T, V = 512, 4096
+    hidden = torch.randn(T, 64, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(V, 64, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, V, (T,))
+    mode = PeakStorages({t.untyped_storage().data_ptr() for t in (hidden, weight, labels)})
+    with mode:
+        logits = hidden @ weight.t()
+        loss = F.cross_entropy(logits.float(), labels)
+        del logits
+        gc.collect()
+        after_forward = mode.now
+        mode.peak = mode.now
+        loss.backward()
+    small = 64 * 1024  # the loss, its scalars, and the gradients of the 64-wide operands
+    assert 4 * T * V <= after_forward < 4 * T * V + small
+    assert 12 * T * V <= mode.peak < 12 * T * V + 2 * hidden.numel() * 4 + weight.numel() * 4 + small
