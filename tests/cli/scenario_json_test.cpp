@@ -42,7 +42,7 @@ json every_field() {
               "vocab": 1000, "seq_len": 256, "micro_batch_size": 3, "param_dtype": "F16", "grad_dtype": "BF16",
               "fp32_master": false, "flash_attention": false, "mlp": "gelu", "dropout": true,
               "recompute": "selective", "activation_bytes_per_layer": 123456, "head_dim": 32, "precision": "FP8",
-              "fused_kernels": false,
+              "fused_kernels": false, "loss": "pytorch",
               "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 256, "shared_expert_ffn_hidden": 512,
                       "capacity_factor": 1.25, "pad_to_capacity": true, "load_imbalance": 1.5}},
     "device": {"name": "toy", "memory_bytes": 8000000000, "reserved_bytes": 500000000, "h2d_gbps": 12.5,
@@ -110,6 +110,7 @@ BOOST_AUTO_TEST_CASE(every_field_is_read_into_its_member) {
   BOOST_TEST((d.compute == sim::compute_kind::flops));
   BOOST_TEST((m.precision == sim::precision::fp8));
   BOOST_TEST(!m.fused_kernels);
+  BOOST_TEST((m.loss == sim::loss_kind::pytorch));
   BOOST_TEST(d.kernel_efficiency == 0.3);
   BOOST_TEST(d.end_to_end_mfu.value_or(0) == 0.25);
   BOOST_TEST(d.duplex_factor == 0.8);
@@ -178,6 +179,7 @@ BOOST_AUTO_TEST_CASE(written_json_has_every_field_and_reads_back) {
   BOOST_TEST(sim::to_json<json>(op)["model"]["recompute"] == "op");
   // Eager kernels are "fused_kernels": false, read and written; fused is the default.
   BOOST_TEST(d["model"]["fused_kernels"] == true);
+  BOOST_TEST(d["model"]["loss"] == "fused");
   auto const eager = sim::scenario_from_json_text(R"({"model": {"fused_kernels": false}})");
   BOOST_TEST(!eager.model.fused_kernels);
   BOOST_TEST(sim::to_json<json>(eager)["model"]["fused_kernels"] == false);
@@ -306,6 +308,8 @@ BOOST_AUTO_TEST_CASE(wrong_types_are_rejected) {
                   "scenario: model.grad_dtype: expected \"FP32\", \"BF16\", \"F16\" or null, got string \"I8\"");
   expect_rejected(R"({"model": {"dropout": "no"}})",
                   "scenario: model.dropout: expected true or false, got string \"no\"");
+  expect_rejected(R"({"model": {"loss": "torch"}})",
+                  "scenario: model.loss: expected one of \"fused\", \"pytorch\", got string \"torch\"");
   expect_rejected(R"({"model": {"fused_kernels": 0}})",
                   "scenario: model.fused_kernels: expected true or false, got number 0");
   expect_rejected(R"({"swap": {"overlap": 1}})", "scenario: swap.overlap: expected true or false, got number 1");

@@ -164,6 +164,35 @@ BOOST_AUTO_TEST_CASE(eager_kernels_save_their_fp32_copies_and_the_silu_output) {
   BOOST_TEST(eager[0].bwd_ns > fused[0].bwd_ns);
 }
 
+// PyTorch's cross entropy (model.loss "pytorch") keeps the same 4 bytes per logit element as the fused
+// one and holds 8 more in its backward: the last stage's backward workspace is the larger of that and
+// the layers' recomputation; the other stages and the saved bytes are unchanged.
+BOOST_AUTO_TEST_CASE(pytorch_s_cross_entropy_holds_two_fp32_gradients_in_its_backward) {
+  for (auto rc : {recompute_kind::none, recompute_kind::full}) {
+    for (std::uint32_t tp : {1u, 4u}) {
+      sim::scenario s;
+      s.model.layers = 8;
+      s.model.recompute = rc;
+      s.pipeline.ranks = 2;
+      s.parallel.tp = tp;
+      auto const fused = sim::plan_stages(s);
+      s.model.loss = sim::loss_kind::pytorch;
+      auto const torch_loss = sim::plan_stages(s);
+      std::uint64_t const logits = s.model.seq_len * (32000 / tp);
+      BOOST_TEST_CONTEXT("recompute " << int(rc) << ", tp " << tp) {
+        BOOST_TEST(sim::head_backward_bytes(s.model, s.parallel) == 8 * logits);
+        BOOST_TEST(torch_loss[1].backward_workspace_bytes ==
+                   std::max<std::uint64_t>(fused[1].backward_workspace_bytes, 8 * logits));
+        BOOST_TEST(torch_loss[0].backward_workspace_bytes == fused[0].backward_workspace_bytes);
+        BOOST_TEST(torch_loss[1].activation_bytes == fused[1].activation_bytes);
+        BOOST_TEST(torch_loss[1].bwd_ns == fused[1].bwd_ns);
+      }
+    }
+  }
+  sim::scenario s;
+  BOOST_TEST(sim::head_backward_bytes(s.model, s.parallel) == 0u); // Megatron's fused cross entropy
+}
+
 // torchtitan's per-operation policy ("op"): the layer keeps its input, every other matmul's output
 // in forward order (q, v, gate, down) and the attention core's output and log-sum-exp; the backward
 // re-runs the k, output and up projections and the memory-bound kernels.
@@ -282,8 +311,9 @@ BOOST_AUTO_TEST_CASE(the_distributed_optimizer_shards_what_the_rank_holds_and_sw
 
 // FSDP (parallel.fsdp) shards the weights and gradients as well: the tiny scenario with dp 4 holds
 // 6 bytes per element of its shards, plus what FSDP gathers: without a pipeline the root unit (the
-// embedding, the final norm, the output layer) and two layers, unsharded; with a pipeline every
-// tensor of the rank's stages. The peak falls by the difference, byte for byte.
+// embedding, the final norm, the output layer) and two layers, unsharded, their gradients in the
+// weights' type (2 + 2 bytes); with a pipeline every tensor of the rank's stages, its gradient in
+// fp32 (2 + 4). The peak falls by the difference, byte for byte.
 BOOST_AUTO_TEST_CASE(fsdp_shards_the_weights_and_gradients_and_holds_what_it_gathers) {
   auto s = pipeswap::test::tiny();
   s.model.layers = 4;
@@ -298,9 +328,9 @@ BOOST_AUTO_TEST_CASE(fsdp_shards_the_weights_and_gradients_and_holds_what_it_gat
     (t.name.starts_with("layers.") ? layers : root) += t.numel;
   }
   BOOST_TEST(root == 128u * 64 + 64 + 128 * 64); // embedding, final norm, output layer
-  BOOST_TEST(sim::fsdp_gathered_bytes(f, stages) == 6 * (root + 2 * (layers / 4)));
+  BOOST_TEST(sim::fsdp_gathered_bytes(f, stages) == 4 * (root + 2 * (layers / 4)));
   BOOST_TEST(sim::fsdp_gathered_bytes(s, stages) == 0u);
-  BOOST_TEST(sim::weight_and_gradient_bytes(f, stages) == 6 * shards + 6 * (root + 2 * (layers / 4)));
+  BOOST_TEST(sim::weight_and_gradient_bytes(f, stages) == 6 * shards + 4 * (root + 2 * (layers / 4)));
   BOOST_TEST(sim::weight_and_gradient_bytes(s, stages) == 6 * stages[0].params);
   BOOST_TEST(sim::state_bytes_per_param(f.model, f.parallel) == 18.0 / 4);
 

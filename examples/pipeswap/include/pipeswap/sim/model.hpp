@@ -141,6 +141,16 @@ inline std::vector<saved_tensor> head_activations(model_spec const& m, parallel_
           {"cross entropy", "softmax of the logits (fp32)", 4 * T * pipeswap::detail::ceil_div(m.vocab, t)}};
 }
 
+/// What the loss's backward holds beside what the head saved, per micro-batch on the last stage:
+/// PyTorch's cross entropy on fp32 logits (model.loss "pytorch") computes the fp32 gradient of the
+/// loss and then of the log-softmax, 8 bytes per element of the device's T·V/t logits, while the
+/// saved log-softmax is alive (12 at its peak; tests/python/test_activation_table.py measures it);
+/// Megatron's fused cross entropy writes its gradient in place of the saved softmax (0).
+inline std::uint64_t head_backward_bytes(model_spec const& m, parallel_spec const& p) {
+  if (m.loss != loss_kind::pytorch) return 0;
+  return 8 * m.seq_len * m.micro_batch_size * pipeswap::detail::ceil_div(m.vocab, std::uint64_t{p.tp});
+}
+
 /// The embedding's dropout mask on the first stage (with dropout).
 inline std::uint64_t embedding_activation_bytes(model_spec const& m, parallel_spec const& p) {
   if (!m.dropout) return 0;
@@ -571,6 +581,8 @@ inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recomp
       auto const whole = activation_bytes_per_layer(m, par, recompute_kind::none);
       o.backward_workspace_bytes = whole - std::min(whole, activation_bytes_per_layer(m, par, recompute_kind::op));
     }
+    // The loss's backward runs first and is done before the layers' recomputation: the larger of the two.
+    if (o.head) o.backward_workspace_bytes = std::max(o.backward_workspace_bytes, head_backward_bytes(m, par));
     double const attn = 4.0 * static_cast<double>(m.micro_batch_size) * static_cast<double>(m.seq_len) *
                         static_cast<double>(m.seq_len) * static_cast<double>(attention_width(m) / par.tp) * o.layers;
     double const moe = m.moe.enabled() ? moe_layer_fwd_flops(m, par) * o.layers : 0.0;
@@ -631,15 +643,18 @@ inline double state_bytes_per_param(model_spec const& m, parallel_spec const& p 
 }
 
 /// The bytes FSDP holds gathered on a rank beside the shards (parallel.fsdp; 0 without), weights in
-/// the parameter type and gradients in grad_dtype_of, unsharded:
+/// the parameter type, unsharded:
 /// - without a pipeline (one stage), the root unit (the tensors outside the layers: embedding, final
 ///   norm, output layer), gathered for the whole forward and again for the backward, and two layers
-///   (the one computing and the one prefetched);
-/// - with a pipeline, every tensor of the rank's stages: torchtitan keeps a stage's weights gathered
-///   across its micro-batches (reshard_after_forward off) and reduces the gradients at the last one.
+///   (the one computing and the one prefetched), with their gradients in the parameter type as the
+///   backward produces them (FSDP reduces each layer's right after its backward);
+/// - with a pipeline, every tensor of the rank's stages with its gradient in grad_dtype_of: torchtitan
+///   keeps a stage's weights gathered across its micro-batches (reshard_after_forward off) and FSDP
+///   accumulates the unsharded gradients in the reduction's type until the last one.
 inline std::uint64_t fsdp_gathered_bytes(scenario const& s, std::vector<stage_spec> const& rank_stages) {
   if (!s.parallel.fsdp) return 0;
-  std::uint64_t const per = size_of(s.model.param_dtype) + size_of(grad_dtype_of(s.model));
+  bool const pipelined = s.pipeline.ranks * s.pipeline.stages_per_rank > 1;
+  std::uint64_t const e = size_of(s.model.param_dtype), per = e + (pipelined ? size_of(grad_dtype_of(s.model)) : e);
   std::uint64_t all = 0, root = 0, layer = 0;
   for (auto const& st : rank_stages) {
     std::uint64_t in_layers = 0;
@@ -649,7 +664,6 @@ inline std::uint64_t fsdp_gathered_bytes(scenario const& s, std::vector<stage_sp
     }
     if (st.layers > 0) layer = std::max<std::uint64_t>(layer, in_layers / st.layers);
   }
-  bool const pipelined = s.pipeline.ranks * s.pipeline.stages_per_rank > 1;
   return per * (pipelined ? all : root + 2 * layer);
 }
 

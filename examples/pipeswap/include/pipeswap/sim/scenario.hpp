@@ -20,6 +20,12 @@ enum class mlp_kind : std::uint8_t {
 };
 
 /// Activation recomputation (Korthikanti et al. 2022).
+/// The loss over the logits, as it holds memory.
+enum class loss_kind : std::uint8_t {
+  fused,   ///< Megatron's vocabulary-parallel cross entropy: the fp32 softmax saved, its gradient in place
+  pytorch, ///< torch.nn.functional.cross_entropy on the logits cast to fp32 (torchtitan, Hugging Face)
+};
+
 enum class recompute_kind : std::uint8_t {
   none,
   selective, ///< the attention core (scores, softmax, dropout, attention over V) is recomputed
@@ -108,6 +114,9 @@ struct model_spec {
   /// Engine, torch.compile). false: as eager PyTorch's separate elementwise kernels, which cast to fp32
   /// and back and save more for the backward (sim/compute.hpp, elementwise_bytes_of).
   bool fused_kernels = true;
+  /// The loss: both keep 4 bytes per logit element for the backward; PyTorch's cross entropy also
+  /// holds two fp32 gradients (8 bytes per element) in its backward (model.hpp, head_backward_bytes).
+  loss_kind loss = loss_kind::fused;
   /// Overrides the derived activations: saved bytes per layer per micro-batch (per device).
   std::optional<std::uint64_t> activation_bytes_per_layer;
   moe_spec moe;

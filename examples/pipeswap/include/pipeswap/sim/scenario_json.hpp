@@ -8,7 +8,7 @@
 //                 "param_dtype": "BF16", "grad_dtype": null, "fp32_master": true,
 //                 "flash_attention": true, "mlp": "swiglu", "dropout": false, "recompute": "none",
 //                 "activation_bytes_per_layer": null, "head_dim": null, "precision": "BF16",
-//                 "fused_kernels": true,
+//                 "fused_kernels": true, "loss": "fused",
 //                 "moe": {"experts": 0, "top_k": 1, "expert_ffn_hidden": 0, "shared_expert_ffn_hidden": 0,
 //                         "capacity_factor": null, "pad_to_capacity": false, "load_imbalance": 1}},
 //    "device":   {"name": "H200", "memory_bytes": 141000000000, "reserved_bytes": 6000000000,
@@ -291,6 +291,8 @@ inline constexpr std::array<std::pair<std::string_view, mlp_kind>, 2> mlp_names{
     {{"swiglu", mlp_kind::swiglu}, {"gelu", mlp_kind::gelu}}};
 inline constexpr std::array<std::pair<std::string_view, precision>, 2> precision_names{
     {{"BF16", precision::bf16}, {"FP8", precision::fp8}}};
+inline constexpr std::array<std::pair<std::string_view, loss_kind>, 2> loss_names{
+    {{"fused", loss_kind::fused}, {"pytorch", loss_kind::pytorch}}};
 inline constexpr std::array<std::pair<std::string_view, compute_kind>, 2> compute_names{
     {{"roofline", compute_kind::roofline}, {"flops", compute_kind::flops}}};
 inline constexpr std::array<std::pair<std::string_view, recompute_kind>, 4> recompute_names{
@@ -312,6 +314,8 @@ constexpr std::string_view enum_name(E e, std::array<std::pair<std::string_view,
 constexpr std::string_view recompute_name(recompute_kind k) { return detail::enum_name(k, detail::recompute_names); }
 /// "swiglu", "gelu".
 constexpr std::string_view mlp_name(mlp_kind k) { return detail::enum_name(k, detail::mlp_names); }
+/// "fused", "pytorch".
+constexpr std::string_view loss_name(loss_kind k) { return detail::enum_name(k, detail::loss_names); }
 /// "BF16", "FP8".
 constexpr std::string_view precision_name(precision k) { return detail::enum_name(k, detail::precision_names); }
 /// "roofline", "flops".
@@ -360,7 +364,8 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
                     "head_dim",
                     "moe",
                     "precision",
-                    "fused_kernels"});
+                    "fused_kernels",
+                    "loss"});
     auto& m = s.model;
     r.string("name", m.name);
     r.u64("layers", m.layers);
@@ -420,6 +425,7 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     if (auto const* v2 = r.find("precision"))
       m.precision = detail::enum_field(*v2, "model.precision", detail::precision_names);
     r.boolean("fused_kernels", m.fused_kernels);
+    if (auto const* v2 = r.find("loss")) m.loss = detail::enum_field(*v2, "model.loss", detail::loss_names);
     if (auto const* a = r.find("activation_bytes_per_layer")) {
       if (a->is_null())
         m.activation_bytes_per_layer.reset();
@@ -566,6 +572,7 @@ Json to_json(scenario const& s) {
   jm["head_dim"] = m.head_dim ? Json(*m.head_dim) : Json(nullptr);
   jm["precision"] = precision_name(m.precision);
   jm["fused_kernels"] = m.fused_kernels;
+  jm["loss"] = loss_name(m.loss);
   Json& je = jm["moe"] = Json::object();
   je["experts"] = m.moe.experts;
   je["top_k"] = m.moe.top_k;
