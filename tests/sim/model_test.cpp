@@ -608,14 +608,20 @@ BOOST_AUTO_TEST_CASE(data_parallel_collectives_overlap_the_backward_by_buckets) 
 // distributed optimizer's collectives over the whole stage. With a pipeline, FSDP's time is the
 // distributed optimizer's.
 BOOST_AUTO_TEST_CASE(fsdp_gathers_and_reduces_layer_by_layer_without_a_pipeline) {
+  // Four layers over dp 4 with the distributed optimizer, one device per node: every collective over
+  // the network at `gbps`.
+  auto job = [](std::uint32_t ranks, std::uint32_t micro, double gbps) {
+    auto s = pipeswap::test::tiny(ranks, micro);
+    s.model.layers = 4;
+    s.parallel.dp = 4;
+    s.node.gpus = 1;
+    s.device.network_gbps = gbps;
+    s.parallel.distributed_optimizer = true;
+    return s;
+  };
   for (double gbps : {40.0, 0.01}) { // the layers' collectives hidden, then exposed
-    auto dist = pipeswap::test::tiny(1, 2);
-    dist.model.layers = 4;
-    dist.parallel.dp = 4;
-    dist.node.gpus = 1; // every collective over the network
-    dist.device.network_gbps = gbps;
+    auto dist = job(1, 2, gbps);
     dist.device.memory_bytes = 400'000'000'000;
-    dist.parallel.distributed_optimizer = true;
     dist.parallel.overlap_grad_reduce = false; // the distributed optimizer's collectives whole
     dist.parallel.overlap_param_gather = false;
     auto fsdp = dist;
@@ -644,12 +650,7 @@ BOOST_AUTO_TEST_CASE(fsdp_gathers_and_reduces_layer_by_layer_without_a_pipeline)
     }
   }
   // With a pipeline the stages stay gathered across micro-batches: the same times as without FSDP.
-  auto piped = pipeswap::test::tiny(2, 4);
-  piped.model.layers = 4;
-  piped.parallel.dp = 4;
-  piped.node.gpus = 1;
-  piped.device.network_gbps = 0.01;
-  piped.parallel.distributed_optimizer = true;
+  auto piped = job(2, 4, 0.01);
   auto const d = sim::plan_stages(piped);
   piped.parallel.fsdp = true;
   BOOST_TEST(!sim::fsdp_per_layer(piped));

@@ -47,6 +47,14 @@ namespace pipeswap::sim {
 /// torchtitan's "op" policy keeps the input e·T'·h, q e·T·h', v e·T·kv/t, the attention output
 /// e·T·h' and log-sum-exp 4·b·a'·s, the gate's output e·T·f' and the down projection's e·T·h (with
 /// t > 1 also its reduce-scatter's e·T'·h).
+/// What a norm over `elements` 16-bit values saves: its input, or with eager kernels its input cast to
+/// fp32 and its normalized value before the weight, (4 + e) bytes per element.
+inline saved_tensor norm_activation(model_spec const& m, char const* name, std::uint64_t elements) {
+  std::uint64_t const e = size_of(m.param_dtype);
+  if (!m.fused_kernels) return {name, "input in fp32 and normalized before the weight (eager)", (4 + e) * elements};
+  return {name, "input", e * elements};
+}
+
 inline std::vector<saved_tensor> layer_activations(model_spec const& m, parallel_spec const& p, recompute_kind rc) {
   std::uint64_t const e = size_of(m.param_dtype), t = p.tp, T = m.seq_len * m.micro_batch_size;
   std::uint64_t const Tr = p.sequence_parallel ? T / t : T;
@@ -71,15 +79,9 @@ inline std::vector<saved_tensor> layer_activations(model_spec const& m, parallel
     return op;
   }
   bool const eager = !m.fused_kernels;
-  auto norm = [&](char const* name) -> saved_tensor {
-    if (eager) return {name, "input in fp32 and normalized before the weight (eager)", (4 + e) * Tr * h};
-    return {name, "input", e * Tr * h};
-  };
   std::vector<saved_tensor> out{
-      norm("attn_norm"),
-      {"attn.qkv", "input (the norm's output)", e * Tr * h},
-      {"core attention", "Q", e * T * hs},
-      {"core attention", "K", e * T * kvs},
+      norm_activation(m, "attn_norm", Tr * h), {"attn.qkv", "input (the norm's output)", e * Tr * h},
+      {"core attention", "Q", e * T * hs},     {"core attention", "K", e * T * kvs},
       {"core attention", "V", e * T * kvs},
   };
   bool const keep_core = rc == recompute_kind::none;
@@ -97,7 +99,7 @@ inline std::vector<saved_tensor> layer_activations(model_spec const& m, parallel
     out.push_back({"attn.o", "input", e * T * hs});
   }
   if (m.dropout) out.push_back({"attention dropout", "mask", Tr * h});
-  out.push_back(norm("mlp_norm"));
+  out.push_back(norm_activation(m, "mlp_norm", Tr * h));
   if (m.moe.enabled()) {
     for (auto& x : moe_layer_activations(m, p)) out.push_back(std::move(x));
   } else if (m.mlp == mlp_kind::gelu) {
@@ -133,10 +135,7 @@ inline std::uint64_t activation_bytes_per_layer(model_spec const& m, parallel_sp
 inline std::vector<saved_tensor> head_activations(model_spec const& m, parallel_spec const& p) {
   std::uint64_t const e = size_of(m.param_dtype), t = p.tp, T = m.seq_len * m.micro_batch_size;
   std::uint64_t const Tr = p.sequence_parallel ? T / t : T;
-  saved_tensor norm{"norm", "input", e * Tr * m.hidden};
-  if (!m.fused_kernels)
-    norm = {"norm", "input in fp32 and normalized before the weight (eager)", (4 + e) * Tr * m.hidden};
-  return {std::move(norm),
+  return {norm_activation(m, "norm", Tr * m.hidden),
           {"lm_head", "input (the norm's output)", e * Tr * m.hidden},
           {"cross entropy", "softmax of the logits (fp32)", 4 * T * pipeswap::detail::ceil_div(m.vocab, t)}};
 }
@@ -657,12 +656,10 @@ inline std::uint64_t fsdp_gathered_bytes(scenario const& s, std::vector<stage_sp
   std::uint64_t const e = size_of(s.model.param_dtype), per = e + (pipelined ? size_of(grad_dtype_of(s.model)) : e);
   std::uint64_t all = 0, root = 0, layer = 0;
   for (auto const& st : rank_stages) {
-    std::uint64_t in_layers = 0;
-    for (auto const& t : st.tensors) {
-      all += t.numel;
-      (t.name.starts_with("layers.") ? in_layers : root) += t.numel;
-    }
-    if (st.layers > 0) layer = std::max<std::uint64_t>(layer, in_layers / st.layers);
+    auto const outside = root_params(st);
+    all += st.params;
+    root += outside;
+    if (st.layers > 0) layer = std::max<std::uint64_t>(layer, (st.params - outside) / st.layers);
   }
   return per * (pipelined ? all : root + 2 * layer);
 }
