@@ -51,7 +51,7 @@ json every_field() {
                "p2p_latency_us": 7, "nvlink_gbps": 200, "network_gbps": 20, "nvlink_latency_us": 5,
                "network_latency_us": 9},
     "node": {"gpus": 4, "host_gbps": 100, "cpu_adam_gbps": 50},
-    "parallel": {"tp": 2, "sequence_parallel": true, "dp": 4, "distributed_optimizer": true, "fsdp": true, "ep": 2,
+    "parallel": {"tp": 2, "sequence_parallel": true, "save_gathered_inputs": false, "dp": 4, "distributed_optimizer": true, "fsdp": true, "ep": 2,
                  "expert_tp": 1,
                  "overlap_grad_reduce": false, "overlap_param_gather": false, "tp_comm_overlap": false,
                  "overlap_moe_expert_parallel_comm": false},
@@ -183,6 +183,12 @@ BOOST_AUTO_TEST_CASE(written_json_has_every_field_and_reads_back) {
   auto const eager = sim::scenario_from_json_text(R"({"model": {"fused_kernels": false}})");
   BOOST_TEST(!eager.model.fused_kernels);
   BOOST_TEST(sim::to_json<json>(eager)["model"]["fused_kernels"] == false);
+  // DTensor's saved gathered inputs are "save_gathered_inputs": true, read and written; off by default.
+  BOOST_TEST(d["parallel"]["save_gathered_inputs"] == false);
+  auto const gathered = sim::scenario_from_json_text(
+      R"({"parallel": {"tp": 2, "sequence_parallel": true, "save_gathered_inputs": true}})");
+  BOOST_TEST(gathered.parallel.save_gathered_inputs);
+  BOOST_TEST(sim::to_json<json>(gathered)["parallel"]["save_gathered_inputs"] == true);
   BOOST_TEST(d["model"]["activation_bytes_per_layer"].is_null());
   BOOST_TEST(d["model"]["param_dtype"] == "BF16");
   BOOST_TEST(d["pipeline"]["schedule"] == "1f1b");
@@ -360,6 +366,9 @@ BOOST_AUTO_TEST_CASE(inconsistent_scenarios_are_rejected) {
                   "scenario: model.kv_heads (2) must be a multiple of parallel.tp (4)");
   expect_rejected(with({{"parallel", {{"sequence_parallel", true}}}}),
                   "scenario: parallel.sequence_parallel needs parallel.tp > 1");
+  expect_rejected(with({{"parallel", {{"tp", 2}, {"save_gathered_inputs", true}}}}),
+                  "scenario: parallel.save_gathered_inputs needs parallel.sequence_parallel (without it every "
+                  "input is whole already)");
   expect_rejected(with({{"parallel", {{"distributed_optimizer", true}}}}),
                   "scenario: parallel.distributed_optimizer needs parallel.dp > 1");
   expect_rejected(with({{"parallel", {{"tp", 2}}}, {"node", {{"gpus", 1}}}}),

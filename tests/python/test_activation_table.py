@@ -3,20 +3,26 @@ layer_activations) against what PyTorch's autograd saves for a Llama layer run a
 (`model.fused_kernels: false`), byte for byte: with no recomputation, and under torchtitan's
 per-operation selective checkpointing (`model.recompute: "op"`).
 
-The layer is torchtitan's Llama block as eager code: RMSNorm computed in fp32, the rotary
-embedding as a complex product, grouped-query attention through scaled_dot_product_attention (flash
-attention on the CPU), SwiGLU, in bf16. The bytes are every distinct storage that the autograd graph
+The layer is torchtitan's Llama block as eager code (llama_block.py), in bf16, its attention run by
+the CPU's flash attention. The bytes are every distinct storage that the autograd graph
 holds for the backward, less the parameters and the rotary embedding's constant frequencies. The
 C++ tests pin the simulator to the same table (tests/sim/model_test.cpp), so this checks the model
 against PyTorch.
 """
 
 import gc
+import json
+import os
+import re
 import weakref
 from collections import defaultdict
 
+import pytest
 import torch
 import torch.nn.functional as F
+from conftest import DEVICE, assert_torchrun_ok
+from conftest import torchrun as run_torchrun
+from llama_block import TransformerBlock, frequencies
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
@@ -26,50 +32,15 @@ HEAD_DIM = H // HEADS
 E = 2  # bf16
 
 
-class RMSNorm(torch.nn.Module):
-    def __init__(self, dim):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.ones(dim, dtype=torch.bfloat16))
+class Layer(TransformerBlock):
+    """The block at this file's sizes, its input the only argument (the frequencies are its own)."""
 
-    def forward(self, x):
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).type_as(x) * self.weight
-
-
-def rotary(x, freqs):
-    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-    return torch.view_as_real(xc * freqs.view(1, x.shape[1], 1, -1)).flatten(3).type_as(x)
-
-
-class Layer(torch.nn.Module):
     def __init__(self, kv_heads):
-        super().__init__()
-        torch.manual_seed(0)
-
-        def linear(i, o):
-            return torch.nn.Linear(i, o, bias=False, dtype=torch.bfloat16)
-
-        self.kv_heads = kv_heads
-        self.wq, self.wk, self.wv = linear(H, H), linear(H, kv_heads * HEAD_DIM), linear(H, kv_heads * HEAD_DIM)
-        self.wo = linear(H, H)
-        self.w1, self.w3, self.w2 = linear(H, F_HIDDEN), linear(H, F_HIDDEN), linear(F_HIDDEN, H)
-        self.attention_norm, self.ffn_norm = RMSNorm(H), RMSNorm(H)
-        angles = torch.outer(torch.arange(S).float(), 1.0 / 10000 ** (torch.arange(0, HEAD_DIM, 2).float() / HEAD_DIM))
-        self.freqs = torch.polar(torch.ones_like(angles), angles)
+        super().__init__(H, HEADS, kv_heads, F_HIDDEN)
+        self.freqs = frequencies(S, HEAD_DIM)
 
     def forward(self, x):
-        y = self.attention_norm(x)
-        q = rotary(self.wq(y).view(B, S, HEADS, HEAD_DIM), self.freqs)
-        k = rotary(self.wk(y).view(B, S, self.kv_heads, HEAD_DIM), self.freqs)
-        v = self.wv(y).view(B, S, self.kv_heads, HEAD_DIM)
-        rep = HEADS // self.kv_heads
-        if rep > 1:  # torchtitan's repeat_kv: K and V copied to the queries' width
-            k = k.unsqueeze(3).expand(B, S, self.kv_heads, rep, HEAD_DIM).reshape(B, S, HEADS, HEAD_DIM)
-            v = v.unsqueeze(3).expand(B, S, self.kv_heads, rep, HEAD_DIM).reshape(B, S, HEADS, HEAD_DIM)
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-        h = x + self.wo(o.transpose(1, 2).contiguous().view(B, S, H))
-        z = self.ffn_norm(h)
-        return h + self.w2(F.silu(self.w1(z)) * self.w3(z))
+        return super().forward(x, self.freqs)
 
 
 def saved_by_autograd(layer):
@@ -239,3 +210,41 @@ def test_pytorch_s_cross_entropy_on_fp32_logits_holds_4_bytes_per_logit_and_peak
     small = 64 * 1024  # the loss, its scalars, and the gradients of the 64-wide operands
     assert 4 * T * V <= after_forward < 4 * T * V + small
     assert 12 * T * V <= mode.peak < 12 * T * V + 2 * hidden.numel() * 4 + weight.numel() * 4 + small
+
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist", "tp_activation_worker.py")
+
+
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="tensor parallelism over gloo on the CPU")
+def test_dtensor_tensor_parallelism_saves_the_gathered_inputs_and_its_loss_peaks_at_16_bytes_per_logit():
+    # docs/simulator.md ("Activations", "Calibration"): under torchtitan's tensor-parallel plan on 2
+    # ranks (dist/tp_activation_worker.py), the columns-parallel linears keep the all-gathered input,
+    # e·T·h (parallel.save_gathered_inputs), where Megatron keeps the sequence shard e·T'·h; a fully
+    # recomputed block keeps nothing beyond its input; and PyTorch's cross entropy on logits split
+    # over the vocabulary (loss_parallel) holds 12 bytes per logit element in its backward beside the
+    # saved 4 (model.loss "pytorch" with tp > 1), against 8 without tensor parallelism (above).
+    r, _ = run_torchrun(WORKER, 2, {}, 120)
+    assert_torchrun_ok(r)
+    results = [json.loads(m) for m in re.findall(r"RESULT rank \d+ (\{.*\})", r.stdout)]
+    assert len(results) == 2 and results[0] == results[1], r.stdout[-2000:]
+    got = results[0]
+    t, b, s, h, heads, kv_heads, f, v = (got[k] for k in ("t", "B", "S", "H", "heads", "kv_heads", "f", "V"))
+    T, Tr, hs, fs = b * s, b * s // t, h // t, f // t
+    rows = {
+        "attn_norm and mlp_norm: input in fp32 and normalized before the weight": 2 * (4 + E) * Tr * h,
+        "attn.qkv and mlp.gate/up: the gathered input, e·T·h (Megatron: e·T'·h)": 2 * E * T * h,
+        "core attention: Q, and K and V repeated to the queries' width": 3 * E * T * hs,
+        "core attention: output": E * T * hs,
+        "core attention: log-sum-exp (fp32)": 4 * b * (heads // t) * s,
+        "SwiGLU: gate and up outputs, SiLU output, mlp.down's input": 4 * E * T * fs,
+    }
+    assert kv_heads < heads  # K and V are counted at the queries' width: repeat_kv
+    assert got["block"] == sum(rows.values()) + 2 * 4 * Tr  # and the norms' per-row reciprocals
+    assert got["full"] == 0
+    assert got["head"] == (4 + E) * Tr * h + 4 * Tr + E * T * h  # the final norm; the gathered input
+    n, small = T * v // t, 64 * T  # the device's logits; the loss's per-row tensors and scalars
+    assert 4 * n <= got["loss_saved"] < 4 * n + small
+    # its forward: the fp32 copy, the shifted logits and their exp beside the bf16 logits (14 in all)
+    assert 12 * n <= got["loss_forward_peak"] < 12 * n + small
+    # its backward: zeros with the targets' −1, exp(log-softmax) and their sum beside the saved 4
+    assert 12 * n <= got["loss_backward_peak"] < 12 * n + small

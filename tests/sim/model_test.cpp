@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <pipeswap/sim/model.hpp>
@@ -165,8 +166,9 @@ BOOST_AUTO_TEST_CASE(eager_kernels_save_their_fp32_copies_and_the_silu_output) {
 }
 
 // PyTorch's cross entropy (model.loss "pytorch") keeps the same 4 bytes per logit element as the fused
-// one and holds 8 more in its backward: the last stage's backward workspace is the larger of that and
-// the layers' recomputation; the other stages and the saved bytes are unchanged.
+// one and holds 8 more in its backward, 12 with tensor parallelism (DTensor's loss_parallel on logits
+// split over the vocabulary): the last stage's backward workspace is the larger of that and the
+// layers' recomputation; the other stages and the saved bytes are unchanged.
 BOOST_AUTO_TEST_CASE(pytorch_s_cross_entropy_holds_two_fp32_gradients_in_its_backward) {
   for (auto rc : {recompute_kind::none, recompute_kind::full}) {
     for (std::uint32_t tp : {1u, 4u}) {
@@ -178,11 +180,11 @@ BOOST_AUTO_TEST_CASE(pytorch_s_cross_entropy_holds_two_fp32_gradients_in_its_bac
       auto const fused = sim::plan_stages(s);
       s.model.loss = sim::loss_kind::pytorch;
       auto const torch_loss = sim::plan_stages(s);
-      std::uint64_t const logits = s.model.seq_len * (32000 / tp);
+      std::uint64_t const logits = s.model.seq_len * (32000 / tp), per_logit = tp > 1 ? 12 : 8;
       BOOST_TEST_CONTEXT("recompute " << int(rc) << ", tp " << tp) {
-        BOOST_TEST(sim::head_backward_bytes(s.model, s.parallel) == 8 * logits);
+        BOOST_TEST(sim::head_backward_bytes(s.model, s.parallel) == per_logit * logits);
         BOOST_TEST(torch_loss[1].backward_workspace_bytes ==
-                   std::max<std::uint64_t>(fused[1].backward_workspace_bytes, 8 * logits));
+                   std::max<std::uint64_t>(fused[1].backward_workspace_bytes, per_logit * logits));
         BOOST_TEST(torch_loss[0].backward_workspace_bytes == fused[0].backward_workspace_bytes);
         BOOST_TEST(torch_loss[1].activation_bytes == fused[1].activation_bytes);
         BOOST_TEST(torch_loss[1].bwd_ns == fused[1].bwd_ns);
@@ -191,6 +193,56 @@ BOOST_AUTO_TEST_CASE(pytorch_s_cross_entropy_holds_two_fp32_gradients_in_its_bac
   }
   sim::scenario s;
   BOOST_TEST(sim::head_backward_bytes(s.model, s.parallel) == 0u); // Megatron's fused cross entropy
+}
+
+// PyTorch's DTensor tensor parallelism (parallel.save_gathered_inputs) keeps the gathered
+// full-sequence input of each column-parallel linear: q/k/v and gate/up in a layer kept whole, the
+// output layer on the last stage, e·(T − T')·h more each; a fully recomputed layer's backward holds
+// the same two; the "op" policy's kept rows and a full recomputation's saved input do not change, and
+// neither does the step time (the backward's re-gather is not charged either way).
+BOOST_AUTO_TEST_CASE(dtensor_tensor_parallelism_saves_the_gathered_inputs_of_column_parallel_linears) {
+  for (auto rc : {recompute_kind::none, recompute_kind::selective, recompute_kind::full, recompute_kind::op}) {
+    for (auto mlp : {sim::mlp_kind::swiglu, sim::mlp_kind::gelu}) {
+      if (rc == recompute_kind::op && mlp == sim::mlp_kind::gelu) continue;
+      sim::scenario s;
+      s.model.layers = 8;
+      s.model.recompute = rc;
+      s.model.mlp = mlp;
+      s.pipeline.ranks = 2;
+      s.parallel.tp = 4;
+      s.parallel.sequence_parallel = true;
+      auto const shard = sim::plan_stages(s);
+      s.parallel.save_gathered_inputs = true;
+      sim::validate(s);
+      auto const gathered = sim::plan_stages(s);
+      std::uint64_t const T = s.model.seq_len * s.model.micro_batch_size, h = s.model.hidden;
+      std::uint64_t const more = 2 * (T - T / 4) * h; // one input, e = 2
+      std::uint64_t const per_layer = rc == recompute_kind::none || rc == recompute_kind::selective ? 2 * more : 0;
+      std::uint64_t const workspace = rc == recompute_kind::full || rc == recompute_kind::op ? 2 * more : 0;
+      BOOST_TEST_CONTEXT("recompute " << int(rc) << ", mlp " << int(mlp)) {
+        BOOST_TEST(gathered[0].activation_bytes - shard[0].activation_bytes == 4 * per_layer);
+        BOOST_TEST(gathered[1].activation_bytes - shard[1].activation_bytes == 4 * per_layer + more);
+        BOOST_TEST(gathered[0].backward_workspace_bytes - shard[0].backward_workspace_bytes == workspace);
+        BOOST_TEST(gathered[1].backward_workspace_bytes - shard[1].backward_workspace_bytes == workspace);
+        BOOST_TEST(gathered[0].fwd_ns == shard[0].fwd_ns);
+        BOOST_TEST(gathered[1].bwd_ns == shard[1].bwd_ns);
+      }
+    }
+  }
+  sim::scenario s;
+  s.parallel.tp = 4;
+  s.parallel.save_gathered_inputs = true;
+  BOOST_CHECK_EXCEPTION(sim::validate(s), pipeswap::invalid_argument, [](auto const& x) {
+    return std::string_view(x.what()).find("parallel.save_gathered_inputs needs parallel.sequence_parallel") !=
+           std::string_view::npos;
+  });
+  s.parallel.sequence_parallel = true;
+  s.model.moe.experts = 8;
+  s.model.moe.expert_ffn_hidden = 1024;
+  BOOST_CHECK_EXCEPTION(sim::validate(s), pipeswap::invalid_argument, [](auto const& x) {
+    return std::string_view(x.what()).find("parallel.save_gathered_inputs is modelled for dense layers") !=
+           std::string_view::npos;
+  });
 }
 
 // torchtitan's per-operation policy ("op"): the layer keeps its input, every other matmul's output

@@ -47,6 +47,9 @@ namespace pipeswap::sim {
 /// torchtitan's "op" policy keeps the input e·T'·h, q e·T·h', v e·T·kv/t, the attention output
 /// e·T·h' and log-sum-exp 4·b·a'·s, the gate's output e·T·f' and the down projection's e·T·h (with
 /// t > 1 also its reduce-scatter's e·T'·h).
+/// With parallel.save_gathered_inputs (PyTorch's DTensor) the q/k/v and gate/up (fc1) inputs are the
+/// gathered e·T·h each; the "op" policy gathers them again in the backward instead (it saves no
+/// all-gather output), so its rows stay.
 /// What a norm over `elements` 16-bit values saves: its input, or with eager kernels its input cast to
 /// fp32 and its normalized value before the weight, (4 + e) bytes per element.
 inline saved_tensor norm_activation(model_spec const& m, char const* name, std::uint64_t elements) {
@@ -61,6 +64,7 @@ inline std::vector<saved_tensor> layer_activations(model_spec const& m, parallel
   std::uint64_t const h = m.hidden, hs = attention_width(m) / t, fs = m.ffn_hidden / t, as = m.heads / t;
   std::uint64_t const kvs = head_dim_of(m) * (m.kv_heads / t);
   std::uint64_t const b = m.micro_batch_size, s = m.seq_len;
+  std::uint64_t const Tg = p.save_gathered_inputs ? T : Tr; // what a column-parallel linear saves
   if (rc == recompute_kind::full) return {{"layer", "input (all that full recomputation keeps)", e * Tr * h}};
   if (rc == recompute_kind::op) {
     // torchtitan's "op" policy keeps the checkpointed layer's input, every other matmul's output
@@ -80,7 +84,7 @@ inline std::vector<saved_tensor> layer_activations(model_spec const& m, parallel
   }
   bool const eager = !m.fused_kernels;
   std::vector<saved_tensor> out{
-      norm_activation(m, "attn_norm", Tr * h), {"attn.qkv", "input (the norm's output)", e * Tr * h},
+      norm_activation(m, "attn_norm", Tr * h), {"attn.qkv", "input (the norm's output)", e * Tg * h},
       {"core attention", "Q", e * T * hs},     {"core attention", "K", e * T * kvs},
       {"core attention", "V", e * T * kvs},
   };
@@ -103,11 +107,11 @@ inline std::vector<saved_tensor> layer_activations(model_spec const& m, parallel
   if (m.moe.enabled()) {
     for (auto& x : moe_layer_activations(m, p)) out.push_back(std::move(x));
   } else if (m.mlp == mlp_kind::gelu) {
-    out.push_back({"mlp.fc1", "input (the norm's output)", e * Tr * h});
+    out.push_back({"mlp.fc1", "input (the norm's output)", e * Tg * h});
     out.push_back({"GeLU", "input", e * T * fs});
     out.push_back({"mlp.fc2", "input (the GeLU's output)", e * T * fs});
   } else {
-    out.push_back({"mlp.gate/up", "input (the norm's output)", e * Tr * h});
+    out.push_back({"mlp.gate/up", "input (the norm's output)", e * Tg * h});
     out.push_back({"SwiGLU", "gate and up outputs", 2 * e * T * fs});
     if (eager) out.push_back({"SwiGLU", "SiLU output (eager)", e * T * fs});
     out.push_back({"mlp.down", "input (the SwiGLU's output)", e * T * fs});
@@ -131,23 +135,28 @@ inline std::uint64_t activation_bytes_per_layer(model_spec const& m, parallel_sp
 
 /// The last stage's saved tensors besides its layers: the final norm's input, the output layer's
 /// input and the cross entropy's fp32 softmax over the device's vocabulary shard (Megatron's
-/// vocabulary-parallel cross entropy). With eager kernels the norm saves (4 + e)·T'·h, as a layer's.
+/// vocabulary-parallel cross entropy). With eager kernels the norm saves (4 + e)·T'·h, as a layer's;
+/// with parallel.save_gathered_inputs the output layer's input is the gathered e·T·h.
 inline std::vector<saved_tensor> head_activations(model_spec const& m, parallel_spec const& p) {
   std::uint64_t const e = size_of(m.param_dtype), t = p.tp, T = m.seq_len * m.micro_batch_size;
   std::uint64_t const Tr = p.sequence_parallel ? T / t : T;
   return {norm_activation(m, "norm", Tr * m.hidden),
-          {"lm_head", "input (the norm's output)", e * Tr * m.hidden},
+          {"lm_head", "input (the norm's output)", e * (p.save_gathered_inputs ? T : Tr) * m.hidden},
           {"cross entropy", "softmax of the logits (fp32)", 4 * T * pipeswap::detail::ceil_div(m.vocab, t)}};
 }
 
-/// What the loss's backward holds beside what the head saved, per micro-batch on the last stage:
-/// PyTorch's cross entropy on fp32 logits (model.loss "pytorch") computes the fp32 gradient of the
-/// loss and then of the log-softmax, 8 bytes per element of the device's T·V/t logits, while the
-/// saved log-softmax is alive (12 at its peak; tests/python/test_activation_table.py measures it);
-/// Megatron's fused cross entropy writes its gradient in place of the saved softmax (0).
+/// What the loss's backward holds beside what the head saved, per micro-batch on the last stage, per
+/// element of the device's T·V/t logits: PyTorch's cross entropy on fp32 logits (model.loss
+/// "pytorch") computes the fp32 gradient of the loss and then of the log-softmax, 8 bytes, while the
+/// saved log-softmax is alive (12 at its peak); with t > 1 the logits are split over the vocabulary
+/// and PyTorch's cross entropy is DTensor's loss_parallel, whose fused backward of the loss and the
+/// log-softmax, (zeros with the targets' −1 + exp(log-softmax)) · grad, holds 12 (16 at its peak).
+/// tests/python/test_activation_table.py measures both. Megatron's fused cross entropy writes its
+/// gradient in place of the saved softmax (0).
 inline std::uint64_t head_backward_bytes(model_spec const& m, parallel_spec const& p) {
   if (m.loss != loss_kind::pytorch) return 0;
-  return 8 * m.seq_len * m.micro_batch_size * pipeswap::detail::ceil_div(m.vocab, std::uint64_t{p.tp});
+  std::uint64_t const per_logit = p.tp > 1 ? 12 : 8;
+  return per_logit * m.seq_len * m.micro_batch_size * pipeswap::detail::ceil_div(m.vocab, std::uint64_t{p.tp});
 }
 
 /// The embedding's dropout mask on the first stage (with dropout).
@@ -234,6 +243,10 @@ inline void validate(scenario const& s) {
   need(!p.sequence_parallel || p.tp > 1, "parallel.sequence_parallel needs parallel.tp > 1");
   need(!p.sequence_parallel || (m.seq_len * m.micro_batch_size) % p.tp == 0,
        "parallel.sequence_parallel needs model.seq_len × model.micro_batch_size to be a multiple of parallel.tp");
+  need(!p.save_gathered_inputs || p.sequence_parallel,
+       "parallel.save_gathered_inputs needs parallel.sequence_parallel (without it every input is whole already)");
+  need(!p.save_gathered_inputs || !m.moe.enabled(),
+       "parallel.save_gathered_inputs is modelled for dense layers (model.moe.experts 0)");
   need(!p.distributed_optimizer || p.dp > 1, "parallel.distributed_optimizer needs parallel.dp > 1");
   need(!p.fsdp || p.distributed_optimizer,
        "parallel.fsdp needs parallel.distributed_optimizer (FSDP shards the optimizer state as it does, and the "

@@ -114,8 +114,9 @@ struct model_spec {
   /// Engine, torch.compile). false: as eager PyTorch's separate elementwise kernels, which cast to fp32
   /// and back and save more for the backward (sim/compute.hpp, elementwise_bytes_of).
   bool fused_kernels = true;
-  /// The loss: both keep 4 bytes per logit element for the backward; PyTorch's cross entropy also
-  /// holds two fp32 gradients (8 bytes per element) in its backward (model.hpp, head_backward_bytes).
+  /// The loss: both keep 4 bytes per logit element for the backward; PyTorch's cross entropy holds 8
+  /// more per element in its backward, 12 with tensor parallelism (DTensor's loss_parallel;
+  /// model.hpp, head_backward_bytes).
   loss_kind loss = loss_kind::fused;
   /// Overrides the derived activations: saved bytes per layer per micro-batch (per device).
   std::optional<std::uint64_t> activation_bytes_per_layer;
@@ -127,7 +128,12 @@ struct model_spec {
 struct parallel_spec {
   std::uint32_t tp = 1;           ///< tensor-parallel degree (Megatron column/row-parallel layers)
   bool sequence_parallel = false; ///< norms and dropout split along the sequence over the tp ranks
-  std::uint32_t dp = 1;           ///< data-parallel degree
+  /// With sequence parallelism, each column-parallel linear (q/k/v, gate/up or fc1, the output layer)
+  /// keeps the all-gathered full-sequence input for its weight gradient, e·T·h, as PyTorch's DTensor
+  /// tensor parallelism does (torchtitan); false (Megatron): it keeps its sequence shard e·T'·h and
+  /// gathers it again in the backward, under the input gradient's GEMM. Dense layers only.
+  bool save_gathered_inputs = false;
+  std::uint32_t dp = 1; ///< data-parallel degree
   /// Megatron's distributed optimizer (ZeRO-1): master weights and moments sharded over dp.
   bool distributed_optimizer = false;
   /// FSDP (ZeRO-3, as torchtitan applies PyTorch's fully_shard): the weights and gradients sharded

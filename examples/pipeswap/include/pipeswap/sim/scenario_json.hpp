@@ -482,8 +482,8 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
   }
   if (auto const* v = top.find("parallel")) {
     reader const r(*v, "parallel",
-                   {"tp", "sequence_parallel", "dp", "distributed_optimizer", "fsdp", "ep", "expert_tp",
-                    "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
+                   {"tp", "sequence_parallel", "save_gathered_inputs", "dp", "distributed_optimizer", "fsdp", "ep",
+                    "expert_tp", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
                     "overlap_moe_expert_parallel_comm"});
     r.boolean("overlap_grad_reduce", s.parallel.overlap_grad_reduce);
     r.boolean("overlap_param_gather", s.parallel.overlap_param_gather);
@@ -498,6 +498,7 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     }
     r.u32("tp", s.parallel.tp);
     r.boolean("sequence_parallel", s.parallel.sequence_parallel);
+    r.boolean("save_gathered_inputs", s.parallel.save_gathered_inputs);
     r.u32("dp", s.parallel.dp);
     r.boolean("distributed_optimizer", s.parallel.distributed_optimizer);
     r.boolean("fsdp", s.parallel.fsdp);
@@ -609,6 +610,7 @@ Json to_json(scenario const& s) {
   Json& jq = j["parallel"] = Json::object();
   jq["tp"] = s.parallel.tp;
   jq["sequence_parallel"] = s.parallel.sequence_parallel;
+  jq["save_gathered_inputs"] = s.parallel.save_gathered_inputs;
   jq["dp"] = s.parallel.dp;
   jq["distributed_optimizer"] = s.parallel.distributed_optimizer;
   jq["fsdp"] = s.parallel.fsdp;
