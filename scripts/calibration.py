@@ -80,6 +80,11 @@ def held_out(path):
     return os.path.basename(path).startswith("heldout_")
 
 
+def model_kind(sc):
+    """The kind of model a simulated scenario is, as sim/accuracy.hpp states an error for each."""
+    return "mixture-of-experts" if sc["model"]["moe"]["experts"] > 0 else "dense"
+
+
 def fit(exe, paths):
     """The ceiling at which the geometric mean of predicted / published over `paths` is 1."""
     def log_mean(e):
@@ -116,20 +121,22 @@ def main():
             runs = [p for p in paths if stack(p) == name and not held_out(p)]
             print(f"{name}: device.kernel_efficiency {fit(exe, runs):.3f}, fitted on {len(runs)} calibration runs")
         return
-    groups = {"calibration": [], "held out": []}
+    groups = {}
     for path in paths:
         sc, none = simulate(exe, path, eff)
         pred, pub, step = throughput(sc, none)
         kind = "held out" if held_out(path) else "calibration"
-        groups[kind].append(pred / pub)
+        groups.setdefault(kind, []).append(pred / pub)
+        groups.setdefault(f"{kind}, {model_kind(sc)}", []).append(pred / pub)
         peak = none["peak_bytes"] / 2**30
         mem = published_peak_gib(sc["comment"])
         memory = f"  peak {peak:5.1f} GiB" + (f" against {mem:5.1f} ({peak / mem:5.3f})" if mem else "")
         print(f"{kind:12} {os.path.basename(path):50} published {pub:8.0f}  predicted {pred:8.0f}  "
               f"ratio {pred / pub:5.3f}  step {step:7.3f} s{memory}")
-    for kind, ratios in groups.items():
+    for kind, ratios in sorted(groups.items()):
         if ratios:
-            print(f"{kind}: median ratio {statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}")
+            print(f"{kind}: {len(ratios)} runs, median ratio {statistics.median(ratios):.3f}, "
+                  f"range {min(ratios):.3f}-{max(ratios):.3f}")
 
 
 if __name__ == "__main__":

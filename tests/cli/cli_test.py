@@ -1020,23 +1020,30 @@ class Calibration(unittest.TestCase):
         for n, result in cls.runs.items():
             predicted, published, _ = calibration.throughput(*result)
             cls.ratios[n] = predicted / published
-        _, out, _ = run("simulate", "--json", "--trace", "", "--svg", "")
-        cls.stated = json.loads(out)["model_error"]
+        # the error each kind of model is given: the built-in scenario's (dense) and a MoE file's
+        cls.stated = {}
+        for scenario in (None, os.path.join(GALLERY, "qwen3_30b_a3b_16xh100.json")):
+            _, out, _ = run("simulate", "--json", "--trace", "", "--svg", "", *(("--scenario", scenario) if scenario else ()))
+            e = json.loads(out)["model_error"]
+            cls.stated[e["held_out_kind"]] = e
 
-    def held_out(self, stack=None):
+    def held_out(self, stack=None, kind="dense"):
         return sorted(r for n, r in self.ratios.items()
-                      if self.script.held_out(n) and (stack is None or self.script.stack(n) == stack))
+                      if self.script.held_out(n) and (stack is None or self.script.stack(n) == stack)
+                      and self.script.model_kind(self.runs[n][0]) == kind)
 
     def calibration(self, stack):
         return sorted(r for n, r in self.ratios.items()
                       if not self.script.held_out(n) and self.script.stack(n) == stack)
 
     def test_the_set_is_the_documented_one(self):
-        self.assertEqual(len(self.ratios), 17)
+        self.assertEqual(len(self.ratios), 19)
         self.assertEqual(len(self.calibration("megatron")), 3)
         self.assertEqual(len(self.calibration("torchtitan")), 2)
         self.assertEqual(len(self.held_out("megatron")), 4)
         self.assertEqual(len(self.held_out("torchtitan")), 8)
+        self.assertEqual(len(self.held_out("megatron", "mixture-of-experts")), 2)
+        self.assertEqual(len(self.held_out(None, "mixture-of-experts")), 2)
 
     def test_the_calibration_runs_are_within_15_percent_at_their_stacks_fitted_ceiling(self):
         for stack in ("megatron", "torchtitan"):
@@ -1048,14 +1055,23 @@ class Calibration(unittest.TestCase):
             self.assertAlmostEqual(math.exp(sum(math.log(r) for r in fit) / len(fit)), 1.0, delta=0.03, msg=stack)
 
     def test_held_out_runs_are_within_the_stated_bands(self):
-        # The project's targets: 30 % on every held-out run and 15 % at the median of them all, which
-        # hold; each stack's median is held at 20 % (torchtitan's alone is at the edge, 1.146: docs/simulator.md).
+        # The project's targets on the dense runs: 30 % on every held-out run and 15 % at the median
+        # of them all, which hold; each stack's median is held at 20 % (torchtitan's alone is at the
+        # edge, 1.146: docs/simulator.md).
         for stack in ("megatron", "torchtitan", None):
             held = self.held_out(stack)
             for r in held:
                 self.assertGreater(r, 0.70, stack)
                 self.assertLess(r, 1.30, stack)
             self.assertLess(abs(statistics.median(held) - 1), 0.15 if stack is None else 0.20, stack)
+        # The mixture-of-experts runs are over-predicted, the smaller model by twice: the targets do
+        # not hold for them (docs/simulator.md), and the reports say so with their own band.
+        moe = self.held_out(None, "mixture-of-experts")
+        for r in moe:
+            self.assertGreater(r, 1.0)
+            self.assertLess(r, 2.2)
+        every = sorted(self.held_out() + moe)
+        self.assertLess(abs(statistics.median(every) - 1), 0.15)  # the median target, over all 14
 
     def test_fsdp_peaks_against_torchtitan_s(self):
         # docs/simulator.md ("Calibration", memory): with parallel.fsdp, PyTorch's cross entropy
@@ -1075,22 +1091,29 @@ class Calibration(unittest.TestCase):
             self.assertLess(r, 1.10, n)
 
     def test_the_stated_error_is_the_held_out_runs_extremes(self):
-        # simulate and plan print this band beside every step time (sim/accuracy.hpp): it must be
-        # what the held-out runs give, rounded to two places, not a figure that drifts from them.
-        held = self.held_out()
-        e = self.stated
-        self.assertEqual(e["held_out_runs"], len(held))
-        self.assertAlmostEqual(e["throughput_low"], held[0], delta=0.005)
-        self.assertAlmostEqual(e["throughput_high"], held[-1], delta=0.005)
-        self.assertAlmostEqual(e["step_time_error"], max(1 / e["throughput_low"] - 1, 1 - 1 / e["throughput_high"]))
+        # simulate and plan print this band beside every step time (sim/accuracy.hpp), the band of the
+        # scenario's kind of model: it must be what those held-out runs give, rounded to two places,
+        # not a figure that drifts from them.
+        self.assertEqual(sorted(self.stated), ["dense", "mixture-of-experts"])
+        for kind, e in self.stated.items():
+            held = self.held_out(None, kind)
+            self.assertEqual(e["held_out_runs"], len(held), kind)
+            self.assertAlmostEqual(e["throughput_low"], held[0], delta=0.005, msg=kind)
+            self.assertAlmostEqual(e["throughput_high"], held[-1], delta=0.005, msg=kind)
+            self.assertAlmostEqual(e["step_time_error"],
+                                   max(1 / e["throughput_low"] - 1, 1 - 1 / e["throughput_high"]), msg=kind)
 
     def test_the_reports_print_the_error_beside_the_step_time(self):
         _, out, _ = run("simulate", "--trace", "", "--svg", "")
-        self.assertRegex(out.splitlines()[2], r"^model error: on 12 published runs held out of the fit, "
+        self.assertRegex(out.splitlines()[2], r"^model error: on 12 published dense runs held out of the fit, "
                                               r"predicted tokens/s 0\.86-1\.22x the published: a step time may be "
                                               r"off by up to 18 %")
         _, out, _ = run("plan", "--scenario", os.path.join(GALLERY, "7b_2ranks.json"))
-        self.assertIn("\nmodel error: on 12 published runs", out)
+        self.assertIn("\nmodel error: on 12 published dense runs", out)
+        _, out, _ = run("simulate", "--scenario", os.path.join(GALLERY, "qwen3_30b_a3b_16xh100.json"), "--trace", "",
+                        "--svg", "")
+        self.assertIn("\nmodel error: on 2 published mixture-of-experts runs held out of the fit, predicted tokens/s "
+                      "1.20-2.09x the published: a step time may be off by up to 52 %", out)
         # the one-efficiency model has no measured error, and says so
         flops = json.dumps({"device": {"compute": "flops"}})
         _, out, _ = run("simulate", "--scenario", "-", "--trace", "", "--svg", "", stdin=flops)

@@ -11,10 +11,12 @@
 
 namespace pipeswap::sim {
 
-/// Predicted / published tokens/s per GPU over the held-out runs of examples/calibration: the lowest
-/// and the highest ratio, and how many runs. tests/cli/cli_test.py (`Calibration`) recomputes the
-/// ratios and checks that these are their extremes, so the figures cannot drift from the runs.
+/// Predicted / published tokens/s per GPU over the held-out runs of examples/calibration of one kind
+/// of model (dense, or mixture of experts): the lowest and the highest ratio, and how many runs.
+/// tests/cli/cli_test.py (`Calibration`) recomputes the ratios and checks that these are their
+/// extremes, so the figures cannot drift from the runs.
 struct model_error {
+  char const* kind = "";
   double low = 0;
   double high = 0;
   int runs = 0;
@@ -24,34 +26,38 @@ struct model_error {
   [[nodiscard]] double step_error() const noexcept { return std::max(1.0 / low - 1.0, 1.0 - 1.0 / high); }
 };
 
-/// The per-operation compute model's (device.compute "roofline"); the one-efficiency model has no
-/// measured error.
-inline constexpr model_error held_out_error{0.86, 1.22, 12};
+/// The per-operation compute model's (device.compute "roofline"), measured apart on dense models and
+/// on mixtures of experts, whose errors differ; the one-efficiency model has no measured error.
+inline constexpr model_error held_out_error{"dense", 0.86, 1.22, 12};
+inline constexpr model_error moe_held_out_error{"mixture-of-experts", 1.20, 2.09, 2};
 
-/// The error that applies to `s`'s figures, if one was measured for its compute model.
+/// The error that applies to `s`'s figures, if one was measured for its compute model: the one of
+/// its kind of model.
 inline model_error const* error_of(scenario const& s) noexcept {
-  return s.device.compute == compute_kind::roofline ? &held_out_error : nullptr;
+  if (s.device.compute != compute_kind::roofline) return nullptr;
+  return s.model.moe.enabled() ? &moe_held_out_error : &held_out_error;
 }
 
 /// The line the reports print under the scenario.
 inline std::string error_line(scenario const& s) {
   auto const* e = error_of(s);
   if (!e) return "model error: not measured for device.compute \"flops\" (docs/simulator.md, Calibration)";
-  char buf[200];
+  char buf[240];
   std::snprintf(buf, sizeof buf,
-                "model error: on %d published runs held out of the fit, predicted tokens/s %.2f-%.2fx the "
+                "model error: on %d published %s runs held out of the fit, predicted tokens/s %.2f-%.2fx the "
                 "published: a step time may be off by up to %.0f %% (docs/simulator.md, Calibration)",
-                e->runs, e->low, e->high, e->step_error() * 100);
+                e->runs, e->kind, e->low, e->high, e->step_error() * 100);
   return buf;
 }
 
-/// The error as JSON: {"throughput_low", "throughput_high", "held_out_runs", "step_time_error"}, or
-/// null when none was measured.
+/// The error as JSON: {"held_out_kind", "throughput_low", "throughput_high", "held_out_runs",
+/// "step_time_error"}, or null when none was measured.
 template <class Json>
 Json error_json(scenario const& s) {
   auto const* e = error_of(s);
   if (!e) return Json(nullptr);
   Json j = Json::object();
+  j["held_out_kind"] = e->kind;
   j["throughput_low"] = e->low;
   j["throughput_high"] = e->high;
   j["held_out_runs"] = e->runs;
