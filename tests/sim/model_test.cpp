@@ -361,11 +361,12 @@ BOOST_AUTO_TEST_CASE(the_distributed_optimizer_shards_what_the_rank_holds_and_sw
   BOOST_TEST(sw.d2h_bytes == 12 * swapped);
 }
 
-// FSDP (parallel.fsdp) shards the weights and gradients as well: the tiny scenario with dp 4 holds
-// 6 bytes per element of its shards, plus what FSDP gathers: without a pipeline the root unit (the
-// embedding, the final norm, the output layer) and two layers, unsharded, their gradients in the
-// weights' type (2 + 2 bytes); with a pipeline every tensor of the rank's stages, its gradient in
-// fp32 (2 + 4). The peak falls by the difference, byte for byte.
+// FSDP (parallel.fsdp) shards the weights and gradients as well, and its fp32 weight shard is the
+// master: the tiny scenario with dp 4 holds 4 + 4 bytes per element of its shards and 8 of optimizer
+// state (the moments; 12 with the distributed optimizer alone), plus what FSDP gathers: without a
+// pipeline the root unit (the embedding, the final norm, the output layer) and two layers,
+// unsharded, their gradients in the weights' type (2 + 2 bytes); with a pipeline every tensor of the
+// rank's stages, its gradient in fp32 (2 + 4). The peak falls by the difference, byte for byte.
 BOOST_AUTO_TEST_CASE(fsdp_shards_the_weights_and_gradients_and_holds_what_it_gathers) {
   auto s = pipeswap::test::tiny();
   s.model.layers = 4;
@@ -382,15 +383,28 @@ BOOST_AUTO_TEST_CASE(fsdp_shards_the_weights_and_gradients_and_holds_what_it_gat
   BOOST_TEST(root == 128u * 64 + 64 + 128 * 64); // embedding, final norm, output layer
   BOOST_TEST(sim::fsdp_gathered_bytes(f, stages) == 4 * (root + 2 * (layers / 4)));
   BOOST_TEST(sim::fsdp_gathered_bytes(s, stages) == 0u);
-  BOOST_TEST(sim::weight_and_gradient_bytes(f, stages) == 6 * shards + 4 * (root + 2 * (layers / 4)));
+  BOOST_TEST(sim::weight_and_gradient_bytes(f, stages) == 8 * shards + 4 * (root + 2 * (layers / 4)));
   BOOST_TEST(sim::weight_and_gradient_bytes(s, stages) == 6 * stages[0].params);
-  BOOST_TEST(sim::state_bytes_per_param(f.model, f.parallel) == 18.0 / 4);
+  BOOST_TEST(sim::state_bytes_per_param(f.model, f.parallel) == 16.0 / 4);
+  BOOST_TEST(sim::held_weight_bytes(f.model, f.parallel) == 4u);
+  BOOST_TEST(sim::optimizer_state_bytes_per_element(f.model, f.parallel) == 8u);
 
   sim::sim_options o;
   auto const plain = sim::simulate(s, o).ranks.at(0), sharded = sim::simulate(f, o).ranks.at(0);
   BOOST_TEST(sharded.resident_param_bytes == sim::weight_and_gradient_bytes(f, stages));
-  BOOST_TEST(sharded.optimizer_state_bytes == plain.optimizer_state_bytes);
-  BOOST_TEST(plain.peak_bytes - sharded.peak_bytes == plain.resident_param_bytes - sharded.resident_param_bytes);
+  BOOST_TEST(plain.optimizer_state_bytes == 12 * shards);
+  BOOST_TEST(sharded.optimizer_state_bytes == 8 * shards);
+  BOOST_TEST(plain.peak_bytes - sharded.peak_bytes == plain.resident_param_bytes - sharded.resident_param_bytes +
+                                                          plain.optimizer_state_bytes - sharded.optimizer_state_bytes);
+  // Optimizer swap moves the moments only: the fp32 shard stays, as FSDP gathers it every step.
+  o.swap_optimizer = true;
+  std::uint64_t swapped = 0;
+  for (auto const& t : stages[0].tensors)
+    if (t.numel >= 1024) swapped += (t.numel + 3) / 4;
+  auto const sw = sim::simulate(f, o).ranks.at(0);
+  BOOST_TEST(sw.h2d_bytes == 8 * swapped);
+  BOOST_TEST(sw.resident_param_bytes == sharded.resident_param_bytes);
+  o.swap_optimizer = false;
   BOOST_TEST(sim::unswappable_bytes(f, 0) == f.device.reserved_bytes + sim::weight_and_gradient_bytes(f, stages));
 
   // With a pipeline the stage stays gathered through the step: its shards come on top.
@@ -400,7 +414,7 @@ BOOST_AUTO_TEST_CASE(fsdp_shards_the_weights_and_gradients_and_holds_what_it_gat
   std::uint64_t shards0 = 0;
   for (auto const& t : two[0].tensors) shards0 += (t.numel + 3) / 4;
   BOOST_TEST(sim::fsdp_gathered_bytes(pp, {two[0]}) == 6 * two[0].params);
-  BOOST_TEST(sim::simulate(pp, o).ranks.at(0).resident_param_bytes == 6 * (two[0].params + shards0));
+  BOOST_TEST(sim::simulate(pp, o).ranks.at(0).resident_param_bytes == 6 * two[0].params + 8 * shards0);
 }
 
 // Narayanan et al. 2021, eq. 3: FLOPs per iteration 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) with full
@@ -661,9 +675,11 @@ BOOST_AUTO_TEST_CASE(data_parallel_collectives_overlap_the_backward_by_buckets) 
 // distributed optimizer's.
 BOOST_AUTO_TEST_CASE(fsdp_gathers_and_reduces_layer_by_layer_without_a_pipeline) {
   // Four layers over dp 4 with the distributed optimizer, one device per node: every collective over
-  // the network at `gbps`.
+  // the network at `gbps`. Without an fp32 master, so that FSDP's optimizer kernel is the distributed
+  // optimizer's (with one, FSDP's fp32 shard is the master: held_weight_bytes).
   auto job = [](std::uint32_t ranks, std::uint32_t micro, double gbps) {
     auto s = pipeswap::test::tiny(ranks, micro);
+    s.model.fp32_master = false;
     s.model.layers = 4;
     s.parallel.dp = 4;
     s.node.gpus = 1;

@@ -167,6 +167,13 @@ def check_case(case, world, steps=3):
     for p in m.parameters():
         ea = opt.state[p]["exp_avg"]
         assert isinstance(ea, DTensor) and ea.placements == p.placements and ea.shape == p.shape, (case, ea)
+    if case == "mp_keep":
+        # FSDP2 computes in bf16 but keeps the sharded parameters in fp32, and torch's AdamW updates
+        # them in place with no master beside them: what the simulator counts for parallel.fsdp
+        # (sim/model.hpp, held_weight_bytes and optimizer_state_bytes_per_element).
+        for p in m_ref.parameters():
+            assert p.to_local().dtype == torch.float32, (case, p.dtype)
+            assert sorted(ref.state[p]) == ["exp_avg", "exp_avg_sq", "step"], (case, sorted(ref.state[p]))
     return m_ref, ref, m, opt, compared
 
 

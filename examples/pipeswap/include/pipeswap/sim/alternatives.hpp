@@ -21,10 +21,12 @@ namespace pipeswap::sim {
 
 /// Bytes the host streams per parameter in a CPU Adam step: read the gradient (g), read and write
 /// the fp32 master weight and both fp32 moments (2 × 3 × 4 = 24), write the updated 16-bit weight
-/// (e): g + 24 + e, 30 for BF16 weights and FP32 gradients. Without an fp32 master: g + 16 + e.
-inline double cpu_adam_bytes_per_param(model_spec const& m) {
+/// (e): g + 24 + e, 30 for BF16 weights and FP32 gradients. Without an fp32 master: g + 16 + e. With
+/// FSDP's fp32 shard as the master (held_weight_bytes()) there is no 16-bit weight to write: g + 24.
+inline double cpu_adam_bytes_per_param(model_spec const& m, parallel_spec const& p = {}) {
+  bool const shard_is_master = p.fsdp && m.fp32_master;
   return static_cast<double>(size_of(grad_dtype_of(m))) + (m.fp32_master ? 24.0 : 16.0) +
-         static_cast<double>(size_of(m.param_dtype));
+         (shard_is_master ? 0.0 : static_cast<double>(size_of(m.param_dtype)));
 }
 
 /// One rank's figures under an alternative.
@@ -53,7 +55,7 @@ struct alternative {
 /// ZeRO-Offload), derived from the simulated step without swap of the same scenario: per rank its
 /// step time, peak and optimizer state bytes (`steps`, `peaks`, `state_bytes`). Per
 /// rank r, with S_r the elements of its optimizer shard (optimizer_state_bytes / 12, or / 8 without
-/// an fp32 master), after its last backward and one after the other (the CPU step waits for the
+/// an fp32 master or with FSDP's: optimizer_state_bytes_per_element()), after its last backward and one after the other (the CPU step waits for the
 /// gradients, the next forward for the weights):
 ///   gradients to the host   f·S_r·g bytes at the rank's device-to-host rate alone
 ///   Adam on the host        f·S_r·cpu_adam_bytes_per_param bytes at node.cpu_adam_gbps / k, the
@@ -67,8 +69,10 @@ inline alternative cpu_offload_alternative(scenario const& s, std::vector<mock::
                                            std::vector<std::uint64_t> const& state_bytes, double f,
                                            std::uint64_t budget) {
   auto const& m = s.model;
-  double const g = static_cast<double>(size_of(grad_dtype_of(m))), e = static_cast<double>(size_of(m.param_dtype));
-  double const per_elem = m.fp32_master ? 12.0 : 8.0;
+  // the weights that come back: the rank's held weights (FSDP's fp32 shard where it is the master)
+  double const g = static_cast<double>(size_of(grad_dtype_of(m))),
+               e = static_cast<double>(held_weight_bytes(m, s.parallel));
+  double const per_elem = static_cast<double>(optimizer_state_bytes_per_element(m, s.parallel));
   auto const links = host_link_rates(s, std::vector<bool>(s.pipeline.ranks, true));
   double const sharing = static_cast<double>(std::min<std::uint64_t>(s.node.gpus, devices_of(s)));
   double const cpu_rate = s.node.cpu_adam_gbps * 1e9 / sharing;
@@ -81,7 +85,7 @@ inline alternative cpu_offload_alternative(scenario const& s, std::vector<mock::
   a.simulated = false;
   for (std::size_t r = 0; r < peaks.size(); ++r) {
     double const S = static_cast<double>(state_bytes.at(r)) / per_elem * f;
-    double const ns = S * g / links[r].d2h_alone_gbps + S * cpu_adam_bytes_per_param(m) / cpu_rate * 1e9 +
+    double const ns = S * g / links[r].d2h_alone_gbps + S * cpu_adam_bytes_per_param(m, s.parallel) / cpu_rate * 1e9 +
                       S * e / links[r].h2d_alone_gbps + (S > 0 ? 2 * s.device.copy_latency_us * 1e3 : 0.0);
     auto const saved = static_cast<std::uint64_t>(S * 8.0);
     auto const peak = peaks[r];

@@ -640,16 +640,31 @@ inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recomp
   return out;
 }
 
+/// The bytes a rank holds per element of its own weights: the parameter type, or 4 with parallel.fsdp
+/// and an fp32 master. FSDP2 shards the fp32 parameters themselves, gathers them in the parameter type
+/// for compute (MixedPrecisionPolicy's param_dtype) and AdamW updates the shard in place: the master
+/// is the shard, with no 16-bit copy beside it (tests/python/dist/fsdp_worker.py checks both).
+inline std::uint64_t held_weight_bytes(model_spec const& m, parallel_spec const& p) {
+  return p.fsdp && m.fp32_master ? 4 : size_of(m.param_dtype);
+}
+
+/// AdamW's state per element of a rank's shard, which optimizer swap moves: the two fp32 moments, and
+/// the fp32 master where it is not the weight itself (fp32_master without FSDP): 12 or 8.
+inline std::uint64_t optimizer_state_bytes_per_element(model_spec const& m, parallel_spec const& p) {
+  return m.fp32_master && !p.fsdp ? 12 : 8;
+}
+
 /// Bytes per parameter kept on the device when nothing is swapped: weights (parameter type),
 /// gradients (grad_dtype_of), and AdamW's fp32 moments and master copy, sharded over dp by the
 /// distributed optimizer: 2 + 4 + 12/d for bf16 weights, fp32 gradients and an fp32 master
 /// (Megatron-LM's distributed optimizer table; 2 + 2 + 12 = 16 with bf16 gradients, Rajbhandari et
 /// al. 2020, "ZeRO", §3.1). Fractional with the distributed optimizer; with parallel.fsdp all of it
-/// is sharded, (2 + 4 + 12)/d (ZeRO-3), and what FSDP gathers (fsdp_gathered_bytes()) comes on top.
+/// is sharded, and the fp32 master is the weight shard: (4 + 4 + 8)/d (held_weight_bytes()), with
+/// what FSDP gathers (fsdp_gathered_bytes()) on top.
 inline double state_bytes_per_param(model_spec const& m, parallel_spec const& p = {}) {
-  double const state = m.fp32_master ? 12.0 : 8.0;
+  double const state = static_cast<double>(optimizer_state_bytes_per_element(m, p));
   double const d = p.distributed_optimizer ? static_cast<double>(p.dp) : 1.0;
-  double const held = static_cast<double>(size_of(m.param_dtype) + size_of(grad_dtype_of(m)));
+  double const held = static_cast<double>(held_weight_bytes(m, p) + size_of(grad_dtype_of(m)));
   if (p.fsdp) return (held + state) / d; // the shards; fsdp_gathered_bytes() comes on top
   return held + state / d;
 }
@@ -695,7 +710,7 @@ inline std::uint64_t held_elements(tensor_spec const& t, parallel_spec const& p)
 /// configuration the simulator runs: held_elements() of each tensor of its stages and
 /// fsdp_gathered_bytes().
 inline std::uint64_t weight_and_gradient_bytes(scenario const& s, std::vector<stage_spec> const& rank_stages) {
-  std::uint64_t const per = size_of(s.model.param_dtype) + size_of(grad_dtype_of(s.model));
+  std::uint64_t const per = held_weight_bytes(s.model, s.parallel) + size_of(grad_dtype_of(s.model));
   std::uint64_t bytes = fsdp_gathered_bytes(s, rank_stages);
   for (auto const& st : rank_stages)
     for (auto const& t : st.tensors) bytes += per * held_elements(t, s.parallel);

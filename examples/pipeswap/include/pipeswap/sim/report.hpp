@@ -192,8 +192,11 @@ inline std::string describe(scenario const& s) {
       (s.model.moe.enabled()
            ? std::to_string(s.model.moe.experts) + " experts, top " + std::to_string(s.model.moe.top_k) + ", "
            : std::string()) +
-      std::string(name_of(s.model.param_dtype)) + (s.model.fp32_master ? " + fp32 master" : "") + ", " +
-      std::string(name_of(grad_dtype_of(s.model))) + " gradients" +
+      std::string(name_of(s.model.param_dtype)) +
+      (!s.model.fp32_master ? ""
+       : s.parallel.fsdp    ? " + fp32 master (the FSDP shard)"
+                            : " + fp32 master") +
+      ", " + std::string(name_of(grad_dtype_of(s.model))) + " gradients" +
       (s.model.recompute == recompute_kind::none ? std::string()
                                                  : std::string(", ") + recompute_title(s.model.recompute)) +
       "), " + std::to_string(p.ranks) + " pipeline ranks" +

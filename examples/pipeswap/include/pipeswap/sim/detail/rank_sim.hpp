@@ -102,10 +102,15 @@ public:
     eo.settle_device = !overlap_;
     ex_.emplace(engine_, comm_, layout_, std::move(models), eo);
     auto const cs = b_.current_stream();
-    auto const es = size_of(s.model.param_dtype);
+    // With FSDP and an fp32 master the rank's weight shard is the fp32 master itself, which AdamW
+    // updates in place (held_weight_bytes()): registered as an fp32 weight without a master.
+    bool const shard_is_master = s.parallel.fsdp && s.model.fp32_master;
+    auto const es = held_weight_bytes(s.model, s.parallel);
+    auto const wtype = shard_is_master ? dtype::f32 : s.model.param_dtype;
     auto const gtype = grad_dtype_of(s.model);
     auto const gs = size_of(gtype);
-    bool const master = s.model.fp32_master;
+    bool const master = s.model.fp32_master && !shard_is_master;
+    auto const state_per_element = optimizer_state_bytes_per_element(s.model, s.parallel);
     std::vector<stage_spec> mine;
     for (auto const& st : stages_) {
       if (layout_.rank_of(static_cast<index_type>(st.stage)) != static_cast<index_type>(rank_)) continue;
@@ -119,9 +124,9 @@ public:
         auto const held = held_elements(t, s.parallel);
         w.params.push_back({b_.allocate_device(held * es, cs), held * es});
         w.grads.push_back({b_.allocate_device(held * gs, cs), held * gs});
-        opt_.add_param({w.params.back().ptr, w.grads.back().ptr, shard, s.model.param_dtype, gtype, master});
+        opt_.add_param({w.params.back().ptr, w.grads.back().ptr, shard, wtype, gtype, master});
         resident_param_bytes_ += held * (es + gs);
-        optimizer_state_bytes_ += shard * (master ? 12 : 8);
+        optimizer_state_bytes_ += shard * state_per_element;
         stage_params_ += t.numel;
         if (t.expert) expert_params_ += t.numel;
         w.param_count += t.numel;
