@@ -1056,8 +1056,8 @@ class Calibration(unittest.TestCase):
 
     def test_held_out_runs_are_within_the_stated_bands(self):
         # The project's targets on the dense runs: 30 % on every held-out run and 15 % at the median
-        # of them all, which hold; each stack's median is held at 20 % (torchtitan's alone is at the
-        # edge, 1.146: docs/simulator.md).
+        # of them all, which hold; each stack's median is held at 20 % (torchtitan's is 1.12:
+        # docs/simulator.md).
         for stack in ("megatron", "torchtitan", None):
             held = self.held_out(stack)
             for r in held:

@@ -489,9 +489,9 @@ BOOST_AUTO_TEST_CASE(tensor_parallelism_shards_the_matrices_and_the_logits) {
 
 // Tensor-parallel collectives: two all-reduces of e·T·h per layer each way (2·(t−1)/t·bytes over the
 // bus bandwidth, plus a latency each); with sequence parallelism two all-gathers and two
-// reduce-scatters, the same bytes, each hidden under its paired GEMM with tp_comm_overlap (what
-// exceeds the GEMM, at least 1/t of it, delays the layer). A full recomputation runs the forward's
-// again in the backward.
+// reduce-scatters, the same bytes (the all-gathers half of them with FP8), each hidden under its
+// paired GEMM with tp_comm_overlap (what exceeds the GEMM, at least 1/t of it, delays the layer). A
+// full recomputation runs the forward's again in the backward.
 BOOST_AUTO_TEST_CASE(tensor_parallel_collectives_are_charged_on_nvlink) {
   sim::scenario s;
   s.parallel.tp = 4;
@@ -530,6 +530,20 @@ BOOST_AUTO_TEST_CASE(tensor_parallel_collectives_are_charged_on_nvlink) {
   s.parallel.tp_comm_overlap = false;
   BOOST_TEST(sim::tp_layer_comm(s, sp_ops).fwd == 4 * ag);
   BOOST_TEST(sim::plan_stages(s).front().bwd_comm_ns == 2 * 10 * 4 * ag);
+  // With FP8 GEMMs the all-gathers move 1 byte per element (the forward's inputs, the backward's
+  // output gradients), the reduce-scatters 2; a MoE layer's all-gather before its router stays 16-bit.
+  auto const ag8 = sim::collective_ns(sim::collective::all_gather, bytes / 2, tp, s.device);
+  BOOST_TEST(ag8 < ag);
+  s.model.precision = sim::precision::fp8;
+  auto const fp8_ops = sim::layer_op_times(s.model, s.parallel, s.device);
+  BOOST_TEST(sim::tp_layer_comm(s, fp8_ops).fwd == 2 * ag8 + 2 * ag);
+  BOOST_TEST(sim::tp_layer_comm(s, fp8_ops).bwd == 2 * ag8 + 2 * ag);
+  s.model.moe.experts = 8;
+  s.model.moe.expert_ffn_hidden = 1024;
+  auto const moe_ops = sim::layer_op_times(s.model, s.parallel, s.device);
+  BOOST_TEST(sim::tp_layer_comm(s, moe_ops).fwd == ag8 + 3 * ag);
+  BOOST_TEST(sim::tp_layer_comm(s, moe_ops).bwd == ag8 + 3 * ag);
+  s.model = {};
   s.parallel = {};
   BOOST_TEST(sim::tp_layer_comm(s, ops).fwd == 0);
 }

@@ -390,37 +390,47 @@ inline mock::sim_time collective_ns(collective c, double bytes, group_span g, de
 /// forward and its backward (the conjugate collectives). Megatron runs two all-reduces of the e·T·h
 /// activation (after the attention and after the MLP), or with sequence parallelism an all-gather
 /// before the q/k/v projection and before the MLP and a reduce-scatter after the output projection
-/// and after the MLP. With parallel.tp_comm_overlap and sequence parallelism each of the four hides
-/// under the GEMM it feeds or follows (op_times::tp_paired_fwd, _bwd): it delays the layer by
-/// max(c / tp, c − gemm), c its time alone; a collective of the MoE side (no paired GEMM) stays
-/// exposed. Without sequence parallelism every collective is exposed.
+/// and after the MLP; the backward reduce-scatters the two inputs' gradients and all-gathers the two
+/// outputs' gradients. With FP8 GEMMs (model.precision) the all-gathers move the tensors already cast
+/// to FP8, 1 byte per element: the GEMM inputs in the forward, the output gradients in the backward
+/// (Transformer Engine's sequence-parallel LayerNormLinear and Linear; torchao's
+/// Float8ColwiseParallel and Float8RowwiseParallel); the reduce-scatters stay 16-bit, and so does
+/// the MoE side's all-gather (its router runs in 16 bits). With parallel.tp_comm_overlap and sequence
+/// parallelism each of the four hides under the GEMM it feeds or follows (op_times::tp_paired_fwd,
+/// _bwd): it delays the layer by max(c / tp, c − gemm), c its time alone; a collective of the MoE side
+/// (no paired GEMM) stays exposed. Without sequence parallelism every collective is exposed.
 struct layer_comm {
   mock::sim_time fwd = 0, bwd = 0;
 };
 inline layer_comm tp_layer_comm(scenario const& s, op_times const& ops) {
   auto const& p = s.parallel;
   if (p.tp <= 1) return {};
-  double const bytes =
-      static_cast<double>(size_of(s.model.param_dtype) * s.model.seq_len * s.model.micro_batch_size * s.model.hidden);
+  double const elements = static_cast<double>(s.model.seq_len * s.model.micro_batch_size * s.model.hidden);
+  double const e = static_cast<double>(size_of(s.model.param_dtype));
   auto const& d = s.device;
   auto const g = tp_span(s);
   if (!p.sequence_parallel) {
-    auto const ar = 2 * collective_ns(collective::all_reduce, bytes, g, d);
+    auto const ar = 2 * collective_ns(collective::all_reduce, e * elements, g, d);
     return {ar, ar};
   }
-  // In layer order: the all-gather before q/k/v, the reduce-scatter after the output projection, the
-  // all-gather before the MLP, the reduce-scatter after it (the same bytes and time each).
-  auto const c = collective_ns(collective::all_gather, bytes, g, d);
-  if (!p.tp_comm_overlap) return {4 * c, 4 * c};
-  auto exposed = [&](std::array<double, 4> const& paired) {
+  bool const fp8 = s.model.precision == precision::fp8;
+  auto const wide = collective_ns(collective::all_gather, e * elements, g, d);
+  auto const narrow = fp8 ? collective_ns(collective::all_gather, elements, g, d) : wide;
+  auto const mlp_gather = s.model.moe.enabled() ? wide : narrow;
+  // In layer order (q/k/v, output projection, the MLP's first and second GEMM): the forward's
+  // all-gather, reduce-scatter, all-gather, reduce-scatter; the backward's reduce-scatter, all-gather,
+  // reduce-scatter, all-gather (a reduce-scatter takes an all-gather's time over as many bytes).
+  std::array<mock::sim_time, 4> const fwd{narrow, wide, mlp_gather, wide}, bwd{wide, narrow, wide, mlp_gather};
+  auto exposed = [&](std::array<mock::sim_time, 4> const& c, std::array<double, 4> const& paired) {
     mock::sim_time t = 0;
-    for (double const gemm : paired) {
-      auto const hidden = static_cast<mock::sim_time>(std::llround(gemm * 1e9));
-      t += gemm > 0 ? std::max<mock::sim_time>(c / p.tp, c - std::min(c, hidden)) : c;
+    for (std::size_t i = 0; i < 4; ++i) {
+      auto const hidden = static_cast<mock::sim_time>(std::llround(paired[i] * 1e9));
+      t += p.tp_comm_overlap && paired[i] > 0 ? std::max<mock::sim_time>(c[i] / p.tp, c[i] - std::min(c[i], hidden))
+                                              : c[i];
     }
     return t;
   };
-  return {exposed(ops.tp_paired_fwd), exposed(ops.tp_paired_bwd)};
+  return {exposed(fwd, ops.tp_paired_fwd), exposed(bwd, ops.tp_paired_bwd)};
 }
 
 /// The all-to-alls of one MoE layer's forward (per micro-batch): the dispatch and the combine of the

@@ -183,7 +183,7 @@ struct device_spec {
   /// (smaller ones reach less, gemm_efficiency() in sim/compute.hpp); with compute "flops", the
   /// fraction every kernel reaches. Excludes the pipeline bubble, communication and swap stalls,
   /// which the simulator adds: this is not an end-to-end MFU. The default is fitted on the
-  /// Megatron-Core runs of docs/simulator.md's calibration set; torchtitan's stack fits 0.49 there.
+  /// Megatron-Core runs of docs/simulator.md's calibration set; torchtitan's stack fits 0.47 there.
   double kernel_efficiency = 0.58;
   /// A published end-to-end MFU (model FLOPs over step time and peak, bubble included). When set,
   /// kernel_efficiency is derived so that the simulated no-swap step reaches it (calibrated()).
