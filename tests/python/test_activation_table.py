@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from conftest import DEVICE, assert_torchrun_ok
 from conftest import torchrun as run_torchrun
 from llama_block import TransformerBlock, frequencies
+from storages import Storages
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
@@ -102,26 +103,6 @@ def test_repeated_kv_heads_save_k_and_v_at_the_queries_width():
     # kv·d) beyond the table, which counts them at kv·d as attention that groups natively does.
     got, _ = saved_by_autograd(Layer(kv_heads=HEADS // 2))
     assert got == table(HEADS // 2) + 2 * E * B * S * (H - HEADS // 2 * HEAD_DIM) + ROW_RECIPROCALS
-
-
-class Storages(TorchDispatchMode):
-    """Every storage an operation writes while the mode is on, to count those still alive after."""
-
-    def __init__(self):
-        super().__init__()
-        self.made = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for x in tree_leaves(out):
-            if isinstance(x, torch.Tensor):
-                st = x.untyped_storage()
-                self.made.append((weakref.ref(st), st.data_ptr(), st.nbytes()))
-        return out
-
-    def alive(self, skip):
-        gc.collect()
-        return sum(dict((p, n) for r, p, n in self.made if r() is not None and p not in skip).values())
 
 
 def per_operation_policy():

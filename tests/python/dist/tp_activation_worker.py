@@ -26,7 +26,6 @@ import gc
 import json
 import os
 import sys
-import weakref
 from datetime import timedelta
 
 import torch
@@ -34,7 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -44,45 +43,12 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 from torch.profiler import ProfilerActivity, profile
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from llama_block import RMSNorm, TransformerBlock, frequencies, linear  # noqa: E402
+from storages import Storages, ptr  # noqa: E402
 
 B, S, H, HEADS, KV_HEADS, F_HIDDEN, VOCAB = 2, 64, 256, 8, 4, 768, 1024
-
-
-def local(x):
-    """The plain tensor under a DTensor or a functional collective's result."""
-    while isinstance(x, DTensor) or hasattr(x, "elem"):
-        x = x._local_tensor if isinstance(x, DTensor) else x.elem
-    return x
-
-
-def ptr(x):
-    return local(x).untyped_storage().data_ptr()
-
-
-class Storages(TorchDispatchMode):
-    """Every storage an operation writes while the mode is on (a DTensor's local one), to count those
-    still alive after."""
-
-    def __init__(self):
-        super().__init__()
-        self.made = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for x in tree_leaves(out):
-            if isinstance(x, torch.Tensor):
-                st = local(x).untyped_storage()
-                self.made.append((weakref.ref(st), st.data_ptr(), st.nbytes()))
-        return out
-
-    def alive(self, skip):
-        gc.collect()
-        return sum(dict((p, n) for r, p, n in self.made if r() is not None and p not in skip).values())
 
 
 def allocated_peak(fn):

@@ -53,14 +53,15 @@ struct alternative {
 
 /// The CPU-step offload of a fraction `f` of the optimizer (Megatron-Core's HybridDeviceOptimizer,
 /// ZeRO-Offload), derived from the simulated step without swap of the same scenario: per rank its
-/// step time, peak and optimizer state bytes (`steps`, `peaks`, `state_bytes`). Per
-/// rank r, with S_r the elements of its optimizer shard (optimizer_state_bytes / 12, or / 8 without
-/// an fp32 master or with FSDP's: optimizer_state_bytes_per_element()), after its last backward and one after the other (the CPU step waits for the
-/// gradients, the next forward for the weights):
+/// step time, peak and optimizer state bytes (`steps`, `peaks`, `state_bytes`). Per rank r, with S_r
+/// the elements of its optimizer shard (optimizer_state_bytes / 12, or / 8 without an fp32 master or
+/// with FSDP's: optimizer_state_bytes_per_element()), after its last backward and one after the
+/// other (the CPU step waits for the gradients, the next forward for the weights):
 ///   gradients to the host   f·S_r·g bytes at the rank's device-to-host rate alone
 ///   Adam on the host        f·S_r·cpu_adam_bytes_per_param bytes at node.cpu_adam_gbps / k, the
 ///                           node's host memory bandwidth for the optimizer shared by its k devices
-///   weights back            f·S_r·e bytes at the rank's host-to-device rate alone
+///   weights back            f·S_r·e bytes at the rank's host-to-device rate alone (e: the held
+///                           weights' type, held_weight_bytes())
 /// added to the rank's step; the step is the slowest rank's. The device keeps the fp32 master and
 /// the gradients; the moments of the offloaded fraction leave it: its peak falls by f·S_r·8 bytes
 /// (Megatron-Bridge's measurement on Qwen3-30B-A3B: 3.8 GB per quarter, the moments of its shard).
