@@ -199,7 +199,7 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist", "tp_ac
 @pytest.mark.skipif(DEVICE.type != "cpu", reason="tensor parallelism over gloo on the CPU")
 def test_dtensor_tensor_parallelism_saves_the_gathered_inputs_and_its_loss_peaks_at_16_bytes_per_logit():
     # docs/simulator.md ("Activations", "Calibration"): under torchtitan's tensor-parallel plan on 2
-    # ranks (dist/tp_activation_worker.py), the columns-parallel linears keep the all-gathered input,
+    # ranks (dist/tp_activation_worker.py), the column-parallel linears keep the all-gathered input,
     # e·T·h (parallel.save_gathered_inputs), where Megatron keeps the sequence shard e·T'·h; a fully
     # recomputed block keeps nothing beyond its input; and PyTorch's cross entropy on logits split
     # over the vocabulary (loss_parallel) holds 12 bytes per logit element in its backward beside the
