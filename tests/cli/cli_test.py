@@ -1102,6 +1102,12 @@ class Calibration(unittest.TestCase):
             self.assertAlmostEqual(e["throughput_high"], held[-1], delta=0.005, msg=kind)
             self.assertAlmostEqual(e["step_time_error"],
                                    max(1 / e["throughput_low"] - 1, 1 - 1 / e["throughput_high"]), msg=kind)
+        # the MoE runs' memory note gives their simulated peaks, in GB, which exceed the 80 GB they ran on
+        peaks = sorted(round(none["peak_bytes"] / 1e9) for n, (sc, none) in self.runs.items()
+                       if self.script.held_out(n) and self.script.model_kind(sc) == "mixture-of-experts")
+        self.assertIn(f"peak at {peaks[0]} and {peaks[1]} GB here", self.stated["mixture-of-experts"]["memory"])
+        self.assertTrue(all(p > 80 for p in peaks))
+        self.assertIsNone(self.stated["dense"]["memory"])
 
     def test_the_reports_print_the_error_beside_the_step_time(self):
         _, out, _ = run("simulate", "--trace", "", "--svg", "")
@@ -1114,6 +1120,9 @@ class Calibration(unittest.TestCase):
                         "--svg", "")
         self.assertIn("\nmodel error: on 2 published mixture-of-experts runs held out of the fit, predicted tokens/s "
                       "1.20-2.09x the published: a step time may be off by up to 52 %", out)
+        self.assertIn("\nmodel memory: the two published MoE runs ran on 80 GB devices without recomputation and "
+                      "peak at 90 and 99 GB here", out)
+        self.assertNotIn("model memory", run("simulate", "--trace", "", "--svg", "")[1])  # dense: none
         # the one-efficiency model has no measured error, and says so
         flops = json.dumps({"device": {"compute": "flops"}})
         _, out, _ = run("simulate", "--scenario", "-", "--trace", "", "--svg", "", stdin=flops)
