@@ -22,11 +22,11 @@ namespace pipeswap::sim {
 /// Bytes the host streams per parameter in a CPU Adam step: read the gradient (g), read and write
 /// the fp32 master weight and both fp32 moments (2 × 3 × 4 = 24), write the updated 16-bit weight
 /// (e): g + 24 + e, 30 for BF16 weights and FP32 gradients. Without an fp32 master: g + 16 + e. With
-/// FSDP's fp32 shard as the master (held_weight_bytes()) there is no 16-bit weight to write: g + 24.
+/// FSDP's fp32 shard as the master (held_weight_dtype()) there is no 16-bit weight to write: g + 24.
 inline double cpu_adam_bytes_per_param(model_spec const& m, parallel_spec const& p = {}) {
-  bool const shard_is_master = p.fsdp && m.fp32_master;
+  bool const writes_16_bit = held_weight_dtype(m, p) == m.param_dtype;
   return static_cast<double>(size_of(grad_dtype_of(m))) + (m.fp32_master ? 24.0 : 16.0) +
-         (shard_is_master ? 0.0 : static_cast<double>(size_of(m.param_dtype)));
+         (writes_16_bit ? static_cast<double>(size_of(m.param_dtype)) : 0.0);
 }
 
 /// One rank's figures under an alternative.

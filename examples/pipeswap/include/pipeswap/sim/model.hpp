@@ -654,14 +654,23 @@ inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recomp
 /// and an fp32 master. FSDP2 shards the fp32 parameters themselves, gathers them in the parameter type
 /// for compute (MixedPrecisionPolicy's param_dtype) and AdamW updates the shard in place: the master
 /// is the shard, with no 16-bit copy beside it (tests/python/dist/fsdp_worker.py checks both).
+inline dtype held_weight_dtype(model_spec const& m, parallel_spec const& p) {
+  return p.fsdp && m.fp32_master ? dtype::f32 : m.param_dtype;
+}
 inline std::uint64_t held_weight_bytes(model_spec const& m, parallel_spec const& p) {
-  return p.fsdp && m.fp32_master ? 4 : size_of(m.param_dtype);
+  return size_of(held_weight_dtype(m, p));
+}
+
+/// Whether AdamW keeps an fp32 master beside the held weights: with fp32_master, unless the held
+/// weights are the master (held_weight_dtype()).
+inline bool optimizer_keeps_master(model_spec const& m, parallel_spec const& p) {
+  return m.fp32_master && held_weight_dtype(m, p) != dtype::f32;
 }
 
 /// AdamW's state per element of a rank's shard, which optimizer swap moves: the two fp32 moments, and
-/// the fp32 master where it is not the weight itself (fp32_master without FSDP): 12 or 8.
+/// the master where the optimizer keeps one (optimizer_keeps_master()): 12 or 8.
 inline std::uint64_t optimizer_state_bytes_per_element(model_spec const& m, parallel_spec const& p) {
-  return m.fp32_master && !p.fsdp ? 12 : 8;
+  return optimizer_keeps_master(m, p) ? 12 : 8;
 }
 
 /// Bytes per parameter kept on the device when nothing is swapped: weights (parameter type),

@@ -103,13 +103,12 @@ public:
     ex_.emplace(engine_, comm_, layout_, std::move(models), eo);
     auto const cs = b_.current_stream();
     // With FSDP and an fp32 master the rank's weight shard is the fp32 master itself, which AdamW
-    // updates in place (held_weight_bytes()): registered as an fp32 weight without a master.
-    bool const shard_is_master = s.parallel.fsdp && s.model.fp32_master;
-    auto const es = held_weight_bytes(s.model, s.parallel);
-    auto const wtype = shard_is_master ? dtype::f32 : s.model.param_dtype;
+    // updates in place (held_weight_dtype()): registered as an fp32 weight without a master.
+    auto const wtype = held_weight_dtype(s.model, s.parallel);
+    auto const es = size_of(wtype);
     auto const gtype = grad_dtype_of(s.model);
     auto const gs = size_of(gtype);
-    bool const master = s.model.fp32_master && !shard_is_master;
+    bool const master = optimizer_keeps_master(s.model, s.parallel);
     auto const state_per_element = optimizer_state_bytes_per_element(s.model, s.parallel);
     std::vector<stage_spec> mine;
     for (auto const& st : stages_) {
