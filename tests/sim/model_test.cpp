@@ -415,6 +415,16 @@ BOOST_AUTO_TEST_CASE(fsdp_shards_the_weights_and_gradients_and_holds_what_it_gat
   for (auto const& t : two[0].tensors) shards0 += (t.numel + 3) / 4;
   BOOST_TEST(sim::fsdp_gathered_bytes(pp, {two[0]}) == 6 * two[0].params);
   BOOST_TEST(sim::simulate(pp, o).ranks.at(0).resident_param_bytes == 6 * two[0].params + 8 * shards0);
+
+  // One pipeline rank with two interleaved stages is FSDP without a pipeline, as its communication
+  // (fsdp_per_layer) is: the root unit and two layers gathered, not every tensor.
+  auto one = f;
+  one.pipeline.schedule = sim::schedule_kind::interleaved;
+  one.pipeline.stages_per_rank = 2;
+  sim::validate(one);
+  BOOST_TEST(sim::fsdp_per_layer(one));
+  auto const halves = sim::plan_stages(one);
+  BOOST_TEST(sim::fsdp_gathered_bytes(one, halves) == 4 * (root + 2 * (layers / 4)));
 }
 
 // Narayanan et al. 2021, eq. 3: FLOPs per iteration 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) with full

@@ -690,8 +690,9 @@ inline double state_bytes_per_param(model_spec const& m, parallel_spec const& p 
 
 /// The bytes FSDP holds gathered on a rank beside the shards (parallel.fsdp; 0 without), weights in
 /// the parameter type, unsharded:
-/// - without a pipeline (one stage), the root unit (the tensors outside the layers: embedding, final
-///   norm, output layer), gathered for the whole forward and again for the backward, and two layers
+/// - without a pipeline (one pipeline rank, as fsdp_per_layer() says), the root unit (the tensors
+///   outside the layers: embedding, final norm, output layer), gathered for the whole forward and
+///   again for the backward, and two layers
 ///   (the one computing and the one prefetched), with their gradients in the parameter type as the
 ///   backward produces them (FSDP reduces each layer's right after its backward);
 /// - with a pipeline, every tensor of the rank's stages with its gradient in grad_dtype_of: torchtitan
@@ -699,7 +700,7 @@ inline double state_bytes_per_param(model_spec const& m, parallel_spec const& p 
 ///   accumulates the unsharded gradients in the reduction's type until the last one.
 inline std::uint64_t fsdp_gathered_bytes(scenario const& s, std::vector<stage_spec> const& rank_stages) {
   if (!s.parallel.fsdp) return 0;
-  bool const pipelined = s.pipeline.ranks * s.pipeline.stages_per_rank > 1;
+  bool const pipelined = !fsdp_per_layer(s);
   std::uint64_t const e = size_of(s.model.param_dtype), per = e + (pipelined ? size_of(grad_dtype_of(s.model)) : e);
   std::uint64_t all = 0, root = 0, layer = 0;
   for (auto const& st : rank_stages) {
