@@ -33,9 +33,11 @@ def published(comment):
 
 
 def published_peak_gib(comment):
-    """The published peak memory, where the comment gives one ("..., 77.0 GiB at its peak"), else None."""
-    m = re.search(r"tokens/s per GPU, ([0-9.]+) GiB at its peak", comment)
-    return float(m.group(1)) if m else None
+    """The published peak memory and whether it is the last pipeline rank's, where the comment gives
+    one ("..., 77.0 GiB at its peak", the busiest device's; "..., 26.6 GiB at its peak on the last
+    pipeline rank", the rank Megatron logs memory on), else (None, False)."""
+    m = re.search(r"tokens/s per GPU, ([0-9.]+) GiB at its peak( on the last pipeline rank)?", comment)
+    return (float(m.group(1)), bool(m.group(2))) if m else (None, False)
 
 
 def simulate(exe, path, efficiency=None):
@@ -128,8 +130,8 @@ def main():
         kind = "held out" if held_out(path) else "calibration"
         groups.setdefault(kind, []).append(pred / pub)
         groups.setdefault(f"{kind}, {model_kind(sc)}", []).append(pred / pub)
-        peak = none["peak_bytes"] / 2**30
-        mem = published_peak_gib(sc["comment"])
+        mem, last_rank = published_peak_gib(sc["comment"])
+        peak = (none["ranks"][-1] if last_rank else none)["peak_bytes"] / 2**30
         memory = f"  peak {peak:5.1f} GiB" + (f" against {mem:5.1f} ({peak / mem:5.3f})" if mem else "")
         print(f"{kind:12} {os.path.basename(path):50} published {pub:8.0f}  predicted {pred:8.0f}  "
               f"ratio {pred / pub:5.3f}  step {step:7.3f} s{memory}")

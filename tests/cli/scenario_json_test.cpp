@@ -42,7 +42,7 @@ json every_field() {
               "vocab": 1000, "seq_len": 256, "micro_batch_size": 3, "param_dtype": "F16", "grad_dtype": "BF16",
               "fp32_master": false, "flash_attention": false, "mlp": "gelu", "dropout": true,
               "recompute": "selective", "activation_bytes_per_layer": 123456, "head_dim": 32, "precision": "FP8",
-              "fused_kernels": false, "loss": "pytorch",
+              "fp8_library": "torchao", "fused_kernels": false, "loss": "pytorch",
               "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 256, "shared_expert_ffn_hidden": 512,
                       "capacity_factor": 1.25, "pad_to_capacity": true, "load_imbalance": 1.5}},
     "device": {"name": "toy", "memory_bytes": 8000000000, "reserved_bytes": 500000000, "h2d_gbps": 12.5,
@@ -519,4 +519,10 @@ BOOST_AUTO_TEST_CASE(precision_and_compute_errors_name_their_field) {
   expect_rejected(R"({"device": {"fp8_tflops": 0}})", "scenario: device.fp8_tflops must be positive");
   auto const fp8 = sim::scenario_from_json_text(R"({"model": {"precision": "FP8"}})");
   BOOST_TEST((fp8.model.precision == sim::precision::fp8));
+  BOOST_TEST((fp8.model.fp8_library == sim::fp8_library_kind::transformer_engine));
+  expect_rejected(
+      R"({"model": {"fp8_library": "te"}})",
+      "scenario: model.fp8_library: expected one of \"transformer_engine\", \"torchao\", got string \"te\"");
+  auto const ao = sim::scenario_from_json_text(R"({"model": {"precision": "FP8", "fp8_library": "torchao"}})");
+  BOOST_TEST((ao.model.fp8_library == sim::fp8_library_kind::torchao));
 }

@@ -245,6 +245,62 @@ BOOST_AUTO_TEST_CASE(dtensor_tensor_parallelism_saves_the_gathered_inputs_of_col
   });
 }
 
+// What an FP8 GEMM keeps of its input (model.fp8_library): Transformer Engine its FP8 copy, 1 byte
+// per element, for q/k/v, gate/up (fc1) and down (fc2), the output projection keeping the flash
+// output already counted; torchao its 16-bit input, except a column-parallel linear's under tensor
+// parallelism, which torchtitan gathers in FP8. Row by row, e = 2, on both MLPs and with and without
+// DTensor's gathered inputs; BF16 keeps 16 bits whatever the library; the step time is the same.
+BOOST_AUTO_TEST_CASE(fp8_gemms_keep_their_inputs_as_their_library_does) {
+  using lib = sim::fp8_library_kind;
+  for (auto mlp : {sim::mlp_kind::swiglu, sim::mlp_kind::gelu}) {
+    for (std::uint32_t t : {1u, 4u}) {
+      for (bool gathered : {false, true}) {
+        if (gathered && t == 1) continue;
+        sim::scenario s;
+        s.model.mlp = mlp;
+        s.parallel.tp = t;
+        s.parallel.sequence_parallel = t > 1;
+        s.parallel.save_gathered_inputs = gathered;
+        sim::validate(s);
+        std::uint64_t const T = s.model.seq_len * s.model.micro_batch_size, h = s.model.hidden;
+        std::uint64_t const Tg = gathered ? T : T / t, f = s.model.ffn_hidden / t;
+        auto const bf16 = sim::activation_bytes_per_layer(s.model, s.parallel);
+        auto at = [&](lib l) {
+          auto m = s.model;
+          m.precision = sim::precision::fp8;
+          m.fp8_library = l;
+          return sim::activation_bytes_per_layer(m, s.parallel);
+        };
+        auto with = [&](lib l) {
+          auto m = s.model;
+          m.fp8_library = l;
+          return sim::activation_bytes_per_layer(m, s.parallel);
+        };
+        BOOST_TEST_CONTEXT("mlp " << int(mlp) << ", tp " << t << ", gathered " << gathered) {
+          // the q/k/v and fc1 inputs (Tg·h each) and fc2's (T·f/t) at 1 byte in place of 2
+          BOOST_TEST(bf16 - at(lib::transformer_engine) == 2 * Tg * h + T * f);
+          BOOST_TEST(bf16 - at(lib::torchao) == (t > 1 ? 2 * Tg * h : 0));
+          BOOST_TEST(with(lib::torchao) == bf16);
+          BOOST_TEST(with(lib::transformer_engine) == bf16);
+        }
+        auto te = s;
+        te.model.precision = sim::precision::fp8;
+        auto ao = te;
+        ao.model.fp8_library = lib::torchao;
+        BOOST_TEST(sim::plan_stages(te)[0].fwd_ns == sim::plan_stages(ao)[0].fwd_ns);
+      }
+    }
+  }
+  // Without flash attention the output projection keeps its input too, as FP8 under Transformer Engine.
+  sim::scenario s;
+  s.model.flash_attention = false;
+  auto fp8 = s.model;
+  fp8.precision = sim::precision::fp8;
+  std::uint64_t const T = s.model.seq_len * s.model.micro_batch_size, h = s.model.hidden;
+  BOOST_TEST(sim::activation_bytes_per_layer(s.model, s.parallel) - sim::activation_bytes_per_layer(fp8, s.parallel) ==
+             3 * T * h + T * s.model.ffn_hidden);
+}
+
 // torchtitan's per-operation policy ("op"): the layer keeps its input, every other matmul's output
 // in forward order (q, v, gate, down) and the attention core's output and log-sum-exp; the backward
 // re-runs the k, output and up projections and the memory-bound kernels.

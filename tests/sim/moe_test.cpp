@@ -86,24 +86,36 @@ BOOST_AUTO_TEST_CASE(qwen3_adam_moments_match_megatron_bridge_s_published_15_3_g
 // pairs, attention width a·d = 4096, key/value width 4·128 = 512, E = 128, f_e = 768:
 //   attn_norm, qkv input 2·e·T'·h; Q e·T·4096/t; K, V e·T·512/t each; flash output e·T·4096/t;
 //   log-sum-exp 4·b·(32/t)·s; mlp_norm input e·T'·h; router input e·T'·h; probabilities 4·T'·E;
-//   expert input e·P·h; gate and up 2·e·P·f_e/etp; down input e·P·f_e/etp; expert outputs e·P·h.
+//   expert input e·P·h; gate and up 2·e·P·f_e/etp; the permuted fp32 probabilities 4·P; down input
+//   e·P·f_e/etp (the unpermutation keeps nothing: the activation applies the probabilities). With
+//   FP8 under Transformer Engine the q/k/v, expert and down inputs are kept as 1-byte FP8 copies.
 BOOST_AUTO_TEST_CASE(qwen3_activations_per_layer_match_the_hand_calculation) {
   for (std::uint32_t t : {1u, 2u, 4u}) {
     auto const s = qwen3(t, 2, 4 * (t == 1 ? 2 : 1), 4);
     double const e = 2, h = 2048, T = 8192, Tr = T / t, P = 8 * Tr * t, fe = 768.0 / t;
     double const attention =
         2 * e * Tr * h + e * T * 4096 / t + 2 * e * T * 512 / t + e * T * 4096 / t + 4 * 2 * (32.0 / t) * 4096;
-    double const moe = e * Tr * h + e * Tr * h + 4 * Tr * 128 + e * P * h + 2 * e * P * fe + e * P * fe + e * P * h;
+    double const moe = e * Tr * h + e * Tr * h + 4 * Tr * 128 + e * P * h + 2 * e * P * fe + 4 * P + e * P * fe;
     BOOST_TEST_CONTEXT("tp " << t) {
       BOOST_TEST(
           close(static_cast<double>(sim::activation_bytes_per_layer(s.model, s.parallel)), attention + moe, 1e-12));
-      // Eager kernels: two norms' fp32 copies 2·4·T'·h and the experts' SiLU outputs e·P·f_e/etp (no
-      // shared expert here).
+      // Eager kernels: two norms' fp32 copies 2·4·T'·h and the experts' SiLU outputs and products
+      // before the probabilities, e·P·f_e/etp each (no shared expert here).
       auto eager = s.model;
       eager.fused_kernels = false;
-      double const more = 2 * 4 * Tr * h + e * P * fe;
+      double const more = 2 * 4 * Tr * h + 2 * e * P * fe;
       BOOST_TEST(close(static_cast<double>(sim::activation_bytes_per_layer(eager, s.parallel)), attention + moe + more,
                        1e-12));
+      // FP8 under Transformer Engine: the q/k/v input T'·h, the experts' input P·h and their down
+      // input P·f_e/etp at 1 byte; under torchao only the q/k/v input with t > 1 (gathered in FP8).
+      auto fp8 = s.model;
+      fp8.precision = sim::precision::fp8;
+      double const fewer = (e - 1) * (Tr * h + P * h + P * fe);
+      BOOST_TEST(
+          close(static_cast<double>(sim::activation_bytes_per_layer(fp8, s.parallel)), attention + moe - fewer, 1e-12));
+      fp8.fp8_library = sim::fp8_library_kind::torchao;
+      BOOST_TEST(close(static_cast<double>(sim::activation_bytes_per_layer(fp8, s.parallel)),
+                       attention + moe - (t > 1 ? (e - 1) * Tr * h : 0), 1e-12));
     }
   }
 }
@@ -144,7 +156,7 @@ BOOST_AUTO_TEST_CASE(capacity_and_imbalance_scale_the_busiest_devices_experts) {
   auto experts_bytes = [](sim::scenario const& x) {
     std::uint64_t b = 0;
     for (auto const& t : sim::moe_layer_activations(x.model, x.parallel))
-      if (t.op == "moe.experts" || t.op == "moe.unpermute") b += t.bytes;
+      if (t.op == "moe.experts") b += t.bytes;
     return b;
   };
   auto const balanced = experts_bytes(s);

@@ -37,6 +37,11 @@ namespace pipeswap::sim {
 ///   GeLU: its input e·T·f' and fc2's input e·T·f'; SwiGLU: gate and up outputs 2·e·T·f' and
 ///     down's input e·T·f'
 ///   MLP dropout: mask T'·h
+/// With FP8 GEMMs under Transformer Engine (gemm_saved_input_bytes) the q/k/v, fc1 (gate/up) and
+/// fc2 (down) inputs are kept as FP8 copies, 1 byte per element in place of e; the output
+/// projection keeps the 16-bit flash output the attention core keeps (Megatron-Core's
+/// set_save_original_input), counted once; without flash attention it keeps its FP8 copy. Under
+/// torchao, only the column-parallel inputs with t > 1 (gathered in FP8) are kept in FP8.
 /// With eager kernels (model.fused_kernels false) each norm saves its input cast to fp32 and its
 /// normalized value before the weight, (4 + e)·T'·h, in place of its input; SwiGLU saves the SiLU's
 /// output e·T·f' as well (the experts' and the shared expert's alike). The rotary embedding saves
@@ -65,6 +70,8 @@ inline std::vector<saved_tensor> layer_activations(model_spec const& m, parallel
   std::uint64_t const kvs = head_dim_of(m) * (m.kv_heads / t);
   std::uint64_t const b = m.micro_batch_size, s = m.seq_len;
   std::uint64_t const Tg = p.save_gathered_inputs ? T : Tr; // what a column-parallel linear saves
+  // Bytes per element a GEMM keeps of its input: a column-parallel one's (q/k/v, fc1 or gate/up), the others'.
+  std::uint64_t const xc = gemm_saved_input_bytes(m, t > 1), x = gemm_saved_input_bytes(m);
   if (rc == recompute_kind::full) return {{"layer", "input (all that full recomputation keeps)", e * Tr * h}};
   if (rc == recompute_kind::op) {
     // torchtitan's "op" policy keeps the checkpointed layer's input, every other matmul's output
@@ -84,7 +91,7 @@ inline std::vector<saved_tensor> layer_activations(model_spec const& m, parallel
   }
   bool const eager = !m.fused_kernels;
   std::vector<saved_tensor> out{
-      norm_activation(m, "attn_norm", Tr * h), {"attn.qkv", "input (the norm's output)", e * Tg * h},
+      norm_activation(m, "attn_norm", Tr * h), {"attn.qkv", "input (the norm's output)", xc * Tg * h},
       {"core attention", "Q", e * T * hs},     {"core attention", "K", e * T * kvs},
       {"core attention", "V", e * T * kvs},
   };
@@ -100,21 +107,21 @@ inline std::vector<saved_tensor> layer_activations(model_spec const& m, parallel
         out.push_back({"core attention", "dropout output", e * b * as * s * s});
       }
     }
-    out.push_back({"attn.o", "input", e * T * hs});
+    out.push_back({"attn.o", "input", x * T * hs});
   }
   if (m.dropout) out.push_back({"attention dropout", "mask", Tr * h});
   out.push_back(norm_activation(m, "mlp_norm", Tr * h));
   if (m.moe.enabled()) {
     for (auto& x : moe_layer_activations(m, p)) out.push_back(std::move(x));
   } else if (m.mlp == mlp_kind::gelu) {
-    out.push_back({"mlp.fc1", "input (the norm's output)", e * Tg * h});
+    out.push_back({"mlp.fc1", "input (the norm's output)", xc * Tg * h});
     out.push_back({"GeLU", "input", e * T * fs});
-    out.push_back({"mlp.fc2", "input (the GeLU's output)", e * T * fs});
+    out.push_back({"mlp.fc2", "input (the GeLU's output)", x * T * fs});
   } else {
-    out.push_back({"mlp.gate/up", "input (the norm's output)", e * Tg * h});
+    out.push_back({"mlp.gate/up", "input (the norm's output)", xc * Tg * h});
     out.push_back({"SwiGLU", "gate and up outputs", 2 * e * T * fs});
     if (eager) out.push_back({"SwiGLU", "SiLU output (eager)", e * T * fs});
-    out.push_back({"mlp.down", "input (the SwiGLU's output)", e * T * fs});
+    out.push_back({"mlp.down", "input (the SwiGLU's output)", x * T * fs});
   }
   if (m.dropout) out.push_back({"MLP dropout", "mask", Tr * h});
   return out;

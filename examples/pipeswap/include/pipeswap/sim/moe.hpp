@@ -79,41 +79,53 @@ inline std::uint64_t moe_pairs_processed(model_spec const& m, parallel_spec cons
 /// What the MoE MLP of one layer saves for its backward per micro-batch on one device, after
 /// mlp_norm (whose input the dense table keeps), derived op by op as the dense table is (the method
 /// of Korthikanti et al. 2022, §4: every tensor an operation keeps for its backward), for
-/// Megatron-Core's MoE layer (router, token permutation, grouped experts, unpermutation):
-///   router: its input, the norm's output, e·T'·h (also the shared expert's input), and its fp32
-///     routing probabilities 4·T'·E
-///   experts (after the dispatch all-to-all): their input e·P·h; SwiGLU: gate and up outputs
-///     2·e·P·f_e/etp and down's input e·P·f_e/etp (GeLU: its input and fc2's input, e·P·f_e/etp each)
-///   unpermutation (the probability-weighted sum): the experts' outputs e·P·h
-///   shared expert (SwiGLU): gate and up outputs 2·e·T·f_s/t, down's input e·T·f_s/t
+/// Megatron-Core's MoE layer (router, token permutation, grouped experts, unpermutation), with x the
+/// bytes per element a GEMM keeps of its input (gemm_saved_input_bytes: e, or 1 for Transformer
+/// Engine's FP8 copy):
+///   router: its input, the norm's output, e·T'·h (also the shared expert's first GEMM's input, which
+///     Megatron-Core has keep that 16-bit tensor), and its fp32 routing probabilities 4·T'·E
+///   experts (after the dispatch all-to-all): their input x·P·h; SwiGLU: gate and up outputs
+///     2·e·P·f_e/etp, the permuted routing probabilities 4·P, down's input x·P·f_e/etp; GeLU: its
+///     input and its output e·P·f_e/etp each, the probabilities 4·P, fc2's input x·P·f_e/etp
+///   unpermutation: nothing. Since Megatron-Core 0.13 ("memory efficient token permutation") the
+///     experts' activation multiplies by the routing probabilities (the fused weighted SwiGLU keeps
+///     its input and the probabilities; GeLU's product keeps the GeLU's output), so unpermuting is a
+///     pure permutation whose backward needs only indices
+///   shared expert (SwiGLU): gate and up outputs 2·e·T·f_s/t, down's input x·T·f_s/t (GeLU: its
+///     input e·T·f_s/t and fc2's input x·T·f_s/t)
 ///   with eager kernels (model.fused_kernels false), each SwiGLU's SiLU output as well (e·P·f_e/etp,
-///   e·T·f_s/t)
+///     e·T·f_s/t), and the experts' product before the probabilities (e·P·f_e/etp)
 /// No published closed form for MoE activations is used; this table is the model.
 inline std::vector<saved_tensor> moe_layer_activations(model_spec const& m, parallel_spec const& p) {
   std::uint64_t const e = size_of(m.param_dtype), h = m.hidden, Tr = moe_tokens_routed(m, p),
-                      P = moe_pairs_processed(m, p);
+                      P = moe_pairs_processed(m, p), x = gemm_saved_input_bytes(m);
   std::uint64_t const fe = m.moe.expert_ffn_hidden / expert_tp_of(p), T = m.seq_len * m.micro_batch_size;
+  bool const eager = !m.fused_kernels;
   std::vector<saved_tensor> out{
       {"moe.router", "input (the norm's output)", e * Tr * h},
       {"moe.router", "routing probabilities (fp32)", 4 * Tr * m.moe.experts},
-      {"moe.experts", "input (permuted tokens)", e * P * h},
+      {"moe.experts", "input (permuted tokens)", x * P * h},
   };
   if (m.mlp == mlp_kind::gelu) {
     out.push_back({"moe.experts", "GeLU input", e * P * fe});
-    out.push_back({"moe.experts", "fc2 input", e * P * fe});
+    out.push_back({"moe.experts", "GeLU output (times the probabilities)", e * P * fe});
   } else {
     out.push_back({"moe.experts", "gate and up outputs", 2 * e * P * fe});
-    if (!m.fused_kernels) out.push_back({"moe.experts", "SiLU output (eager)", e * P * fe});
-    out.push_back({"moe.experts", "down input", e * P * fe});
+    if (eager) {
+      out.push_back({"moe.experts", "SiLU output (eager)", e * P * fe});
+      out.push_back({"moe.experts", "SwiGLU output before the probabilities (eager)", e * P * fe});
+    }
   }
-  out.push_back({"moe.unpermute", "expert outputs", e * P * h});
+  out.push_back({"moe.experts", "routing probabilities, permuted (fp32)", 4 * P});
+  out.push_back({"moe.experts", m.mlp == mlp_kind::gelu ? "fc2 input" : "down input", x * P * fe});
   if (auto const fs = m.moe.shared_expert_ffn_hidden / p.tp; fs > 0) {
     if (m.mlp == mlp_kind::gelu) {
-      out.push_back({"moe.shared_expert", "GeLU input, fc2 input", 2 * e * T * fs});
+      out.push_back({"moe.shared_expert", "GeLU input", e * T * fs});
+      out.push_back({"moe.shared_expert", "fc2 input", x * T * fs});
     } else {
       out.push_back({"moe.shared_expert", "gate and up outputs", 2 * e * T * fs});
-      if (!m.fused_kernels) out.push_back({"moe.shared_expert", "SiLU output (eager)", e * T * fs});
-      out.push_back({"moe.shared_expert", "down input", e * T * fs});
+      if (eager) out.push_back({"moe.shared_expert", "SiLU output (eager)", e * T * fs});
+      out.push_back({"moe.shared_expert", "down input", x * T * fs});
     }
   }
   return out;

@@ -54,6 +54,18 @@ inline std::string recompute_title(recompute_kind k) {
 /// the attention core and the memory-bound kernels stay 16-bit.
 enum class precision : std::uint8_t { bf16, fp8 };
 
+/// The library that runs the FP8 GEMMs (model.fp8_library), as it decides what each keeps for its
+/// backward (model.hpp, gemm_saved_input_bytes).
+enum class fp8_library_kind : std::uint8_t {
+  /// Megatron-Core's: each FP8 GEMM keeps its input's FP8 copy, 1 byte per element (Transformer
+  /// Engine's Linear, LayerNormLinear and GroupedLinear keep the column-wise FP8 data their weight
+  /// gradient reads); Megatron-Core has the output projection and the shared expert's first GEMM keep
+  /// their 16-bit input instead, which the attention core and the router keep anyway.
+  transformer_engine,
+  /// torchtitan's: torchao's Float8Linear keeps the 16-bit input and casts it again in the backward.
+  torchao,
+};
+
 /// How the simulator times compute (device.compute).
 enum class compute_kind : std::uint8_t {
   roofline, ///< per operation: GEMMs by shape, attention and memory-bound kernels (sim/compute.hpp)
@@ -110,6 +122,9 @@ struct model_spec {
   recompute_kind recompute = recompute_kind::none;
   /// The GEMMs' precision: BF16, or FP8 for the layers' projections and MLPs (at device.fp8_tflops).
   sim::precision precision = sim::precision::bf16;
+  /// With FP8, the library whose GEMMs keep their inputs for the backward: Transformer Engine's keep
+  /// the FP8 copy, torchao's the 16-bit input.
+  fp8_library_kind fp8_library = fp8_library_kind::transformer_engine;
   /// The norms, the rotary embedding and SwiGLU's activation each run as one fused kernel (Transformer
   /// Engine, torch.compile). false: as eager PyTorch's separate elementwise kernels, which cast to fp32
   /// and back and save more for the backward (sim/compute.hpp, elementwise_bytes_of).
@@ -303,6 +318,16 @@ inline std::uint64_t head_dim_of(model_spec const& m) { return m.head_dim.value_
 
 /// The query (and attention output) width, heads × head_dim: the hidden size unless head_dim is set.
 inline std::uint64_t attention_width(model_spec const& m) { return m.heads * head_dim_of(m); }
+
+/// Bytes per element of the input a layer's GEMM keeps for its backward: with FP8 GEMMs, 1 (the FP8
+/// copy) under Transformer Engine, and under torchao for a column-parallel linear's input with
+/// tensor parallelism (`column_parallel_tp`: torchtitan's PrepareFloat8ModuleInput casts it to FP8
+/// before the all-gather, and torchao keeps an input that arrives in FP8 as it came); else the
+/// 16-bit activation's size (torchao keeps its 16-bit inputs; BF16 GEMMs keep theirs).
+inline std::uint64_t gemm_saved_input_bytes(model_spec const& m, bool column_parallel_tp = false) {
+  if (m.precision != precision::fp8) return size_of(m.param_dtype);
+  return m.fp8_library == fp8_library_kind::transformer_engine || column_parallel_tp ? 1 : size_of(m.param_dtype);
+}
 
 /// Devices of the job: pipeline ranks × tp × dp.
 inline std::uint64_t devices_of(scenario const& s) {

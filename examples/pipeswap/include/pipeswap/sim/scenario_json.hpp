@@ -8,7 +8,7 @@
 //                 "param_dtype": "BF16", "grad_dtype": null, "fp32_master": true,
 //                 "flash_attention": true, "mlp": "swiglu", "dropout": false, "recompute": "none",
 //                 "activation_bytes_per_layer": null, "head_dim": null, "precision": "BF16",
-//                 "fused_kernels": true, "loss": "fused",
+//                 "fp8_library": "transformer_engine", "fused_kernels": true, "loss": "fused",
 //                 "moe": {"experts": 0, "top_k": 1, "expert_ffn_hidden": 0, "shared_expert_ffn_hidden": 0,
 //                         "capacity_factor": null, "pad_to_capacity": false, "load_imbalance": 1}},
 //    "device":   {"name": "H200", "memory_bytes": 141000000000, "reserved_bytes": 6000000000,
@@ -291,6 +291,8 @@ inline constexpr std::array<std::pair<std::string_view, mlp_kind>, 2> mlp_names{
     {{"swiglu", mlp_kind::swiglu}, {"gelu", mlp_kind::gelu}}};
 inline constexpr std::array<std::pair<std::string_view, precision>, 2> precision_names{
     {{"BF16", precision::bf16}, {"FP8", precision::fp8}}};
+inline constexpr std::array<std::pair<std::string_view, fp8_library_kind>, 2> fp8_library_names{
+    {{"transformer_engine", fp8_library_kind::transformer_engine}, {"torchao", fp8_library_kind::torchao}}};
 inline constexpr std::array<std::pair<std::string_view, loss_kind>, 2> loss_names{
     {{"fused", loss_kind::fused}, {"pytorch", loss_kind::pytorch}}};
 inline constexpr std::array<std::pair<std::string_view, compute_kind>, 2> compute_names{
@@ -318,6 +320,10 @@ constexpr std::string_view mlp_name(mlp_kind k) { return detail::enum_name(k, de
 constexpr std::string_view loss_name(loss_kind k) { return detail::enum_name(k, detail::loss_names); }
 /// "BF16", "FP8".
 constexpr std::string_view precision_name(precision k) { return detail::enum_name(k, detail::precision_names); }
+/// "transformer_engine", "torchao".
+constexpr std::string_view fp8_library_name(fp8_library_kind k) {
+  return detail::enum_name(k, detail::fp8_library_names);
+}
 /// "roofline", "flops".
 constexpr std::string_view compute_name(compute_kind k) { return detail::enum_name(k, detail::compute_names); }
 
@@ -364,6 +370,7 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
                     "head_dim",
                     "moe",
                     "precision",
+                    "fp8_library",
                     "fused_kernels",
                     "loss"});
     auto& m = s.model;
@@ -424,6 +431,8 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
       m.recompute = detail::enum_field(*v2, "model.recompute", detail::recompute_names);
     if (auto const* v2 = r.find("precision"))
       m.precision = detail::enum_field(*v2, "model.precision", detail::precision_names);
+    if (auto const* v2 = r.find("fp8_library"))
+      m.fp8_library = detail::enum_field(*v2, "model.fp8_library", detail::fp8_library_names);
     r.boolean("fused_kernels", m.fused_kernels);
     if (auto const* v2 = r.find("loss")) m.loss = detail::enum_field(*v2, "model.loss", detail::loss_names);
     if (auto const* a = r.find("activation_bytes_per_layer")) {
@@ -572,6 +581,7 @@ Json to_json(scenario const& s) {
   jm["activation_bytes_per_layer"] = m.activation_bytes_per_layer ? Json(*m.activation_bytes_per_layer) : Json(nullptr);
   jm["head_dim"] = m.head_dim ? Json(*m.head_dim) : Json(nullptr);
   jm["precision"] = precision_name(m.precision);
+  jm["fp8_library"] = fp8_library_name(m.fp8_library);
   jm["fused_kernels"] = m.fused_kernels;
   jm["loss"] = loss_name(m.loss);
   Json& je = jm["moe"] = Json::object();
