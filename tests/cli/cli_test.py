@@ -1037,13 +1037,13 @@ class Calibration(unittest.TestCase):
                       if not self.script.held_out(n) and self.script.stack(n) == stack)
 
     def test_the_set_is_the_documented_one(self):
-        self.assertEqual(len(self.ratios), 19)
+        self.assertEqual(len(self.ratios), 24)
         self.assertEqual(len(self.calibration("megatron")), 3)
         self.assertEqual(len(self.calibration("torchtitan")), 2)
         self.assertEqual(len(self.held_out("megatron")), 4)
         self.assertEqual(len(self.held_out("torchtitan")), 8)
-        self.assertEqual(len(self.held_out("megatron", "mixture-of-experts")), 2)
-        self.assertEqual(len(self.held_out(None, "mixture-of-experts")), 2)
+        self.assertEqual(len(self.held_out("megatron", "mixture-of-experts")), 7)
+        self.assertEqual(len(self.held_out(None, "mixture-of-experts")), 7)
 
     def test_the_calibration_runs_are_within_15_percent_at_their_stacks_fitted_ceiling(self):
         for stack in ("megatron", "torchtitan"):
@@ -1064,14 +1064,19 @@ class Calibration(unittest.TestCase):
                 self.assertGreater(r, 0.70, stack)
                 self.assertLess(r, 1.30, stack)
             self.assertLess(abs(statistics.median(held) - 1), 0.15 if stack is None else 0.20, stack)
-        # The mixture-of-experts runs are over-predicted, the smaller model by twice: the targets do
-        # not hold for them (docs/simulator.md), and the reports say so with their own band.
+        # The mixture-of-experts runs: five within ±30 %, and the two Qwen3-30B-A3B runs with their
+        # experts inside a node over-predicted by 1.8 and 2.1: the targets do not hold for them
+        # (docs/simulator.md), and the reports say so with their own band.
         moe = self.held_out(None, "mixture-of-experts")
         for r in moe:
-            self.assertGreater(r, 1.0)
+            self.assertGreater(r, 0.80)
             self.assertLess(r, 2.2)
+        outside = sorted(n for n, r in self.ratios.items() if self.script.held_out(n)
+                         and self.script.model_kind(self.runs[n][0]) == "mixture-of-experts" and not 0.7 < r < 1.3)
+        self.assertEqual(outside, ["heldout_bridge2511_qwen3_30b_a3b_16xh100.json",
+                                   "heldout_bridge2602_qwen3_30b_a3b_16xh100_vp12.json"])
         every = sorted(self.held_out() + moe)
-        self.assertLess(abs(statistics.median(every) - 1), 0.15)  # the median target, over all 14
+        self.assertLess(abs(statistics.median(every) - 1), 0.15)  # the median target, over all 19
 
     def test_fsdp_peaks_against_torchtitan_s(self):
         # docs/simulator.md ("Calibration", memory): with parallel.fsdp, PyTorch's cross entropy
@@ -1107,14 +1112,28 @@ class Calibration(unittest.TestCase):
         self.assertIsNone(self.stated["dense"]["memory"])
 
     def test_moe_peaks_against_the_runs(self):
-        # The Megatron-Bridge runs publish no peak, but ran on 80 GB H100s without recomputation: the
-        # model must fit each (its peak, the 6 GB reserve included).
+        # docs/simulator.md ("Calibration", memory): Megatron logs PyTorch's peak allocated bytes on
+        # the last pipeline rank; the two Mixtral runs' simulated last ranks (device.reserved_bytes 0)
+        # come within 10 % of it. The Megatron-Bridge runs publish no peak, but ran on 80 GB H100s
+        # without recomputation: the model must fit each (its peak, the 6 GB reserve included).
+        last = {}
         for n, (sc, none) in self.runs.items():
-            if self.script.held_out(n) and self.script.model_kind(sc) == "mixture-of-experts":
+            if not self.script.held_out(n) or self.script.model_kind(sc) != "mixture-of-experts":
+                continue
+            published, last_rank = self.script.published_peak_gib(sc["comment"])
+            if published is None:
                 self.assertEqual(sc["model"]["recompute"], "none", n)
                 self.assertEqual(sc["device"]["memory_bytes"], 80_000_000_000, n)
                 self.assertTrue(none["fits"], n)
                 self.assertLessEqual(none["peak_bytes"], 80e9, n)
+            else:
+                self.assertTrue(last_rank, n)
+                self.assertEqual(sc["device"]["reserved_bytes"], 0, n)
+                last[n] = none["ranks"][-1]["peak_bytes"] / 2**30 / published
+        self.assertEqual(len(last), 2)
+        for n, r in last.items():
+            self.assertGreater(r, 0.90, n)
+            self.assertLess(r, 1.10, n)
 
     def test_the_reports_print_the_error_beside_the_step_time(self):
         _, out, _ = run("simulate", "--trace", "", "--svg", "")
@@ -1125,8 +1144,8 @@ class Calibration(unittest.TestCase):
         self.assertIn("\nmodel error: on 12 published dense runs", out)
         _, out, _ = run("simulate", "--scenario", os.path.join(GALLERY, "qwen3_30b_a3b_16xh100.json"), "--trace", "",
                         "--svg", "")
-        self.assertIn("\nmodel error: on 2 published mixture-of-experts runs held out of the fit, predicted tokens/s "
-                      "1.20-2.09x the published: a step time may be off by up to 52 %", out)
+        self.assertIn("\nmodel error: on 7 published mixture-of-experts runs held out of the fit, predicted tokens/s "
+                      "0.87-2.09x the published: a step time may be off by up to 52 %", out)
         self.assertNotIn("model memory", out)  # the runs agree with the simulated peaks
         self.assertNotIn("model memory", run("simulate", "--trace", "", "--svg", "")[1])
         # the one-efficiency model has no measured error, and says so
