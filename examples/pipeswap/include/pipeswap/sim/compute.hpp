@@ -108,6 +108,78 @@ struct op_times {
   [[nodiscard]] double bwd() const { return gemm_bwd + attention_bwd + memory_bwd; }
 };
 
+namespace detail {
+/// Sums a layer's kernels into an op_times: each GEMM's forward and backward at its precision (with
+/// an FP8 GEMM's cast-transposes: the forward reads its 16-bit input and writes it in FP8 and
+/// transposed, e + 2 bytes per element of m×k; the backward the same for the output gradient, m×n)
+/// and the bytes of the memory-bound kernels, which finish() times (the backward twice the forward's).
+class kernel_sum {
+public:
+  kernel_sum(model_spec const& m, device_spec const& d) : m_(m), d_(d) {}
+
+  /// An m×k by k×n GEMM at precision q, `count` times; `paired` >= 0 records it as the GEMM a
+  /// tensor-parallel collective can hide under (op_times::tp_paired_fwd, _bwd).
+  void gemm(double mm, double nn, double kk, precision q, double count = 1, int paired = -1) {
+    double const f = count * gemm_fwd_seconds(d_, mm, nn, kk, q), g = count * gemm_bwd_seconds(d_, mm, nn, kk, q);
+    o_.gemm_fwd += f;
+    o_.gemm_bwd += g;
+    if (paired >= 0)
+      o_.tp_paired_fwd[static_cast<std::size_t>(paired)] = f, o_.tp_paired_bwd[static_cast<std::size_t>(paired)] = g;
+    if (q == precision::fp8) cast_fwd_ += count * (e + 2) * mm * kk, cast_bwd_ += count * (e + 2) * mm * nn;
+  }
+
+  /// The MLP over `tokens` of width `width`, `count` times, at model.precision: SwiGLU (gate and up,
+  /// down, the activation's elementwise_bytes_of() per output element) or GeLU (fc1, fc2, the
+  /// activation reading and writing e per element); `paired`: the dense MLP, whose two GEMMs take
+  /// the tensor-parallel collectives' slots 2 and 3.
+  void mlp(double tokens, double width, double count = 1, bool paired = false) {
+    double const h = double(m_.hidden);
+    if (m_.mlp == mlp_kind::gelu) {
+      gemm(tokens, width, h, m_.precision, count, paired ? 2 : -1);
+      gemm(tokens, h, width, m_.precision, count, paired ? 3 : -1);
+      bytes += count * 2 * e * tokens * width;
+    } else {
+      gemm(tokens, 2 * width, h, m_.precision, count, paired ? 2 : -1);
+      gemm(tokens, h, width, m_.precision, count, paired ? 3 : -1);
+      bytes += count * elementwise_bytes_of(e, m_.fused_kernels).swiglu * tokens * width;
+    }
+  }
+
+  /// The sum, with the memory-bound kernels timed: `bytes` and the casts in the forward, twice
+  /// `bytes` and the output gradients' casts in the backward.
+  [[nodiscard]] op_times finish() const {
+    op_times o = o_;
+    o.memory_fwd = memory_seconds(d_, bytes + cast_fwd_);
+    o.memory_bwd = memory_seconds(d_, 2 * bytes + cast_bwd_);
+    return o;
+  }
+
+  static constexpr double e = 2.0; ///< bytes of a 16-bit activation element
+  double bytes = 0;                ///< the memory-bound kernels' forward bytes
+
+private:
+  model_spec const& m_;
+  device_spec const& d_;
+  op_times o_;
+  double cast_fwd_ = 0, cast_bwd_ = 0;
+};
+} // namespace detail
+
+/// The MoE MLP of one layer per micro-batch on one device (sim/moe.hpp), without its all-to-alls
+/// (moe_layer_a2a_ns): the router (T', E, h) in BF16, each of the device's E/ep experts on its
+/// P/(E/ep) tokens at model.precision, the permutation and unpermutation (read and write e·P·h
+/// each), the shared expert as a dense MLP over T tokens; the FP8 GEMMs' cast-transposes.
+inline op_times moe_mlp_op_times(model_spec const& m, parallel_spec const& p, device_spec const& d) {
+  detail::kernel_sum k(m, d);
+  double const T = double(m.seq_len) * double(m.micro_batch_size), h = double(m.hidden);
+  double const local = double(m.moe.experts / p.ep), P = double(moe_pairs_processed(m, p));
+  k.gemm(double(moe_tokens_routed(m, p)), double(m.moe.experts), h, precision::bf16);
+  k.mlp(P / local, double(m.moe.expert_ffn_hidden / expert_tp_of(p)), local);
+  k.bytes += 2 * 2 * detail::kernel_sum::e * P * h;
+  if (m.moe.shared_expert_ffn_hidden > 0) k.mlp(T, double(m.moe.shared_expert_ffn_hidden) / double(p.tp));
+  return k.finish();
+}
+
 /// The kernels of one transformer layer per micro-batch on one device (T = s·b tokens, T' = T/t with
 /// sequence parallelism, h' = a·d/t, kv' = kv_heads·d/t, f' = f/t, e = 2 bytes):
 /// - GEMMs at model.precision: the fused q/k/v projection (T, h'+2kv', h), the output projection
@@ -131,51 +203,26 @@ struct op_times {
 ///   element of m×k) and of its output gradient in the backward (m×n).
 /// Selective, full or "op" recomputation adds forward time to the backward in plan_stages().
 inline op_times layer_op_times(model_spec const& m, parallel_spec const& p, device_spec const& d) {
-  op_times o;
   precision const pr = m.precision;
   double const t = p.tp, T = double(m.seq_len) * double(m.micro_batch_size);
   double const Tr = p.sequence_parallel ? T / t : T;
   double const h = double(m.hidden), hs = double(attention_width(m)) / t;
   double const kvs = double(head_dim_of(m)) * double(m.kv_heads) / t;
-  double const e = 2.0, b = double(m.micro_batch_size), s = double(m.seq_len), as = double(m.heads) / t;
-  // FP8 casts (Transformer Engine's cast-transpose): the forward reads each FP8 GEMM's 16-bit input
-  // and writes it in FP8 and transposed (e + 2 bytes per element of m×k); the backward does the same
-  // for the output gradient (m×n).
-  double cast_fwd = 0, cast_bwd = 0;
-  auto gemm = [&](double mm, double nn, double kk, precision q, double count = 1, int paired = -1) {
-    double const f = count * gemm_fwd_seconds(d, mm, nn, kk, q), g = count * gemm_bwd_seconds(d, mm, nn, kk, q);
-    o.gemm_fwd += f;
-    o.gemm_bwd += g;
-    if (paired >= 0) o.tp_paired_fwd[paired] = f, o.tp_paired_bwd[paired] = g;
-    if (q == precision::fp8) cast_fwd += count * (e + 2) * mm * kk, cast_bwd += count * (e + 2) * mm * nn;
-  };
+  double const e = detail::kernel_sum::e, b = double(m.micro_batch_size), s = double(m.seq_len),
+               as = double(m.heads) / t;
+  detail::kernel_sum k(m, d);
   auto const eb = elementwise_bytes_of(e, m.fused_kernels);
-  gemm(T, hs + 2 * kvs, h, pr, 1, 0);
-  gemm(T, h, hs, pr, 1, 1);
-  double mem = 2 * eb.norm * Tr * h + 2 * 3 * e * Tr * h + eb.rotary * T * (hs + kvs);
-  if (m.dropout) mem += 2 * (2 * e + 1) * Tr * h;
-  auto mlp = [&](double tokens, double width, double count = 1, bool paired = false) {
-    if (m.mlp == mlp_kind::gelu) {
-      gemm(tokens, width, h, pr, count, paired ? 2 : -1);
-      gemm(tokens, h, width, pr, count, paired ? 3 : -1);
-      mem += count * 2 * e * tokens * width;
-    } else {
-      gemm(tokens, 2 * width, h, pr, count, paired ? 2 : -1);
-      gemm(tokens, h, width, pr, count, paired ? 3 : -1);
-      mem += count * eb.swiglu * tokens * width;
-    }
-  };
+  k.gemm(T, hs + 2 * kvs, h, pr, 1, 0);
+  k.gemm(T, h, hs, pr, 1, 1);
+  k.bytes += 2 * eb.norm * Tr * h + 2 * 3 * e * Tr * h + eb.rotary * T * (hs + kvs);
+  if (m.dropout) k.bytes += 2 * (2 * e + 1) * Tr * h;
+  if (!m.moe.enabled()) k.mlp(T, double(m.ffn_hidden) / t, 1, true);
+  op_times o = k.finish();
   if (m.moe.enabled()) {
-    double const local = double(m.moe.experts / p.ep), P = double(moe_pairs_processed(m, p));
-    gemm(double(moe_tokens_routed(m, p)), double(m.moe.experts), h, precision::bf16);
-    mlp(P / local, double(m.moe.expert_ffn_hidden / expert_tp_of(p)), local);
-    mem += 2 * 2 * e * P * h;
-    if (m.moe.shared_expert_ffn_hidden > 0) mlp(T, double(m.moe.shared_expert_ffn_hidden) / t);
-  } else {
-    mlp(T, double(m.ffn_hidden) / t, 1, true);
+    auto const x = moe_mlp_op_times(m, p, d);
+    o.gemm_fwd += x.gemm_fwd, o.gemm_bwd += x.gemm_bwd;
+    o.memory_fwd += x.memory_fwd, o.memory_bwd += x.memory_bwd;
   }
-  o.memory_fwd = memory_seconds(d, mem + cast_fwd);
-  o.memory_bwd = memory_seconds(d, 2 * mem + cast_bwd);
   if (!m.moe.enabled() && m.mlp == mlp_kind::swiglu)
     o.op_recompute_fwd = gemm_fwd_seconds(d, T, kvs, h, pr) + gemm_fwd_seconds(d, T, h, hs, pr) +
                          gemm_fwd_seconds(d, T, double(m.ffn_hidden) / t, h, pr) + o.memory_fwd;
