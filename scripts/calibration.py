@@ -4,8 +4,9 @@
 For every scenario in examples/calibration/ (its comment gives the source and the published
 tokens/s per GPU), simulates the no-swap step with `pipeswap simulate --json` and prints the
 predicted tokens/s per GPU, M·b·s / (step · ranks · tp), and its ratio to the published figure;
-and the simulated peak, against the published one where the comment gives it ("..., 77.0 GiB at
-its peak").
+and the simulated peak, against the published one where the comment gives it ("77.0 GiB at its
+peak", the busiest device's; "... at its peak on the last pipeline rank", that rank's). A file whose
+comment gives a peak and no throughput checks memory only ("memory only" rows, in no ratio group).
 
 Each file belongs to a software stack, named by its file name: "torchtitan_..." runs torchtitan's
 kernels, the others Megatron-Core's (NeMo). Files whose name starts with "heldout_" are held out;
@@ -28,15 +29,16 @@ import tempfile
 
 
 def published(comment):
+    """The published tokens/s per GPU, or None for a file that checks memory only."""
     m = re.search(r":\s*([0-9][0-9,]*)\s+tokens/s per GPU", comment)
-    return float(m.group(1).replace(",", ""))
+    return float(m.group(1).replace(",", "")) if m else None
 
 
 def published_peak_gib(comment):
     """The published peak memory and whether it is the last pipeline rank's, where the comment gives
     one ("..., 77.0 GiB at its peak", the busiest device's; "..., 26.6 GiB at its peak on the last
     pipeline rank", the rank Megatron logs memory on), else (None, False)."""
-    m = re.search(r"tokens/s per GPU, ([0-9.]+) GiB at its peak( on the last pipeline rank)?", comment)
+    m = re.search(r"([0-9.]+) GiB at its peak( on the last pipeline rank)?", comment)
     return (float(m.group(1)), bool(m.group(2))) if m else (None, False)
 
 
@@ -128,11 +130,14 @@ def main():
         sc, none = simulate(exe, path, eff)
         pred, pub, step = throughput(sc, none)
         kind = "held out" if held_out(path) else "calibration"
-        groups.setdefault(kind, []).append(pred / pub)
-        groups.setdefault(f"{kind}, {model_kind(sc)}", []).append(pred / pub)
         mem, last_rank = published_peak_gib(sc["comment"])
         peak = (none["ranks"][-1] if last_rank else none)["peak_bytes"] / 2**30
         memory = f"  peak {peak:5.1f} GiB" + (f" against {mem:5.1f} ({peak / mem:5.3f})" if mem else "")
+        if pub is None:  # a memory-only file
+            print(f"{'memory only':12} {os.path.basename(path):50} {'':46} step {step:7.3f} s{memory}")
+            continue
+        groups.setdefault(kind, []).append(pred / pub)
+        groups.setdefault(f"{kind}, {model_kind(sc)}", []).append(pred / pub)
         print(f"{kind:12} {os.path.basename(path):50} published {pub:8.0f}  predicted {pred:8.0f}  "
               f"ratio {pred / pub:5.3f}  step {step:7.3f} s{memory}")
     for kind, ratios in sorted(groups.items()):
