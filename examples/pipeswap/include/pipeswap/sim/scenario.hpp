@@ -62,7 +62,8 @@ enum class fp8_library_kind : std::uint8_t {
   /// gradient reads); Megatron-Core has the output projection and the shared expert's first GEMM keep
   /// their 16-bit input instead, which the attention core and the router keep anyway.
   transformer_engine,
-  /// torchtitan's: torchao's Float8Linear keeps the 16-bit input and casts it again in the backward.
+  /// torchtitan's: torchao's Float8Linear keeps the 16-bit input and casts it again in the backward;
+  /// an input that arrives already in FP8 (gathered in FP8 under tensor parallelism) it keeps as is.
   torchao,
 };
 
@@ -123,7 +124,7 @@ struct model_spec {
   /// The GEMMs' precision: BF16, or FP8 for the layers' projections and MLPs (at device.fp8_tflops).
   sim::precision precision = sim::precision::bf16;
   /// With FP8, the library whose GEMMs keep their inputs for the backward: Transformer Engine's keep
-  /// the FP8 copy, torchao's the 16-bit input.
+  /// the FP8 copy, torchao's the input as it arrived (gemm_saved_input_bytes).
   fp8_library_kind fp8_library = fp8_library_kind::transformer_engine;
   /// The norms, the rotary embedding and SwiGLU's activation each run as one fused kernel (Transformer
   /// Engine, torch.compile). false: as eager PyTorch's separate elementwise kernels, which cast to fp32
