@@ -42,6 +42,13 @@ def published_peak_gib(comment):
     return (float(m.group(1)), bool(m.group(2))) if m else (None, False)
 
 
+def simulated_peak_gib(sc, none):
+    """The simulated peak (GiB) that the file's published peak is compared with: the last pipeline
+    rank's where the comment says so, else the busiest device's."""
+    _, last_rank = published_peak_gib(sc["comment"])
+    return (none["ranks"][-1] if last_rank else none)["peak_bytes"] / 2**30
+
+
 def simulate(exe, path, efficiency=None):
     """The scenario as simulated and its no-swap configuration (`pipeswap simulate --json`)."""
     with open(path) as f:
@@ -130,8 +137,8 @@ def main():
         sc, none = simulate(exe, path, eff)
         pred, pub, step = throughput(sc, none)
         kind = "held out" if held_out(path) else "calibration"
-        mem, last_rank = published_peak_gib(sc["comment"])
-        peak = (none["ranks"][-1] if last_rank else none)["peak_bytes"] / 2**30
+        mem, _ = published_peak_gib(sc["comment"])
+        peak = simulated_peak_gib(sc, none)
         memory = f"  peak {peak:5.1f} GiB" + (f" against {mem:5.1f} ({peak / mem:5.3f})" if mem else "")
         if pub is None:  # a memory-only file
             print(f"{'memory only':12} {os.path.basename(path):50} {'':46} step {step:7.3f} s{memory}")

@@ -112,7 +112,7 @@ inline std::vector<saved_tensor> layer_activations(model_spec const& m, parallel
   if (m.dropout) out.push_back({"attention dropout", "mask", Tr * h});
   out.push_back(norm_activation(m, "mlp_norm", Tr * h));
   if (m.moe.enabled()) {
-    for (auto& x : moe_layer_activations(m, p)) out.push_back(std::move(x));
+    for (auto& row : moe_layer_activations(m, p)) out.push_back(std::move(row));
   } else if (m.mlp == mlp_kind::gelu) {
     out.push_back({"mlp.fc1", "input (the norm's output)", xc * Tg * h});
     out.push_back({"GeLU", "input", e * T * fs});
