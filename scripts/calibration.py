@@ -10,10 +10,13 @@ comment gives a peak and no throughput checks memory only ("memory only" rows, i
 
 Each file belongs to a software stack, named by its file name: "torchtitan_..." runs torchtitan's
 kernels, the others Megatron-Core's (NeMo). Files whose name starts with "heldout_" are held out;
-the others are the stack's calibration runs, on which its GEMM ceiling (device.kernel_efficiency)
-is fitted. `--fit` refits it: for each stack, the ceiling at which the geometric mean of its
-calibration runs' ratios is 1 (the least squares of their log ratios), by bisection, with every
-other constant fixed. `--efficiency E` simulates every file at the ceiling E.
+the others are calibration runs. A stack's dense calibration runs fit its GEMM ceiling
+(device.kernel_efficiency); the mixture-of-experts calibration runs fit the host's time per MoE
+layer (model.moe.host_layer_ms, the default moe_host_layer_ms in sim/compute.hpp). `--fit` refits
+them, each the value at which the geometric mean of its runs' ratios is 1 (the least squares of
+their log ratios), by bisection, with every other constant at its default: the ceilings first,
+then the host time at the Megatron-Core ceiling. `--efficiency E` simulates every file at the
+ceiling E.
 
     python3 scripts/calibration.py [path/to/pipeswap] [--efficiency E] [--fit]
 """
@@ -49,12 +52,15 @@ def simulated_peak_gib(sc, none):
     return (none["ranks"][-1] if last_rank else none)["peak_bytes"] / 2**30
 
 
-def simulate(exe, path, efficiency=None):
-    """The scenario as simulated and its no-swap configuration (`pipeswap simulate --json`)."""
+def simulate(exe, path, efficiency=None, host_layer_ms=None):
+    """The scenario as simulated and its no-swap configuration (`pipeswap simulate --json`), at the
+    ceiling `efficiency` and the MoE host time `host_layer_ms` where given."""
     with open(path) as f:
         s = json.load(f)
     if efficiency is not None:
         s.setdefault("device", {})["kernel_efficiency"] = efficiency
+    if host_layer_ms is not None:
+        s["model"]["moe"]["host_layer_ms"] = host_layer_ms
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(s, f)
         name = f.name
@@ -76,9 +82,9 @@ def throughput(sc, none):
     return tokens / (step * p["ranks"] * q["tp"]), published(sc["comment"]), step
 
 
-def predict(exe, path, efficiency=None):
+def predict(exe, path, efficiency=None, host_layer_ms=None):
     """throughput() of the file's simulation."""
-    return throughput(*simulate(exe, path, efficiency))
+    return throughput(*simulate(exe, path, efficiency, host_layer_ms))
 
 
 def stack(path):
@@ -96,22 +102,46 @@ def model_kind(sc):
     return "mixture-of-experts" if sc["model"]["moe"]["experts"] > 0 else "dense"
 
 
-def fit(exe, paths):
-    """The ceiling at which the geometric mean of predicted / published over `paths` is 1."""
-    def log_mean(e):
+def comment_of(path):
+    """A scenario file's comment."""
+    with open(path) as f:
+        return json.load(f)["comment"]
+
+
+def file_kind(path):
+    """model_kind() of a scenario file, read without simulating it."""
+    with open(path) as f:
+        return "mixture-of-experts" if json.load(f)["model"].get("moe", {}).get("experts", 0) > 0 else "dense"
+
+
+def bisect_log_mean(paths, predict_at, lo, hi, rising):
+    """The value in [lo, hi] at which the geometric mean of predicted / published over `paths` is 1,
+    where predict_at(path, value) predicts and the ratio rises (or falls) with the value."""
+    def log_mean(v):
         logs = []
         for p in paths:
-            pred, pub, _ = predict(exe, p, e)
+            pred, pub, _ = predict_at(p, v)
             logs.append(math.log(pred / pub))
         return sum(logs) / len(logs)
-    lo, hi = 0.2, 0.95  # a higher ceiling predicts faster: log_mean rises with e
     for _ in range(12):
         mid = (lo + hi) / 2
-        if log_mean(mid) > 0:
+        if (log_mean(mid) > 0) == rising:
             hi = mid
         else:
             lo = mid
     return (lo + hi) / 2
+
+
+def fit(exe, paths):
+    """The ceiling at which the geometric mean of predicted / published over `paths` is 1 (a higher
+    ceiling predicts faster)."""
+    return bisect_log_mean(paths, lambda p, e: predict(exe, p, e), 0.2, 0.95, rising=True)
+
+
+def fit_host(exe, paths):
+    """The MoE host time (ms) at which the geometric mean over `paths` is 1 (a longer host time
+    predicts slower, where it binds)."""
+    return bisect_log_mean(paths, lambda p, h: predict(exe, p, None, h), 0.0, 40.0, rising=False)
 
 
 def main():
@@ -128,9 +158,13 @@ def main():
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "calibration")
     paths = sorted(glob.glob(os.path.join(root, "*.json")))
     if refit:
+        calibration = [p for p in paths if not held_out(p) and published(comment_of(p))]
         for name in sorted({stack(p) for p in paths}):
-            runs = [p for p in paths if stack(p) == name and not held_out(p)]
-            print(f"{name}: device.kernel_efficiency {fit(exe, runs):.3f}, fitted on {len(runs)} calibration runs")
+            runs = [p for p in calibration if stack(p) == name and file_kind(p) == "dense"]
+            print(f"{name}: device.kernel_efficiency {fit(exe, runs):.3f}, fitted on {len(runs)} dense calibration runs")
+        runs = [p for p in calibration if file_kind(p) == "mixture-of-experts"]
+        print(f"mixture of experts: model.moe.host_layer_ms {fit_host(exe, runs):.2f}, "
+              f"fitted on {len(runs)} calibration run{'s' if len(runs) != 1 else ''}")
         return
     groups = {}
     for path in paths:

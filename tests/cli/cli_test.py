@@ -1033,19 +1033,21 @@ class Calibration(unittest.TestCase):
                       if self.script.held_out(n) and (stack is None or self.script.stack(n) == stack)
                       and self.script.model_kind(self.runs[n][0]) == kind)
 
-    def calibration(self, stack):
+    def calibration(self, stack, kind="dense"):
         return sorted(r for n, r in self.ratios.items()
-                      if not self.script.held_out(n) and self.script.stack(n) == stack)
+                      if not self.script.held_out(n) and (stack is None or self.script.stack(n) == stack)
+                      and self.script.model_kind(self.runs[n][0]) == kind)
 
     def test_the_set_is_the_documented_one(self):
-        self.assertEqual(len(self.runs), 26)
-        self.assertEqual(len(self.ratios), 24)
+        self.assertEqual(len(self.runs), 31)
+        self.assertEqual(len(self.ratios), 29)
         self.assertEqual(len(self.calibration("megatron")), 3)
         self.assertEqual(len(self.calibration("torchtitan")), 2)
+        self.assertEqual(len(self.calibration(None, "mixture-of-experts")), 1)
         self.assertEqual(len(self.held_out("megatron")), 4)
         self.assertEqual(len(self.held_out("torchtitan")), 8)
-        self.assertEqual(len(self.held_out("megatron", "mixture-of-experts")), 7)
-        self.assertEqual(len(self.held_out(None, "mixture-of-experts")), 7)
+        self.assertEqual(len(self.held_out("megatron", "mixture-of-experts")), 11)
+        self.assertEqual(len(self.held_out(None, "mixture-of-experts")), 11)
 
     def test_the_calibration_runs_are_within_15_percent_at_their_stacks_fitted_ceiling(self):
         for stack in ("megatron", "torchtitan"):
@@ -1055,6 +1057,13 @@ class Calibration(unittest.TestCase):
                 self.assertLess(r, 1.15, stack)
             # the ceiling is the fit: the geometric mean of the stack's calibration ratios is about 1
             self.assertAlmostEqual(math.exp(sum(math.log(r) for r in fit) / len(fit)), 1.0, delta=0.03, msg=stack)
+        # the MoE host time (moe_host_layer_ms) is the fit of the one MoE calibration run, whose layer
+        # the host bounds: without it the run is predicted over 3x too fast
+        (r,) = self.calibration(None, "mixture-of-experts")
+        self.assertAlmostEqual(r, 1.0, delta=0.03)
+        name = "bridge2602_qwen3_30b_a3b_8xb200.json"
+        predicted, published, _ = self.script.predict(PIPESWAP, os.path.join(CALIBRATION, name), None, 0.0)
+        self.assertGreater(predicted / published, 3.0)
 
     def test_held_out_runs_are_within_the_stated_bands(self):
         # The project's targets on the dense runs: 30 % on every held-out run and 15 % at the median
@@ -1066,19 +1075,22 @@ class Calibration(unittest.TestCase):
                 self.assertGreater(r, 0.70, stack)
                 self.assertLess(r, 1.30, stack)
             self.assertLess(abs(statistics.median(held) - 1), 0.15 if stack is None else 0.20, stack)
-        # The mixture-of-experts runs: five within ±30 %, and the two Qwen3-30B-A3B runs with their
-        # experts inside a node over-predicted by 1.8 and 2.1: the targets do not hold for them
+        # The mixture-of-experts runs: nine within ±30 % and their median within ±15 %; two
+        # Qwen3-30B-A3B runs over-predicted by 1.8 and 2.1 (25.11's H100 run, whose software ran the
+        # layout's next release 1.77x slower than its patch; 25.09's B200 run padded to capacity,
+        # whose host time the model does not charge): the targets do not hold for them
         # (docs/simulator.md), and the reports say so with their own band.
         moe = self.held_out(None, "mixture-of-experts")
         for r in moe:
             self.assertGreater(r, 0.80)
             self.assertLess(r, 2.2)
+        self.assertLess(abs(statistics.median(moe) - 1), 0.15)
         outside = sorted(n for n, r in self.ratios.items() if self.script.held_out(n)
                          and self.script.model_kind(self.runs[n][0]) == "mixture-of-experts" and not 0.7 < r < 1.3)
-        self.assertEqual(outside, ["heldout_bridge2511_qwen3_30b_a3b_16xh100.json",
-                                   "heldout_bridge2602_qwen3_30b_a3b_16xh100_vp12.json"])
+        self.assertEqual(outside, ["heldout_bridge2509_qwen3_30b_a3b_8xb200_tokendrop.json",
+                                   "heldout_bridge2511_qwen3_30b_a3b_16xh100.json"])
         every = sorted(self.held_out() + moe)
-        self.assertLess(abs(statistics.median(every) - 1), 0.15)  # the median target, over all 19
+        self.assertLess(abs(statistics.median(every) - 1), 0.15)  # the median target, over all 23
 
     def test_fsdp_peaks_against_torchtitan_s(self):
         # docs/simulator.md ("Calibration", memory): with parallel.fsdp, PyTorch's cross entropy
@@ -1135,17 +1147,18 @@ class Calibration(unittest.TestCase):
             self.assertLess(r, 1.10, n)
 
     def test_the_bridge_moe_runs_fit_the_devices_they_ran_on(self):
-        # The Megatron-Bridge MoE runs publish no peak, but ran on 80 GB H100s without
-        # recomputation: the model must fit each (its peak, the 6 GB reserve included).
-        bridge = [n for n in self.runs if n.startswith("heldout_bridge")]
-        self.assertEqual(len(bridge), 5)
+        # The Megatron-Bridge MoE runs publish no peak, but ran on 80 GB H100s and 180 GB B200s
+        # without recomputation: the model must fit each (its peak, the 6 GB reserve included).
+        bridge = [n for n in self.runs if n.removeprefix("heldout_").startswith("bridge")]
+        self.assertEqual(len(bridge), 10)
         for n in bridge:
             sc, none = self.runs[n]
             self.assertEqual(self.script.model_kind(sc), "mixture-of-experts", n)
             self.assertEqual(sc["model"]["recompute"], "none", n)
-            self.assertEqual(sc["device"]["memory_bytes"], 80_000_000_000, n)
+            memory = 80_000_000_000 if sc["device"]["name"].startswith("H100") else 180_000_000_000
+            self.assertEqual(sc["device"]["memory_bytes"], memory, n)
             self.assertTrue(none["fits"], n)
-            self.assertLessEqual(none["peak_bytes"], 80e9, n)
+            self.assertLessEqual(none["peak_bytes"], memory, n)
 
     def test_the_reports_print_the_error_beside_the_step_time(self):
         _, out, _ = run("simulate", "--trace", "", "--svg", "")
@@ -1156,7 +1169,7 @@ class Calibration(unittest.TestCase):
         self.assertIn("\nmodel error: on 12 published dense runs", out)
         _, out, _ = run("simulate", "--scenario", os.path.join(GALLERY, "qwen3_30b_a3b_16xh100.json"), "--trace", "",
                         "--svg", "")
-        self.assertIn("\nmodel error: on 7 published mixture-of-experts runs held out of the fit, predicted tokens/s "
+        self.assertIn("\nmodel error: on 11 published mixture-of-experts runs held out of the fit, predicted tokens/s "
                       "0.87-2.09x the published: a step time may be off by up to 52 %", out)
         self.assertNotIn("model memory", out)  # the runs agree with the simulated peaks
         self.assertNotIn("model memory", run("simulate", "--trace", "", "--svg", "")[1])

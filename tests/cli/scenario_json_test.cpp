@@ -44,7 +44,8 @@ json every_field() {
               "recompute": "selective", "activation_bytes_per_layer": 123456, "head_dim": 32, "precision": "FP8",
               "fp8_library": "torchao", "fused_kernels": false, "loss": "pytorch",
               "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 256, "shared_expert_ffn_hidden": 512,
-                      "capacity_factor": 1.25, "pad_to_capacity": true, "load_imbalance": 1.5}},
+                      "capacity_factor": 1.25, "pad_to_capacity": true, "load_imbalance": 1.5,
+                      "host_layer_ms": 3.5}},
     "device": {"name": "toy", "memory_bytes": 8000000000, "reserved_bytes": 500000000, "h2d_gbps": 12.5,
                "d2h_gbps": 11, "duplex_factor": 0.8, "copy_latency_us": 3.5, "bf16_tflops": 100,
                "fp8_tflops": 180, "compute": "flops", "kernel_efficiency": 0.3, "end_to_end_mfu": 0.25, "hbm_tbps": 1.5, "p2p_gbps": 25,
@@ -142,6 +143,7 @@ BOOST_AUTO_TEST_CASE(every_field_is_read_into_its_member) {
   BOOST_TEST(m.moe.shared_expert_ffn_hidden == 512u);
   BOOST_TEST(m.moe.capacity_factor.value_or(0) == 1.25);
   BOOST_TEST(m.moe.pad_to_capacity);
+  BOOST_TEST(m.moe.host_layer_ms.value_or(0) == 3.5);
   BOOST_TEST(m.moe.load_imbalance == 1.5);
   BOOST_TEST(s.parallel.ep == 2u);
   BOOST_TEST(s.parallel.expert_tp.value_or(0) == 1u);
@@ -449,7 +451,7 @@ json& at_path(json& j, std::string const& path) {
 BOOST_AUTO_TEST_CASE(every_numeric_field_error_names_its_field) {
   std::vector<std::string> paths;
   numeric_paths(every_field(), "", paths);
-  BOOST_TEST(paths.size() == 45u); // every number of the schema (a new field is swept here too)
+  BOOST_TEST(paths.size() == 46u); // every number of the schema (a new field is swept here too)
   std::vector<std::string> zero_ok;
   for (auto const& path : paths) {
     for (json const& bad : {json(0), json(-1), json(-2.5), json("8")}) {
@@ -468,13 +470,14 @@ BOOST_AUTO_TEST_CASE(every_numeric_field_error_names_its_field) {
     }
   }
   // In the order of the sweep (nlohmann::json sorts keys); an activation override of 0 models a
-  // stage that saves nothing.
+  // stage that saves nothing, a MoE host time of 0 a layer the host issues ahead.
   std::vector<std::string> const allowed{"device.copy_latency_us",
                                          "device.network_latency_us",
                                          "device.nvlink_latency_us",
                                          "device.p2p_latency_us",
                                          "device.reserved_bytes",
                                          "model.activation_bytes_per_layer",
+                                         "model.moe.host_layer_ms",
                                          "model.moe.shared_expert_ffn_hidden",
                                          "plan.tolerance"};
   BOOST_TEST(zero_ok == allowed, boost::test_tools::per_element());

@@ -30,6 +30,20 @@ sim::scenario qwen3(std::uint32_t tp, std::uint32_t pp, std::uint32_t dp, std::u
   return s;
 }
 
+/// `s` cut to 8 layers on an interleaved pipeline of 2 stages per rank and 8 micro-batches, with
+/// combined forward-and-backward slots (pipeline.overlap_b_f), where expert all-to-alls can hide.
+sim::scenario in_combined_slots(sim::scenario s) {
+  s.model.layers = 8;
+  s.pipeline.schedule = sim::schedule_kind::interleaved;
+  s.pipeline.stages_per_rank = 2;
+  s.pipeline.micro_batches = 8;
+  s.pipeline.overlap_b_f = true;
+  return s;
+}
+
+/// The simulated no-swap step.
+std::int64_t step_of(sim::scenario const& s) { return sim::simulate(s, {}).step_ns; }
+
 /// Within 2 %.
 bool close(double got, double want, double tolerance = 0.02) { return std::abs(got - want) <= tolerance * want; }
 
@@ -240,15 +254,10 @@ BOOST_AUTO_TEST_CASE(capacity_and_imbalance_scale_the_busiest_devices_experts) {
 // each half's all-to-alls run under the other half's compute. The step gets shorter by at most the
 // all-to-alls of those slots; outside combined slots (overlap_b_f off) the setting changes nothing.
 BOOST_AUTO_TEST_CASE(expert_all_to_alls_hide_only_in_combined_slots) {
-  auto s = qwen3(1, 2, 16, 16); // ep 16 over two nodes: all-to-alls of the network's order
-  s.model.layers = 8;
-  s.pipeline.schedule = sim::schedule_kind::interleaved;
-  s.pipeline.stages_per_rank = 2;
-  s.pipeline.micro_batches = 8;
-  s.pipeline.overlap_b_f = true;
+  auto s = in_combined_slots(qwen3(1, 2, 16, 16)); // ep 16 over two nodes: all-to-alls of the network's order
   auto const st = sim::plan_stages(s);
   BOOST_TEST(st.front().fwd_a2a_ns > 0);
-  auto step = [](sim::scenario const& x) { return sim::simulate(x, {}).step_ns; };
+  auto const& step = step_of;
   auto const hidden = step(s);
   s.parallel.overlap_moe_expert_parallel_comm = false;
   auto const exposed = step(s);
@@ -261,6 +270,73 @@ BOOST_AUTO_TEST_CASE(expert_all_to_alls_hide_only_in_combined_slots) {
   auto const plain = step(s);
   s.parallel.overlap_moe_expert_parallel_comm = true;
   BOOST_TEST(step(s) == plain);
+}
+
+// The host floor (moe_host_floor_s): where the routing makes the host wait on each layer's token
+// counts (dropless, or a capacity without padding), a stage's forward takes at least a third of
+// host_layer_ms per layer and micro-batch, its backward two thirds (three with full recomputation);
+// padded to capacity, or with host_layer_ms 0, there is no floor. Exact, in nanoseconds.
+BOOST_AUTO_TEST_CASE(the_host_bounds_a_layer_whose_routing_synchronizes_it) {
+  auto s = qwen3(1, 2, 8, 8);
+  auto const floor_ns = [](double ms, std::uint32_t layers, double thirds) {
+    return static_cast<std::int64_t>(std::llround(ms * 1e-3 * thirds / 3 * layers * 1e9));
+  };
+  auto with = [&](std::optional<double> ms, std::optional<double> capacity = std::nullopt, bool pad = false,
+                  sim::recompute_kind rc = sim::recompute_kind::none) {
+    auto x = s;
+    x.model.moe.host_layer_ms = ms;
+    x.model.moe.capacity_factor = capacity;
+    x.model.moe.pad_to_capacity = pad;
+    x.model.recompute = rc;
+    return x;
+  };
+  auto const free = sim::plan_stages(with(0.0));
+  BOOST_TEST(free.front().fwd_host_ns == 0);
+  BOOST_TEST(free.front().bwd_host_ns == 0);
+  // the default: the fitted constant, for dropless routing and for a capacity without padding
+  for (auto const& x : {with(std::nullopt), with(std::nullopt, 1.0)}) {
+    BOOST_TEST(sim::moe_host_synchronized(x.model.moe));
+    auto const st = sim::plan_stages(x);
+    for (auto const& o : st) {
+      BOOST_TEST(o.fwd_host_ns == floor_ns(sim::moe_host_layer_ms, o.layers, 1));
+      BOOST_TEST(o.bwd_host_ns == floor_ns(sim::moe_host_layer_ms, o.layers, 2));
+    }
+  }
+  // padded to capacity: no synchronization, no floor, the times of host_layer_ms 0
+  auto const padded = with(std::nullopt, 1.0, true);
+  BOOST_TEST(!sim::moe_host_synchronized(padded.model.moe));
+  auto const pst = sim::plan_stages(padded);
+  BOOST_TEST(pst.front().fwd_host_ns == 0);
+  BOOST_TEST(pst.front().fwd_ns == free.front().fwd_ns);
+  BOOST_TEST(pst.back().bwd_ns == free.back().bwd_ns);
+  // a floor above the device's time sets the stage's time; one below it changes nothing
+  auto const slow = sim::plan_stages(with(1000.0));
+  for (std::size_t i = 0; i < slow.size(); ++i) {
+    BOOST_TEST(slow[i].fwd_ns == floor_ns(1000.0, slow[i].layers, 1));
+    BOOST_TEST(slow[i].bwd_ns == floor_ns(1000.0, slow[i].layers, 2));
+    BOOST_TEST(slow[i].fwd_ns > free[i].fwd_ns);
+  }
+  auto const fast = sim::plan_stages(with(0.001));
+  BOOST_TEST(fast.front().fwd_host_ns > 0);
+  BOOST_TEST(fast.front().fwd_ns == free.front().fwd_ns);
+  BOOST_TEST(fast.back().bwd_ns == free.back().bwd_ns);
+  // full recomputation issues the forward again in the backward
+  auto const full = sim::plan_stages(with(1000.0, std::nullopt, false, sim::recompute_kind::full));
+  BOOST_TEST(full.front().bwd_host_ns == floor_ns(1000.0, full.front().layers, 3));
+  // the simulated step: never shorter with a floor; with one that binds, at least every micro-batch's
+  // floors of one rank's stages, and hiding the all-to-alls in combined slots gains nothing
+  auto const& step = step_of;
+  BOOST_TEST(step(with(std::nullopt)) >= step(with(0.0)));
+  s = qwen3(1, 2, 16, 16); // ep 16 over two nodes: all-to-alls of the network's order
+  auto const x = in_combined_slots(with(1000.0));
+  auto const xs = sim::plan_stages(x);
+  std::int64_t rank0 = 0;
+  for (std::size_t i = 0; i < xs.size(); i += x.pipeline.ranks) rank0 += xs[i].fwd_host_ns + xs[i].bwd_host_ns;
+  BOOST_TEST(xs.front().fwd_a2a_ns > 0);
+  BOOST_TEST(step(x) >= x.pipeline.micro_batches * rank0);
+  auto exposed = x;
+  exposed.parallel.overlap_moe_expert_parallel_comm = false;
+  BOOST_TEST(step(x) == step(exposed));
 }
 
 BOOST_AUTO_TEST_CASE(moe_fields_are_validated_naming_the_field_and_the_rule) {
@@ -307,6 +383,12 @@ BOOST_AUTO_TEST_CASE(moe_fields_are_validated_naming_the_field_and_the_rule) {
   bad = s;
   bad.model.moe.load_imbalance = 0.9;
   expect(bad, "model.moe.load_imbalance must be at least 1");
+  bad = s;
+  bad.model.moe.host_layer_ms = -1.0;
+  expect(bad, "model.moe.host_layer_ms must be a time of at least 0");
+  bad = sim::scenario{};
+  bad.model.moe.host_layer_ms = 1.0;
+  expect(bad, "model.moe.host_layer_ms needs model.moe.experts > 0");
 }
 
 // A dense model is the same with or without the MoE fields at their defaults, and head_dim equal to

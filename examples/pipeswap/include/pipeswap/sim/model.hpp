@@ -269,6 +269,7 @@ inline void validate(scenario const& s) {
     need(p.ep == 1 && !p.expert_tp, "parallel.ep and parallel.expert_tp need model.moe.experts > 0");
     need(moe.shared_expert_ffn_hidden == 0 && moe.expert_ffn_hidden == 0,
          "model.moe.expert_ffn_hidden and model.moe.shared_expert_ffn_hidden need model.moe.experts > 0");
+    need(!moe.host_layer_ms, "model.moe.host_layer_ms needs model.moe.experts > 0");
   } else {
     auto const etp = expert_tp_of(p);
     need(moe.top_k >= 1 && moe.top_k <= moe.experts,
@@ -277,6 +278,8 @@ inline void validate(scenario const& s) {
     need(!moe.capacity_factor || (*moe.capacity_factor > 0 && std::isfinite(*moe.capacity_factor)),
          "model.moe.capacity_factor must be positive (null: dropless)");
     need(!moe.pad_to_capacity || moe.capacity_factor, "model.moe.pad_to_capacity needs model.moe.capacity_factor");
+    need(!moe.host_layer_ms || (*moe.host_layer_ms >= 0 && std::isfinite(*moe.host_layer_ms)),
+         "model.moe.host_layer_ms must be a time of at least 0 (null: the fitted default)");
     need(moe.experts % p.ep == 0, "model.moe.experts (" + std::to_string(moe.experts) +
                                       ") must be a multiple of parallel.ep (" + std::to_string(p.ep) + ")");
     need(moe.expert_ffn_hidden % etp == 0, "model.moe.expert_ffn_hidden must be a multiple of the expert "
@@ -569,6 +572,7 @@ inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recomp
   auto const head_t = head_op_times(m, par, s.device);
   auto const tp_comm = tp_layer_comm(s, layer_t);
   auto const a2a = moe_layer_a2a_ns(s);
+  double const host_floor = moe_host_floor_s(m.moe);
   auto const head_acts = head_activations(m, par);
   std::vector<stage_spec> out(stages);
   std::uint32_t layer = 0;
@@ -653,6 +657,15 @@ inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recomp
     if (o.head) fwd_s += head_t.fwd(), bwd_s += head_t.bwd();
     o.fwd_ns = static_cast<mock::sim_time>(std::llround(fwd_s * 1e9)) + o.fwd_comm_ns;
     o.bwd_ns = static_cast<mock::sim_time>(std::llround(bwd_s * 1e9)) + o.bwd_comm_ns;
+    // The host's issuing, a third of a layer's in the forward and two in the backward (its share of
+    // the work), the forward's once more where the backward recomputes it: a floor under both.
+    if (host_floor > 0) {
+      double const rerun = o.recompute == recompute_kind::full ? 1.0 : 0.0;
+      o.fwd_host_ns = static_cast<mock::sim_time>(std::llround(host_floor / 3 * o.layers * 1e9));
+      o.bwd_host_ns = static_cast<mock::sim_time>(std::llround(host_floor * (2 + rerun) / 3 * o.layers * 1e9));
+      o.fwd_ns = std::max(o.fwd_ns, o.fwd_host_ns);
+      o.bwd_ns = std::max(o.bwd_ns, o.bwd_host_ns);
+    }
   }
   return out;
 }

@@ -91,6 +91,12 @@ struct moe_spec {
   /// The busiest device's routed (token, expert) pairs over the balanced share (1: balanced); the
   /// pipeline waits for the busiest device, whose experts' time and activations this scales.
   double load_imbalance = 1;
+  /// The host's time to issue one layer's forward and backward for a micro-batch (ms), which bounds
+  /// the layer's time from below where the host waits on each layer's token counts (moe_host_floor_s,
+  /// sim/compute.hpp). Unset: the fitted moe_host_layer_ms where the routing synchronizes the host
+  /// (dropless, or a capacity without padding), else none; set, this value (0: a layer the host
+  /// issues ahead, as with padding to capacity or a whole-layer CUDA graph).
+  std::optional<double> host_layer_ms;
   [[nodiscard]] bool enabled() const noexcept { return experts > 0; }
 };
 
@@ -223,7 +229,7 @@ struct node_spec {
   double host_gbps = 278; ///< GB/s each way, all of the node's GPUs together
   /// GB/s of optimizer state the node's CPUs stream through a CPU Adam step (the CPU-step offload
   /// alternative, sim/alternatives.hpp), all of its GPUs' shares together.
-  double cpu_adam_gbps = 146;
+  double cpu_adam_gbps = 59;
 };
 
 enum class schedule_kind : std::uint8_t { gpipe, one_f_one_b, interleaved };
@@ -306,6 +312,9 @@ struct stage_spec {
   /// Of fwd_ns, bwd_ns: the exposed tensor-parallel collectives and the expert all-to-alls.
   mock::sim_time fwd_comm_ns = 0, bwd_comm_ns = 0;
   mock::sim_time fwd_a2a_ns = 0, bwd_a2a_ns = 0; ///< of fwd_comm_ns, bwd_comm_ns: the expert all-to-alls
+  /// The host's time to issue the stage's forward (backward), below which fwd_ns (bwd_ns) never falls:
+  /// 0 but for a mixture of experts whose host waits on each layer's token counts (moe_host_floor_s).
+  mock::sim_time fwd_host_ns = 0, bwd_host_ns = 0;
 };
 
 /// The gradient type: model.grad_dtype, else F32 with an fp32 master, else the parameter type.

@@ -10,14 +10,15 @@
 //                 "activation_bytes_per_layer": null, "head_dim": null, "precision": "BF16",
 //                 "fp8_library": "transformer_engine", "fused_kernels": true, "loss": "fused",
 //                 "moe": {"experts": 0, "top_k": 1, "expert_ffn_hidden": 0, "shared_expert_ffn_hidden": 0,
-//                         "capacity_factor": null, "pad_to_capacity": false, "load_imbalance": 1}},
+//                         "capacity_factor": null, "pad_to_capacity": false, "load_imbalance": 1,
+//                         "host_layer_ms": null}},
 //    "device":   {"name": "H200", "memory_bytes": 141000000000, "reserved_bytes": 6000000000,
 //                 "h2d_gbps": 55, "d2h_gbps": 55, "duplex_factor": 0.7, "copy_latency_us": 2,
 //                 "bf16_tflops": 989, "fp8_tflops": 1979, "compute": "roofline",
 //                 "kernel_efficiency": 0.58, "end_to_end_mfu": null,
 //                 "hbm_tbps": 4.8, "p2p_gbps": 100, "p2p_latency_us": 10, "nvlink_gbps": 360,
 //                 "network_gbps": 40, "nvlink_latency_us": 10, "network_latency_us": 15},
-//    "node":     {"gpus": 8, "host_gbps": 278, "cpu_adam_gbps": 146},
+//    "node":     {"gpus": 8, "host_gbps": 278, "cpu_adam_gbps": 59},
 //    "parallel": {"tp": 1, "sequence_parallel": false, "dp": 1, "distributed_optimizer": false, "fsdp": false, "ep": 1,
 //                 "expert_tp": null, "overlap_grad_reduce": true, "overlap_param_gather": true,
 //                 "tp_comm_overlap": true, "overlap_moe_expert_parallel_comm": true},
@@ -389,8 +390,9 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     if (auto const* v2 = r.find("moe")) {
       reader const q(*v2, "model.moe",
                      {"experts", "top_k", "expert_ffn_hidden", "shared_expert_ffn_hidden", "capacity_factor",
-                      "pad_to_capacity", "load_imbalance"});
+                      "pad_to_capacity", "load_imbalance", "host_layer_ms"});
       q.optional_number("capacity_factor", m.moe.capacity_factor);
+      q.optional_number("host_layer_ms", m.moe.host_layer_ms);
       q.boolean("pad_to_capacity", m.moe.pad_to_capacity);
       q.number("load_imbalance", m.moe.load_imbalance);
       q.u64("experts", m.moe.experts, 1u << 20);
@@ -592,6 +594,7 @@ Json to_json(scenario const& s) {
   je["capacity_factor"] = m.moe.capacity_factor ? Json(*m.moe.capacity_factor) : Json(nullptr);
   je["pad_to_capacity"] = m.moe.pad_to_capacity;
   je["load_imbalance"] = m.moe.load_imbalance;
+  je["host_layer_ms"] = m.moe.host_layer_ms ? Json(*m.moe.host_layer_ms) : Json(nullptr);
   auto const& d = s.device;
   Json& jd = j["device"] = Json::object();
   jd["name"] = d.name;
