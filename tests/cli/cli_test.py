@@ -1173,6 +1173,19 @@ class Calibration(unittest.TestCase):
                       "0.87-2.09x the published: a step time may be off by up to 52 %", out)
         self.assertNotIn("model memory", out)  # the runs agree with the simulated peaks
         self.assertNotIn("model memory", run("simulate", "--trace", "", "--svg", "")[1])
+        # that MoE scenario's layers are the device's (BF16, two sequences per micro-batch): no host
+        # line; the B200 calibration run's are the host's, and simulate and plan say so
+        self.assertNotIn("\nhost: ", out)
+        b200 = os.path.join(CALIBRATION, "bridge2602_qwen3_30b_a3b_8xb200.json")
+        host = ("\nhost: each MoE layer waits on its token counts; the host issues one in 8.8 ms (forward and "
+                "backward, per micro-batch), the device runs it in 2.4 ms: the layers run at the host's pace")
+        self.assertIn(host, run("simulate", "--scenario", b200, "--trace", "", "--svg", "")[1])
+        self.assertIn(host, run("plan", "--scenario", b200)[1])
+        pace = json.loads(run("simulate", "--scenario", b200, "--json", "--trace", "", "--svg", "")[1])["moe_pace"]
+        self.assertEqual(pace["host_layer_ms"], 8.8)
+        self.assertTrue(pace["host_bound"])
+        self.assertLess(pace["device_layer_ms"], 8.8)
+        self.assertIsNone(json.loads(run("simulate", "--json", "--trace", "", "--svg", "")[1])["moe_pace"])
         # the one-efficiency model has no measured error, and says so
         flops = json.dumps({"device": {"compute": "flops"}})
         _, out, _ = run("simulate", "--scenario", "-", "--trace", "", "--svg", "", stdin=flops)

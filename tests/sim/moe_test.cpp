@@ -339,6 +339,30 @@ BOOST_AUTO_TEST_CASE(the_host_bounds_a_layer_whose_routing_synchronizes_it) {
   BOOST_TEST(step(x) == step(exposed));
 }
 
+// The pace the reports print (moe_pace): the host's time per layer, and the device's, which is the
+// unfloored stage time per layer of a stage without the head (its kernels, collectives and
+// all-to-alls); none where the host does not bound the layers at all.
+BOOST_AUTO_TEST_CASE(the_reports_pace_is_the_host_s_time_against_the_device_s) {
+  auto s = qwen3(1, 2, 16, 16);
+  s.model.moe.host_layer_ms = 0.0;
+  BOOST_TEST(!sim::moe_pace(s).has_value());
+  auto const free = sim::plan_stages(s).front(); // the embedding's stage: layers only
+  s.model.moe.host_layer_ms = 1000.0;
+  auto const p = sim::moe_pace(s);
+  BOOST_REQUIRE(p.has_value());
+  BOOST_TEST(p->host_ms == 1000.0);
+  double const per_layer_ms = static_cast<double>(free.fwd_ns + free.bwd_ns) / free.layers * 1e-6;
+  BOOST_TEST(std::abs(p->device_ms - per_layer_ms) <= 1e-6 * per_layer_ms);
+  BOOST_TEST(p->host_bound());
+  s.model.moe.host_layer_ms = 0.5 * per_layer_ms;
+  BOOST_TEST(!sim::moe_pace(s)->host_bound());
+  s.model.moe.host_layer_ms.reset();
+  s.model.moe.capacity_factor = 1.0;
+  s.model.moe.pad_to_capacity = true;
+  BOOST_TEST(!sim::moe_pace(s).has_value());
+  BOOST_TEST(!sim::moe_pace(sim::scenario{}).has_value());
+}
+
 BOOST_AUTO_TEST_CASE(moe_fields_are_validated_naming_the_field_and_the_rule) {
   auto expect = [](sim::scenario const& s, std::string const& what) {
     try {

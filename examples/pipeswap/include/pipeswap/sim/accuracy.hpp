@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <string>
 
+#include <pipeswap/sim/model.hpp>
 #include <pipeswap/sim/scenario.hpp>
 
 namespace pipeswap::sim {
@@ -53,6 +54,34 @@ inline std::string error_line(scenario const& s) {
   std::string line = buf;
   if (e->memory) line += std::string("\nmodel memory: ") + e->memory + " (docs/simulator.md, Calibration)";
   return line;
+}
+
+/// The line the reports print under the error where the host sets the MoE layers' pace (moe_pace):
+/// the step then follows the host, not the device, and a larger micro-batch or a sync-free
+/// dispatcher would change it more than the device would.
+inline std::string pace_line(scenario const& s) {
+  auto const p = moe_pace(s);
+  if (!p || !p->host_bound()) return {};
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "host: each MoE layer waits on its token counts; the host issues one in %.1f ms (forward and "
+                "backward, per micro-batch), the device runs it in %.1f ms: the layers run at the host's pace "
+                "(model.moe.host_layer_ms; docs/simulator.md, Mixture of experts)",
+                p->host_ms, p->device_ms);
+  return buf;
+}
+
+/// The pace as JSON: {"host_layer_ms", "device_layer_ms", "host_bound"}, or null where the host does
+/// not bound the MoE layers at all (a dense model, padding to capacity, host_layer_ms 0).
+template <class Json>
+Json pace_json(scenario const& s) {
+  auto const p = moe_pace(s);
+  if (!p) return Json(nullptr);
+  Json j = Json::object();
+  j["host_layer_ms"] = p->host_ms;
+  j["device_layer_ms"] = p->device_ms;
+  j["host_bound"] = p->host_bound();
+  return j;
 }
 
 /// The error as JSON: {"held_out_kind", "throughput_low", "throughput_high", "held_out_runs",

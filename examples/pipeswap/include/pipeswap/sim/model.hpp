@@ -670,6 +670,25 @@ inline std::vector<stage_spec> plan_stages(scenario const& s, std::vector<recomp
   return out;
 }
 
+/// One MoE layer's forward and backward per micro-batch (no recomputation), as the host issues it and
+/// as the device runs it: its kernels (layer_op_times), its exposed tensor-parallel collectives and
+/// its four expert all-to-alls.
+struct moe_layer_pace {
+  double host_ms = 0;   ///< moe_host_floor_s
+  double device_ms = 0; ///< the kernels and the collectives
+  [[nodiscard]] bool host_bound() const noexcept { return host_ms > device_ms; }
+};
+
+/// The pace of `s`'s MoE layers where the host bounds them at all (moe_host_floor_s > 0), else none.
+inline std::optional<moe_layer_pace> moe_pace(scenario const& s) {
+  double const host = moe_host_floor_s(s.model.moe);
+  if (host <= 0) return std::nullopt;
+  auto const ops = layer_op_times(s.model, s.parallel, s.device);
+  auto const tp = tp_layer_comm(s, ops);
+  auto const comm_ns = static_cast<double>(tp.fwd + tp.bwd + 2 * moe_layer_a2a_ns(s));
+  return moe_layer_pace{host * 1e3, (ops.fwd() + ops.bwd()) * 1e3 + comm_ns * 1e-6};
+}
+
 /// The bytes a rank holds per element of its own weights: the parameter type, or 4 with parallel.fsdp
 /// and an fp32 master. FSDP2 shards the fp32 parameters themselves, gathers them in the parameter type
 /// for compute (MixedPrecisionPolicy's param_dtype) and AdamW updates the shard in place: the master

@@ -120,8 +120,9 @@ inline std::string format_plan(plan_result const& r, scenario const& s) {
   using detail::pad;
   using detail::plan_gb;
   using detail::secs;
-  std::string o =
-      "scenario: " + describe(s) + "\n" + error_line(s) + "\nbudget: " + plan_gb(r.budget_bytes) + " per device\n";
+  std::string o = "scenario: " + describe(s) + "\n" + error_line(s) + "\n";
+  if (auto const pace = pace_line(s); !pace.empty()) o += pace + "\n";
+  o += "budget: " + plan_gb(r.budget_bytes) + " per device\n";
   if (!r.verdict_line.text.empty()) o += r.verdict_line.text + "\n";
   o += "no swap" + (r.baseline_choice == swap_choice{} ? std::string() : " (" + describe(r.baseline_choice) + ")") +
        ": step " + secs(r.baseline.step_ns) + ", peak " + plan_gb(r.baseline.peak_bytes) + " on rank " +
@@ -300,6 +301,7 @@ template <class Json = nlohmann::ordered_json>
 Json to_json(plan_result const& r, scenario const& s) {
   Json j = to_json<Json>(r);
   j["model_error"] = error_json<Json>(s);
+  j["moe_pace"] = pace_json<Json>(s);
   if (r.chosen) {
     Json ch = Json::array();
     for (auto const& x : plan_changes(*r.chosen, s))

@@ -239,7 +239,9 @@ inline std::string format_table(report const& r) {
   using detail::gb;
   using detail::pad;
   using detail::secs;
-  std::string o = "scenario: " + describe(r.setup) + "\n" + error_line(r.setup) + "\n\n";
+  std::string o = "scenario: " + describe(r.setup) + "\n" + error_line(r.setup) + "\n";
+  if (auto const pace = pace_line(r.setup); !pace.empty()) o += pace + "\n";
+  o += "\n";
   auto const& base = r[swapping::none];
   o += pad("configuration", 17) + pad("step time", 12, true) + pad("overhead", 11, true) + pad("MFU", 8, true) +
        pad("peak", 11, true) + "  " + pad("on rank", 8) + pad("fits", 18) + pad("H2D, sum", 11, true) +
@@ -283,13 +285,14 @@ inline std::string format_table(report const& r) {
   return o;
 }
 
-/// The report as JSON: {"scenario": ..., "model_error": ... (sim/accuracy.hpp), "configurations": [{"name", "title", "step_ns", "overhead",
+/// The report as JSON: {"scenario": ..., "model_error": ..., "moe_pace": ... (sim/accuracy.hpp), "configurations": [{"name", "title", "step_ns", "overhead",
 /// "peak_bytes", "peak_rank", "fits", "h2d_bytes", "d2h_bytes", "ranks": [...]}]} (docs/cli.md).
 template <class Json = nlohmann::ordered_json>
 Json to_json(report const& r) {
   Json j = Json::object();
   j["scenario"] = to_json<Json>(r.setup);
   j["model_error"] = error_json<Json>(r.setup);
+  j["moe_pace"] = pace_json<Json>(r.setup);
   Json& configs = j["configurations"] = Json::array();
   auto const& base = r[swapping::none];
   for (auto c : all_swappings) {
