@@ -1,6 +1,7 @@
 // pipeswap — what a simulated step time is worth: the model's error on published runs that were held
 // out of its fit (docs/simulator.md, "Calibration"), printed beside every step time by `pipeswap
-// simulate` and `pipeswap plan`, so that a verdict whose margin is inside it says so.
+// simulate` and `pipeswap plan`, so that a verdict whose margin is inside it says so; and, for a
+// mixture of experts, whether its layers run at the host's pace rather than the device's.
 #pragma once
 
 #include <algorithm>
