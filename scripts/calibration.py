@@ -98,20 +98,15 @@ def held_out(path):
 
 
 def model_kind(sc):
-    """The kind of model a simulated scenario is, as sim/accuracy.hpp states an error for each."""
-    return "mixture-of-experts" if sc["model"]["moe"]["experts"] > 0 else "dense"
+    """The kind of model a scenario is (a simulated one, or a file's, whose moe section may be absent),
+    as sim/accuracy.hpp states an error for each."""
+    return "mixture-of-experts" if sc["model"].get("moe", {}).get("experts", 0) > 0 else "dense"
 
 
-def comment_of(path):
-    """A scenario file's comment."""
+def read(path):
+    """A scenario file, as written."""
     with open(path) as f:
-        return json.load(f)["comment"]
-
-
-def file_kind(path):
-    """model_kind() of a scenario file, read without simulating it."""
-    with open(path) as f:
-        return "mixture-of-experts" if json.load(f)["model"].get("moe", {}).get("experts", 0) > 0 else "dense"
+        return json.load(f)
 
 
 def bisect_log_mean(paths, predict_at, lo, hi, rising):
@@ -158,11 +153,12 @@ def main():
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "calibration")
     paths = sorted(glob.glob(os.path.join(root, "*.json")))
     if refit:
-        calibration = [p for p in paths if not held_out(p) and published(comment_of(p))]
+        files = {p: read(p) for p in paths if not held_out(p)}
+        kinds = {p: model_kind(sc) for p, sc in files.items() if published(sc["comment"])}
         for name in sorted({stack(p) for p in paths}):
-            runs = [p for p in calibration if stack(p) == name and file_kind(p) == "dense"]
+            runs = [p for p, k in kinds.items() if stack(p) == name and k == "dense"]
             print(f"{name}: device.kernel_efficiency {fit(exe, runs):.3f}, fitted on {len(runs)} dense calibration runs")
-        runs = [p for p in calibration if file_kind(p) == "mixture-of-experts"]
+        runs = [p for p, k in kinds.items() if k == "mixture-of-experts"]
         print(f"mixture of experts: model.moe.host_layer_ms {fit_host(exe, runs):.2f}, "
               f"fitted on {len(runs)} calibration run{'s' if len(runs) != 1 else ''}")
         return
