@@ -45,7 +45,7 @@ json every_field() {
               "fp8_library": "torchao", "fused_kernels": false, "loss": "pytorch",
               "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 256, "shared_expert_ffn_hidden": 512,
                       "capacity_factor": 1.25, "pad_to_capacity": true, "load_imbalance": 1.5,
-                      "host_layer_ms": 3.5}},
+                      "host_layer_ms": 3.5, "dispatch": "per_node"}},
     "device": {"name": "toy", "memory_bytes": 8000000000, "reserved_bytes": 500000000, "h2d_gbps": 12.5,
                "d2h_gbps": 11, "duplex_factor": 0.8, "copy_latency_us": 3.5, "bf16_tflops": 100,
                "fp8_tflops": 180, "compute": "flops", "kernel_efficiency": 0.3, "end_to_end_mfu": 0.25, "hbm_tbps": 1.5, "p2p_gbps": 25,
@@ -144,6 +144,7 @@ BOOST_AUTO_TEST_CASE(every_field_is_read_into_its_member) {
   BOOST_TEST(m.moe.capacity_factor.value_or(0) == 1.25);
   BOOST_TEST(m.moe.pad_to_capacity);
   BOOST_TEST(m.moe.host_layer_ms.value_or(0) == 3.5);
+  BOOST_TEST((m.moe.dispatch == sim::moe_dispatch::per_node));
   BOOST_TEST(m.moe.load_imbalance == 1.5);
   BOOST_TEST(s.parallel.ep == 2u);
   BOOST_TEST(s.parallel.expert_tp.value_or(0) == 1u);
@@ -526,6 +527,8 @@ BOOST_AUTO_TEST_CASE(precision_and_compute_errors_name_their_field) {
   expect_rejected(
       R"({"model": {"fp8_library": "te"}})",
       "scenario: model.fp8_library: expected one of \"transformer_engine\", \"torchao\", got string \"te\"");
+  expect_rejected(R"({"model": {"moe": {"experts": 8, "dispatch": "deepep"}}})",
+                  "scenario: model.moe.dispatch: expected one of \"all_to_all\", \"per_node\", got string \"deepep\"");
   auto const ao = sim::scenario_from_json_text(R"({"model": {"precision": "FP8", "fp8_library": "torchao"}})");
   BOOST_TEST((ao.model.fp8_library == sim::fp8_library_kind::torchao));
 }

@@ -160,6 +160,50 @@ BOOST_AUTO_TEST_CASE(qwen3_flops_and_all_to_all_by_hand) {
   BOOST_TEST(sim::moe_layer_a2a_ns(wide) == 2 * wide_one);
 }
 
+// model.moe.dispatch "per_node" (DeepEP, HybridEP): a token crosses the network once to each other
+// node holding any of its experts. EP 16 over two nodes of 8: 64 of the 128 experts on each node, so
+// a token's 8 distinct experts miss the other node with the chance C(64, 8) / C(128, 8); it crosses
+// to it with the rest. Every copy bound for another device of a node moves over that node's NVLink:
+// 7/8 of the 8 copies. Inside one node the dispatch moves what the all-to-all moves.
+BOOST_AUTO_TEST_CASE(a_per_node_dispatch_sends_a_token_across_the_network_once_per_node) {
+  double const T = 8192, h = 2048, copy = 2 * T * h; // one 16-bit copy of each of the device's tokens
+  double miss = 1;
+  for (int i = 0; i < 8; ++i) miss *= (64.0 - i) / (128 - i);
+  BOOST_TEST(close(miss, 0.0030959, 1e-4)); // C(64, 8) / C(128, 8)
+  auto wide = qwen3(1, 2, 16, 16);
+  wide.model.moe.dispatch = sim::moe_dispatch::per_node;
+  BOOST_TEST(close(sim::moe_remote_nodes_per_token(wide.model.moe, 2), 1 - miss, 1e-12));
+  auto const b = sim::moe_a2a_link_bytes(wide);
+  BOOST_TEST(close(b.network, copy * (1 - miss), 1e-12));
+  BOOST_TEST(close(b.nvlink, 8 * copy * 7 / 8, 1e-12));
+  auto const one = std::llround(15e3 + std::max(b.nvlink / 360e9, b.network / 40e9) * 1e9);
+  BOOST_TEST(sim::moe_layer_a2a_ns(wide) == 2 * one);
+  // The plain all-to-all sends 4 copies of a token over the network (8 · 8/16); per node, about one.
+  auto plain = wide;
+  plain.model.moe.dispatch = sim::moe_dispatch::all_to_all;
+  BOOST_TEST(close(sim::moe_a2a_link_bytes(plain).network / b.network, 4 / (1 - miss), 1e-12));
+  BOOST_TEST(sim::moe_layer_a2a_ns(plain) > 3 * sim::moe_layer_a2a_ns(wide));
+  // Four nodes (EP 32 of 128 experts, top 8): 32 experts a node, 3·(1 − C(96, 8) / C(128, 8)) others.
+  auto four = qwen3(1, 1, 32, 32);
+  four.pipeline.ranks = 1;
+  four.model.moe.dispatch = sim::moe_dispatch::per_node;
+  double miss4 = 1;
+  for (int i = 0; i < 8; ++i) miss4 *= (96.0 - i) / (128 - i);
+  BOOST_TEST(close(sim::moe_a2a_link_bytes(four).network, copy * 3 * (1 - miss4), 1e-12));
+  // A token with more experts than a node holds always reaches every other node.
+  sim::moe_spec few = wide.model.moe;
+  few.experts = 16;
+  few.top_k = 9;
+  BOOST_TEST(sim::moe_remote_nodes_per_token(few, 2) == 1.0);
+  BOOST_TEST(sim::moe_remote_nodes_per_token(few, 1) == 0.0);
+  // Inside one node, the same bytes and time.
+  auto in = qwen3(1, 2, 8, 8);
+  auto const in_plain = sim::moe_layer_a2a_ns(in);
+  in.model.moe.dispatch = sim::moe_dispatch::per_node;
+  BOOST_TEST(sim::moe_layer_a2a_ns(in) == in_plain);
+  BOOST_TEST(sim::moe_a2a_link_bytes(in).network == 0.0);
+}
+
 // One MoE layer (router, the two all-to-alls, permutation, grouped experts, unpermutation) per
 // micro-batch, forward and backward, against Megatron-LM's measured H100 benchmark of the layer alone
 // (tests/functional_tests/test_cases/common/moe_perf: baseline.json, recorded at cf39a4ddcf,
@@ -413,6 +457,9 @@ BOOST_AUTO_TEST_CASE(moe_fields_are_validated_naming_the_field_and_the_rule) {
   bad = sim::scenario{};
   bad.model.moe.host_layer_ms = 1.0;
   expect(bad, "model.moe.host_layer_ms needs model.moe.experts > 0");
+  bad = sim::scenario{};
+  bad.model.moe.dispatch = sim::moe_dispatch::per_node;
+  expect(bad, "model.moe.dispatch \"per_node\" needs model.moe.experts > 0");
 }
 
 // A dense model is the same with or without the MoE fields at their defaults, and head_dim equal to

@@ -270,6 +270,7 @@ inline void validate(scenario const& s) {
     need(moe.shared_expert_ffn_hidden == 0 && moe.expert_ffn_hidden == 0,
          "model.moe.expert_ffn_hidden and model.moe.shared_expert_ffn_hidden need model.moe.experts > 0");
     need(!moe.host_layer_ms, "model.moe.host_layer_ms needs model.moe.experts > 0");
+    need(moe.dispatch == moe_dispatch::all_to_all, "model.moe.dispatch \"per_node\" needs model.moe.experts > 0");
   } else {
     auto const etp = expert_tp_of(p);
     need(moe.top_k >= 1 && moe.top_k <= moe.experts,
@@ -443,19 +444,49 @@ inline layer_comm tp_layer_comm(scenario const& s, op_times const& ops) {
   return {exposed(fwd, ops.tp_paired_fwd), exposed(bwd, ops.tp_paired_bwd)};
 }
 
+/// The expected number of other nodes a token's top_k distinct experts lie on, with the E experts
+/// spread evenly over `nodes` nodes and every set of top_k experts equally likely (balanced routing):
+/// (nodes − 1)·(1 − q), q = C(E − E/nodes, top_k) / C(E, top_k) the chance that a node holds none.
+inline double moe_remote_nodes_per_token(moe_spec const& e, std::uint32_t nodes) {
+  if (nodes <= 1) return 0;
+  double const E = static_cast<double>(e.experts), others = E - E / nodes;
+  double q = 1;
+  for (std::uint64_t i = 0; i < e.top_k && q > 0; ++i)
+    q *= std::max(0.0, (others - static_cast<double>(i)) / (E - static_cast<double>(i)));
+  return (nodes - 1) * (1 - q);
+}
+
+/// The bytes one device sends per all-to-all of a layer over NVLink and over its network link.
+/// all_to_all: 1/ep of its moe_a2a_bytes to each peer, (per_node − 1)/ep of them over NVLink, the
+/// rest, (ep − per_node)/ep, over the network. per_node: each token once to each other node that holds
+/// any of its experts (moe_remote_nodes_per_token), and every copy bound for another device of a node
+/// over that node's NVLink, (per_node − 1)/per_node of them (forwarded inside the receiving nodes, or
+/// sent to the sender's own peers; a device forwards as many as it receives by symmetry). Inside one
+/// node the two are the same.
+struct a2a_bytes {
+  double nvlink = 0, network = 0;
+};
+inline a2a_bytes moe_a2a_link_bytes(scenario const& s) {
+  auto const& p = s.parallel;
+  auto const g = ep_span(s);
+  double const bytes = moe_a2a_bytes(s.model, p);
+  if (s.model.moe.dispatch == moe_dispatch::all_to_all || g.in_node())
+    return {bytes * (g.per_node - 1) / p.ep, bytes * (p.ep - g.per_node) / p.ep};
+  double const per_copy = bytes / static_cast<double>(s.model.moe.top_k);
+  return {bytes * (g.per_node - 1) / g.per_node, per_copy * moe_remote_nodes_per_token(s.model.moe, g.nodes)};
+}
+
 /// The all-to-alls of one MoE layer's forward (per micro-batch): the dispatch and the combine of the
-/// device's top_k·T' token copies among the ep devices of its expert-parallel group. A device sends
-/// 1/ep of its bytes to each peer: to the per_node − 1 peers on its node over NVLink, to the others
-/// over its network link, both at once; each all-to-all takes the slower of the two plus the group's
-/// latency. The backward runs both again (the same time).
+/// device's top_k·T' token copies among the ep devices of its expert-parallel group, over NVLink and
+/// the network at once (moe_a2a_link_bytes, by model.moe.dispatch); each all-to-all takes the slower
+/// of the two plus the group's latency. The backward runs both again (the same time).
 inline mock::sim_time moe_layer_a2a_ns(scenario const& s) {
   auto const& p = s.parallel;
   if (!s.model.moe.enabled() || p.ep <= 1) return 0;
   auto const g = ep_span(s);
   auto const& d = s.device;
-  double const bytes = moe_a2a_bytes(s.model, p);
-  double const local = bytes * (g.per_node - 1) / p.ep, remote = bytes * (p.ep - g.per_node) / p.ep;
-  double const secs = std::max(local / (d.nvlink_gbps * 1e9), remote / (d.network_gbps * 1e9));
+  auto const b = moe_a2a_link_bytes(s);
+  double const secs = std::max(b.nvlink / (d.nvlink_gbps * 1e9), b.network / (d.network_gbps * 1e9));
   return 2 * static_cast<mock::sim_time>(std::llround(group_latency_us(g, d) * 1e3 + secs * 1e9));
 }
 

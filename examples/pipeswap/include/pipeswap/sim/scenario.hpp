@@ -73,6 +73,17 @@ enum class compute_kind : std::uint8_t {
   flops,    ///< FLOPs / (bf16 peak · kernel_efficiency) for every kernel: the one-efficiency model
 };
 
+/// How a MoE layer's tokens travel to their experts' devices and back (model.moe.dispatch).
+enum class moe_dispatch : std::uint8_t {
+  /// Every routed copy of a token is its own message to its expert's device, over NVLink inside the
+  /// node and over the network to other nodes (Megatron-Core's alltoall dispatcher, NCCL all-to-all).
+  all_to_all,
+  /// A token crosses the network once per node that holds any of its experts and is forwarded inside
+  /// that node over NVLink (DeepEP and HybridEP, Megatron-Core's flex dispatcher: "removes redundant
+  /// tokens during cross-node communication"; DeepSeek-V3 technical report, §3.2.2).
+  per_node,
+};
+
 /// Mixture-of-experts MLPs (Megatron-Core's MoE layer): every layer's MLP is `experts` routed experts
 /// of width `expert_ffn_hidden`, each token sent to `top_k` of them by a router (an h×E matrix), plus
 /// optionally a shared expert of width `shared_expert_ffn_hidden` that every token passes.
@@ -97,6 +108,8 @@ struct moe_spec {
   /// (dropless, or a capacity without padding), else none; set, this value (0: a layer the host
   /// issues ahead, as with padding to capacity or a whole-layer CUDA graph).
   std::optional<double> host_layer_ms;
+  /// How the tokens travel (moe_dispatch); it changes only what crosses the network.
+  moe_dispatch dispatch = moe_dispatch::all_to_all;
   [[nodiscard]] bool enabled() const noexcept { return experts > 0; }
 };
 

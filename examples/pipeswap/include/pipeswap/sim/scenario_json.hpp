@@ -11,7 +11,7 @@
 //                 "fp8_library": "transformer_engine", "fused_kernels": true, "loss": "fused",
 //                 "moe": {"experts": 0, "top_k": 1, "expert_ffn_hidden": 0, "shared_expert_ffn_hidden": 0,
 //                         "capacity_factor": null, "pad_to_capacity": false, "load_imbalance": 1,
-//                         "host_layer_ms": null}},
+//                         "host_layer_ms": null, "dispatch": "all_to_all"}},
 //    "device":   {"name": "H200", "memory_bytes": 141000000000, "reserved_bytes": 6000000000,
 //                 "h2d_gbps": 55, "d2h_gbps": 55, "duplex_factor": 0.7, "copy_latency_us": 2,
 //                 "bf16_tflops": 989, "fp8_tflops": 1979, "compute": "roofline",
@@ -296,6 +296,8 @@ inline constexpr std::array<std::pair<std::string_view, fp8_library_kind>, 2> fp
     {{"transformer_engine", fp8_library_kind::transformer_engine}, {"torchao", fp8_library_kind::torchao}}};
 inline constexpr std::array<std::pair<std::string_view, loss_kind>, 2> loss_names{
     {{"fused", loss_kind::fused}, {"pytorch", loss_kind::pytorch}}};
+inline constexpr std::array<std::pair<std::string_view, moe_dispatch>, 2> dispatch_names{
+    {{"all_to_all", moe_dispatch::all_to_all}, {"per_node", moe_dispatch::per_node}}};
 inline constexpr std::array<std::pair<std::string_view, compute_kind>, 2> compute_names{
     {{"roofline", compute_kind::roofline}, {"flops", compute_kind::flops}}};
 inline constexpr std::array<std::pair<std::string_view, recompute_kind>, 4> recompute_names{
@@ -325,6 +327,8 @@ constexpr std::string_view precision_name(precision k) { return detail::enum_nam
 constexpr std::string_view fp8_library_name(fp8_library_kind k) {
   return detail::enum_name(k, detail::fp8_library_names);
 }
+/// "all_to_all", "per_node".
+constexpr std::string_view dispatch_name(moe_dispatch k) { return detail::enum_name(k, detail::dispatch_names); }
 /// "roofline", "flops".
 constexpr std::string_view compute_name(compute_kind k) { return detail::enum_name(k, detail::compute_names); }
 
@@ -390,7 +394,7 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
     if (auto const* v2 = r.find("moe")) {
       reader const q(*v2, "model.moe",
                      {"experts", "top_k", "expert_ffn_hidden", "shared_expert_ffn_hidden", "capacity_factor",
-                      "pad_to_capacity", "load_imbalance", "host_layer_ms"});
+                      "pad_to_capacity", "load_imbalance", "host_layer_ms", "dispatch"});
       q.optional_number("capacity_factor", m.moe.capacity_factor);
       q.optional_number("host_layer_ms", m.moe.host_layer_ms);
       q.boolean("pad_to_capacity", m.moe.pad_to_capacity);
@@ -399,6 +403,8 @@ scenario scenario_from_json(Json const& j, scenario base = {}) {
       q.u64("top_k", m.moe.top_k, 1u << 20);
       q.u64("expert_ffn_hidden", m.moe.expert_ffn_hidden);
       q.u64("shared_expert_ffn_hidden", m.moe.shared_expert_ffn_hidden);
+      if (auto const* d = q.find("dispatch"))
+        m.moe.dispatch = detail::enum_field(*d, "model.moe.dispatch", detail::dispatch_names);
     }
     r.u64("vocab", m.vocab);
     r.u64("seq_len", m.seq_len);
@@ -595,6 +601,7 @@ Json to_json(scenario const& s) {
   je["pad_to_capacity"] = m.moe.pad_to_capacity;
   je["load_imbalance"] = m.moe.load_imbalance;
   je["host_layer_ms"] = m.moe.host_layer_ms ? Json(*m.moe.host_layer_ms) : Json(nullptr);
+  je["dispatch"] = dispatch_name(m.moe.dispatch);
   auto const& d = s.device;
   Json& jd = j["device"] = Json::object();
   jd["name"] = d.name;
