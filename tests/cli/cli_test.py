@@ -1168,6 +1168,24 @@ class Calibration(unittest.TestCase):
             self.assertTrue(none["fits"], n)
             self.assertLessEqual(none["peak_bytes"], memory, n)
 
+    def test_a_peak_lower_by_less_than_the_resolution_does_not_change_a_setting(self):
+        # The B200 calibration scenario: selective recomputation is as fast (the host bounds every
+        # layer) and peaks about 25 MB lower than the scenario's own "none". Within the planner's peak
+        # resolution (0.05 GB) the plan keeps the scenario's settings; with a resolution of 0 bytes
+        # (the tie-break by exact peak) it would take the recomputation.
+        _, out, _ = run("plan", "--scenario", os.path.join(CALIBRATION, "bridge2602_qwen3_30b_a3b_8xb200.json"),
+                        "--json")
+        j = json.loads(out)
+        self.assertEqual(j["peak_resolution_bytes"], 50_000_000)
+        self.assertEqual(j["chosen"].get("changes", []), [])
+        selective = next(e for e in j["simulated"]
+                         if e["description"] == "distributed optimizer + selective recomputation")
+        self.assertLess(selective["outcome"]["peak_bytes"], j["chosen"]["outcome"]["peak_bytes"])
+        self.assertLess(j["chosen"]["outcome"]["peak_bytes"] - selective["outcome"]["peak_bytes"], 50_000_000)
+        self.assertIn("changes more of your settings", selective["verdict"])
+        self.assertEqual(j["verdict"]["choice"], "none")
+        self.assertEqual({a["key"]: a["changes"] for a in j["alternatives"]}["recompute_full"], 1)
+
     def test_the_reports_print_the_error_beside_the_step_time(self):
         _, out, _ = run("simulate", "--trace", "", "--svg", "")
         self.assertRegex(out.splitlines()[2], r"^model error: on 12 published dense runs held out of the fit, "

@@ -48,6 +48,9 @@ struct alternative {
   std::uint32_t peak_rank = 0;
   std::uint64_t host_bytes = 0;
   bool fits = false;
+  /// How many of the scenario's own settings it changes (its recomputation, its distributed
+  /// optimizer): the planner's rule keeps more of them among equally low peaks.
+  int changes = 0;
   std::vector<alternative_rank> ranks;
 };
 

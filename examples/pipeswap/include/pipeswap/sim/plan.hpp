@@ -220,6 +220,7 @@ void add_alternatives(plan_result& res, scenario const& s, plan_space const& spa
     auto const same = std::find_if(alts.begin(), alts.end(), [&](alternative const& a) { return a.description == d; });
     if (same == alts.end()) {
       alts.push_back(alternative_of("plan", "the plan", *res.chosen, res.chosen_outcome, B));
+      alts.back().changes = detail::settings_changed(*res.chosen, base);
       for (auto const& x : plan_changes(*res.chosen, s))
         alts.back().description += ", " + x.field + " " + x.from + " -> " + x.to;
     } else
@@ -235,9 +236,11 @@ void add_alternatives(plan_result& res, scenario const& s, plan_space const& spa
     alts.push_back(alternative_of(std::string("recompute_") + std::string(recompute_name(rc)),
                                   rc == recompute_kind::none ? "no recomputation" : recompute_title(rc), r, outcome(r),
                                   B));
+    alts.back().changes = 1;
   }
   auto const* err = error_of(s);
-  res.verdict_line = decide(alts, res.alternative_none, B, res.tolerance, err ? err->step_error() : 0.0);
+  res.verdict_line =
+      decide(alts, res.alternative_none, B, res.tolerance, err ? err->step_error() : 0.0, res.peak_resolution);
 }
 
 /// The scenario and options a candidate of plan() runs with: the candidate's settings, the device's

@@ -161,7 +161,9 @@ inline std::string format_plan(plan_result const& r, scenario const& s) {
   o += "\nsimulated " + std::to_string(r.simulated.size()) + " of " + std::to_string(r.candidates) +
        " candidates (steps within " + detail::fmt("%.2f %%", r.tolerance * 100) +
        " of the fastest count as equally fast; of those the plan moves the fewest bytes over the host link, then "
-       "peaks lowest; swapping more is assumed never to shorten the step; " +
+       "keeps most of your settings among peaks within " +
+       detail::resolution_text(r.peak_resolution) +
+       " of the lowest, then peaks lowest; swapping more is assumed never to shorten the step; " +
        std::to_string(r.simulations) + " simulations of " + std::to_string(r.simulated_steps) +
        " training steps in all):\n";
   o += "  " + pad("step time", 10, true) + pad("peak", 11, true) + pad("host link", 12, true) + "  " +
@@ -223,6 +225,7 @@ Json to_json(plan_result const& r) {
   Json j = Json::object();
   j["budget_bytes"] = r.budget_bytes;
   j["tolerance"] = r.tolerance;
+  j["peak_resolution_bytes"] = r.peak_resolution;
   j["fits"] = r.chosen.has_value();
   j["baseline"] = outcome(r.baseline);
   if (r.chosen) {
@@ -278,6 +281,7 @@ Json to_json(plan_result const& r) {
     x["peak_rank"] = a.peak_rank;
     x["host_bytes"] = a.host_bytes;
     x["fits"] = a.fits;
+    x["changes"] = a.changes;
     Json rs = Json::array();
     for (auto const& q : a.ranks)
       rs.push_back(Json{{"step_ns", q.step_ns}, {"peak_bytes", q.peak_bytes}, {"host_bytes", q.host_bytes}});

@@ -11,8 +11,10 @@
 //
 // The choice: among the simulated candidates that fit the budget, those whose step is within
 // plan_space::tolerance of the fastest (0.5 % by default) count as equally fast; of them the plan
-// moves the fewest bytes over the host link, then peaks lowest (then is the faster, then the one
-// simulated first).
+// moves the fewest bytes over the host link; of those, peaks within plan_space::peak_resolution
+// (0.05 GB) of the lowest count as equally low, and the plan changes fewest of the scenario's own
+// settings (its recomputation, its distributed optimizer), then peaks lowest (then is the faster,
+// then the one simulated first).
 //
 // The search runs once per family (a recomputation and a distributed-optimizer setting, every rank
 // alike) and simulates few of each family's candidates. It relies on one property of swapping, which
@@ -82,7 +84,8 @@
 namespace pipeswap::sim {
 
 /// Searches `space` for the plan whose peak is at most `budget` bytes (see the header comment for the
-/// rules: the fastest within the tolerance, then the fewest host-link bytes, then the lowest peak),
+/// rules: the fastest within the tolerance, then the fewest host-link bytes, then among equally low
+/// peaks the fewest changed settings, then the lowest peak),
 /// calling `evaluate(choice) -> plan_outcome` (a simulation) for the candidates it needs.
 /// `progress(done, bound)` is called before each simulation with the number done and an upper bound
 /// of the number the search can need.
@@ -95,6 +98,7 @@ requires std::is_invocable_r_v<plan_outcome, Evaluate&, swap_choice const&>
   res.budget_bytes = budget;
   res.candidates = space.size();
   res.tolerance = space.tolerance;
+  res.peak_resolution = space.peak_resolution;
   std::size_t const levels = space.gaps.size();
   std::size_t const settings = space.swap_times.size() * space.packed.size();
   auto const families = space.families();
@@ -139,7 +143,7 @@ requires std::is_invocable_r_v<plan_outcome, Evaluate&, swap_choice const&>
     return c;
   };
   auto update_choice = [&] {
-    if (auto const i = detail::choose(res.simulated, space.tolerance)) {
+    if (auto const i = detail::choose(res.simulated, space.tolerance, space.peak_resolution, space.baseline)) {
       res.chosen = res.simulated[*i].choice;
       res.chosen_outcome = res.simulated[*i].outcome;
     }
@@ -181,7 +185,10 @@ requires std::is_invocable_r_v<plan_outcome, Evaluate&, swap_choice const&>
         auto twin = family;
         twin.distributed_optimizer = true;
         plan_outcome const t = run(twin);
-        if (t.step_ns <= family_base.step_ns && t.peak_bytes <= family_base.peak_bytes) {
+        // Where the twin's peak is within the peak resolution and the scenario's own setting is
+        // without it, the family's own swaps could be chosen for keeping that setting: searched.
+        if (t.step_ns <= family_base.step_ns && t.peak_bytes <= family_base.peak_bytes &&
+            (space.baseline.distributed_optimizer || t.peak_bytes + space.peak_resolution < family_base.peak_bytes)) {
           res.skipped.push_back(describe(family) +
                                 " with swap: not searched, the distributed optimizer with the same "
                                 "recomputation is no slower without swap (" +
@@ -437,7 +444,9 @@ requires std::is_invocable_r_v<plan_outcome, Evaluate&, swap_choice const&>
       e.verdict = "over budget by " + detail::plan_gb(e.outcome.peak_bytes - budget) + " on rank " +
                   std::to_string(e.outcome.peak_rank);
     else
-      e.verdict = detail::verdict_against(e.outcome, res.chosen_outcome, *fastest, space.tolerance);
+      e.verdict = detail::verdict_against(
+          e.outcome, res.chosen_outcome, *fastest, space.tolerance, space.peak_resolution,
+          detail::settings_changed(e.choice, space.baseline) > detail::settings_changed(*res.chosen, space.baseline));
   }
   return res;
 }

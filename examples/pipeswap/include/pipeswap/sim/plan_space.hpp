@@ -165,8 +165,11 @@ struct plan_space {
   /// scenario's own recomputation and distributed optimizer).
   swap_choice baseline;
   /// Candidates whose step is within this fraction of the fastest fitting one count as equally
-  /// fast; among them the fewest host-link bytes, then the lowest peak, wins.
+  /// fast; among them the fewest host-link bytes, then the lowest peak (below), wins.
   double tolerance = 0.005;
+  /// Among those, peaks within these bytes of the lowest count as equally low, and the candidate
+  /// that changes fewest of the baseline's settings wins (detail::choose; 0.05 GB by default).
+  std::uint64_t peak_resolution = detail::peak_resolution_bytes;
 
   /// The families: every (recomputation, distributed optimizer) pair.
   [[nodiscard]] std::vector<std::pair<recompute_kind, bool>> families() const {
@@ -208,8 +211,9 @@ struct plan_result {
   /// The work of the whole plan (plan() fills them): simulations run and training steps simulated,
   /// the candidates', the hazard-checked run's and the alternatives' together.
   std::uint64_t simulations = 0, simulated_steps = 0;
-  std::size_t candidates = 0; ///< plan_space::size()
-  double tolerance = 0;       ///< plan_space::tolerance
+  std::size_t candidates = 0;        ///< plan_space::size()
+  double tolerance = 0;              ///< plan_space::tolerance
+  std::uint64_t peak_resolution = 0; ///< plan_space::peak_resolution
   /// Lowest peak seen, and where: what to say when nothing fits.
   std::optional<considered> lowest_peak;
   /// What a user weighs against the plan (plan() fills them; search_plan() leaves them empty), and

@@ -1,6 +1,7 @@
 // pipeswap — the one-line verdict of `pipeswap plan`: among the alternatives (sim/alternatives.hpp)
 // the one to use, by the planner's rule (of those that fit, the equally fast within the tolerance,
-// then the fewest host-link bytes, then the lowest peak), what it saves against no swap, what it
+// then the fewest host-link bytes, then among equally low peaks the fewest changes of the scenario's
+// settings, then the lowest peak), what it saves against no swap, what it
 // costs, and why the next best loses. By construction no alternative beats the one chosen on both
 // step time (beyond the tolerance) and peak: one that fits and is faster beyond the tolerance would
 // have been chosen, and one over the budget peaks above the choice (tests/cli/plan_search_test.cpp
@@ -29,18 +30,40 @@ struct verdict {
 
 namespace detail {
 
-/// The best of `alts` (skipping `skip`) by the planner's rule; when none fits, none.
+/// Peaks closer than this to the lowest count as equally low (plan_space::peak_resolution's
+/// default): 0.05 GB, a difference the reports print as 0.0 GB and far inside the memory model's
+/// error. Among them a plan that keeps more of the scenario's own settings wins: a plan does not
+/// change a setting for less.
+inline constexpr std::uint64_t peak_resolution_bytes = 50'000'000;
+inline std::string resolution_text(std::uint64_t b) { return fmt("%.2f GB", static_cast<double>(b) / 1e9); }
+/// Whether two peaks are within `resolution` bytes of each other.
+inline bool peaks_close(std::uint64_t a, std::uint64_t b, std::uint64_t resolution) {
+  return (a > b ? a - b : b - a) <= resolution;
+}
+
+/// The best of `alts` (skipping `skip`) by the planner's rule (detail::choose): of those that fit
+/// and are as fast within the tolerance, the fewest host-link bytes; of them, among the peaks within
+/// `resolution` of their lowest, the fewest changed settings, then the lowest peak, then the
+/// shortest step, then the first listed; when none fits, none.
 inline std::optional<std::size_t> best_alternative(std::vector<alternative> const& alts, double tolerance,
+                                                   std::uint64_t resolution,
                                                    std::optional<std::size_t> skip = std::nullopt) {
   std::optional<mock::sim_time> fastest;
   for (std::size_t i = 0; i < alts.size(); ++i)
     if (i != skip && alts[i].fits && (!fastest || alts[i].step_ns < *fastest)) fastest = alts[i].step_ns;
   if (!fastest) return std::nullopt;
+  auto const fast = [&](std::size_t i) {
+    return i != skip && alts[i].fits &&
+           static_cast<double>(alts[i].step_ns) <= static_cast<double>(*fastest) * (1 + tolerance);
+  };
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> least; // the fewest bytes, then their lowest peak
+  for (std::size_t i = 0; i < alts.size(); ++i)
+    if (fast(i) && (!least || std::pair{alts[i].host_bytes, alts[i].peak_bytes} < *least))
+      least = std::pair{alts[i].host_bytes, alts[i].peak_bytes};
   std::optional<std::size_t> best;
-  auto key = [&](std::size_t i) { return std::tuple{alts[i].host_bytes, alts[i].peak_bytes, alts[i].step_ns}; };
+  auto key = [&](std::size_t i) { return std::tuple{alts[i].changes, alts[i].peak_bytes, alts[i].step_ns}; };
   for (std::size_t i = 0; i < alts.size(); ++i) {
-    if (i == skip || !alts[i].fits) continue;
-    if (static_cast<double>(alts[i].step_ns) > static_cast<double>(*fastest) * (1 + tolerance)) continue;
+    if (!fast(i) || alts[i].host_bytes != least->first || alts[i].peak_bytes > least->second + resolution) continue;
     if (!best || key(i) < key(*best)) best = i;
   }
   return best;
@@ -51,13 +74,14 @@ inline std::optional<std::size_t> best_alternative(std::vector<alternative> cons
 /// The verdict over `alts`; `none` is the index of the no-swap alternative (the reference of
 /// "saves" and "costs"), `budget` the device budget, `tolerance` the planner's, `step_error` the
 /// fraction a simulated step time may be off by (sim/accuracy.hpp; 0: not known). A next best that
-/// loses on step time by less than that error is said to lose inside the model's error.
+/// loses on step time by less than that error is said to lose inside the model's error; `resolution`
+/// the planner's peak resolution (plan_space::peak_resolution).
 inline verdict decide(std::vector<alternative> const& alts, std::size_t none, std::uint64_t budget, double tolerance,
-                      double step_error = 0) {
+                      double step_error = 0, std::uint64_t resolution = detail::peak_resolution_bytes) {
   verdict v;
   auto const gb = [](std::uint64_t b) { return detail::gb(b); };
   auto const tol = detail::fmt("%.2f %%", tolerance * 100);
-  v.choice = detail::best_alternative(alts, tolerance);
+  v.choice = detail::best_alternative(alts, tolerance, resolution);
   if (!v.choice) {
     std::size_t low = 0;
     for (std::size_t i = 0; i < alts.size(); ++i)
@@ -68,7 +92,7 @@ inline verdict decide(std::vector<alternative> const& alts, std::size_t none, st
   }
   auto const& c = alts[*v.choice];
   auto const& base = alts.at(none);
-  v.next_best = detail::best_alternative(alts, tolerance, v.choice);
+  v.next_best = detail::best_alternative(alts, tolerance, resolution, v.choice);
   if (!v.next_best) { // nothing else fits: the one nearest to fitting
     for (std::size_t i = 0; i < alts.size(); ++i)
       if (i != *v.choice && (!v.next_best || alts[i].peak_bytes < alts[*v.next_best].peak_bytes)) v.next_best = i;
@@ -100,9 +124,15 @@ inline verdict decide(std::vector<alternative> const& alts, std::size_t none, st
     } else if (n.host_bytes > c.host_bytes)
       v.reason = "as fast within the " + tol + " tolerance, but moves " + gb(n.host_bytes - c.host_bytes) +
                  " more over the host link";
-    else if (n.peak_bytes > c.peak_bytes)
+    else if (n.changes > c.changes && detail::peaks_close(n.peak_bytes, c.peak_bytes, resolution))
+      v.reason = "as fast within the " + tol + " tolerance, moves as many bytes and peaks within " +
+                 detail::resolution_text(resolution) + " of it, but changes more of your settings";
+    else if (n.peak_bytes > c.peak_bytes + resolution)
       v.reason = "as fast within the " + tol + " tolerance and moves as many bytes, but peaks " +
                  gb(n.peak_bytes - c.peak_bytes) + " higher";
+    else if (n.peak_bytes > c.peak_bytes)
+      v.reason = "as fast within the " + tol + " tolerance and moves as many bytes, but peaks higher, by at most " +
+                 detail::resolution_text(resolution);
     else
       v.reason = "as fast within the " + tol + " tolerance, as many bytes, as low a peak (listed after it)";
     v.text += "; next best, " + n.title + ": " + v.reason;

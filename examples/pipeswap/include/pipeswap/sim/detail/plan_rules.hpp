@@ -1,6 +1,7 @@
 // pipeswap — the swap planner's rules (internal to sim/plan_search.hpp): the checks of a plan_space,
-// the tolerance within which steps count as equally fast, the choice among simulated candidates and
-// what a fitting candidate's figures say against the chosen plan's.
+// the tolerance within which steps count as equally fast, the resolution within which peaks count as
+// equally low, the choice among simulated candidates and what a fitting candidate's figures say
+// against the chosen plan's.
 #pragma once
 
 #include <algorithm>
@@ -49,20 +50,43 @@ inline bool within_tolerance(mock::sim_time step, mock::sim_time fastest, double
   return static_cast<double>(step) <= static_cast<double>(fastest) * (1.0 + tolerance);
 }
 
+/// How many of the scenario's own settings (`mine`: its recomputation and distributed optimizer,
+/// plan_space::baseline) candidate `c` changes: the recomputation (of any rank, for a per-rank plan)
+/// and the distributed optimizer, 0 to 2.
+inline int settings_changed(swap_choice const& c, swap_choice const& mine) {
+  bool const recompute = c.ranks.empty() ? c.recompute != mine.recompute
+                                         : std::any_of(c.ranks.begin(), c.ranks.end(),
+                                                       [&](auto const& r) { return r.recompute != mine.recompute; });
+  return int{recompute} + int{c.distributed_optimizer != mine.distributed_optimizer};
+}
+
 /// The choice among `simulated` (plan_result::simulated): of the candidates that fit, those within
-/// `tolerance` of the fastest; of them the fewest host-link bytes, then the lowest peak, then the
-/// shortest step, then the first simulated. Returns its index, or none when nothing fits.
-inline std::optional<std::size_t> choose(std::vector<considered> const& simulated, double tolerance) {
+/// `tolerance` of the fastest; of them those moving the fewest host-link bytes; of them those whose
+/// peak is within `resolution` bytes of their lowest; of them the one that changes fewest of the
+/// scenario's settings (`mine`), then peaks lowest, then has the shortest step, then was simulated
+/// first. Returns its index, or none when nothing fits.
+inline std::optional<std::size_t> choose(std::vector<considered> const& simulated, double tolerance,
+                                         std::uint64_t resolution, swap_choice const& mine) {
   std::optional<mock::sim_time> fastest;
   for (auto const& e : simulated)
     if (e.fits && (!fastest || e.outcome.step_ns < *fastest)) fastest = e.outcome.step_ns;
   if (!fastest) return std::nullopt;
+  auto const fast = [&](considered const& e) {
+    return e.fits && within_tolerance(e.outcome.step_ns, *fastest, tolerance);
+  };
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> least; // the fewest bytes, then their lowest peak
+  for (auto const& e : simulated)
+    if (fast(e) && (!least || std::pair{link_bytes(e.outcome), e.outcome.peak_bytes} < *least))
+      least = std::pair{link_bytes(e.outcome), e.outcome.peak_bytes};
   std::optional<std::size_t> best;
-  auto key = [](plan_outcome const& o) { return std::tuple{link_bytes(o), o.peak_bytes, o.step_ns}; };
+  auto key = [&](considered const& e) {
+    return std::tuple{settings_changed(e.choice, mine), e.outcome.peak_bytes, e.outcome.step_ns};
+  };
   for (std::size_t i = 0; i < simulated.size(); ++i) {
     auto const& e = simulated[i];
-    if (!e.fits || !within_tolerance(e.outcome.step_ns, *fastest, tolerance)) continue;
-    if (!best || key(e.outcome) < key(simulated[*best].outcome)) best = i;
+    if (!fast(e) || link_bytes(e.outcome) != least->first || e.outcome.peak_bytes > least->second + resolution)
+      continue;
+    if (!best || key(e) < key(simulated[*best])) best = i;
   }
   return best;
 }
@@ -95,9 +119,11 @@ inline std::optional<std::string> cannot_fit(swap_choice const& c, plan_outcome 
 }
 
 /// What a fitting candidate's figures say against the chosen plan's (`c`), the fastest step being
-/// `fastest`: slower beyond the tolerance, or within it and what it costs more.
+/// `fastest`: slower beyond the tolerance, or within it and what it costs more. `more_changes`: the
+/// candidate changes more of the scenario's settings than the chosen plan (settings_changed), which
+/// decides between peaks within `resolution` bytes.
 inline std::string verdict_against(plan_outcome const& e, plan_outcome const& c, mock::sim_time fastest,
-                                   double tolerance) {
+                                   double tolerance, std::uint64_t resolution, bool more_changes) {
   auto const pct = percent(overhead(e.step_ns, c.step_ns));
   auto const tol = fmt("%.2f %%", tolerance * 100);
   if (!within_tolerance(e.step_ns, fastest, tolerance))
@@ -105,8 +131,13 @@ inline std::string verdict_against(plan_outcome const& e, plan_outcome const& c,
   std::string const head = "fits, within the " + tol + " tolerance (" + pct + " against the chosen plan), but ";
   if (link_bytes(e) != link_bytes(c))
     return head + "moves " + plan_gb(link_bytes(e) - link_bytes(c)) + " more over the host link";
-  if (e.peak_bytes != c.peak_bytes)
+  if (more_changes && peaks_close(e.peak_bytes, c.peak_bytes, resolution))
+    return head + "moves as many bytes, peaks within " + resolution_text(resolution) +
+           " of it and changes more of your settings";
+  if (e.peak_bytes > c.peak_bytes + resolution)
     return head + "moves as many bytes and peaks " + plan_gb(e.peak_bytes - c.peak_bytes) + " higher";
+  if (e.peak_bytes > c.peak_bytes)
+    return head + "moves as many bytes and peaks higher, by at most " + resolution_text(resolution);
   if (e.step_ns != c.step_ns) return head + "moves as many bytes, peaks as high and is slower";
   return "fits, within the " + tol + " tolerance, with the chosen plan's step, bytes and peak (simulated after it)";
 }
