@@ -220,9 +220,9 @@ void add_alternatives(plan_result& res, scenario const& s, plan_space const& spa
     auto const same = std::find_if(alts.begin(), alts.end(), [&](alternative const& a) { return a.description == d; });
     if (same == alts.end()) {
       alts.push_back(alternative_of("plan", "the plan", *res.chosen, res.chosen_outcome, B));
-      alts.back().changes = detail::settings_changed(*res.chosen, base);
-      for (auto const& x : plan_changes(*res.chosen, s))
-        alts.back().description += ", " + x.field + " " + x.from + " -> " + x.to;
+      auto const changes = plan_changes(*res.chosen, s);
+      alts.back().changes = static_cast<int>(changes.size());
+      for (auto const& x : changes) alts.back().description += ", " + x.field + " " + x.from + " -> " + x.to;
     } else
       same->title += " (the plan)";
   }

@@ -41,32 +41,50 @@ inline bool peaks_close(std::uint64_t a, std::uint64_t b, std::uint64_t resoluti
   return (a > b ? a - b : b - a) <= resolution;
 }
 
-/// The best of `alts` (skipping `skip`) by the planner's rule (detail::choose): of those that fit
-/// and are as fast within the tolerance, the fewest host-link bytes; of them, among the peaks within
-/// `resolution` of their lowest, the fewest changed settings, then the lowest peak, then the
-/// shortest step, then the first listed; when none fits, none.
-inline std::optional<std::size_t> best_alternative(std::vector<alternative> const& alts, double tolerance,
-                                                   std::uint64_t resolution,
-                                                   std::optional<std::size_t> skip = std::nullopt) {
+/// What the planner's rule weighs of one candidate (or alternative) that fits.
+struct rule_figures {
+  mock::sim_time step_ns = 0;
+  std::uint64_t host_bytes = 0, peak_bytes = 0;
+  int changes = 0; ///< the scenario's own settings it changes
+};
+
+/// The planner's rule over `n` items, `figures(i)` giving item i's figures or none where it does not
+/// fit (or is left out): of those that fit, the ones within `tolerance` of the fastest; of them those
+/// moving the fewest host-link bytes; of them those whose peak is within `resolution` bytes of their
+/// lowest; of them the one that changes fewest settings, then peaks lowest, then has the shortest
+/// step, then comes first. Returns its index, or none when nothing fits. detail::choose (the
+/// planner's candidates) and best_alternative (the verdict's alternatives) are this rule.
+template <class Figures>
+std::optional<std::size_t> pick_by_rule(std::size_t n, double tolerance, std::uint64_t resolution, Figures&& figures) {
+  std::vector<std::optional<rule_figures>> f(n);
   std::optional<mock::sim_time> fastest;
-  for (std::size_t i = 0; i < alts.size(); ++i)
-    if (i != skip && alts[i].fits && (!fastest || alts[i].step_ns < *fastest)) fastest = alts[i].step_ns;
+  for (std::size_t i = 0; i < n; ++i)
+    if ((f[i] = figures(i)) && (!fastest || f[i]->step_ns < *fastest)) fastest = f[i]->step_ns;
   if (!fastest) return std::nullopt;
-  auto const fast = [&](std::size_t i) {
-    return i != skip && alts[i].fits &&
-           static_cast<double>(alts[i].step_ns) <= static_cast<double>(*fastest) * (1 + tolerance);
-  };
+  for (auto& x : f)
+    if (x && static_cast<double>(x->step_ns) > static_cast<double>(*fastest) * (1 + tolerance)) x.reset();
   std::optional<std::pair<std::uint64_t, std::uint64_t>> least; // the fewest bytes, then their lowest peak
-  for (std::size_t i = 0; i < alts.size(); ++i)
-    if (fast(i) && (!least || std::pair{alts[i].host_bytes, alts[i].peak_bytes} < *least))
-      least = std::pair{alts[i].host_bytes, alts[i].peak_bytes};
+  for (auto const& x : f)
+    if (x && (!least || std::pair{x->host_bytes, x->peak_bytes} < *least))
+      least = std::pair{x->host_bytes, x->peak_bytes};
   std::optional<std::size_t> best;
-  auto key = [&](std::size_t i) { return std::tuple{alts[i].changes, alts[i].peak_bytes, alts[i].step_ns}; };
-  for (std::size_t i = 0; i < alts.size(); ++i) {
-    if (!fast(i) || alts[i].host_bytes != least->first || alts[i].peak_bytes > least->second + resolution) continue;
+  auto key = [&](std::size_t i) { return std::tuple{f[i]->changes, f[i]->peak_bytes, f[i]->step_ns}; };
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!f[i] || f[i]->host_bytes != least->first || f[i]->peak_bytes > least->second + resolution) continue;
     if (!best || key(i) < key(*best)) best = i;
   }
   return best;
+}
+
+/// The best of `alts` (skipping `skip`) by the planner's rule (pick_by_rule); when none fits, none.
+inline std::optional<std::size_t> best_alternative(std::vector<alternative> const& alts, double tolerance,
+                                                   std::uint64_t resolution,
+                                                   std::optional<std::size_t> skip = std::nullopt) {
+  return pick_by_rule(alts.size(), tolerance, resolution, [&](std::size_t i) -> std::optional<rule_figures> {
+    auto const& a = alts[i];
+    if (i == skip || !a.fits) return std::nullopt;
+    return rule_figures{a.step_ns, a.host_bytes, a.peak_bytes, a.changes};
+  });
 }
 
 } // namespace detail

@@ -60,35 +60,19 @@ inline int settings_changed(swap_choice const& c, swap_choice const& mine) {
   return int{recompute} + int{c.distributed_optimizer != mine.distributed_optimizer};
 }
 
-/// The choice among `simulated` (plan_result::simulated): of the candidates that fit, those within
-/// `tolerance` of the fastest; of them those moving the fewest host-link bytes; of them those whose
-/// peak is within `resolution` bytes of their lowest; of them the one that changes fewest of the
-/// scenario's settings (`mine`), then peaks lowest, then has the shortest step, then was simulated
-/// first. Returns its index, or none when nothing fits.
+/// The choice among `simulated` (plan_result::simulated) by the planner's rule (pick_by_rule): of
+/// the candidates that fit, those within `tolerance` of the fastest; of them those moving the fewest
+/// host-link bytes; of them those whose peak is within `resolution` bytes of their lowest; of them the
+/// one that changes fewest of the scenario's settings (`mine`), then peaks lowest, then has the
+/// shortest step, then was simulated first. Returns its index, or none when nothing fits.
 inline std::optional<std::size_t> choose(std::vector<considered> const& simulated, double tolerance,
                                          std::uint64_t resolution, swap_choice const& mine) {
-  std::optional<mock::sim_time> fastest;
-  for (auto const& e : simulated)
-    if (e.fits && (!fastest || e.outcome.step_ns < *fastest)) fastest = e.outcome.step_ns;
-  if (!fastest) return std::nullopt;
-  auto const fast = [&](considered const& e) {
-    return e.fits && within_tolerance(e.outcome.step_ns, *fastest, tolerance);
-  };
-  std::optional<std::pair<std::uint64_t, std::uint64_t>> least; // the fewest bytes, then their lowest peak
-  for (auto const& e : simulated)
-    if (fast(e) && (!least || std::pair{link_bytes(e.outcome), e.outcome.peak_bytes} < *least))
-      least = std::pair{link_bytes(e.outcome), e.outcome.peak_bytes};
-  std::optional<std::size_t> best;
-  auto key = [&](considered const& e) {
-    return std::tuple{settings_changed(e.choice, mine), e.outcome.peak_bytes, e.outcome.step_ns};
-  };
-  for (std::size_t i = 0; i < simulated.size(); ++i) {
+  return pick_by_rule(simulated.size(), tolerance, resolution, [&](std::size_t i) -> std::optional<rule_figures> {
     auto const& e = simulated[i];
-    if (!fast(e) || link_bytes(e.outcome) != least->first || e.outcome.peak_bytes > least->second + resolution)
-      continue;
-    if (!best || key(e) < key(simulated[*best])) best = i;
-  }
-  return best;
+    if (!e.fits) return std::nullopt;
+    return rule_figures{e.outcome.step_ns, link_bytes(e.outcome), e.outcome.peak_bytes,
+                        settings_changed(e.choice, mine)};
+  });
 }
 
 /// The outcome of `c` among the simulated candidates, or null if it was not simulated.
