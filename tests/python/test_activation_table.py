@@ -206,7 +206,9 @@ def test_dtensor_tensor_parallelism_saves_the_gathered_inputs_and_its_loss_peaks
     # saved 4 (model.loss "pytorch" with tp > 1), against 8 without tensor parallelism (above).
     r, _ = run_torchrun(WORKER, 2, {}, 120)
     assert_torchrun_ok(r)
-    results = [json.loads(m) for m in re.findall(r"RESULT rank \d+ (\{.*\})", r.stdout)]
+    # Each rank's result is a flat JSON object; the two ranks share torchrun's stdout, where one line
+    # can land inside the other's ("RESULT rank 0 {...}RESULT rank 1 {...}"): match each object alone.
+    results = [json.loads(m) for m in re.findall(r"RESULT rank \d+ (\{[^{}]*\})", r.stdout)]
     assert len(results) == 2 and results[0] == results[1], r.stdout[-2000:]
     got = results[0]
     t, b, s, h, heads, kv_heads, f, v = (got[k] for k in ("t", "B", "S", "H", "heads", "kv_heads", "f", "V"))
