@@ -1077,9 +1077,9 @@ class Calibration(unittest.TestCase):
                 self.assertGreater(r, 0.70, stack)
                 self.assertLess(r, 1.30, stack)
             self.assertLess(abs(statistics.median(held) - 1), 0.15 if stack is None else 0.20, stack)
-        # The mixture-of-experts runs: ten within ±30 %, their median 1.21, outside the ±15 % target;
-        # four over-predicted by 1.4-2.1: 25.11's H100 Qwen3-30B-A3B run, whose software ran the
-        # layout's next release 1.77x slower than its patch, and three B200 runs whose layers took
+        # The mixture-of-experts runs: eleven within ±30 %, their median 1.17, outside the ±15 % target;
+        # three over-predicted by 1.4-2.1: 25.11's H100 Qwen3-30B-A3B run, whose software ran the
+        # layout's next release 1.77x slower than its patch, and two B200 runs whose layers took
         # longer than the model's device and host times (docs/simulator.md): the targets do not hold
         # for them, and the reports say so with their own band. The median is held at 25 %.
         moe = self.held_out(None, "mixture-of-experts")
@@ -1089,8 +1089,7 @@ class Calibration(unittest.TestCase):
         self.assertLess(abs(statistics.median(moe) - 1), 0.25)
         outside = sorted(n for n, r in self.ratios.items() if self.script.held_out(n)
                          and self.script.model_kind(self.runs[n][0]) == "mixture-of-experts" and not 0.7 < r < 1.3)
-        self.assertEqual(outside, ["heldout_bridge2509_qwen3_235b_a22b_64xb200_tokendrop.json",
-                                   "heldout_bridge2509_qwen3_30b_a3b_8xb200_tokendrop.json",
+        self.assertEqual(outside, ["heldout_bridge2509_qwen3_30b_a3b_8xb200_tokendrop.json",
                                    "heldout_bridge2511_qwen3_235b_a22b_64xb200.json",
                                    "heldout_bridge2511_qwen3_30b_a3b_16xh100.json"])
         # every B200 MoE run is over-predicted (the one fitted run aside): the error is one-sided there
@@ -1098,7 +1097,18 @@ class Calibration(unittest.TestCase):
                 and self.runs[n][0]["device"]["name"].startswith("B200")
                 and self.script.model_kind(self.runs[n][0]) == "mixture-of-experts"]
         self.assertEqual(len(b200), 5)
-        self.assertGreater(min(b200), 1.2)
+        self.assertGreater(min(b200), 1.05)
+        # The host's time is the fitted default on every MoE run but where the recipe captures each
+        # layer whole in a CUDA graph (host_layer_ms 0, and the comment says why): no run has a host
+        # time of its own.
+        for n, (sc, _) in self.runs.items():
+            if self.script.model_kind(sc) != "mixture-of-experts":
+                continue
+            host = sc["model"]["moe"].get("host_layer_ms")
+            graphed = "captures each transformer layer whole" in sc["comment"]
+            self.assertEqual(host, 0.0 if graphed else None, n)
+            if graphed:
+                self.assertTrue(sc["model"]["moe"].get("pad_to_capacity"), n)
         every = sorted(self.held_out() + moe)
         self.assertLess(abs(statistics.median(every) - 1), 0.15)  # the median target, over all 26
 
@@ -1208,13 +1218,13 @@ class Calibration(unittest.TestCase):
         # line; the B200 calibration run's are the host's, and simulate and plan say so
         self.assertNotIn("\nhost: ", out)
         b200 = os.path.join(CALIBRATION, "bridge2602_qwen3_30b_a3b_8xb200.json")
-        host = ("\nhost: each MoE layer waits on its token counts; the host issues one in 8.8 ms (forward and "
-                "backward, per micro-batch), the device runs it in 2.4 ms: the layers run at the host's pace")
+        host = ("\nhost: the host issues each MoE layer's kernels in 8.8 ms (forward and "
+                "backward, per micro-batch), the device runs them in 2.4 ms: the layers run at the host's pace")
         self.assertIn(host, run("simulate", "--scenario", b200, "--trace", "", "--svg", "")[1])
         self.assertIn(host, run("plan", "--scenario", b200)[1])
         # on the B200 preset a MoE scenario gets the B200 runs' band, every one of them over-predicted
         b200_error = ("\nmodel error: on 5 published mixture-of-experts runs on B200s held out of the fit, predicted "
-                      "tokens/s 1.22-1.82x the published: a step time may be off by up to 45 %")
+                      "tokens/s 1.09-1.82x the published: a step time may be off by up to 45 %")
         self.assertIn(b200_error, run("simulate", "--scenario", b200, "--trace", "", "--svg", "")[1])
         self.assertIn(b200_error, run("plan", "--scenario", b200)[1])
         pace = json.loads(run("simulate", "--scenario", b200, "--json", "--trace", "", "--svg", "")[1])["moe_pace"]

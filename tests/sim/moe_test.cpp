@@ -316,11 +316,11 @@ BOOST_AUTO_TEST_CASE(expert_all_to_alls_hide_only_in_combined_slots) {
   BOOST_TEST(step(s) == plain);
 }
 
-// The host floor (moe_host_floor_s): where the routing makes the host wait on each layer's token
-// counts (dropless, or a capacity without padding), a stage's forward takes at least a third of
-// host_layer_ms per layer and micro-batch, its backward two thirds (three with full recomputation);
-// padded to capacity, or with host_layer_ms 0, there is no floor. Exact, in nanoseconds.
-BOOST_AUTO_TEST_CASE(the_host_bounds_a_layer_whose_routing_synchronizes_it) {
+// The host floor (moe_host_floor_s): a stage's forward takes at least a third of host_layer_ms per
+// layer and micro-batch, its backward two thirds (three with full recomputation), whatever the routing
+// (dropless, a capacity, a capacity with padding): the host issues the layer kernel by kernel unless
+// a CUDA graph captures it whole, host_layer_ms 0, where there is no floor. Exact, in nanoseconds.
+BOOST_AUTO_TEST_CASE(the_host_bounds_a_layer_it_issues_kernel_by_kernel) {
   auto s = qwen3(1, 2, 8, 8);
   auto const floor_ns = [](double ms, std::uint32_t layers, double thirds) {
     return static_cast<std::int64_t>(std::llround(ms * 1e-3 * thirds / 3 * layers * 1e9));
@@ -337,22 +337,25 @@ BOOST_AUTO_TEST_CASE(the_host_bounds_a_layer_whose_routing_synchronizes_it) {
   auto const free = sim::plan_stages(with(0.0));
   BOOST_TEST(free.front().fwd_host_ns == 0);
   BOOST_TEST(free.front().bwd_host_ns == 0);
-  // the default: the fitted constant, for dropless routing and for a capacity without padding
-  for (auto const& x : {with(std::nullopt), with(std::nullopt, 1.0)}) {
-    BOOST_TEST(sim::moe_host_synchronized(x.model.moe));
+  BOOST_TEST(sim::moe_host_floor_s(with(0.0).model.moe) == 0.0);
+  // the default: the fitted constant, for dropless routing, a capacity, and a capacity with padding
+  for (auto const& x : {with(std::nullopt), with(std::nullopt, 1.0), with(std::nullopt, 1.0, true)}) {
+    BOOST_TEST(sim::moe_host_floor_s(x.model.moe) == sim::moe_host_layer_ms * 1e-3);
     auto const st = sim::plan_stages(x);
     for (auto const& o : st) {
       BOOST_TEST(o.fwd_host_ns == floor_ns(sim::moe_host_layer_ms, o.layers, 1));
       BOOST_TEST(o.bwd_host_ns == floor_ns(sim::moe_host_layer_ms, o.layers, 2));
     }
   }
-  // padded to capacity: no synchronization, no floor, the times of host_layer_ms 0
-  auto const padded = with(std::nullopt, 1.0, true);
-  BOOST_TEST(!sim::moe_host_synchronized(padded.model.moe));
-  auto const pst = sim::plan_stages(padded);
-  BOOST_TEST(pst.front().fwd_host_ns == 0);
-  BOOST_TEST(pst.front().fwd_ns == free.front().fwd_ns);
-  BOOST_TEST(pst.back().bwd_ns == free.back().bwd_ns);
+  // padded and captured whole (host_layer_ms 0): no floor, the times of the device alone
+  auto const graphed = sim::plan_stages(with(0.0, 1.0, true));
+  BOOST_TEST(graphed.front().fwd_host_ns == 0);
+  BOOST_TEST(graphed.back().bwd_host_ns == 0);
+  auto const issued = sim::plan_stages(with(1000.0, 1.0, true)); // the same padded layer, issued by a slow host
+  BOOST_TEST(issued.front().fwd_ns == floor_ns(1000.0, issued.front().layers, 1));
+  BOOST_TEST(graphed.front().fwd_ns < issued.front().fwd_ns);
+  // no MoE, no floor, whatever host_layer_ms says
+  BOOST_TEST(sim::moe_host_floor_s(sim::moe_spec{}) == 0.0);
   // a floor above the device's time sets the stage's time; one below it changes nothing
   auto const slow = sim::plan_stages(with(1000.0));
   for (std::size_t i = 0; i < slow.size(); ++i) {
@@ -402,8 +405,9 @@ BOOST_AUTO_TEST_CASE(the_reports_pace_is_the_host_s_time_against_the_device_s) {
   BOOST_TEST(!sim::moe_pace(s)->host_bound());
   s.model.moe.host_layer_ms.reset();
   s.model.moe.capacity_factor = 1.0;
-  s.model.moe.pad_to_capacity = true;
-  BOOST_TEST(!sim::moe_pace(s).has_value());
+  s.model.moe.pad_to_capacity = true; // padding alone leaves the host issuing the layer
+  BOOST_REQUIRE(sim::moe_pace(s).has_value());
+  BOOST_TEST(sim::moe_pace(s)->host_ms == sim::moe_host_layer_ms);
   BOOST_TEST(!sim::moe_pace(sim::scenario{}).has_value());
 }
 

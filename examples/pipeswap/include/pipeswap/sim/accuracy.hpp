@@ -38,7 +38,7 @@ inline constexpr model_error held_out_error{"dense", 0.86, 1.22, 12};
 inline constexpr model_error moe_held_out_error{"mixture-of-experts", 0.97, 2.09, 14};
 /// The mixture-of-experts runs on the B200 preset, a band of their own: every one is over-predicted
 /// (the H100 runs span the whole band above).
-inline constexpr model_error moe_b200_held_out_error{"mixture-of-experts", 1.22, 1.82, 5, "B200"};
+inline constexpr model_error moe_b200_held_out_error{"mixture-of-experts", 1.09, 1.82, 5, "B200"};
 
 /// The error that applies to `s`'s figures, if one was measured for its compute model: the one of
 /// its kind of model; for a mixture of experts on the B200 preset (device.name "B200"), the B200
@@ -66,22 +66,22 @@ inline std::string error_line(scenario const& s) {
 }
 
 /// The line the reports print under the error where the host sets the MoE layers' pace (moe_pace):
-/// the step then follows the host, not the device, and a larger micro-batch or a sync-free
-/// dispatcher would change it more than the device would.
+/// the step then follows the host, not the device, and a larger micro-batch or a whole-layer CUDA
+/// graph would change it more than the device would.
 inline std::string pace_line(scenario const& s) {
   auto const p = moe_pace(s);
   if (!p || !p->host_bound()) return {};
   char buf[320];
   std::snprintf(buf, sizeof buf,
-                "host: each MoE layer waits on its token counts; the host issues one in %.1f ms (forward and "
-                "backward, per micro-batch), the device runs it in %.1f ms: the layers run at the host's pace "
+                "host: the host issues each MoE layer's kernels in %.1f ms (forward and "
+                "backward, per micro-batch), the device runs them in %.1f ms: the layers run at the host's pace "
                 "(model.moe.host_layer_ms; docs/simulator.md, Mixture of experts)",
                 p->host_ms, p->device_ms);
   return buf;
 }
 
 /// The pace as JSON: {"host_layer_ms", "device_layer_ms", "host_bound"}, or null where the host does
-/// not bound the MoE layers at all (a dense model, padding to capacity, host_layer_ms 0).
+/// not bound the MoE layers at all (a dense model, or host_layer_ms 0).
 template <class Json>
 Json pace_json(scenario const& s) {
   auto const p = moe_pace(s);

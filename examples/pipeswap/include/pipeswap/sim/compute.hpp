@@ -31,25 +31,20 @@ inline constexpr double memory_efficiency = 0.8;
 /// The fraction of the 16-bit peak flash attention reaches, forward and backward.
 inline constexpr double attention_efficiency = 0.45;
 
-/// The host's time (ms) to issue one MoE layer's forward and backward for a micro-batch, where the
-/// host waits on the layer's token counts: **fitted** on the calibration set's host-bound MoE run
-/// (docs/simulator.md, "Calibration"). It does not scale with the tokens.
+/// The host's time (ms) to issue one MoE layer's forward and backward for a micro-batch, kernel by
+/// kernel: **fitted** on the calibration set's host-bound MoE run (docs/simulator.md, "Calibration").
+/// It does not scale with the tokens.
 inline constexpr double moe_host_layer_ms = 8.8;
 
-/// Whether a MoE layer's routing makes the host wait on its token counts: Megatron-Core's token
-/// dispatchers copy the tokens per expert to the host and synchronize on them each layer (to size
-/// the all-to-all and the grouped GEMM) unless every expert's input is padded to its capacity.
-inline bool moe_host_synchronized(moe_spec const& e) { return e.enabled() && !e.pad_to_capacity; }
-
-/// The floor that the host's issuing puts under one layer's forward and backward per micro-batch, in
-/// seconds: model.moe.host_layer_ms where set, else moe_host_layer_ms where the routing synchronizes
-/// the host (moe_host_synchronized), else 0. A host that must wait on each layer's token counts
-/// cannot run ahead of the device: when it takes longer to issue a layer than the device takes to
-/// run it, the layer takes the host's time (docs/simulator.md, "Mixture of experts").
+/// The floor that the host's issuing puts under one MoE layer's forward and backward per
+/// micro-batch, in seconds: model.moe.host_layer_ms where set (0: a layer captured whole in a CUDA
+/// graph), else moe_host_layer_ms. A host that takes longer to issue a layer's many small kernels
+/// than the device takes to run them sets the layer's pace, whether or not the routing also makes it
+/// wait on the token counts: the device cannot run kernels that have not been issued
+/// (docs/simulator.md, "Mixture of experts").
 inline double moe_host_floor_s(moe_spec const& e) {
   if (!e.enabled()) return 0;
-  if (e.host_layer_ms) return *e.host_layer_ms * 1e-3;
-  return moe_host_synchronized(e) ? moe_host_layer_ms * 1e-3 : 0.0;
+  return (e.host_layer_ms ? *e.host_layer_ms : moe_host_layer_ms) * 1e-3;
 }
 
 /// The efficiency of an m×k by k×n GEMM: device.kernel_efficiency (the ceiling) times

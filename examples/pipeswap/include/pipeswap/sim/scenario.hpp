@@ -103,10 +103,9 @@ struct moe_spec {
   /// pipeline waits for the busiest device, whose experts' time and activations this scales.
   double load_imbalance = 1;
   /// The host's time to issue one layer's forward and backward for a micro-batch (ms), which bounds
-  /// the layer's time from below where the host waits on each layer's token counts (moe_host_floor_s,
-  /// sim/compute.hpp). Unset: the fitted moe_host_layer_ms where the routing synchronizes the host
-  /// (dropless, or a capacity without padding), else none; set, this value (0: a layer the host
-  /// issues ahead, as with padding to capacity or a whole-layer CUDA graph).
+  /// the layer's time from below (moe_host_floor_s, sim/compute.hpp). Unset: the fitted
+  /// moe_host_layer_ms; set, this value (0: a layer the host does not issue kernel by kernel, as
+  /// under a whole-layer CUDA graph, which needs every expert's input padded to its capacity).
   std::optional<double> host_layer_ms;
   /// How the tokens travel (moe_dispatch); it changes only what crosses the network.
   moe_dispatch dispatch = moe_dispatch::all_to_all;
@@ -327,7 +326,7 @@ struct stage_spec {
   mock::sim_time fwd_comm_ns = 0, bwd_comm_ns = 0;
   mock::sim_time fwd_a2a_ns = 0, bwd_a2a_ns = 0; ///< of fwd_comm_ns, bwd_comm_ns: the expert all-to-alls
   /// The host's time to issue the stage's forward (backward), below which fwd_ns (bwd_ns) never falls:
-  /// 0 but for a mixture of experts whose host waits on each layer's token counts (moe_host_floor_s).
+  /// 0 but for a mixture of experts, whose host issues each layer kernel by kernel (moe_host_floor_s).
   mock::sim_time fwd_host_ns = 0, bwd_host_ns = 0;
 };
 
