@@ -444,9 +444,9 @@ requires std::is_invocable_r_v<plan_outcome, Evaluate&, swap_choice const&>
       e.verdict = "over budget by " + detail::plan_gb(e.outcome.peak_bytes - budget) + " on rank " +
                   std::to_string(e.outcome.peak_rank);
     else
-      e.verdict = detail::verdict_against(
-          e.outcome, res.chosen_outcome, *fastest, space.tolerance, space.peak_resolution,
-          detail::settings_changed(e.choice, space.baseline) > detail::settings_changed(*res.chosen, space.baseline));
+      e.verdict = detail::verdict_against(detail::figures_of(e.choice, e.outcome, space.baseline),
+                                          detail::figures_of(*res.chosen, res.chosen_outcome, space.baseline), *fastest,
+                                          space.tolerance, space.peak_resolution);
   }
   return res;
 }

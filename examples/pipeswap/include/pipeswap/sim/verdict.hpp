@@ -48,6 +48,11 @@ struct rule_figures {
   int changes = 0; ///< the scenario's own settings it changes
 };
 
+/// Whether a step of `step` ns is within `tolerance` of the fastest, `fastest` ns.
+inline bool within_tolerance(mock::sim_time step, mock::sim_time fastest, double tolerance) {
+  return static_cast<double>(step) <= static_cast<double>(fastest) * (1.0 + tolerance);
+}
+
 /// The planner's rule over `n` items, `figures(i)` giving item i's figures or none where it does not
 /// fit (or is left out): of those that fit, the ones within `tolerance` of the fastest; of them those
 /// moving the fewest host-link bytes; of them those whose peak is within `resolution` bytes of their
@@ -62,7 +67,7 @@ std::optional<std::size_t> pick_by_rule(std::size_t n, double tolerance, std::ui
     if ((f[i] = figures(i)) && (!fastest || f[i]->step_ns < *fastest)) fastest = f[i]->step_ns;
   if (!fastest) return std::nullopt;
   for (auto& x : f)
-    if (x && static_cast<double>(x->step_ns) > static_cast<double>(*fastest) * (1 + tolerance)) x.reset();
+    if (x && !within_tolerance(x->step_ns, *fastest, tolerance)) x.reset();
   std::optional<std::pair<std::uint64_t, std::uint64_t>> least; // the fewest bytes, then their lowest peak
   for (auto const& x : f)
     if (x && (!least || std::pair{x->host_bytes, x->peak_bytes} < *least))
@@ -76,6 +81,32 @@ std::optional<std::size_t> pick_by_rule(std::size_t n, double tolerance, std::ui
   return best;
 }
 
+/// Where an item that fits loses against the one the rule picked (pick_by_rule), the first key of
+/// the rule that tells them apart; `fastest` is the fastest step of all that fit. The verdict's
+/// reason (decide) and the planner's table (plan_result::simulated) phrase it, each for its reader.
+enum class rule_loss {
+  slower,               ///< beyond the tolerance of the fastest
+  more_bytes,           ///< within it, but more host-link bytes
+  more_changes,         ///< as many bytes and a peak within the resolution, but more changed settings
+  higher_peak,          ///< as many bytes, but a peak higher by more than the resolution
+  slightly_higher_peak, ///< as many bytes, but a peak higher by at most the resolution
+  slower_otherwise,     ///< every key the same but a (tolerated) slower step
+  tie,                  ///< the same figures: it comes after the picked one
+};
+inline rule_loss why_it_loses(rule_figures const& x, rule_figures const& picked, mock::sim_time fastest,
+                              double tolerance, std::uint64_t resolution) {
+  if (!within_tolerance(x.step_ns, fastest, tolerance)) return rule_loss::slower;
+  if (x.host_bytes > picked.host_bytes) return rule_loss::more_bytes;
+  if (x.changes > picked.changes && peaks_close(x.peak_bytes, picked.peak_bytes, resolution))
+    return rule_loss::more_changes;
+  if (x.peak_bytes > picked.peak_bytes + resolution) return rule_loss::higher_peak;
+  if (x.peak_bytes > picked.peak_bytes) return rule_loss::slightly_higher_peak;
+  return x.step_ns != picked.step_ns ? rule_loss::slower_otherwise : rule_loss::tie;
+}
+
+/// What the rule weighs of an alternative.
+inline rule_figures figures_of(alternative const& a) { return {a.step_ns, a.host_bytes, a.peak_bytes, a.changes}; }
+
 /// The best of `alts` (skipping `skip`) by the planner's rule (pick_by_rule); when none fits, none.
 inline std::optional<std::size_t> best_alternative(std::vector<alternative> const& alts, double tolerance,
                                                    std::uint64_t resolution,
@@ -83,7 +114,7 @@ inline std::optional<std::size_t> best_alternative(std::vector<alternative> cons
   return pick_by_rule(alts.size(), tolerance, resolution, [&](std::size_t i) -> std::optional<rule_figures> {
     auto const& a = alts[i];
     if (i == skip || !a.fits) return std::nullopt;
-    return rule_figures{a.step_ns, a.host_bytes, a.peak_bytes, a.changes};
+    return figures_of(a);
   });
 }
 
@@ -133,26 +164,36 @@ inline verdict decide(std::vector<alternative> const& alts, std::size_t none, st
     auto const& n = alts[*v.next_best];
     if (!n.fits)
       v.reason = "over the budget by " + gb(n.peak_bytes - budget) + " on rank " + std::to_string(n.peak_rank);
-    else if (static_cast<double>(n.step_ns) > static_cast<double>(fastest) * (1 + tolerance)) {
-      v.reason = "step " + detail::secs(n.step_ns) + ", " + detail::percent(overhead(n.step_ns, c.step_ns)) +
-                 " against this one, beyond the " + tol + " tolerance of the fastest";
-      if (overhead(n.step_ns, c.step_ns) < step_error)
-        v.reason += ", but inside the model's step-time error of " + detail::fmt("%.0f %%", step_error * 100) +
-                    ": the simulation alone does not settle which is faster";
-    } else if (n.host_bytes > c.host_bytes)
-      v.reason = "as fast within the " + tol + " tolerance, but moves " + gb(n.host_bytes - c.host_bytes) +
-                 " more over the host link";
-    else if (n.changes > c.changes && detail::peaks_close(n.peak_bytes, c.peak_bytes, resolution))
-      v.reason = "as fast within the " + tol + " tolerance, moves as many bytes and peaks within " +
-                 detail::resolution_text(resolution) + " of it, but changes more of your settings";
-    else if (n.peak_bytes > c.peak_bytes + resolution)
-      v.reason = "as fast within the " + tol + " tolerance and moves as many bytes, but peaks " +
-                 gb(n.peak_bytes - c.peak_bytes) + " higher";
-    else if (n.peak_bytes > c.peak_bytes)
-      v.reason = "as fast within the " + tol + " tolerance and moves as many bytes, but peaks higher, by at most " +
-                 detail::resolution_text(resolution);
     else
-      v.reason = "as fast within the " + tol + " tolerance, as many bytes, as low a peak (listed after it)";
+      switch (detail::why_it_loses(detail::figures_of(n), detail::figures_of(c), fastest, tolerance, resolution)) {
+      case detail::rule_loss::slower:
+        v.reason = "step " + detail::secs(n.step_ns) + ", " + detail::percent(overhead(n.step_ns, c.step_ns)) +
+                   " against this one, beyond the " + tol + " tolerance of the fastest";
+        if (overhead(n.step_ns, c.step_ns) < step_error)
+          v.reason += ", but inside the model's step-time error of " + detail::fmt("%.0f %%", step_error * 100) +
+                      ": the simulation alone does not settle which is faster";
+        break;
+      case detail::rule_loss::more_bytes:
+        v.reason = "as fast within the " + tol + " tolerance, but moves " + gb(n.host_bytes - c.host_bytes) +
+                   " more over the host link";
+        break;
+      case detail::rule_loss::more_changes:
+        v.reason = "as fast within the " + tol + " tolerance, moves as many bytes and peaks within " +
+                   detail::resolution_text(resolution) + " of it, but changes more of your settings";
+        break;
+      case detail::rule_loss::higher_peak:
+        v.reason = "as fast within the " + tol + " tolerance and moves as many bytes, but peaks " +
+                   gb(n.peak_bytes - c.peak_bytes) + " higher";
+        break;
+      case detail::rule_loss::slightly_higher_peak:
+        v.reason = "as fast within the " + tol + " tolerance and moves as many bytes, but peaks higher, by at most " +
+                   detail::resolution_text(resolution);
+        break;
+      case detail::rule_loss::slower_otherwise:
+      case detail::rule_loss::tie:
+        v.reason = "as fast within the " + tol + " tolerance, as many bytes, as low a peak (listed after it)";
+        break;
+      }
     v.text += "; next best, " + n.title + ": " + v.reason;
   }
   return v;

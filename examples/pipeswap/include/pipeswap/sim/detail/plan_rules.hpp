@@ -45,11 +45,6 @@ inline void check_space(plan_space const& s) {
 /// Bytes over the host link, both directions.
 inline std::uint64_t link_bytes(plan_outcome const& o) { return o.h2d_bytes + o.d2h_bytes; }
 
-/// Whether a step of `step` ns is within `tolerance` of the fastest, `fastest` ns.
-inline bool within_tolerance(mock::sim_time step, mock::sim_time fastest, double tolerance) {
-  return static_cast<double>(step) <= static_cast<double>(fastest) * (1.0 + tolerance);
-}
-
 /// How many of the scenario's own settings (`mine`: its recomputation and distributed optimizer,
 /// plan_space::baseline) candidate `c` changes: the recomputation (of any rank, for a per-rank plan)
 /// and the distributed optimizer, 0 to 2.
@@ -58,6 +53,12 @@ inline int settings_changed(swap_choice const& c, swap_choice const& mine) {
                                          : std::any_of(c.ranks.begin(), c.ranks.end(),
                                                        [&](auto const& r) { return r.recompute != mine.recompute; });
   return int{recompute} + int{c.distributed_optimizer != mine.distributed_optimizer};
+}
+
+/// What the rule weighs of candidate `c` and its outcome `o`, its changes counted against the
+/// scenario's own settings `mine`.
+inline rule_figures figures_of(swap_choice const& c, plan_outcome const& o, swap_choice const& mine) {
+  return {o.step_ns, link_bytes(o), o.peak_bytes, settings_changed(c, mine)};
 }
 
 /// The choice among `simulated` (plan_result::simulated) by the planner's rule (pick_by_rule): of
@@ -70,8 +71,7 @@ inline std::optional<std::size_t> choose(std::vector<considered> const& simulate
   return pick_by_rule(simulated.size(), tolerance, resolution, [&](std::size_t i) -> std::optional<rule_figures> {
     auto const& e = simulated[i];
     if (!e.fits) return std::nullopt;
-    return rule_figures{e.outcome.step_ns, link_bytes(e.outcome), e.outcome.peak_bytes,
-                        settings_changed(e.choice, mine)};
+    return figures_of(e.choice, e.outcome, mine);
   });
 }
 
@@ -102,27 +102,27 @@ inline std::optional<std::string> cannot_fit(swap_choice const& c, plan_outcome 
   return std::nullopt;
 }
 
-/// What a fitting candidate's figures say against the chosen plan's (`c`), the fastest step being
-/// `fastest`: slower beyond the tolerance, or within it and what it costs more. `more_changes`: the
-/// candidate changes more of the scenario's settings than the chosen plan (settings_changed), which
-/// decides between peaks within `resolution` bytes.
-inline std::string verdict_against(plan_outcome const& e, plan_outcome const& c, mock::sim_time fastest,
-                                   double tolerance, std::uint64_t resolution, bool more_changes) {
+/// What a fitting candidate `e` says against the chosen plan `c` (why_it_loses), the fastest step
+/// being `fastest`: slower beyond the tolerance, or within it and what it costs more.
+inline std::string verdict_against(rule_figures const& e, rule_figures const& c, mock::sim_time fastest,
+                                   double tolerance, std::uint64_t resolution) {
   auto const pct = percent(overhead(e.step_ns, c.step_ns));
   auto const tol = fmt("%.2f %%", tolerance * 100);
-  if (!within_tolerance(e.step_ns, fastest, tolerance))
-    return "fits, but " + pct + " slower than the chosen plan (beyond the " + tol + " tolerance)";
   std::string const head = "fits, within the " + tol + " tolerance (" + pct + " against the chosen plan), but ";
-  if (link_bytes(e) != link_bytes(c))
-    return head + "moves " + plan_gb(link_bytes(e) - link_bytes(c)) + " more over the host link";
-  if (more_changes && peaks_close(e.peak_bytes, c.peak_bytes, resolution))
+  switch (why_it_loses(e, c, fastest, tolerance, resolution)) {
+  case rule_loss::slower: return "fits, but " + pct + " slower than the chosen plan (beyond the " + tol + " tolerance)";
+  case rule_loss::more_bytes:
+    return head + "moves " + plan_gb(e.host_bytes - c.host_bytes) + " more over the host link";
+  case rule_loss::more_changes:
     return head + "moves as many bytes, peaks within " + resolution_text(resolution) +
            " of it and changes more of your settings";
-  if (e.peak_bytes > c.peak_bytes + resolution)
+  case rule_loss::higher_peak:
     return head + "moves as many bytes and peaks " + plan_gb(e.peak_bytes - c.peak_bytes) + " higher";
-  if (e.peak_bytes > c.peak_bytes)
+  case rule_loss::slightly_higher_peak:
     return head + "moves as many bytes and peaks higher, by at most " + resolution_text(resolution);
-  if (e.step_ns != c.step_ns) return head + "moves as many bytes, peaks as high and is slower";
+  case rule_loss::slower_otherwise: return head + "moves as many bytes, peaks as high and is slower";
+  case rule_loss::tie: break;
+  }
   return "fits, within the " + tol + " tolerance, with the chosen plan's step, bytes and peak (simulated after it)";
 }
 
