@@ -32,6 +32,12 @@ int run_plan(plan_args const&);
 
 struct scenario_args {
   std::string scenario;
+  std::string megatron; ///< a Megatron-LM job's arguments (sim/megatron_args.hpp)
+  std::optional<std::uint64_t> gpus;
+  std::optional<std::uint32_t> gpus_per_node;
+  std::optional<std::string> device;
+  std::optional<std::uint64_t> vocab;
+  std::string name;
 };
 int run_scenario(scenario_args const&);
 

@@ -4,6 +4,7 @@
 #include <iostream>
 #include <string>
 
+#include <pipeswap/sim/megatron_args.hpp>
 #include <pipeswap/sim/plan.hpp>
 #include <pipeswap/sim/report.hpp>
 #include <pipeswap/sim/scenario_json.hpp>
@@ -86,7 +87,16 @@ int run_plan(plan_args const& a) {
 }
 
 int run_scenario(scenario_args const& a) {
-  std::cout << sim::to_json(load_scenario(a.scenario)).dump(2) << "\n";
+  if (a.megatron.empty()) {
+    if (a.gpus || a.gpus_per_node || a.device || a.vocab || !a.name.empty())
+      throw bad_input("--gpus, --gpus-per-node, --device, --vocab and --name go with --megatron");
+    std::cout << sim::to_json(load_scenario(a.scenario)).dump(2) << "\n";
+    return exit_ok;
+  }
+  auto const text = read_input(a.megatron);
+  auto const r = sim::scenario_from_megatron_args(text, {a.gpus, a.gpus_per_node, a.device, a.vocab, a.name});
+  for (auto const& n : r.notes) std::cerr << "pipeswap scenario: note: " << n << "\n";
+  std::cout << sim::to_json(r.s).dump(2) << "\n";
   return exit_ok;
 }
 

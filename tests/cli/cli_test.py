@@ -611,6 +611,43 @@ class Simulate(unittest.TestCase):
         self.assertIn("cannot write", err)
 
 
+class MegatronArguments(unittest.TestCase):
+    """`pipeswap scenario --megatron`: a Megatron-LM job's arguments as a scenario
+    (sim/megatron_args.hpp; tests/sim/megatron_args_test.cpp holds the mapping)."""
+
+    ARGS = ("torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py --num-layers 8 --hidden-size 1024 "
+            "--num-attention-heads 8 --seq-length 2048 --vocab-size 32000 --bf16 --swiglu "
+            "--tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2 "
+            "--global-batch-size 64 --use-distributed-optimizer --lr 3e-4")
+
+    def test_the_arguments_become_a_scenario_that_simulates(self):
+        _, out, err = run("scenario", "--megatron", "-", "--device", "B200", "--name", "small", stdin=self.ARGS,
+                          check=0)
+        s = json.loads(out)
+        self.assertEqual(s["model"]["name"], "small")
+        self.assertEqual(s["device"]["name"], "B200")
+        self.assertEqual((s["parallel"]["tp"], s["parallel"]["dp"], s["pipeline"]["ranks"]), (2, 4, 2))
+        self.assertEqual(s["pipeline"]["micro_batches"], 16)  # 64 / (1 × 4)
+        self.assertTrue(s["comment"].startswith("From Megatron-LM arguments (pipeswap scenario --megatron) on 16 GPUs"))
+        self.assertIn("pipeswap scenario: note: not read by the simulator: --lr\n", err)
+        # the scenario reads back and simulates
+        rc, sim_out, _ = run("simulate", "--scenario", "-", "--trace", "", "--svg", "", stdin=out)
+        self.assertEqual(rc, 0)
+        self.assertIn("small", sim_out)
+
+    def test_bad_arguments_name_the_flag_and_exit_2(self):
+        rc, out, err = run("scenario", "--megatron", "-", stdin=self.ARGS + " --context-parallel-size 2")
+        self.assertEqual((rc, out), (2, ""))
+        self.assertIn("megatron arguments: --context-parallel-size: context parallelism is not modelled", err)
+        rc, _, err = run("scenario", "--megatron", "-", stdin=self.ARGS.replace("--nnodes 2", "--nnodes 3"))
+        self.assertEqual(rc, 2)
+        self.assertIn("--global-batch-size: 64 is not a multiple of --micro-batch-size × the data-parallel "
+                      "degree (1 × 6)", err)
+        # the launch options belong to --megatron, which excludes --scenario
+        self.assertEqual(run("scenario", "--gpus", "8")[0], 2)
+        self.assertNotEqual(run("scenario", "--megatron", "-", "--scenario", "-", stdin=self.ARGS)[0], 0)
+
+
 class DefaultScenario(unittest.TestCase):
     """The built-in scenario's report against numbers worked out by hand from docs/simulator.md."""
 
@@ -1111,6 +1148,27 @@ class Calibration(unittest.TestCase):
                 self.assertTrue(sc["model"]["moe"].get("pad_to_capacity"), n)
         every = sorted(self.held_out() + moe)
         self.assertLess(abs(statistics.median(every) - 1), 0.15)  # the median target, over all 26
+
+    def test_the_megatron_lm_runs_are_their_tests_arguments(self):
+        # The four files from Megatron-LM's regression tests are what `pipeswap scenario --megatron`
+        # reads from the tests' own arguments (examples/calibration/megatron_args/), with the GPU count
+        # and the tokenizer's vocabulary the arguments leave out: nothing in them was set by hand.
+        cases = {"mixtral_8x7b_tp1pp4ep8vpp8_release": ("heldout_mcore_mixtral_8x7b_64xh100.json", 64, 32000),
+                 "mixtral_8x22b_tp2pp8ep8vpp1_release": ("heldout_mcore_mixtral_8x22b_128xh100.json", 128, 32000),
+                 "gpt3_7b_tp1_pp4_memory_speed": ("heldout_mcore_gpt_7b_8xh100_pp4_memory.json", 8, 131073),
+                 "gpt3_7b_tp4_pp1_memory_speed": ("heldout_mcore_gpt_7b_8xh100_tp4_memory.json", 8, 131073)}
+        for args, (name, gpus, vocab) in cases.items():
+            _, out, err = run("scenario", "--megatron", os.path.join(CALIBRATION, "megatron_args", args + ".yaml"),
+                              "--gpus", str(gpus), "--vocab", str(vocab), "--device", "H100 SXM", check=0)
+            got = json.loads(out)
+            want = json.loads(run("scenario", "--scenario", os.path.join(CALIBRATION, name), check=0)[1])
+            for section in ("model", "parallel", "pipeline", "node"):
+                for key, value in want[section].items():
+                    if key != "name":
+                        self.assertEqual(got[section][key], value, f"{name}: {section}.{key}")
+            want["device"]["reserved_bytes"] = got["device"]["reserved_bytes"]  # the files compare allocated bytes
+            self.assertEqual(got["device"], want["device"], name)
+            self.assertIn("pipeswap scenario: note: not read by the simulator: ", err, name)
 
     def test_fsdp_peaks_against_torchtitan_s(self):
         # docs/simulator.md ("Calibration", memory): with parallel.fsdp, PyTorch's cross entropy
