@@ -1114,7 +1114,7 @@ class Calibration(unittest.TestCase):
                 self.assertGreater(r, 0.70, stack)
                 self.assertLess(r, 1.30, stack)
             self.assertLess(abs(statistics.median(held) - 1), 0.15 if stack is None else 0.20, stack)
-        # The mixture-of-experts runs: eleven within ±30 %, their median 1.17, outside the ±15 % target;
+        # The mixture-of-experts runs: eleven within ±30 %, their median 1.16, outside the ±15 % target;
         # three over-predicted by 1.4-2.1: 25.11's H100 Qwen3-30B-A3B run, whose software ran the
         # layout's next release 1.77x slower than its patch, and two B200 runs whose layers took
         # longer than the model's device and host times (docs/simulator.md): the targets do not hold

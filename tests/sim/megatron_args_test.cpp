@@ -143,19 +143,19 @@ BOOST_AUTO_TEST_CASE(left_out_flags_take_megatron_s_defaults) {
   l.gpus = 8;
   auto const r = sim::scenario_from_megatron_args(base, l);
   auto const& m = r.s.model;
-  BOOST_TEST(m.ffn_hidden == 4000u);                          // 4h
-  BOOST_TEST((m.mlp == sim::mlp_kind::gelu));                 // no --swiglu
-  BOOST_TEST(m.kv_heads == 8u);                               // no grouped-query attention
-  BOOST_TEST(m.dropout);                                      // 0.1 each
-  BOOST_TEST((m.param_dtype == pipeswap::dtype::f32));        // no --bf16 or --fp16
+  BOOST_TEST(m.ffn_hidden == 4000u);                   // 4h
+  BOOST_TEST((m.mlp == sim::mlp_kind::gelu));          // no --swiglu
+  BOOST_TEST(m.kv_heads == 8u);                        // no grouped-query attention
+  BOOST_TEST(m.dropout);                               // 0.1 each
+  BOOST_TEST((m.param_dtype == pipeswap::dtype::f32)); // no --bf16 or --fp16
   BOOST_TEST(!m.fp32_master);
-  BOOST_TEST(m.vocab == 50048u);                              // padded to a multiple of 128
+  BOOST_TEST(m.vocab == 50048u); // padded to a multiple of 128
   BOOST_TEST(m.micro_batch_size == 1u);
   BOOST_TEST(r.s.parallel.dp == 8u);
-  BOOST_TEST(!r.s.parallel.overlap_grad_reduce);              // off unless asked
+  BOOST_TEST(!r.s.parallel.overlap_grad_reduce); // off unless asked
   BOOST_TEST(!r.s.parallel.overlap_param_gather);
   BOOST_TEST(r.s.pipeline.ranks == 1u);
-  BOOST_TEST(r.s.pipeline.micro_batches == 1u);               // global batch: micro-batch × dp
+  BOOST_TEST(r.s.pipeline.micro_batches == 1u); // global batch: micro-batch × dp
   BOOST_TEST(r.s.device.name == sim::device_spec{}.name);
   BOOST_TEST(has_note(r, "device: the default"));
   BOOST_TEST(has_note(r, "linear biases"));
@@ -177,18 +177,19 @@ BOOST_AUTO_TEST_CASE(recomputation_precision_and_routing_map_to_the_model_s_sett
   auto rc = [&](std::string const& extra) { return sim::scenario_from_megatron_args(base + extra, l); };
   BOOST_TEST((rc("").s.model.recompute == sim::recompute_kind::none));
   BOOST_TEST((rc("--recompute-granularity selective").s.model.recompute == sim::recompute_kind::selective));
-  BOOST_TEST((rc("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1").s.model.recompute ==
-              sim::recompute_kind::full));
+  BOOST_TEST(
+      (rc("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1").s.model.recompute ==
+       sim::recompute_kind::full));
   auto const block = rc("--recompute-granularity full --recompute-method block --recompute-num-layers 2");
   BOOST_TEST((block.s.model.recompute == sim::recompute_kind::full)); // 2 of each stage's 4 layers
   BOOST_TEST(has_note(block, "recomputes 2 of each stage's 4 layers"));
-  BOOST_TEST(!has_note(rc("--recompute-granularity full --recompute-method block --recompute-num-layers 4"),
-                       "recomputes"));
+  BOOST_TEST(
+      !has_note(rc("--recompute-granularity full --recompute-method block --recompute-num-layers 4"), "recomputes"));
   auto const mods = rc("--recompute-granularity selective --recompute-modules core_attn moe_act");
   BOOST_TEST((mods.s.model.recompute == sim::recompute_kind::selective));
   BOOST_TEST(has_note(mods, "--recompute-modules moe_act: not modelled"));
-  BOOST_TEST((rc("--recompute-granularity selective --recompute-modules mlp").s.model.recompute ==
-              sim::recompute_kind::none));
+  BOOST_TEST(
+      (rc("--recompute-granularity selective --recompute-modules mlp").s.model.recompute == sim::recompute_kind::none));
   // FP8: the format turns it on; a recipe other than per-tensor is an approximation
   BOOST_TEST((rc("--fp8-format hybrid").s.model.precision == sim::precision::fp8));
   BOOST_TEST(!has_note(rc("--fp8-format hybrid --fp8-recipe tensorwise"), "--fp8-recipe"));
@@ -213,6 +214,10 @@ BOOST_AUTO_TEST_CASE(recomputation_precision_and_routing_map_to_the_model_s_sett
   BOOST_TEST(has_note(partial, "a partial CUDA graph is not modelled"));
   BOOST_TEST(!rc(moe + "--enable-cuda-graph").s.model.moe.host_layer_ms.has_value()); // dropless: not whole
   BOOST_TEST(has_note(rc("--num-experts 16 --expert-model-parallel-size 4"), "routing taken as balanced"));
+  BOOST_TEST(has_note(rc(moe + "--moe-router-dtype fp32 --tensor-model-parallel-size 2 --sequence-parallel "
+                               "--expert-model-parallel-size 2"),
+                      "--moe-router-dtype fp32: the expert-TP reduce-scatter"));
+  BOOST_TEST(!has_note(rc(moe + "--moe-router-dtype fp32"), "--moe-router-dtype")); // expert TP 1: no such collective
   BOOST_TEST(has_note(rc("--num-experts 16 --expert-model-parallel-size 4"), "without --moe-grouped-gemm"));
   // the all-to-all overlap: combined slots on an interleaved pipeline
   auto const ov = rc(moe + "--overlap-moe-expert-parallel-comm --num-virtual-stages-per-pipeline-rank 2");

@@ -316,6 +316,35 @@ BOOST_AUTO_TEST_CASE(expert_all_to_alls_hide_only_in_combined_slots) {
   BOOST_TEST(step(s) == plain);
 }
 
+// Expert tensor parallelism's collectives (moe_expert_tp_comm_ns): with expert_tp 2 each pass of a
+// layer adds an all-gather and a reduce-scatter of the e·P·h bytes its experts see, P = top_k·T'·etp,
+// over the two innermost devices, exposed in both passes; expert_tp 1 adds nothing. Exact, by hand.
+BOOST_AUTO_TEST_CASE(expert_tensor_parallelism_gathers_and_scatters_the_experts_tokens) {
+  auto s = qwen3(2, 2, 8, 4); // tp 2 with sequence parallelism, two sequences per micro-batch
+  s.parallel.expert_tp = 1;
+  BOOST_TEST(sim::moe_expert_tp_comm_ns(s) == 0);
+  auto const ops = sim::layer_op_times(s.model, s.parallel, s.device);
+  auto const one = sim::tp_layer_comm(s, ops);
+  s.parallel.expert_tp = 2;
+  // T' = 2 · 4096 / 2 tokens per device, P = 8 · T' · 2 pairs of 2048 two-byte elements; a ring of two
+  // on NVLink moves half of them: the latency plus bytes / 2 at nvlink_gbps, twice (gather, scatter)
+  double const bytes = 2.0 * 8 * (2 * 4096 / 2) * 2 * 2048;
+  auto const one_way = static_cast<std::int64_t>(
+      std::llround(s.device.nvlink_latency_us * 1e3 + bytes / 2 / (s.device.nvlink_gbps * 1e9) * 1e9));
+  BOOST_TEST(sim::moe_expert_tp_comm_ns(s) == 2 * one_way);
+  auto const two = sim::tp_layer_comm(s, sim::layer_op_times(s.model, s.parallel, s.device));
+  BOOST_TEST(two.fwd - one.fwd == 2 * one_way);
+  BOOST_TEST(two.bwd - one.bwd == 2 * one_way);
+  // padded to a capacity of 1.5 the experts see half as many tokens again
+  s.model.moe.capacity_factor = 1.5;
+  s.model.moe.pad_to_capacity = true;
+  auto const padded = static_cast<std::int64_t>(
+      std::llround(s.device.nvlink_latency_us * 1e3 + 1.5 * bytes / 2 / (s.device.nvlink_gbps * 1e9) * 1e9));
+  BOOST_TEST(sim::moe_expert_tp_comm_ns(s) == 2 * padded);
+  // a dense model has none, whatever expert_tp says
+  BOOST_TEST(sim::moe_expert_tp_comm_ns(sim::scenario{}) == 0);
+}
+
 // The host floor (moe_host_floor_s): a stage's forward takes at least a third of host_layer_ms per
 // layer and micro-batch, its backward two thirds (three with full recomputation), whatever the routing
 // (dropless, a capacity, a capacity with padding): the host issues the layer kernel by kernel unless

@@ -236,24 +236,27 @@ inline megatron_scenario scenario_from_megatron_args(std::string_view text, mega
   if (!gpus || *gpus == 0)
     fail("", "the number of GPUs: give pipeswap scenario --gpus N, or torchrun's --nnodes and --nproc-per-node");
   if (tp == 0 || pp == 0 || *gpus % (tp * pp) != 0)
-    fail("", std::to_string(*gpus) + " GPUs are not a multiple of --tensor-model-parallel-size × "
-                                     "--pipeline-model-parallel-size (" +
+    fail("", std::to_string(*gpus) +
+                 " GPUs are not a multiple of --tensor-model-parallel-size × "
+                 "--pipeline-model-parallel-size (" +
                  std::to_string(tp) + " × " + std::to_string(pp) + ")");
   std::uint64_t const dp = *gpus / (tp * pp);
   std::uint64_t stages = 1;
-  if (auto const v = a.count("num-virtual-stages-per-pipeline-rank")) stages = *v;
-  else if (auto const v2 = a.count("virtual-pipeline-model-parallel-size")) stages = *v2;
+  if (auto const v = a.count("num-virtual-stages-per-pipeline-rank"))
+    stages = *v;
+  else if (auto const v2 = a.count("virtual-pipeline-model-parallel-size"))
+    stages = *v2;
   else if (auto const per = a.count("num-layers-per-virtual-pipeline-stage")) {
     if (*per == 0 || layers % (pp * *per) != 0)
-      fail("num-layers-per-virtual-pipeline-stage",
-           std::to_string(layers) + " layers do not split into " + std::to_string(pp) + " ranks of stages of " +
-               std::to_string(*per));
+      fail("num-layers-per-virtual-pipeline-stage", std::to_string(layers) + " layers do not split into " +
+                                                        std::to_string(pp) + " ranks of stages of " +
+                                                        std::to_string(*per));
     stages = layers / (pp * *per);
   }
   if (stages == 0) stages = 1;
-  for (char const* f : {"pipeline-model-parallel-layout", "decoder-first-pipeline-num-layers",
-                        "decoder-last-pipeline-num-layers", "account-for-embedding-in-pipeline-split",
-                        "account-for-loss-in-pipeline-split"})
+  for (char const* f :
+       {"pipeline-model-parallel-layout", "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers",
+        "account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split"})
     if (a.has(f)) {
       a.values(f);
       note(std::string("--") + f + ": the simulator splits the layers over the stages by its own rule");
@@ -293,8 +296,7 @@ inline megatron_scenario scenario_from_megatron_args(std::string_view text, mega
   m["flash_attention"] = !(backend && (*backend == "unfused" || *backend == "local"));
   a.flag("use-flash-attn");
   m["mlp"] = swiglu ? "swiglu" : "gelu";
-  m["dropout"] =
-      a.number("hidden-dropout").value_or(0.1) > 0 || a.number("attention-dropout").value_or(0.1) > 0;
+  m["dropout"] = a.number("hidden-dropout").value_or(0.1) > 0 || a.number("attention-dropout").value_or(0.1) > 0;
   if (auto const fmt = a.text("fp8-format")) {
     if (*fmt != "e4m3" && *fmt != "hybrid") fail("fp8-format", "expected e4m3 or hybrid, got \"" + *fmt + "\"");
     m["precision"] = "FP8";
@@ -314,7 +316,8 @@ inline megatron_scenario scenario_from_megatron_args(std::string_view text, mega
       auto const method = a.text("recompute-method").value_or("uniform");
       auto const n = a.count("recompute-num-layers").value_or(1);
       std::uint64_t const per_stage = layers / (pp * stages);
-      if (method == "block" && n == 0) m["recompute"] = "none";
+      if (method == "block" && n == 0)
+        m["recompute"] = "none";
       else if (method == "block" && n < per_stage)
         note("--recompute-method block --recompute-num-layers " + std::to_string(n) + ": recomputes " +
              std::to_string(n) + " of each stage's " + std::to_string(per_stage) +
@@ -369,7 +372,8 @@ inline megatron_scenario scenario_from_megatron_args(std::string_view text, mega
     if (impl == "full_iteration" || (whole_layer && pad && e.contains("capacity_factor")))
       e["host_layer_ms"] = 0.0;
     else if (impl != "none")
-      note("--cuda-graph-impl " + impl + (scope.empty() ? "" : " --cuda-graph-scope " + detail::megatron::joined(scope, " ")) +
+      note("--cuda-graph-impl " + impl +
+           (scope.empty() ? "" : " --cuda-graph-scope " + detail::megatron::joined(scope, " ")) +
            ": a partial CUDA graph is not modelled; the host issues each MoE layer kernel by kernel");
     if (!a.flag("moe-router-force-load-balancing"))
       note("routing taken as balanced (model.moe.load_imbalance 1); the run balances with its auxiliary loss");
@@ -393,7 +397,10 @@ inline megatron_scenario scenario_from_megatron_args(std::string_view text, mega
   }
   if (experts > 0) {
     p["ep"] = ep;
-    if (auto const etp = a.count("expert-tensor-parallel-size")) p["expert_tp"] = *etp; // unset: tp, as in Megatron
+    auto const etp = a.count("expert-tensor-parallel-size");
+    if (etp) p["expert_tp"] = *etp; // unset: tp, as in Megatron
+    if (auto const rd = a.text("moe-router-dtype"); rd && *rd != "None" && etp.value_or(tp) > 1)
+      note("--moe-router-dtype " + *rd + ": the expert-TP reduce-scatter runs in it; modelled at 16 bits");
   } else if (ep > 1) {
     fail("expert-model-parallel-size", "needs --num-experts");
   }
@@ -410,19 +417,21 @@ inline megatron_scenario scenario_from_megatron_args(std::string_view text, mega
   pl["micro_batches"] = gbs / (mbs * dp);
   pl["stages_per_rank"] = stages;
   if (a2a_overlap && experts > 0) {
-    if (stages > 1) pl["overlap_b_f"] = true;
-    else note("--overlap-moe-expert-parallel-comm without an interleaved pipeline: the all-to-alls stay exposed");
+    if (stages > 1)
+      pl["overlap_b_f"] = true;
+    else
+      note("--overlap-moe-expert-parallel-comm without an interleaved pipeline: the all-to-alls stay exposed");
   }
 
   // The machine.
-  if (launch.device) j["device"]["preset"] = *launch.device;
-  else note("device: the default (" + device_spec{}.name + "); pipeswap scenario --device names yours");
-  j["node"]["gpus"] = launch.gpus_per_node ? *launch.gpus_per_node
-                      : nproc                ? static_cast<std::uint32_t>(*nproc)
-                                             : 8u;
+  if (launch.device)
+    j["device"]["preset"] = *launch.device;
+  else
+    note("device: the default (" + device_spec{}.name + "); pipeswap scenario --device names yours");
+  j["node"]["gpus"] = launch.gpus_per_node ? *launch.gpus_per_node : nproc ? static_cast<std::uint32_t>(*nproc) : 8u;
 
-  j["comment"] = "From Megatron-LM arguments (pipeswap scenario --megatron) on " + std::to_string(*gpus) +
-                 " GPUs" + (out.notes.empty() ? std::string() : "; " + detail::megatron::joined(out.notes, "; "));
+  j["comment"] = "From Megatron-LM arguments (pipeswap scenario --megatron) on " + std::to_string(*gpus) + " GPUs" +
+                 (out.notes.empty() ? std::string() : "; " + detail::megatron::joined(out.notes, "; "));
   // Flags the model has no field for, whose effect it takes as given (the layers are Megatron-Core's
   // Transformer Engine ones with RMSNorm or LayerNorm and rotary or learned positions, untied output).
   for (char const* f : {"nnodes", "nproc-per-node", "use-mcore-models", "transformer-impl", "normalization",

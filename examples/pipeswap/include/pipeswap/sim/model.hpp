@@ -409,20 +409,41 @@ inline mock::sim_time collective_ns(collective c, double bytes, group_span g, de
 /// the MoE side's all-gather (its router runs in 16 bits). With parallel.tp_comm_overlap and sequence
 /// parallelism each of the four hides under the GEMM it feeds or follows (op_times::tp_paired_fwd,
 /// _bwd): it delays the layer by max(c / tp, c − gemm), c its time alone; a collective of the MoE side
-/// (no paired GEMM) stays exposed. Without sequence parallelism every collective is exposed.
+/// (no paired GEMM) stays exposed. Without sequence parallelism every collective is exposed. With MoE
+/// both passes add the expert-TP collectives (moe_expert_tp_comm_ns), exposed.
 struct layer_comm {
   mock::sim_time fwd = 0, bwd = 0;
 };
+
+/// With expert tensor parallelism (expert_tp > 1), Megatron-Core's token dispatchers all-gather over
+/// the expert-TP group the token copies that the expert-parallel all-to-all delivered, so that every
+/// shard of an expert sees all of its tokens, and reduce-scatter the experts' outputs over it before
+/// the combine (token_dispatcher.py: dispatch_postprocess, combine_preprocess); the backward runs the
+/// conjugate collectives. They run on the compute stream between the all-to-alls and the experts, so
+/// nothing hides them, combined slots included. Each pass of a layer per micro-batch: an all-gather
+/// and a reduce-scatter of e·P·h bytes, P = top_k·T'·expert_tp (× moe_load_factor), over the
+/// expert-TP group (the innermost ranks). The reduce-scatter runs in the routing probabilities' type,
+/// the activations' unless --moe-router-dtype fp32 makes it 4 bytes; it is charged at e.
+inline mock::sim_time moe_expert_tp_comm_ns(scenario const& s) {
+  auto const etp = expert_tp_of(s.parallel);
+  if (!s.model.moe.enabled() || etp <= 1) return 0;
+  double const bytes = moe_a2a_bytes(s.model, s.parallel) * etp; // e·P·h
+  auto const g = span_of(1, etp, s.node.gpus);
+  return collective_ns(collective::all_gather, bytes, g, s.device) +
+         collective_ns(collective::reduce_scatter, bytes, g, s.device);
+}
+
 inline layer_comm tp_layer_comm(scenario const& s, op_times const& ops) {
   auto const& p = s.parallel;
-  if (p.tp <= 1) return {};
+  auto const etp = moe_expert_tp_comm_ns(s);
+  if (p.tp <= 1) return {etp, etp};
   double const elements = static_cast<double>(s.model.seq_len * s.model.micro_batch_size * s.model.hidden);
   double const e = static_cast<double>(size_of(s.model.param_dtype));
   auto const& d = s.device;
   auto const g = tp_span(s);
   if (!p.sequence_parallel) {
     auto const ar = 2 * collective_ns(collective::all_reduce, e * elements, g, d);
-    return {ar, ar};
+    return {ar + etp, ar + etp};
   }
   bool const fp8 = s.model.precision == precision::fp8;
   auto const wide = collective_ns(collective::all_gather, e * elements, g, d);
@@ -441,7 +462,7 @@ inline layer_comm tp_layer_comm(scenario const& s, op_times const& ops) {
     }
     return t;
   };
-  return {exposed(fwd, ops.tp_paired_fwd), exposed(bwd, ops.tp_paired_bwd)};
+  return {exposed(fwd, ops.tp_paired_fwd) + etp, exposed(bwd, ops.tp_paired_bwd) + etp};
 }
 
 /// The expected number of other nodes a token's top_k distinct experts lie on, with the E experts
