@@ -101,7 +101,7 @@ class arguments {
 public:
   explicit arguments(std::string_view text) {
     auto const w = words(text);
-    std::string* flag = nullptr;
+    std::optional<std::string> flag; // the flag the next values belong to
     for (std::size_t i = 0; i < w.size(); ++i) {
       std::string t = w[i];
       if (t.size() > 2 && t.starts_with("--")) {
@@ -117,7 +117,7 @@ public:
         auto& v = values_[t];
         v.clear(); // the last occurrence wins, as in argparse
         if (inline_value) v.push_back(*inline_value);
-        flag = &order_.back();
+        flag = t;
         continue;
       }
       if (!flag) continue; // the launcher, the script, "MODEL_ARGS:" and the like
