@@ -155,6 +155,11 @@ BOOST_AUTO_TEST_CASE(left_out_flags_take_megatron_s_defaults) {
   BOOST_TEST(!r.s.parallel.overlap_grad_reduce); // off unless asked
   BOOST_TEST(!r.s.parallel.overlap_param_gather);
   BOOST_TEST(r.s.pipeline.ranks == 1u);
+  BOOST_TEST(!sim::scenario_from_megatron_args(base + " --sequence-parallel", l).s.parallel.sequence_parallel);
+  auto const fsdp = sim::scenario_from_megatron_args(base + " --use-torch-fsdp2", l);
+  BOOST_TEST(fsdp.s.parallel.fsdp);
+  BOOST_TEST(fsdp.s.parallel.distributed_optimizer);
+  BOOST_TEST(has_note(fsdp, "FSDP: modelled as FSDP2"));
   BOOST_TEST(r.s.pipeline.micro_batches == 1u); // global batch: micro-batch × dp
   BOOST_TEST(r.s.device.name == sim::device_spec{}.name);
   BOOST_TEST(has_note(r, "device: the default"));

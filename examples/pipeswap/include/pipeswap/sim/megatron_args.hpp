@@ -387,12 +387,13 @@ inline megatron_scenario scenario_from_megatron_args(std::string_view text, mega
   // Parallelism.
   auto& p = j["parallel"];
   p["tp"] = tp;
-  p["sequence_parallel"] = a.flag("sequence-parallel");
+  // Megatron turns sequence parallelism off without tensor parallelism (arguments.py)
+  p["sequence_parallel"] = a.flag("sequence-parallel") && tp > 1;
   p["dp"] = dp;
   p["distributed_optimizer"] = a.flag("use-distributed-optimizer");
   if (a.flag("use-torch-fsdp2") || a.flag("use-megatron-fsdp") || a.flag("use-custom-fsdp")) {
     p["fsdp"] = true;
-    p["distributed_optimizer"] = false;
+    p["distributed_optimizer"] = true; // the scenario's FSDP shards the optimizer state as well
     note("FSDP: modelled as FSDP2 shards the weights, gradients and state, with its collectives layer by layer");
   }
   if (experts > 0) {
