@@ -433,17 +433,18 @@ inline mock::sim_time moe_expert_tp_comm_ns(scenario const& s) {
          collective_ns(collective::reduce_scatter, bytes, g, s.device);
 }
 
-inline layer_comm tp_layer_comm(scenario const& s, op_times const& ops) {
+namespace detail {
+/// The dense tensor-parallel collectives of tp_layer_comm (without the expert-TP ones).
+inline layer_comm dense_tp_layer_comm(scenario const& s, op_times const& ops) {
   auto const& p = s.parallel;
-  auto const etp = moe_expert_tp_comm_ns(s);
-  if (p.tp <= 1) return {etp, etp};
+  if (p.tp <= 1) return {};
   double const elements = static_cast<double>(s.model.seq_len * s.model.micro_batch_size * s.model.hidden);
   double const e = static_cast<double>(size_of(s.model.param_dtype));
   auto const& d = s.device;
   auto const g = tp_span(s);
   if (!p.sequence_parallel) {
     auto const ar = 2 * collective_ns(collective::all_reduce, e * elements, g, d);
-    return {ar + etp, ar + etp};
+    return {ar, ar};
   }
   bool const fp8 = s.model.precision == precision::fp8;
   auto const wide = collective_ns(collective::all_gather, e * elements, g, d);
@@ -462,7 +463,14 @@ inline layer_comm tp_layer_comm(scenario const& s, op_times const& ops) {
     }
     return t;
   };
-  return {exposed(fwd, ops.tp_paired_fwd) + etp, exposed(bwd, ops.tp_paired_bwd) + etp};
+  return {exposed(fwd, ops.tp_paired_fwd), exposed(bwd, ops.tp_paired_bwd)};
+}
+} // namespace detail
+
+inline layer_comm tp_layer_comm(scenario const& s, op_times const& ops) {
+  auto const dense = detail::dense_tp_layer_comm(s, ops);
+  auto const etp = moe_expert_tp_comm_ns(s);
+  return {dense.fwd + etp, dense.bwd + etp};
 }
 
 /// The expected number of other nodes a token's top_k distinct experts lie on, with the E experts
