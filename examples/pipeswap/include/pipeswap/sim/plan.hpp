@@ -236,7 +236,7 @@ void add_alternatives(plan_result& res, scenario const& s, plan_space const& spa
     alts.push_back(alternative_of(std::string("recompute_") + std::string(recompute_name(rc)),
                                   rc == recompute_kind::none ? "no recomputation" : recompute_title(rc), r, outcome(r),
                                   B));
-    alts.back().changes = 1;
+    alts.back().changes = static_cast<int>(plan_changes(r, s).size());
   }
   auto const* err = error_of(s);
   res.verdict_line =

@@ -64,10 +64,8 @@ inline std::vector<setting_change> plan_changes(swap_choice const& c, scenario c
   std::vector<setting_change> out;
   auto const name = [](recompute_kind k) { return std::string(recompute_name(k)); };
   auto const mine = s.model.recompute;
-  if (c.ranks.empty()) {
-    if (c.recompute != mine) out.push_back({"model.recompute", name(mine), name(c.recompute)});
-  } else if (std::any_of(c.ranks.begin(), c.ranks.end(), [&](auto const& x) { return x.recompute != mine; })) {
-    std::string to = "per rank: ";
+  if (detail::recompute_changed(c, mine)) {
+    std::string to = c.ranks.empty() ? name(c.recompute) : "per rank: ";
     for (std::size_t r = 0; r < c.ranks.size();) {
       std::size_t e = r;
       while (e + 1 < c.ranks.size() && c.ranks[e + 1].recompute == c.ranks[r].recompute) ++e;

@@ -45,14 +45,17 @@ inline void check_space(plan_space const& s) {
 /// Bytes over the host link, both directions.
 inline std::uint64_t link_bytes(plan_outcome const& o) { return o.h2d_bytes + o.d2h_bytes; }
 
+/// Whether candidate `c` recomputes otherwise than `mine` (on any rank, for a per-rank plan).
+inline bool recompute_changed(swap_choice const& c, recompute_kind mine) {
+  if (c.ranks.empty()) return c.recompute != mine;
+  return std::any_of(c.ranks.begin(), c.ranks.end(), [&](auto const& r) { return r.recompute != mine; });
+}
+
 /// How many of the scenario's own settings (`mine`: its recomputation and distributed optimizer,
 /// plan_space::baseline) candidate `c` changes: the recomputation (of any rank, for a per-rank plan)
 /// and the distributed optimizer, 0 to 2.
 inline int settings_changed(swap_choice const& c, swap_choice const& mine) {
-  bool const recompute = c.ranks.empty() ? c.recompute != mine.recompute
-                                         : std::any_of(c.ranks.begin(), c.ranks.end(),
-                                                       [&](auto const& r) { return r.recompute != mine.recompute; });
-  return int{recompute} + int{c.distributed_optimizer != mine.distributed_optimizer};
+  return int{recompute_changed(c, mine.recompute)} + int{c.distributed_optimizer != mine.distributed_optimizer};
 }
 
 /// What the rule weighs of candidate `c` and its outcome `o`, its changes counted against the
