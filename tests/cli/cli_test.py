@@ -1078,15 +1078,15 @@ class Calibration(unittest.TestCase):
                       and self.script.model_kind(self.runs[n][0]) == kind)
 
     def test_the_set_is_the_documented_one(self):
-        self.assertEqual(len(self.runs), 34)
-        self.assertEqual(len(self.ratios), 32)
+        self.assertEqual(len(self.runs), 40)
+        self.assertEqual(len(self.ratios), 38)
         self.assertEqual(len(self.calibration("megatron")), 3)
         self.assertEqual(len(self.calibration("torchtitan")), 2)
         self.assertEqual(len(self.calibration(None, "mixture-of-experts")), 1)
-        self.assertEqual(len(self.held_out("megatron")), 4)
+        self.assertEqual(len(self.held_out("megatron")), 9)
         self.assertEqual(len(self.held_out("torchtitan")), 8)
-        self.assertEqual(len(self.held_out("megatron", "mixture-of-experts")), 14)
-        self.assertEqual(len(self.held_out(None, "mixture-of-experts")), 14)
+        self.assertEqual(len(self.held_out("megatron", "mixture-of-experts")), 15)
+        self.assertEqual(len(self.held_out(None, "mixture-of-experts")), 15)
 
     def test_the_calibration_runs_are_within_15_percent_at_their_stacks_fitted_ceiling(self):
         for stack in ("megatron", "torchtitan"):
@@ -1105,16 +1105,21 @@ class Calibration(unittest.TestCase):
         self.assertGreater(predicted / published, 3.0)
 
     def test_held_out_runs_are_within_the_stated_bands(self):
-        # The project's targets on the dense runs: 30 % on every held-out run and 15 % at the median
-        # of them all, which hold; each stack's median is held at 20 % (torchtitan's is 1.12:
-        # docs/simulator.md).
+        # The project's targets on the dense runs: 15 % at the median of them all, which holds, and
+        # 30 % on every held-out run, which holds on all but one: NeMo 25.02's Nemotron-4 15B on 64
+        # B200s (1.37), a run of the early B200 software whose Llama 3 8B row the same table puts
+        # at 1.22 and Megatron-Bridge's 25.11 at 1.04 on the same layout (docs/simulator.md). The
+        # reports' dense band includes it. Each stack's median is held at 20 % (torchtitan's is 1.12).
         for stack in ("megatron", "torchtitan", None):
             held = self.held_out(stack)
             for r in held:
                 self.assertGreater(r, 0.70, stack)
-                self.assertLess(r, 1.30, stack)
+                self.assertLess(r, 1.40, stack)
             self.assertLess(abs(statistics.median(held) - 1), 0.15 if stack is None else 0.20, stack)
-        # The mixture-of-experts runs: eleven within ±30 %, their median 1.16, outside the ±15 % target;
+        outside = sorted(n for n, r in self.ratios.items() if self.script.held_out(n)
+                         and self.script.model_kind(self.runs[n][0]) == "dense" and not 0.7 < r < 1.3)
+        self.assertEqual(outside, ["heldout_nemo2502_nemotron4_15b_64xb200.json"])
+        # The mixture-of-experts runs: twelve within ±30 %, their median 1.17, outside the ±15 % target;
         # three over-predicted by 1.4-2.1: 25.11's H100 Qwen3-30B-A3B run, whose software ran the
         # layout's next release 1.77x slower than its patch, and two B200 runs whose layers took
         # longer than the model's device and host times (docs/simulator.md): the targets do not hold
@@ -1133,7 +1138,7 @@ class Calibration(unittest.TestCase):
         b200 = [r for n, r in self.ratios.items() if self.script.held_out(n)
                 and self.runs[n][0]["device"]["name"].startswith("B200")
                 and self.script.model_kind(self.runs[n][0]) == "mixture-of-experts"]
-        self.assertEqual(len(b200), 5)
+        self.assertEqual(len(b200), 6)
         self.assertGreater(min(b200), 1.05)
         # The host's time is the fitted default on every MoE run but where the recipe captures each
         # layer whole in a CUDA graph (host_layer_ms 0, and the comment says why): no run has a host
@@ -1147,7 +1152,7 @@ class Calibration(unittest.TestCase):
             if graphed:
                 self.assertTrue(sc["model"]["moe"].get("pad_to_capacity"), n)
         every = sorted(self.held_out() + moe)
-        self.assertLess(abs(statistics.median(every) - 1), 0.15)  # the median target, over all 26
+        self.assertLess(abs(statistics.median(every) - 1), 0.15)  # the median target, over all 32
 
     def test_the_megatron_lm_runs_are_their_tests_arguments(self):
         # The four files from Megatron-LM's regression tests are what `pipeswap scenario --megatron`
@@ -1203,7 +1208,7 @@ class Calibration(unittest.TestCase):
             self.assertAlmostEqual(e["step_time_error"],
                                    max(1 / e["throughput_low"] - 1, 1 - 1 / e["throughput_high"]), msg=kind)
         # no memory note: the runs agree with the simulated peaks (test_megatron_peaks_against_its_logs,
-        # test_the_bridge_moe_runs_fit_the_devices_they_ran_on)
+        # test_the_bridge_runs_fit_the_devices_they_ran_on)
         for e in self.stated.values():
             self.assertIsNone(e["memory"])
 
@@ -1227,14 +1232,14 @@ class Calibration(unittest.TestCase):
             self.assertGreater(r, 0.90, n)
             self.assertLess(r, 1.10, n)
 
-    def test_the_bridge_moe_runs_fit_the_devices_they_ran_on(self):
-        # The Megatron-Bridge MoE runs publish no peak, but ran on 80 GB H100s and 180 GB B200s
-        # without recomputation: the model must fit each (its peak, the 6 GB reserve included).
+    def test_the_bridge_runs_fit_the_devices_they_ran_on(self):
+        # The Megatron-Bridge runs publish no peak, but ran on 80 GB H100s and 180 GB B200s without
+        # recomputation: the model must fit each (its peak, the 6 GB reserve included).
         bridge = [n for n in self.runs if n.removeprefix("heldout_").startswith("bridge")]
-        self.assertEqual(len(bridge), 13)
+        self.assertEqual(len(bridge), 16)
+        self.assertEqual(sum(self.script.model_kind(self.runs[n][0]) == "mixture-of-experts" for n in bridge), 13)
         for n in bridge:
             sc, none = self.runs[n]
-            self.assertEqual(self.script.model_kind(sc), "mixture-of-experts", n)
             self.assertEqual(sc["model"]["recompute"], "none", n)
             memory = 80_000_000_000 if sc["device"]["name"].startswith("H100") else 180_000_000_000
             self.assertEqual(sc["device"]["memory_bytes"], memory, n)
@@ -1261,14 +1266,14 @@ class Calibration(unittest.TestCase):
 
     def test_the_reports_print_the_error_beside_the_step_time(self):
         _, out, _ = run("simulate", "--trace", "", "--svg", "")
-        self.assertRegex(out.splitlines()[2], r"^model error: on 12 published dense runs held out of the fit, "
-                                              r"predicted tokens/s 0\.86-1\.22x the published: a step time may be "
-                                              r"off by up to 18 %")
+        self.assertRegex(out.splitlines()[2], r"^model error: on 17 published dense runs held out of the fit, "
+                                              r"predicted tokens/s 0\.86-1\.37x the published: a step time may be "
+                                              r"off by up to 27 %")
         _, out, _ = run("plan", "--scenario", os.path.join(GALLERY, "7b_2ranks.json"))
-        self.assertIn("\nmodel error: on 12 published dense runs", out)
+        self.assertIn("\nmodel error: on 17 published dense runs", out)
         _, out, _ = run("simulate", "--scenario", os.path.join(GALLERY, "qwen3_30b_a3b_16xh100.json"), "--trace", "",
                         "--svg", "")
-        self.assertIn("\nmodel error: on 14 published mixture-of-experts runs held out of the fit, predicted tokens/s "
+        self.assertIn("\nmodel error: on 15 published mixture-of-experts runs held out of the fit, predicted tokens/s "
                       "0.97-2.09x the published: a step time may be off by up to 52 %", out)
         self.assertNotIn("model memory", out)  # the runs agree with the simulated peaks
         self.assertNotIn("model memory", run("simulate", "--trace", "", "--svg", "")[1])
@@ -1281,7 +1286,7 @@ class Calibration(unittest.TestCase):
         self.assertIn(host, run("simulate", "--scenario", b200, "--trace", "", "--svg", "")[1])
         self.assertIn(host, run("plan", "--scenario", b200)[1])
         # on the B200 preset a MoE scenario gets the B200 runs' band, every one of them over-predicted
-        b200_error = ("\nmodel error: on 5 published mixture-of-experts runs on B200s held out of the fit, predicted "
+        b200_error = ("\nmodel error: on 6 published mixture-of-experts runs on B200s held out of the fit, predicted "
                       "tokens/s 1.09-1.82x the published: a step time may be off by up to 45 %")
         self.assertIn(b200_error, run("simulate", "--scenario", b200, "--trace", "", "--svg", "")[1])
         self.assertIn(b200_error, run("plan", "--scenario", b200)[1])
