@@ -73,19 +73,24 @@ int main(int argc, char** argv) {
   auto* scenario = app.add_subcommand("scenario", "print a scenario with every field filled in (default: the "
                                                   "built-in one), a start for a scenario file");
   auto* from_file = scenario->add_option("--scenario", sc.scenario, "scenario JSON file to complete ('-' for stdin)");
-  scenario
-      ->add_option("--megatron", sc.megatron,
-                   "a Megatron-LM job's arguments ('-' for stdin): its launch command line or a test's MODEL_ARGS "
-                   "block; prints the scenario they describe, notes on stderr")
-      ->excludes(from_file);
+  auto* megatron =
+      scenario
+          ->add_option("--megatron", sc.megatron,
+                       "a Megatron-LM job's arguments ('-' for stdin): its launch command line or a test's MODEL_ARGS "
+                       "block; prints the scenario they describe, notes on stderr")
+          ->excludes(from_file);
   scenario->add_option("--gpus", sc.gpus, "with --megatron: all GPUs (default: torchrun's --nnodes × --nproc-per-node)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::PositiveNumber)
+      ->needs(megatron);
   scenario->add_option("--gpus-per-node", sc.gpus_per_node, "with --megatron: GPUs per node (default: 8)")
-      ->check(CLI::PositiveNumber);
-  scenario->add_option("--device", sc.device, "with --megatron: a device preset, \"H100 SXM\", \"H200\" or \"B200\"");
+      ->check(CLI::PositiveNumber)
+      ->needs(megatron);
+  scenario->add_option("--device", sc.device, "with --megatron: a device preset, \"H100 SXM\", \"H200\" or \"B200\"")
+      ->needs(megatron);
   scenario->add_option("--vocab", sc.vocab, "with --megatron: the tokenizer's vocabulary (default: --vocab-size)")
-      ->check(CLI::PositiveNumber);
-  scenario->add_option("--name", sc.name, "with --megatron: the model's name in reports");
+      ->check(CLI::PositiveNumber)
+      ->needs(megatron);
+  scenario->add_option("--name", sc.name, "with --megatron: the model's name in reports")->needs(megatron);
 
   schedule_args sh;
   auto* schedule = app.add_subcommand("schedule", "print a pipeline schedule: {\"ranks\": [order, ...]}");

@@ -88,8 +88,6 @@ int run_plan(plan_args const& a) {
 
 int run_scenario(scenario_args const& a) {
   if (a.megatron.empty()) {
-    if (a.gpus || a.gpus_per_node || a.device || a.vocab || !a.name.empty())
-      throw bad_input("--gpus, --gpus-per-node, --device, --vocab and --name go with --megatron");
     std::cout << sim::to_json(load_scenario(a.scenario)).dump(2) << "\n";
     return exit_ok;
   }

@@ -644,7 +644,9 @@ class MegatronArguments(unittest.TestCase):
         self.assertIn("--global-batch-size: 64 is not a multiple of --micro-batch-size × the data-parallel "
                       "degree (1 × 6)", err)
         # the launch options belong to --megatron, which excludes --scenario
-        self.assertEqual(run("scenario", "--gpus", "8")[0], 2)
+        rc, _, err = run("scenario", "--gpus", "8")
+        self.assertEqual(rc, 2)
+        self.assertIn("--gpus requires --megatron", err)
         self.assertNotEqual(run("scenario", "--megatron", "-", "--scenario", "-", stdin=self.ARGS)[0], 0)
 
 
