@@ -323,13 +323,9 @@ inline megatron_scenario scenario_from_megatron_args(std::string_view text, mega
              std::to_string(n) + " of each stage's " + std::to_string(per_stage) +
              " layers; modelled as every layer (full): the step a bound from above, the peak from below");
     } else if (*g == "selective") {
-      auto mods = a.values("recompute-modules");
-      if (mods.empty()) mods = {"core_attn"};
-      bool const core = std::find(mods.begin(), mods.end(), "core_attn") != mods.end();
+      auto others = a.values("recompute-modules"); // those besides the attention core, once it is erased
+      bool const core = others.empty() || std::erase(others, std::string("core_attn")) > 0;
       m["recompute"] = core ? "selective" : "none";
-      std::vector<std::string> others;
-      for (auto const& x : mods)
-        if (x != "core_attn") others.push_back(x);
       if (!others.empty())
         note("--recompute-modules " + detail::megatron::joined(others, " ") +
              ": not modelled (only core_attn, the attention core); those activations are kept");
